@@ -1,0 +1,1 @@
+//! Workspace changes (being written).

@@ -1,0 +1,10 @@
+//! taskbox-core: the runtime's core.
+//!
+//! It owns the policy model ([`policy`]), the observations agents see ([`result`]), bounded output
+//! capture ([`capture`]), the workspace overlay and its changes and diffs ([`changes`]), resource
+//! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
+//! plan to the synchronous `taskbox-init` helper.
+
+pub mod changes;
+pub mod policy;
+pub mod result;

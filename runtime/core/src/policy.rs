@@ -1,0 +1,1 @@
+//! Policies (being written).

@@ -1,0 +1,178 @@
+//! Observations: the structured results an agent sees. JSON field names here are the contract of
+//! DESIGN.md and must not change.
+
+use serde::{Deserialize, Serialize};
+
+/// The observation of one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The command's exit code; `null` when it was killed by a signal.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the command, if any.
+    pub signal: Option<i32>,
+    /// The wall-clock timeout fired and the whole process tree was killed.
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: Output,
+    pub stderr: Output,
+    /// What the command changed in the workspace.
+    pub changes: Vec<Change>,
+    /// What the policy refused, in words a model can act on.
+    pub violations: Vec<Violation>,
+    pub resources: Resources,
+    pub enforcement: Enforcement,
+}
+
+impl ExecResult {
+    /// The exit status a CLI reports for this result: the command's own, 128+N for signal N, 124
+    /// on timeout (the conventions of timeout(1)).
+    pub fn cli_exit_status(&self) -> i32 {
+        if self.timed_out {
+            124
+        } else if let Some(signal) = self.signal {
+            128 + signal
+        } else {
+            self.exit_code.unwrap_or(125)
+        }
+    }
+}
+
+/// One captured output stream: head and tail within the output limit, the byte count, and the
+/// path of the full stream when it did not fit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    /// Head and tail of the stream as text (invalid UTF-8 replaced), joined by a marker line that
+    /// says how many bytes were left out.
+    pub text: String,
+    /// Total bytes the command wrote to the stream.
+    pub bytes: u64,
+    /// `text` does not hold the whole stream.
+    pub truncated: bool,
+    /// The file that holds the whole stream, when `truncated`.
+    pub spill_path: Option<String>,
+}
+
+/// One changed path in the workspace, relative to the workspace root.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Change {
+    pub path: String,
+    pub kind: ChangeKind,
+}
+
+/// How a path changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// Something the policy refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    /// "network", "filesystem", "limit", "command", ...
+    pub kind: String,
+    /// What happened and what to change to allow it.
+    pub detail: String,
+}
+
+/// Resources the command used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpu_ms: u64,
+    pub max_rss_bytes: u64,
+    /// The kernel's OOM killer ended a process of the command (memory limit reached).
+    pub oom_killed: bool,
+}
+
+/// Which confinement mechanisms were in force for the command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enforcement {
+    /// "full", "partial" or "none".
+    pub landlock: String,
+    pub seccomp: bool,
+    /// "none" (loopback only), "proxy" or "host".
+    pub network: String,
+    /// "cgroup-v2", "cgroup-v1" or "rlimit".
+    pub limits: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_field_names_are_the_contract() {
+        let r = ExecResult {
+            exit_code: Some(1),
+            signal: None,
+            timed_out: false,
+            duration_ms: 812,
+            stdout: Output {
+                text: "x".into(),
+                bytes: 1,
+                truncated: false,
+                spill_path: None,
+            },
+            stderr: Output::default(),
+            changes: vec![Change {
+                path: "src/lib.rs".into(),
+                kind: ChangeKind::Modified,
+            }],
+            violations: vec![],
+            resources: Resources::default(),
+            enforcement: Enforcement {
+                landlock: "full".into(),
+                seccomp: true,
+                network: "none".into(),
+                limits: "cgroup-v1".into(),
+            },
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "changes",
+                "duration_ms",
+                "enforcement",
+                "exit_code",
+                "resources",
+                "signal",
+                "stderr",
+                "stdout",
+                "timed_out",
+                "violations"
+            ]
+        );
+        assert_eq!(v["changes"][0]["kind"], "modified");
+        assert_eq!(v["stdout"]["spill_path"], serde_json::Value::Null);
+        for k in ["cpu_ms", "max_rss_bytes", "oom_killed"] {
+            assert!(v["resources"].get(k).is_some(), "{k}");
+        }
+        for k in ["landlock", "seccomp", "network", "limits"] {
+            assert!(v["enforcement"].get(k).is_some(), "{k}");
+        }
+    }
+
+    #[test]
+    fn exit_status_conventions() {
+        let mut r: ExecResult = serde_json::from_value(serde_json::json!({
+            "exit_code": 3, "signal": null, "timed_out": false, "duration_ms": 1,
+            "stdout": {"text": "", "bytes": 0, "truncated": false, "spill_path": null},
+            "stderr": {"text": "", "bytes": 0, "truncated": false, "spill_path": null},
+            "changes": [], "violations": [],
+            "resources": {"cpu_ms": 0, "max_rss_bytes": 0, "oom_killed": false},
+            "enforcement": {"landlock": "full", "seccomp": true, "network": "none", "limits": "rlimit"}
+        }))
+        .unwrap();
+        assert_eq!(r.cli_exit_status(), 3);
+        r.exit_code = None;
+        r.signal = Some(9);
+        assert_eq!(r.cli_exit_status(), 137);
+        r.timed_out = true;
+        assert_eq!(r.cli_exit_status(), 124);
+    }
+}

@@ -1,0 +1,149 @@
+//! The plan the runtime hands to the helper: everything the helper needs, decided in advance.
+//!
+//! The runtime (which knows the policy, the workspace and the host) computes a complete, ordered
+//! plan; the helper only carries it out. Keeping the decisions out of the helper keeps the code that
+//! runs between `unshare` and `exec` small and free of policy logic.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole plan for one sandboxed command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitConfig {
+    /// The command and its arguments; `argv[0]` is looked up in `PATH` of `env`.
+    pub argv: Vec<String>,
+    /// Working directory inside the sandbox (an absolute path).
+    pub cwd: PathBuf,
+    /// The complete environment of the command (nothing else is inherited).
+    pub env: Vec<(String, String)>,
+    /// Create a user namespace (needed when not root). The caller's uid/gid are mapped to themselves.
+    pub user_namespace: bool,
+    /// Host uid and gid of the caller (for the user namespace maps).
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Give the sandbox its own network namespace with only loopback.
+    pub isolate_network: bool,
+    /// Host name inside the sandbox's UTS namespace.
+    pub hostname: String,
+    /// An empty directory owned by the run, used as the mount point of the new root.
+    pub new_root: PathBuf,
+    /// Mount operations on the new root, in order. Destinations are paths inside the sandbox.
+    pub mounts: Vec<MountOp>,
+    /// Landlock rules for the command.
+    pub landlock: LandlockPlan,
+    /// Install the seccomp filter.
+    pub seccomp: bool,
+    /// Resource limits applied with setrlimit just before exec.
+    pub rlimits: Vec<Rlimit>,
+    /// `cgroup.procs` files the helper joins before it creates any namespace.
+    pub cgroup_procs: Vec<PathBuf>,
+}
+
+/// One mount operation. `dst` is always a path inside the sandbox (absolute).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum MountOp {
+    /// A fresh tmpfs.
+    Tmpfs {
+        dst: PathBuf,
+        mode: u32,
+        size_bytes: Option<u64>,
+    },
+    /// A recursive bind mount of a host path (`src` is a host path).
+    Bind {
+        src: PathBuf,
+        dst: PathBuf,
+        readonly: bool,
+    },
+    /// A bind of a path that is already in the sandbox's tree onto itself, made read-only.
+    /// Skipped when the path does not exist.
+    ProtectReadOnly { dst: PathBuf },
+    /// An overlay of `lower` (a host path) with the run's `upper` and `work` directories.
+    Overlay {
+        lower: PathBuf,
+        upper: PathBuf,
+        work: PathBuf,
+        dst: PathBuf,
+    },
+    /// A fresh procfs of the sandbox's pid namespace.
+    Proc { dst: PathBuf },
+    /// A private devpts instance.
+    Devpts { dst: PathBuf },
+    /// Create a directory (on a tmpfs made by an earlier op).
+    Dir { dst: PathBuf, mode: u32 },
+    /// Create an empty regular file (a mount point for a file bind).
+    File { dst: PathBuf },
+    /// Create a symbolic link `dst -> target`.
+    Symlink { target: PathBuf, dst: PathBuf },
+    /// Make an existing mount read-only (after it was populated).
+    RemountReadOnly { dst: PathBuf },
+}
+
+/// What the command may touch, enforced by Landlock.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockPlan {
+    /// Apply Landlock at all.
+    pub enabled: bool,
+    /// Fail (before running the command) unless every requested right is enforced.
+    pub required: bool,
+    /// Paths readable (and executable) beneath.
+    pub read: Vec<PathBuf>,
+    /// Paths fully writable beneath.
+    pub write: Vec<PathBuf>,
+    /// Refuse TCP bind and connect (ABI 4 and later).
+    pub deny_tcp: bool,
+}
+
+/// One setrlimit call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimit {
+    pub resource: RlimitResource,
+    pub limit: u64,
+}
+
+/// The resources taskbox limits with rlimits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitResource {
+    /// Address space (RLIMIT_AS): the memory fallback when no cgroup can be used.
+    AddressSpace,
+    /// Processes of the user (RLIMIT_NPROC): the pids fallback.
+    Processes,
+    /// CPU seconds (RLIMIT_CPU).
+    CpuSeconds,
+    /// Largest file the command may write (RLIMIT_FSIZE).
+    FileSize,
+    /// Open files (RLIMIT_NOFILE).
+    OpenFiles,
+    /// Core dump size (RLIMIT_CORE).
+    CoreSize,
+}
+
+/// A message from the helper to the runtime, one JSON object per line on the status pipe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Status {
+    /// The sandbox's pid 1 started; `pid` is its pid in the caller's pid namespace.
+    Started { pid: i32 },
+    /// Landlock outcome: "full", "partial" or "none".
+    Landlock { status: String },
+    /// The seccomp filter is installed.
+    Seccomp { installed: bool },
+    /// The command could not be executed (`errno` from execve).
+    ExecFailed { errno: i32, program: String },
+    /// Setting up the sandbox failed; nothing was run.
+    SetupFailed { stage: String, message: String },
+    /// The command ended.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+/// The file descriptor on which the helper writes [`Status`] lines.
+pub const STATUS_FD: i32 = 3;

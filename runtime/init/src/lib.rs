@@ -1,0 +1,14 @@
+//! taskbox-init: the small synchronous helper that builds a sandbox and execs a command in it.
+//!
+//! It links no async runtime: it forks, unshares and execs. The runtime hands it a complete
+//! [`config::InitConfig`]; the helper carries it out and reports on the status pipe
+//! ([`config::STATUS_FD`]) with one JSON [`config::Status`] per line.
+//!
+//! Process shape: the helper (H) joins the cgroups, creates the user namespace (when not root) and
+//! the other namespaces, then forks the sandbox's pid 1 (C). C builds the mount tree, pivots into
+//! it, and forks the command (X). X confines itself (setsid, rlimits, no_new_privs, capabilities,
+//! Landlock, seccomp) and execs. C reaps everything and reports X's status; when C exits the
+//! kernel kills whatever is left in the pid namespace, so no background process outlives a run.
+
+pub mod config;
+pub mod seccomp;

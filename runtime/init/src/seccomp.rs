@@ -1,0 +1,1 @@
+//! Seccomp filter (being written).
