@@ -1,1 +1,1564 @@
-//! Policies (being written).
+//! Policies: what a sandbox may do.
+//!
+//! A policy is a TOML file (see `policies/default.toml`, whose comments explain every key). This
+//! module owns its model ([`Policy`]), parsing with errors that point at the offending key
+//! ([`parse`], [`PolicyError`]), finding a policy by name or path ([`resolve`]), a stable hash
+//! recorded in traces ([`Policy::hash`]) and a plain-words summary for people ([`Policy::explain`]).
+//!
+//! Every section and key is optional; a key left out takes the value of the built-in default
+//! profile, so `Policy::default()` and `policies/default.toml` are the same policy.
+//!
+//! Sizes (`limits.memory`, `limits.file_size`, `limits.output`) are an integer number of bytes or a
+//! number with a unit. `K`, `M`, `G`, `T` and `KiB`, `MiB`, `GiB`, `TiB` are powers of 1024;
+//! `KB`, `MB`, `GB`, `TB` are powers of 1000; `B` is bytes. Units are case-insensitive, and a
+//! space may separate number and unit (`"512MiB"`, `"1.5 GiB"`, `"2G"`). Durations
+//! (`limits.timeout`) use humantime syntax: `"30s"`, `"10m"`, `"1h 30m"`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+
+/// Host paths that are always unreadable inside a sandbox, whatever the policy says. A policy's
+/// `filesystem.deny_read` adds to this list. Paths that do not exist on a host are skipped.
+pub const BUILTIN_DENY_READ: &[&str] = &[
+    // Password hashes and their backups.
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    // Who may become root, and how.
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    // SSH host private keys (and the server config that names them).
+    "/etc/ssh",
+    // Other host secrets: TLS private keys, Kerberos keytabs, cached directory credentials,
+    // saved Wi-Fi and VPN passwords.
+    "/etc/ssl/private",
+    "/etc/letsencrypt",
+    "/etc/krb5.keytab",
+    "/var/lib/sss",
+    "/etc/NetworkManager/system-connections",
+    "/etc/wpa_supplicant",
+    "/var/lib/iwd",
+    // The administrator's home.
+    "/root",
+    // Container engines: their sockets are root on the host, their state holds other containers.
+    "/var/lib/docker",
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/containerd",
+    "/var/lib/containerd",
+    "/run/podman",
+    "/run/crio",
+    // Orchestrator credentials and mounted service-account tokens.
+    "/etc/kubernetes",
+    "/var/lib/kubelet",
+    "/run/secrets",
+    "/var/run/secrets",
+    // Sockets that reach host services despite the network namespace: the system bus, systemd,
+    // snapd, and per-user runtime dirs (session bus, ssh-agent, gpg-agent, keyrings).
+    "/run/dbus",
+    "/var/run/dbus",
+    "/run/systemd/private",
+    "/run/snapd.socket",
+    "/run/snapd-snap.socket",
+    "/run/user",
+];
+
+/// Credential stores, relative to a home directory. They stay hidden even when the home directory
+/// is visible read-only or a `filesystem.home_visible` entry contains them.
+pub const CREDENTIAL_STORES: &[&str] = &[
+    // Keys and agents.
+    ".ssh",
+    ".gnupg",
+    ".password-store",
+    ".local/share/keyrings",
+    ".local/share/kwalletd",
+    ".config/sops",
+    // Cloud providers.
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".oci",
+    ".config/doctl",
+    ".s3cfg",
+    ".boto",
+    ".config/rclone",
+    // Code hosts and git.
+    ".config/gh",
+    ".config/hub",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".netrc",
+    ".config/github-copilot",
+    // Containers and clusters.
+    ".docker",
+    ".kube",
+    // Package registries.
+    ".npmrc",
+    ".yarnrc.yml",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".m2/settings.xml",
+    ".m2/settings-security.xml",
+    ".gradle/gradle.properties",
+    ".huggingface/token",
+    ".cache/huggingface/token",
+    // Infrastructure tools and databases.
+    ".terraform.d/credentials.tfrc.json",
+    ".vault-token",
+    ".pgpass",
+    ".my.cnf",
+    // Password managers.
+    ".config/op",
+    // Browser profiles (cookies, saved passwords).
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    // Shell and REPL histories, which often hold pasted tokens.
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".psql_history",
+    ".mysql_history",
+];
+
+/// The profiles compiled into taskbox, by name.
+const BUILTIN_PROFILES: &[(&str, &str)] = &[
+    ("default", include_str!("../../../policies/default.toml")),
+    (
+        "read-only",
+        include_str!("../../../policies/read-only.toml"),
+    ),
+];
+
+/// The description of the built-in default profile.
+const DEFAULT_DESCRIPTION: &str =
+    "build and test the workspace offline; changes stay in the sandbox until reviewed";
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+
+/// What a sandbox may do.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// One line saying what the policy is for. Not inherited from the default profile: a file
+    /// without one has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub filesystem: Filesystem,
+    pub network: Network,
+    pub limits: Limits,
+    pub env: Env,
+    pub security: Security,
+}
+
+impl Default for Policy {
+    /// The built-in default profile (`policies/default.toml`).
+    fn default() -> Self {
+        Policy {
+            description: Some(DEFAULT_DESCRIPTION.to_owned()),
+            filesystem: Filesystem::default(),
+            network: Network::default(),
+            limits: Limits::default(),
+            env: Env::default(),
+            security: Security::default(),
+        }
+    }
+}
+
+/// What the sandbox sees of the filesystem.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Filesystem {
+    pub workspace: WorkspaceMode,
+    pub home: HomeMode,
+    /// Home-relative directories (`~/.cargo`) kept visible read-only when `home` is hidden.
+    pub home_visible: Vec<String>,
+    /// Absolute host paths made unreadable, in addition to [`BUILTIN_DENY_READ`].
+    pub deny_read: Vec<String>,
+    /// Workspace-relative paths kept read-only even when the workspace is writable.
+    pub protected: Vec<String>,
+}
+
+impl Default for Filesystem {
+    fn default() -> Self {
+        Filesystem {
+            workspace: WorkspaceMode::Overlay,
+            home: HomeMode::Hidden,
+            home_visible: strings(&["~/.cargo", "~/.rustup", "~/.local/bin"]),
+            deny_read: Vec::new(),
+            protected: strings(&[".git/hooks", ".git/config"]),
+        }
+    }
+}
+
+/// How the workspace is mounted.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkspaceMode {
+    /// Writes go to the sandbox's upper layer; the host copy stays pristine.
+    #[default]
+    Overlay,
+    /// Nothing in the workspace can be changed.
+    ReadOnly,
+}
+
+/// What the sandbox sees of home directories.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum HomeMode {
+    /// Home directories are replaced by an empty tmpfs, except `home_visible`.
+    #[default]
+    Hidden,
+    /// Home directories are visible read-only (credential stores still hidden).
+    ReadOnly,
+}
+
+/// Network access.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Network {
+    pub mode: NetworkMode,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            mode: NetworkMode::None,
+        }
+    }
+}
+
+/// How the sandbox reaches the network.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// Loopback only.
+    #[default]
+    None,
+    /// Only through taskbox's egress proxy. Parsed, but refused by [`Policy::validate`] until the
+    /// proxy exists.
+    Proxy,
+    /// The host's network, unfiltered.
+    Host,
+}
+
+/// Resource limits, parsed into numbers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Memory of the whole sandbox.
+    #[serde(
+        rename = "memory",
+        deserialize_with = "de_size",
+        serialize_with = "ser_size"
+    )]
+    pub memory_bytes: u64,
+    /// Processes and threads.
+    pub pids: u64,
+    /// CPU cores, fractional allowed.
+    #[serde(rename = "cpu")]
+    pub cpu_cores: f64,
+    /// Largest file a command may write.
+    #[serde(
+        rename = "file_size",
+        deserialize_with = "de_size",
+        serialize_with = "ser_size"
+    )]
+    pub file_size_bytes: u64,
+    /// Open file descriptors per process.
+    pub open_files: u64,
+    /// Default wall-clock timeout of one command.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub timeout: Duration,
+    /// Output kept in memory and shown, per stream; the rest spills to a file.
+    #[serde(
+        rename = "output",
+        deserialize_with = "de_size",
+        serialize_with = "ser_size"
+    )]
+    pub output_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 4 * GIB,
+            pids: 1024,
+            cpu_cores: 2.0,
+            file_size_bytes: 8 * GIB,
+            open_files: 4096,
+            timeout: Duration::from_secs(600),
+            output_bytes: MIB,
+        }
+    }
+}
+
+/// The sandbox's environment variables.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Env {
+    /// Host variables passed through; a trailing `*` is a prefix match.
+    pub pass: Vec<String>,
+    /// Variables set in the sandbox; they override passed-through ones.
+    pub set: BTreeMap<String, String>,
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Env {
+            pass: strings(&[
+                "PATH",
+                "HOME",
+                "USER",
+                "LOGNAME",
+                "LANG",
+                "LC_*",
+                "TERM",
+                "TZ",
+                "RUST_BACKTRACE",
+                "CARGO_HOME",
+                "RUSTUP_HOME",
+            ]),
+            set: BTreeMap::new(),
+        }
+    }
+}
+
+/// Kernel enforcement.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Security {
+    pub landlock: LandlockMode,
+    pub seccomp: bool,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Security {
+            landlock: LandlockMode::Required,
+            seccomp: true,
+        }
+    }
+}
+
+/// What to do when the kernel cannot enforce every Landlock rule.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum LandlockMode {
+    /// Fail closed: refuse to run.
+    #[default]
+    Required,
+    /// Degraded mode: run anyway and report the enforcement status.
+    BestEffort,
+}
+
+/// Where a resolved policy came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicySource {
+    /// A profile compiled into taskbox, by name.
+    Builtin(&'static str),
+    /// A file, given by path or found by name in `$TASKBOX_POLICY_DIR`.
+    File(PathBuf),
+}
+
+impl fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicySource::Builtin(name) => write!(f, "built-in policy {name}"),
+            PolicySource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Why a policy could not be loaded. Each message is one line naming the file and, where there is
+/// one, the key.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The policy file could not be read.
+    #[error("cannot read policy {}: {}", path.display(), io_reason(source))]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{origin}:{line}:{column}: invalid toml: {message}")]
+    Syntax {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// A key is unknown, has the wrong type, or has a value the policy cannot accept.
+    #[error("{origin}: {key}: {reason}")]
+    Invalid {
+        origin: String,
+        key: String,
+        reason: String,
+    },
+    /// No policy has this name.
+    #[error("unknown policy {name:?} (available: {})", available.join(", "))]
+    UnknownName {
+        name: String,
+        available: Vec<String>,
+    },
+    /// The argument is neither a valid name nor a path.
+    #[error(
+        "invalid policy name {name:?}: names use only a-z, 0-9 and -; give a path to a .toml file otherwise"
+    )]
+    InvalidName { name: String },
+}
+
+/// A policy value that [`Policy::validate`] refuses: the dotted key and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct ValidationError {
+    /// Dotted path of the key, e.g. `limits.memory` or `filesystem.protected[1]`.
+    pub key: String,
+    pub reason: String,
+}
+
+impl ValidationError {
+    fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ValidationError {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The same error, attributed to a policy file or other origin.
+    pub fn in_origin(self, origin: &str) -> PolicyError {
+        PolicyError::Invalid {
+            origin: origin.to_owned(),
+            key: self.key,
+            reason: self.reason,
+        }
+    }
+}
+
+/// Finds a policy by name or path and loads it.
+///
+/// An argument that contains `/` or ends in `.toml` is a path. Otherwise it is a name
+/// (`[a-z0-9-]+`), looked up first as `NAME.toml` in `$TASKBOX_POLICY_DIR` (when set), then among
+/// the built-in profiles.
+pub fn resolve(name_or_path: &str) -> Result<(Policy, PolicySource), PolicyError> {
+    resolve_in(name_or_path, policy_dir().as_deref())
+}
+
+/// The names [`resolve`] accepts: built-in profiles and `*.toml` files in `$TASKBOX_POLICY_DIR`,
+/// sorted.
+pub fn available_names() -> Vec<String> {
+    available_in(policy_dir().as_deref())
+}
+
+fn policy_dir() -> Option<PathBuf> {
+    std::env::var_os("TASKBOX_POLICY_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+}
+
+fn resolve_in(
+    name_or_path: &str,
+    policy_dir: Option<&Path>,
+) -> Result<(Policy, PolicySource), PolicyError> {
+    if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+        let path = PathBuf::from(name_or_path);
+        let policy = load_file(&path)?;
+        return Ok((policy, PolicySource::File(path)));
+    }
+    if !is_valid_name(name_or_path) {
+        return Err(PolicyError::InvalidName {
+            name: name_or_path.to_owned(),
+        });
+    }
+    if let Some(dir) = policy_dir {
+        let path = dir.join(format!("{name_or_path}.toml"));
+        match fs::read_to_string(&path) {
+            Ok(text) => {
+                let policy = parse(&text, &path.display().to_string())?;
+                return Ok((policy, PolicySource::File(path)));
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(PolicyError::Read { path, source }),
+        }
+    }
+    if let Some(&(name, text)) = BUILTIN_PROFILES
+        .iter()
+        .find(|(name, _)| *name == name_or_path)
+    {
+        let policy = parse(text, &format!("built-in policy {name}"))?;
+        return Ok((policy, PolicySource::Builtin(name)));
+    }
+    Err(PolicyError::UnknownName {
+        name: name_or_path.to_owned(),
+        available: available_in(policy_dir),
+    })
+}
+
+fn load_file(path: &Path) -> Result<Policy, PolicyError> {
+    let text = fs::read_to_string(path).map_err(|source| PolicyError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+fn available_in(policy_dir: Option<&Path>) -> Vec<String> {
+    let mut names: Vec<String> = BUILTIN_PROFILES
+        .iter()
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    if let Some(entries) = policy_dir.and_then(|dir| fs::read_dir(dir).ok()) {
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(stem) = file_name
+                .to_str()
+                .and_then(|name| name.strip_suffix(".toml"))
+            else {
+                continue;
+            };
+            if is_valid_name(stem) {
+                names.push(stem.to_owned());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Parses and validates a policy. `origin` names the text in error messages (usually its path).
+pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+    // Parse as plain TOML first so syntax errors are reported as such, with line and column.
+    if let Err(err) = text.parse::<toml::Table>() {
+        let (line, column) = err
+            .span()
+            .map(|span| line_column(text, span.start))
+            .unwrap_or((1, 1));
+        return Err(PolicyError::Syntax {
+            origin: origin.to_owned(),
+            line,
+            column,
+            message: one_line(err.message()),
+        });
+    }
+    let policy: Policy =
+        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|err| {
+            let key = dotted_path(err.path());
+            let (key, reason) = explain_de_error(key, err.inner().message());
+            PolicyError::Invalid {
+                origin: origin.to_owned(),
+                key,
+                reason,
+            }
+        })?;
+    policy.validate().map_err(|err| err.in_origin(origin))?;
+    Ok(policy)
+}
+
+fn dotted_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Map { key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Enum { .. } | Segment::Unknown => {}
+        }
+    }
+    out
+}
+
+/// Turns serde's wording into the policy's: the key it is about and why, in one line.
+fn explain_de_error(key: String, message: &str) -> (String, String) {
+    let message = one_line(message);
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let (field, expected) = rest.split_once('`').unwrap_or((rest, ""));
+        // The path already ends at the unknown key; fall back to the name when it is empty.
+        let key = if key.is_empty() {
+            field.to_owned()
+        } else {
+            key
+        };
+        let expected = expected
+            .trim_start_matches(", expected one of ")
+            .trim_start_matches(", expected ")
+            .replace('`', "");
+        let reason = if expected.is_empty() || expected.starts_with(", there are no fields") {
+            "unknown key".to_owned()
+        } else {
+            format!("unknown key (expected one of {expected})")
+        };
+        return (key, reason);
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant `") {
+        let (value, expected) = rest.split_once('`').unwrap_or((rest, ""));
+        let expected = expected
+            .trim_start_matches(", expected one of ")
+            .trim_start_matches(", expected ")
+            .replace('`', "");
+        return (
+            key,
+            format!("invalid value \"{value}\" (expected one of {expected})"),
+        );
+    }
+    let mut reason = message.replace('`', "");
+    for (from, to) in [
+        ("expected u64", "expected a non-negative integer"),
+        ("expected f64", "expected a number"),
+        ("expected a sequence", "expected an array"),
+        ("expected a map", "expected a table"),
+        ("wanted string or table", "invalid type: expected a string"),
+    ] {
+        reason = reason.replace(from, to);
+    }
+    if let Some(at) = reason.find("expected struct ") {
+        reason.replace_range(at.., "expected a table");
+    }
+    let key = if key.is_empty() {
+        "(top level)".to_owned()
+    } else {
+        key
+    };
+    (key, reason)
+}
+
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map_or(0, |last| last.chars().count())
+        + 1;
+    (line, column)
+}
+
+impl Policy {
+    /// Checks the values the TOML types alone cannot: non-zero limits, path shapes, variable
+    /// names, and features not available yet.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        self.filesystem.validate()?;
+        if self.network.mode == NetworkMode::Proxy {
+            return Err(ValidationError::new(
+                "network.mode",
+                "the egress proxy is not available yet; use mode = \"none\"",
+            ));
+        }
+        self.limits.validate()?;
+        self.env.validate()
+    }
+
+    /// SHA-256 (lowercase hex) of the policy's canonical JSON: fields in declaration order, maps
+    /// sorted, limits as parsed values. Two files that differ only in comments, layout or how a
+    /// size is spelled (`"1GiB"` vs `"1024MiB"`) have the same hash.
+    pub fn hash(&self) -> String {
+        // Serializing plain structs, strings and numbers to JSON cannot fail.
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let digest = Sha256::digest(&json);
+        digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// A plain-words summary of what a sandbox under this policy may and may not do, for a
+    /// person deciding whether to trust it.
+    pub fn explain(&self) -> String {
+        let mut out = String::new();
+        let mut line = |text: String| {
+            out.push_str(&text);
+            out.push('\n');
+        };
+        match &self.description {
+            Some(description) => line(format!("Policy: {description}")),
+            None => line("Policy: (no description)".to_owned()),
+        }
+        line(format!("Hash: {}", self.hash()));
+
+        line(String::new());
+        line("Files".to_owned());
+        let fs = &self.filesystem;
+        match fs.workspace {
+            WorkspaceMode::Overlay => line(
+                "  - The workspace is writable through an overlay: changes stay inside the sandbox \
+                 and reach your real files only when you export or apply them."
+                    .to_owned(),
+            ),
+            WorkspaceMode::ReadOnly => line(
+                "  - The workspace is read-only: commands cannot change any file in it.".to_owned(),
+            ),
+        }
+        if !fs.protected.is_empty() {
+            line(format!(
+                "  - Always read-only in the workspace: {}.",
+                fs.protected.join(", ")
+            ));
+        }
+        line(
+            "  - The rest of the host is visible read-only; nothing outside the sandbox can be \
+             written. /tmp is private to the sandbox."
+                .to_owned(),
+        );
+        match fs.home {
+            HomeMode::Hidden if fs.home_visible.is_empty() => {
+                line("  - Home directories are hidden (replaced by an empty directory).".to_owned())
+            }
+            HomeMode::Hidden => line(format!(
+                "  - Home directories are hidden (replaced by an empty directory), except these, \
+                 visible read-only: {}.",
+                fs.home_visible.join(", ")
+            )),
+            HomeMode::ReadOnly => line(
+                "  - Home directories are visible read-only: commands can read your files there \
+                 (but not the credential stores below)."
+                    .to_owned(),
+            ),
+        }
+        line(format!(
+            "  - Credential stores are always hidden, even inside visible directories: {}.",
+            CREDENTIAL_STORES
+                .iter()
+                .map(|path| format!("~/{path}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        line(format!(
+            "  - Always unreadable on the host: {}.",
+            BUILTIN_DENY_READ.join(", ")
+        ));
+        if !fs.deny_read.is_empty() {
+            line(format!(
+                "  - Also unreadable under this policy: {}.",
+                fs.deny_read.join(", ")
+            ));
+        }
+
+        line(String::new());
+        line("Network".to_owned());
+        match self.network.mode {
+            NetworkMode::None => line(
+                "  - Off: no network access at all, only loopback inside the sandbox. Nothing can \
+                 be downloaded or sent out."
+                    .to_owned(),
+            ),
+            NetworkMode::Proxy => line(
+                "  - Only through taskbox's egress proxy. Not available yet: this policy is \
+                 refused."
+                    .to_owned(),
+            ),
+            NetworkMode::Host => {
+                line(
+                    "  - WARNING: the sandbox shares the host's network. Commands can reach the \
+                     internet, your local network, services listening on this machine and cloud \
+                     metadata endpoints, and can send your workspace anywhere."
+                        .to_owned(),
+                );
+                line("  - Use this only for commands you would run outside a sandbox.".to_owned());
+            }
+        }
+
+        line(String::new());
+        line("Limits".to_owned());
+        let limits = &self.limits;
+        line(format!(
+            "  - Memory: {} for the whole sandbox; a command that needs more is killed.",
+            human_size(limits.memory_bytes)
+        ));
+        line(format!(
+            "  - Processes and threads: at most {}.",
+            limits.pids
+        ));
+        line(format!("  - CPU: {} cores.", limits.cpu_cores));
+        line(format!(
+            "  - Largest file a command may write: {}.",
+            human_size(limits.file_size_bytes)
+        ));
+        line(format!(
+            "  - Open files per process: at most {}.",
+            limits.open_files
+        ));
+        line(format!(
+            "  - Time: a command is killed with all its processes after {}, unless the caller \
+             sets another timeout.",
+            humantime::format_duration(limits.timeout)
+        ));
+        line(format!(
+            "  - Output: {} per stream is shown (head and tail); the full stream is saved to a \
+             file in the sandbox.",
+            human_size(limits.output_bytes)
+        ));
+
+        line(String::new());
+        line("Environment".to_owned());
+        if self.env.pass.is_empty() {
+            line("  - No host environment variables are passed in.".to_owned());
+        } else {
+            line(format!(
+                "  - Only these host variables are passed in (* matches a prefix): {}. All \
+                 others, including tokens you may have exported, are dropped.",
+                self.env.pass.join(", ")
+            ));
+        }
+        if !self.env.set.is_empty() {
+            line(format!(
+                "  - Set by the policy: {}.",
+                self.env.set.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        }
+
+        line(String::new());
+        line("Kernel enforcement".to_owned());
+        match self.security.landlock {
+            LandlockMode::Required => line(
+                "  - Landlock is required: if the kernel cannot enforce every file rule, the \
+                 sandbox refuses to start."
+                    .to_owned(),
+            ),
+            LandlockMode::BestEffort => line(
+                "  - WARNING: Landlock is best-effort: if the kernel cannot enforce every file \
+                 rule, commands run anyway with weaker isolation (the status is reported with \
+                 each result)."
+                    .to_owned(),
+            ),
+        }
+        if self.security.seccomp {
+            line(
+                "  - A seccomp filter blocks system calls a build never needs (such as mount, \
+                 ptrace, kernel keyrings and bpf)."
+                    .to_owned(),
+            );
+        } else {
+            line(
+                "  - WARNING: no seccomp filter: every system call the kernel allows an \
+                 unprivileged user is available."
+                    .to_owned(),
+            );
+        }
+        line(
+            "  - Always: no new privileges (setuid binaries do not elevate), all capabilities \
+             dropped, own process, IPC and hostname namespaces."
+                .to_owned(),
+        );
+        out
+    }
+}
+
+impl Filesystem {
+    fn validate(&self) -> Result<(), ValidationError> {
+        for (index, entry) in self.home_visible.iter().enumerate() {
+            let key = format!("filesystem.home_visible[{index}]");
+            let Some(rest) = entry.strip_prefix("~/") else {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?} must start with \"~/\" (a directory in the home directory)"),
+                ));
+            };
+            if rest.trim_matches('/').is_empty() {
+                return Err(ValidationError::new(
+                    key,
+                    format!(
+                        "{entry:?} would make the whole home directory visible; use home = \"read-only\" instead"
+                    ),
+                ));
+            }
+            check_path_segments(&key, entry, rest)?;
+        }
+        for (index, entry) in self.deny_read.iter().enumerate() {
+            let key = format!("filesystem.deny_read[{index}]");
+            if !entry.starts_with('/') {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?} must be an absolute host path"),
+                ));
+            }
+            if entry.trim_matches('/').is_empty() {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?} would hide the whole host; list specific paths"),
+                ));
+            }
+            check_path_segments(&key, entry, &entry[1..])?;
+        }
+        for (index, entry) in self.protected.iter().enumerate() {
+            let key = format!("filesystem.protected[{index}]");
+            if entry.starts_with('/') || entry.starts_with('~') {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?} must be relative to the workspace, like .git/hooks"),
+                ));
+            }
+            if entry.contains(['*', '?', '[']) {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?}: patterns are not supported; list each path"),
+                ));
+            }
+            check_path_segments(&key, entry, entry)?;
+        }
+        Ok(())
+    }
+}
+
+/// Refuses empty paths, `.` and `..` components, empty components and NUL bytes in `rest` (the
+/// part of `entry` after any prefix).
+fn check_path_segments(key: &str, entry: &str, rest: &str) -> Result<(), ValidationError> {
+    if entry.contains('\0') {
+        return Err(ValidationError::new(key, "path contains a NUL byte"));
+    }
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() {
+        return Err(ValidationError::new(key, "path is empty"));
+    }
+    for segment in rest.split('/') {
+        match segment {
+            ".." => {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?} must not contain \"..\""),
+                ));
+            }
+            "" | "." => {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{entry:?} must be a plain path without empty or \".\" components"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), ValidationError> {
+        let positive = [
+            ("limits.memory", self.memory_bytes),
+            ("limits.pids", self.pids),
+            ("limits.file_size", self.file_size_bytes),
+            ("limits.open_files", self.open_files),
+            ("limits.output", self.output_bytes),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(ValidationError::new(key, "must be greater than zero"));
+            }
+        }
+        if !self.cpu_cores.is_finite() || self.cpu_cores <= 0.0 {
+            return Err(ValidationError::new(
+                "limits.cpu",
+                format!(
+                    "{} cores: must be a number of cores greater than zero, like 2 or 0.5",
+                    self.cpu_cores
+                ),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(ValidationError::new(
+                "limits.timeout",
+                "must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Env {
+    fn validate(&self) -> Result<(), ValidationError> {
+        for (index, entry) in self.pass.iter().enumerate() {
+            let key = format!("env.pass[{index}]");
+            let name = entry.strip_suffix('*').unwrap_or(entry);
+            if name.is_empty() {
+                return Err(ValidationError::new(
+                    key,
+                    format!(
+                        "{entry:?} would pass every host variable, secrets included; list the variables"
+                    ),
+                ));
+            }
+            if !is_env_name(name) {
+                return Err(ValidationError::new(
+                    key,
+                    format!(
+                        "{entry:?} is not a variable name (letters, digits and _, with an optional trailing *)"
+                    ),
+                ));
+            }
+        }
+        for (name, value) in &self.set {
+            let key = format!("env.set.{name}");
+            if !is_env_name(name) {
+                return Err(ValidationError::new(
+                    key,
+                    format!("{name:?} is not a variable name (letters, digits and _)"),
+                ));
+            }
+            if value.contains('\0') {
+                return Err(ValidationError::new(key, "value contains a NUL byte"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|item| (*item).to_owned()).collect()
+}
+
+fn io_reason(err: &io::Error) -> String {
+    // "No such file or directory (os error 2)" -> "No such file or directory"
+    let text = err.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
+/// Parses a size: an integer number of bytes, or a number with a unit (see the module doc).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let invalid =
+        || format!("invalid size {text:?}: expected bytes or a number with a unit like 512MiB");
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => KIB,
+        "m" | "mib" => MIB,
+        "g" | "gib" => GIB,
+        "t" | "tib" => TIB,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(invalid()),
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() || (number.contains('.') && fraction.is_empty()) {
+        return Err(invalid());
+    }
+    if !fraction.is_empty() && multiplier == 1 {
+        return Err(format!(
+            "invalid size {text:?}: bytes must be a whole number"
+        ));
+    }
+    let too_large = || format!("invalid size {text:?}: too large");
+    let whole: u128 = whole.parse().map_err(|_| too_large())?;
+    let mut bytes = whole
+        .checked_mul(u128::from(multiplier))
+        .ok_or_else(too_large)?;
+    if !fraction.is_empty() {
+        // Keep at most 12 fractional digits: finer than a byte at every unit up to TiB.
+        let digits = &fraction[..fraction.len().min(12)];
+        let numerator: u128 = digits.parse().map_err(|_| invalid())?;
+        let denominator = 10u128.pow(u32::try_from(digits.len()).unwrap_or(12));
+        bytes += numerator * u128::from(multiplier) / denominator;
+    }
+    u64::try_from(bytes).map_err(|_| too_large())
+}
+
+/// Formats a size for people: `4 GiB`, `1.5 MiB`, `512 bytes`.
+pub fn human_size(bytes: u64) -> String {
+    for (unit, size) in [("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
+        if bytes >= size {
+            if bytes.checked_rem(size) == Some(0) {
+                return format!("{} {unit}", bytes / size);
+            }
+            // Display only; u64 to f64 loses nothing that one decimal shows.
+            #[allow(clippy::cast_precision_loss)]
+            let value = bytes as f64 / size as f64;
+            return format!("{value:.1} {unit}");
+        }
+    }
+    if bytes == 1 {
+        "1 byte".to_owned()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// The exact, re-parseable spelling of a size: the largest IEC unit that divides it, else bytes.
+fn size_string(bytes: u64) -> String {
+    for (unit, size) in [("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
+        if bytes != 0 && bytes.checked_rem(size) == Some(0) {
+            return format!("{}{unit}", bytes / size);
+        }
+    }
+    format!("{bytes}B")
+}
+
+fn ser_size<S: Serializer>(bytes: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&size_string(*bytes))
+}
+
+fn de_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    struct SizeVisitor;
+    impl Visitor<'_> for SizeVisitor {
+        type Value = u64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a size: bytes or a number with a unit like 512MiB")
+        }
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<u64, E> {
+            Ok(value)
+        }
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<u64, E> {
+            u64::try_from(value)
+                .map_err(|_| E::custom(format!("invalid size {value}: must not be negative")))
+        }
+        fn visit_str<E: de::Error>(self, value: &str) -> Result<u64, E> {
+            parse_size(value).map_err(E::custom)
+        }
+    }
+    deserializer.deserialize_any(SizeVisitor)
+}
+
+fn ser_duration<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&humantime::format_duration(*duration).to_string())
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    struct DurationVisitor;
+    impl Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration string like \"30s\", \"10m\" or \"1h 30m\"")
+        }
+        fn visit_str<E: de::Error>(self, value: &str) -> Result<Duration, E> {
+            humantime::parse_duration(value.trim()).map_err(|_| {
+                E::custom(format!(
+                    "invalid duration {value:?}: expected a duration like \"30s\", \"10m\" or \"1h 30m\""
+                ))
+            })
+        }
+    }
+    deserializer.deserialize_any(DurationVisitor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> String {
+        match parse(text, "x.toml") {
+            Ok(policy) => panic!("expected an error, parsed {policy:?}"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    fn assert_error(text: &str, starts_with: &str) {
+        let message = error(text);
+        assert!(
+            message.starts_with(starts_with),
+            "error {message:?} should start with {starts_with:?}"
+        );
+        assert!(!message.contains('\n'), "error {message:?} is not one line");
+    }
+
+    #[test]
+    fn shipped_profiles_parse_and_validate() {
+        for (name, text) in BUILTIN_PROFILES {
+            let policy = parse(text, name).unwrap_or_else(|err| panic!("{name}: {err}"));
+            policy.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn default_profile_equals_default_policy() {
+        let (policy, source) = resolve_in("default", None).unwrap();
+        assert_eq!(source, PolicySource::Builtin("default"));
+        assert_eq!(policy, Policy::default());
+        assert_eq!(policy.limits.memory_bytes, 4 * GIB);
+        assert_eq!(policy.limits.pids, 1024);
+        assert_eq!(policy.limits.file_size_bytes, 8 * GIB);
+        assert_eq!(policy.limits.timeout, Duration::from_secs(600));
+        assert_eq!(policy.limits.output_bytes, MIB);
+        assert_eq!(policy.network.mode, NetworkMode::None);
+        assert_eq!(policy.security.landlock, LandlockMode::Required);
+    }
+
+    #[test]
+    fn empty_policy_is_the_default_without_description() {
+        let policy = parse("", "empty.toml").unwrap();
+        assert_eq!(
+            policy,
+            Policy {
+                description: None,
+                ..Policy::default()
+            }
+        );
+    }
+
+    #[test]
+    fn read_only_profile_is_stricter() {
+        let (policy, source) = resolve_in("read-only", None).unwrap();
+        assert_eq!(source, PolicySource::Builtin("read-only"));
+        assert_eq!(policy.filesystem.workspace, WorkspaceMode::ReadOnly);
+        assert_eq!(policy.limits.memory_bytes, 2 * GIB);
+        assert_eq!(policy.limits.pids, 256);
+        assert_eq!(policy.limits.timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn resolve_by_path_and_by_name_in_policy_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mine.toml");
+        fs::write(&path, "[limits]\nmemory = \"1GiB\"\n").unwrap();
+
+        let (policy, source) = resolve_in(path.to_str().unwrap(), None).unwrap();
+        assert_eq!(source, PolicySource::File(path.clone()));
+        assert_eq!(policy.limits.memory_bytes, GIB);
+
+        let (policy, source) = resolve_in("mine", Some(dir.path())).unwrap();
+        assert_eq!(source, PolicySource::File(path));
+        assert_eq!(policy.limits.memory_bytes, GIB);
+
+        // A file in the policy dir overrides a built-in profile of the same name.
+        fs::write(dir.path().join("default.toml"), "[limits]\npids = 7\n").unwrap();
+        let (policy, source) = resolve_in("default", Some(dir.path())).unwrap();
+        assert!(matches!(source, PolicySource::File(_)));
+        assert_eq!(policy.limits.pids, 7);
+
+        let message = resolve_in("nope", Some(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "unknown policy \"nope\" (available: default, mine, read-only)"
+        );
+    }
+
+    #[test]
+    fn unknown_name_lists_builtin_profiles() {
+        let message = resolve_in("strict", None).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "unknown policy \"strict\" (available: default, read-only)"
+        );
+    }
+
+    #[test]
+    fn invalid_name_is_refused() {
+        let message = resolve_in("Default", None).unwrap_err().to_string();
+        assert!(
+            message.starts_with("invalid policy name \"Default\""),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn missing_file_names_the_file() {
+        let message = resolve_in("does/not/exist.toml", None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "cannot read policy does/not/exist.toml: No such file or directory"
+        );
+    }
+
+    #[test]
+    fn syntax_error_has_line_and_column() {
+        let message = error("[limits]\nmemory = \n");
+        assert!(message.starts_with("x.toml:2:"), "{message}");
+        assert!(message.contains("invalid toml"), "{message}");
+        assert!(!message.contains('\n'));
+    }
+
+    #[test]
+    fn unknown_top_level_key() {
+        assert_error(
+            "netwrok = 1\n",
+            "x.toml: netwrok: unknown key (expected one of description, filesystem, network,",
+        );
+    }
+
+    #[test]
+    fn unknown_nested_key() {
+        assert_error(
+            "[limits]\nmemroy = \"1GiB\"\n",
+            "x.toml: limits.memroy: unknown key (expected one of memory, pids, cpu,",
+        );
+    }
+
+    #[test]
+    fn wrong_type() {
+        assert_error(
+            "[limits]\npids = \"many\"\n",
+            "x.toml: limits.pids: invalid type",
+        );
+        assert_error(
+            "[security]\nseccomp = \"yes\"\n",
+            "x.toml: security.seccomp: invalid type",
+        );
+        assert_error(
+            "[filesystem]\nprotected = \".git\"\n",
+            "x.toml: filesystem.protected: invalid type",
+        );
+        assert_error("limits = 5\n", "x.toml: limits: invalid type");
+    }
+
+    #[test]
+    fn bad_size() {
+        assert_eq!(
+            error("[limits]\nmemory = \"2 gigs\"\n"),
+            "x.toml: limits.memory: invalid size \"2 gigs\": expected bytes or a number with a unit like 512MiB"
+        );
+        assert_error(
+            "[limits]\noutput = -1\n",
+            "x.toml: limits.output: invalid size -1",
+        );
+    }
+
+    #[test]
+    fn bad_duration() {
+        assert_error(
+            "[limits]\ntimeout = \"ten minutes\"\n",
+            "x.toml: limits.timeout: invalid duration \"ten minutes\"",
+        );
+        assert_error(
+            "[limits]\ntimeout = 600\n",
+            "x.toml: limits.timeout: invalid type",
+        );
+    }
+
+    #[test]
+    fn zero_limits() {
+        assert_eq!(
+            error("[limits]\ntimeout = \"0s\"\n"),
+            "x.toml: limits.timeout: must be greater than zero"
+        );
+        assert_eq!(
+            error("[limits]\npids = 0\n"),
+            "x.toml: limits.pids: must be greater than zero"
+        );
+        assert_error(
+            "[limits]\nmemory = 0\n",
+            "x.toml: limits.memory: must be greater",
+        );
+    }
+
+    #[test]
+    fn cpu_must_be_positive() {
+        assert_error("[limits]\ncpu = 0\n", "x.toml: limits.cpu: 0 cores");
+        assert_error("[limits]\ncpu = -1.5\n", "x.toml: limits.cpu: -1.5 cores");
+        assert_error("[limits]\ncpu = nan\n", "x.toml: limits.cpu:");
+        let policy = parse("[limits]\ncpu = 0.5\n", "x.toml").unwrap();
+        assert_eq!(policy.limits.cpu_cores, 0.5);
+        let policy = parse("[limits]\ncpu = 3\n", "x.toml").unwrap();
+        assert_eq!(policy.limits.cpu_cores, 3.0);
+    }
+
+    #[test]
+    fn bad_enum_value() {
+        assert_eq!(
+            error("[network]\nmode = \"wifi\"\n"),
+            "x.toml: network.mode: invalid value \"wifi\" (expected one of none, proxy, host)"
+        );
+        assert_error(
+            "[filesystem]\nworkspace = \"rw\"\n",
+            "x.toml: filesystem.workspace: invalid value \"rw\"",
+        );
+    }
+
+    #[test]
+    fn enum_of_wrong_type() {
+        assert_eq!(
+            error("[network]\nmode = 1\n"),
+            "x.toml: network.mode: invalid type: expected a string"
+        );
+    }
+
+    #[test]
+    fn proxy_is_refused_for_now() {
+        assert_eq!(
+            error("[network]\nmode = \"proxy\"\n"),
+            "x.toml: network.mode: the egress proxy is not available yet; use mode = \"none\""
+        );
+    }
+
+    #[test]
+    fn protected_paths_must_be_plain_relative_paths() {
+        assert_error(
+            "[filesystem]\nprotected = [\".git/hooks\", \"*\"]\n",
+            "x.toml: filesystem.protected[1]: \"*\": patterns are not supported",
+        );
+        assert_error(
+            "[filesystem]\nprotected = [\"/etc\"]\n",
+            "x.toml: filesystem.protected[0]: \"/etc\" must be relative",
+        );
+        assert_error(
+            "[filesystem]\nprotected = [\"a/../b\"]\n",
+            "x.toml: filesystem.protected[0]: \"a/../b\" must not contain \"..\"",
+        );
+        assert_error(
+            "[filesystem]\nprotected = [\"\"]\n",
+            "x.toml: filesystem.protected[0]: path is empty",
+        );
+    }
+
+    #[test]
+    fn home_visible_must_be_under_home() {
+        assert_error(
+            "[filesystem]\nhome_visible = [\".cargo\"]\n",
+            "x.toml: filesystem.home_visible[0]: \".cargo\" must start with \"~/\"",
+        );
+        assert_error(
+            "[filesystem]\nhome_visible = [\"~/../etc\"]\n",
+            "x.toml: filesystem.home_visible[0]: \"~/../etc\" must not contain \"..\"",
+        );
+        assert_error(
+            "[filesystem]\nhome_visible = [\"~/\"]\n",
+            "x.toml: filesystem.home_visible[0]: \"~/\" would make the whole home directory",
+        );
+    }
+
+    #[test]
+    fn deny_read_must_be_absolute() {
+        assert_error(
+            "[filesystem]\ndeny_read = [\"etc/passwd\"]\n",
+            "x.toml: filesystem.deny_read[0]: \"etc/passwd\" must be an absolute host path",
+        );
+        let policy = parse("[filesystem]\ndeny_read = [\"/srv/secrets\"]\n", "x.toml").unwrap();
+        assert_eq!(policy.filesystem.deny_read, ["/srv/secrets"]);
+    }
+
+    #[test]
+    fn env_names_are_checked() {
+        assert_error(
+            "[env]\npass = [\"*\"]\n",
+            "x.toml: env.pass[0]: \"*\" would pass every host variable",
+        );
+        assert_error(
+            "[env]\npass = [\"A*B\"]\n",
+            "x.toml: env.pass[0]: \"A*B\" is not a variable name",
+        );
+        assert_error(
+            "[env]\nset = { \"1X\" = \"y\" }\n",
+            "x.toml: env.set.1X: \"1X\" is not a variable name",
+        );
+        let policy = parse("[env]\nset = { CI = \"1\" }\n", "x.toml").unwrap();
+        assert_eq!(policy.env.set.get("CI").map(String::as_str), Some("1"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("512MiB"), Ok(512 * MIB));
+        assert_eq!(parse_size("2G"), Ok(2 * GIB));
+        assert_eq!(parse_size("2 gib"), Ok(2 * GIB));
+        assert_eq!(parse_size("1.5GiB"), Ok(GIB + GIB / 2));
+        assert_eq!(parse_size("1KB"), Ok(1000));
+        assert_eq!(parse_size("3MB"), Ok(3_000_000));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("10B"), Ok(10));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("1.5").is_err());
+        assert!(parse_size("1.GiB").is_err());
+        assert!(parse_size("1PiB").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+        assert_eq!(human_size(4 * GIB), "4 GiB");
+        assert_eq!(human_size(GIB + GIB / 2), "1.5 GiB");
+        assert_eq!(human_size(512), "512 bytes");
+    }
+
+    #[test]
+    fn integer_sizes_are_bytes() {
+        let policy = parse("[limits]\nmemory = 1048576\n", "x.toml").unwrap();
+        assert_eq!(policy.limits.memory_bytes, MIB);
+    }
+
+    #[test]
+    fn explain_says_what_matters() {
+        let text = Policy::default().explain();
+        assert!(text.contains("Memory: 4 GiB"), "{text}");
+        assert!(
+            text.contains("Network\n  - Off: no network access"),
+            "{text}"
+        );
+        assert!(text.contains("~/.ssh"), "{text}");
+        assert!(text.contains("/etc/shadow"), "{text}");
+        assert!(text.contains("10m"), "{text}");
+        assert!(!text.contains("WARNING"), "{text}");
+
+        let mut policy = Policy::default();
+        policy.network.mode = NetworkMode::Host;
+        policy.security.landlock = LandlockMode::BestEffort;
+        let text = policy.explain();
+        assert!(
+            text.contains("WARNING: the sandbox shares the host's network"),
+            "{text}"
+        );
+        assert!(text.contains("WARNING: Landlock is best-effort"), "{text}");
+    }
+
+    #[test]
+    fn hash_is_stable_and_tracks_changes() {
+        let policy = Policy::default();
+        let hash = policy.hash();
+        assert_eq!(hash.len(), 64);
+        assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(hash, Policy::default().hash());
+
+        // The spelling of a size does not matter, its value does.
+        let a = parse("[limits]\nmemory = \"1GiB\"\n", "a.toml").unwrap();
+        let b = parse("# comment\n[limits]\nmemory = \"1024 MiB\"\n", "b.toml").unwrap();
+        assert_eq!(a.hash(), b.hash());
+
+        let mut changed = Policy::default();
+        changed.limits.pids += 1;
+        assert_ne!(changed.hash(), hash);
+    }
+
+    #[test]
+    fn serializes_back_to_the_same_policy() {
+        for (name, text) in BUILTIN_PROFILES {
+            let policy = parse(text, name).unwrap();
+            let toml_text = toml::to_string(&policy).unwrap();
+            assert_eq!(parse(&toml_text, name).unwrap(), policy, "{toml_text}");
+            let json = serde_json::to_string(&policy).unwrap();
+            assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), policy);
+        }
+    }
+}
