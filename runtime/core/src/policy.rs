@@ -686,7 +686,8 @@ impl Policy {
     }
 
     /// SHA-256 (lowercase hex) of the policy's canonical JSON: fields in declaration order, maps
-    /// sorted, limits as parsed values. Two files that differ only in comments, layout or how a
+    /// sorted, limits as parsed values, the description included. The built-in lists
+    /// ([`BUILTIN_DENY_READ`], [`CREDENTIAL_STORES`]) are not part of it. Two files that differ only in comments, layout or how a
     /// size is spelled (`"1GiB"` vs `"1024MiB"`) have the same hash.
     pub fn hash(&self) -> String {
         // Serializing plain structs, strings and numbers to JSON cannot fail.
@@ -747,6 +748,21 @@ impl Policy {
                  (but not the credential stores below)."
                     .to_owned(),
             ),
+        }
+        let shadowed: Vec<&str> = match fs.home {
+            HomeMode::Hidden => fs
+                .home_visible
+                .iter()
+                .filter(|entry| is_credential_store(entry))
+                .map(String::as_str)
+                .collect(),
+            HomeMode::ReadOnly => Vec::new(),
+        };
+        if !shadowed.is_empty() {
+            line(format!(
+                "  - Listed as visible but still hidden, because they are credential stores: {}.",
+                shadowed.join(", ")
+            ));
         }
         line(format!(
             "  - Credential stores are always hidden, even inside visible directories: {}.",
@@ -1034,6 +1050,20 @@ impl Env {
     }
 }
 
+/// Whether a `~/`-relative path is a credential store or lies inside one.
+fn is_credential_store(entry: &str) -> bool {
+    let Some(rest) = entry.strip_prefix("~/") else {
+        return false;
+    };
+    let rest = rest.trim_end_matches('/');
+    CREDENTIAL_STORES.iter().any(|store| {
+        rest == *store
+            || rest
+                .strip_prefix(store)
+                .is_some_and(|tail| tail.starts_with('/'))
+    })
+}
+
 fn is_env_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
@@ -1266,6 +1296,37 @@ mod tests {
             message,
             "unknown policy \"nope\" (available: default, mine, read-only)"
         );
+    }
+
+    #[test]
+    fn shipped_files_resolve_by_path_like_the_builtins() {
+        // Unit tests run in the crate directory.
+        for name in ["default", "read-only"] {
+            let path = format!("../../policies/{name}.toml");
+            let (from_file, source) = resolve_in(&path, None).unwrap();
+            assert_eq!(source, PolicySource::File(PathBuf::from(&path)));
+            let (builtin, _) = resolve_in(name, None).unwrap();
+            assert_eq!(from_file, builtin);
+        }
+    }
+
+    #[test]
+    fn credential_stores_stay_hidden_when_listed_visible() {
+        let policy = parse(
+            "[filesystem]\nhome_visible = [\"~/.cargo\", \"~/.ssh\", \"~/.config/gh/\"]\n",
+            "x.toml",
+        )
+        .unwrap();
+        let text = policy.explain();
+        assert!(
+            text.contains(
+                "still hidden, because they are credential stores: ~/.ssh, ~/.config/gh/."
+            ),
+            "{text}"
+        );
+        assert!(!is_credential_store("~/.cargo"));
+        assert!(is_credential_store("~/.cargo/credentials.toml"));
+        assert!(!is_credential_store("~/.sshfoo"));
     }
 
     #[test]
