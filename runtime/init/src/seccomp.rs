@@ -32,6 +32,9 @@ pub enum SeccompError {
     Install(#[from] seccompiler::Error),
 }
 
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("the seccomp filter is written for x86_64 and aarch64 only");
+
 #[cfg(target_arch = "x86_64")]
 const TARGET_ARCH: TargetArch = TargetArch::x86_64;
 #[cfg(target_arch = "aarch64")]
