@@ -11,4 +11,5 @@
 //! kernel kills whatever is left in the pid namespace, so no background process outlives a run.
 
 pub mod config;
+pub mod landlock_rules;
 pub mod seccomp;

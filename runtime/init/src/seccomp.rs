@@ -1,1 +1,675 @@
-//! Seccomp filter (being written).
+//! The seccomp filter installed on the command just before exec.
+//!
+//! A deny list, not an allow list: everything an ordinary build or test run needs stays allowed,
+//! and what is refused is kernel attack surface or a way around the other layers (namespaces,
+//! mounts, tracing other processes, kernel keyrings, eBPF, io_uring, module loading, clock and
+//! power control, terminal injection). Refused calls fail with `EPERM`, so tools that probe for a
+//! feature degrade instead of dying. `clone3` fails with `ENOSYS` instead: its flags live in
+//! memory a filter cannot read, and `ENOSYS` makes libc fall back to `clone`, whose flags we check.
+//!
+//! Only the native syscall ABI is accepted. A call made through another ABI (i386 `int 0x80`,
+//! x32) kills the process: the deny list is written in native syscall numbers and would not
+//! apply to it.
+//!
+//! The program is seccompiler's compiled deny list with a short hand-written prologue in front
+//! (see [`filter`]).
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch, sock_filter,
+};
+
+/// Why the filter could not be built or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// A rule or the filter as a whole was rejected by the compiler.
+    #[error("cannot build the seccomp filter: {0}")]
+    Build(#[from] seccompiler::BackendError),
+    /// `prctl(PR_SET_NO_NEW_PRIVS)` or `seccomp(SECCOMP_SET_MODE_FILTER)` failed.
+    #[error("cannot install the seccomp filter: {0}")]
+    Install(#[from] seccompiler::Error),
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("the seccomp filter is written for x86_64 and aarch64 only");
+
+#[cfg(target_arch = "x86_64")]
+const TARGET_ARCH: TargetArch = TargetArch::x86_64;
+#[cfg(target_arch = "aarch64")]
+const TARGET_ARCH: TargetArch = TargetArch::aarch64;
+
+// AUDIT_ARCH_* from <linux/audit.h>: ELF machine | 64-bit | little-endian.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH_NATIVE: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH_NATIVE: u32 = 183 | 0x8000_0000 | 0x4000_0000;
+
+/// On x86_64 the x32 ABI reports the native audit arch and marks its syscall numbers with this
+/// bit. No native syscall number (on any architecture) has it set.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+// Classic BPF opcodes (<linux/bpf_common.h>); libc has the parts with another integer type.
+/// BPF_LD | BPF_W | BPF_ABS
+const BPF_LD_W_ABS: u16 = 0x20;
+/// BPF_JMP | BPF_JEQ | BPF_K
+const BPF_JMP_JEQ_K: u16 = 0x15;
+/// BPF_JMP | BPF_JGE | BPF_K
+const BPF_JMP_JGE_K: u16 = 0x35;
+/// BPF_RET | BPF_K
+const BPF_RET_K: u16 = 0x06;
+
+// Offsets in `struct seccomp_data { int nr; __u32 arch; __u64 ip; __u64 args[6]; }`.
+const SECCOMP_DATA_NR: u32 = 0;
+const SECCOMP_DATA_ARCH: u32 = 4;
+
+/// What a refused call returns.
+const DENY: SeccompAction = SeccompAction::Errno(libc::EPERM as u32);
+
+/// Namespace flags refused in `clone`'s flags.
+const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWCGROUP,
+    // In clone(2) this bit lies in the exit-signal byte; no valid signal (at most 64) sets it,
+    // so refusing it costs nothing and stays right if the kernel ever accepts it there.
+    libc::CLONE_NEWTIME,
+];
+
+/// Socket families refused: vsock reaches the hypervisor host, AF_ALG is the kernel crypto API
+/// (a repeated source of kernel bugs), AF_PACKET is raw link-layer access.
+const DENIED_SOCKET_FAMILIES: [libc::c_int; 3] = [libc::AF_VSOCK, libc::AF_ALG, libc::AF_PACKET];
+
+/// Terminal ioctls that inject input into or control the terminal of someone else.
+const DENIED_IOCTLS: [u64; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
+
+/// `personality` values that are allowed: the default, 32-bit uname, the uname-2.6 hack, and the
+/// query value (0xffffffff) glibc uses to read the current one. Anything else (e.g. turning off
+/// address-space randomisation, READ_IMPLIES_EXEC) is refused.
+const ALLOWED_PERSONALITIES: [u64; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
+
+/// Syscalls refused whatever their arguments.
+const DENIED_SYSCALLS: &[libc::c_long] = &[
+    // Tracing and reading other processes.
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_process_madvise,
+    // io_uring bypasses syscall filtering for the operations it performs.
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    // Kernel keyrings are not namespaced.
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    // eBPF, perf and userfaultfd: large kernel attack surface, used in exploits.
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    // Namespaces.
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    // Mounts, old and new API, and changing the root.
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    // Kernel code.
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    // File handles open any file of a filesystem, bypassing path checks.
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    // Host administration: accounting, swap, power, clocks, quotas, terminals, kernel log.
+    libc::SYS_acct,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_adjtimex,
+    libc::SYS_clock_adjtime,
+    libc::SYS_lookup_dcookie,
+    libc::SYS_quotactl,
+    libc::SYS_quotactl_fd,
+    libc::SYS_vhangup,
+    libc::SYS_syslog,
+    libc::SYS_nfsservctl,
+    libc::SYS_fanotify_init,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_uselib,
+];
+
+fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+/// One condition on the low 32 bits of an argument. The kernel reads these arguments (`int` or
+/// `unsigned int`, or `clone`'s flags, of which it keeps the low half) as 32-bit values, so the
+/// high half must not decide: `TIOCSTI | 0xdead_0000_0000_0000` is still TIOCSTI.
+fn low32(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
+    Ok(SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Dword,
+        op,
+        value,
+    )?)
+}
+
+/// A rule matching when the low 32 bits of `arg`, masked with `mask`, equal `value`.
+fn masked(arg: u8, mask: u64, value: u64) -> Result<SeccompRule, SeccompError> {
+    Ok(SeccompRule::new(vec![low32(
+        arg,
+        SeccompCmpOp::MaskedEq(mask),
+        value,
+    )?])?)
+}
+
+fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
+    // An empty rule list refuses the syscall unconditionally.
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED_SYSCALLS.iter().map(|&nr| (nr, Vec::new())).collect();
+
+    // Rules of one syscall are OR-ed: any namespace flag refuses the clone.
+    let clone = CLONE_NAMESPACE_FLAGS
+        .iter()
+        .map(|&flag| masked(0, flag as u64, flag as u64))
+        .collect::<Result<_, _>>()?;
+    rules.insert(libc::SYS_clone, clone);
+
+    let socket = DENIED_SOCKET_FAMILIES
+        .iter()
+        .map(|&family| masked(0, 0xffff_ffff, family as u64))
+        .collect::<Result<_, _>>()?;
+    rules.insert(libc::SYS_socket, socket);
+
+    let ioctl = DENIED_IOCTLS
+        .iter()
+        .map(|&request| masked(1, 0xffff_ffff, request))
+        .collect::<Result<_, _>>()?;
+    rules.insert(libc::SYS_ioctl, ioctl);
+
+    // Conditions of one rule are AND-ed: refused when the value is none of the allowed ones.
+    let personality = ALLOWED_PERSONALITIES
+        .iter()
+        .map(|&value| low32(0, SeccompCmpOp::Ne, value))
+        .collect::<Result<_, _>>()?;
+    rules.insert(libc::SYS_personality, vec![SeccompRule::new(personality)?]);
+
+    Ok(rules)
+}
+
+/// The compiled filter.
+///
+/// Layout: a hand-written prologue, then seccompiler's program (which starts with its own,
+/// now redundant, architecture check, then the deny list, with "allow" as the default).
+///
+/// The prologue:
+/// 1. kills the process unless the audit arch is the native one (i386 `int 0x80` on x86_64);
+/// 2. kills the process when the syscall number has bit 30 set: x32 calls carry the native audit
+///    arch, so seccompiler's arch check lets them through, and they would otherwise match no rule
+///    and be allowed;
+/// 3. makes `clone3` fail with `ENOSYS` (a seccompiler filter has one match action, EPERM here).
+///
+/// Classic BPF jumps are relative and only go forward, so instructions placed in front of a
+/// program leave every jump inside it pointing where it did: prepending is safe, appending or
+/// inserting in the middle would not be.
+pub fn filter() -> Result<BpfProgram, SeccompError> {
+    let kill = u32::from(SeccompAction::KillProcess);
+    let enosys = u32::from(SeccompAction::Errno(libc::ENOSYS as u32));
+    let clone3 = libc::SYS_clone3 as u32;
+    let mut program = vec![
+        stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARCH),
+        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_NATIVE, 1, 0),
+        stmt(BPF_RET_K, kill),
+        stmt(BPF_LD_W_ABS, SECCOMP_DATA_NR),
+        jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        stmt(BPF_RET_K, kill),
+        jump(BPF_JMP_JEQ_K, clone3, 0, 1),
+        stmt(BPF_RET_K, enosys),
+    ];
+    let deny_list = SeccompFilter::new(rules()?, SeccompAction::Allow, DENY, TARGET_ARCH)?;
+    let compiled: BpfProgram = deny_list.try_into()?;
+    program.extend(compiled);
+    Ok(program)
+}
+
+/// Builds the filter and installs it on the calling thread (and so on what it execs).
+///
+/// The caller has set `no_new_privs` (seccompiler sets it again, which is harmless). Only the
+/// calling thread is filtered: the helper is single-threaded when it calls this.
+pub fn install() -> Result<(), SeccompError> {
+    let program = filter()?;
+    seccompiler::apply_filter(&program)?;
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Each test forks; the child confines itself, tries one thing, and reports through its exit
+    //! code (0: the call succeeded, otherwise the errno it got). No root is needed.
+
+    use std::panic::AssertUnwindSafe;
+
+    use super::*;
+
+    /// Exit code of a child whose body panicked.
+    const PANICKED: i32 = 200;
+    /// Exit code of a child whose confinement step failed.
+    pub(crate) const SETUP_FAILED: i32 = 201;
+
+    #[derive(Debug, PartialEq, Eq)]
+    pub(crate) enum Ended {
+        Exited(i32),
+        Signaled(i32),
+    }
+
+    /// Runs `body` in a forked child and returns how the child ended.
+    pub(crate) fn in_child(body: impl FnOnce() -> i32) -> Ended {
+        // SAFETY: fork has no memory-safety preconditions. The child runs only `body` and then
+        // `_exit`s, so it never returns into the test harness; glibc's malloc is fork-safe, so
+        // the child may allocate even though the harness has other threads.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let code = std::panic::catch_unwind(AssertUnwindSafe(body)).unwrap_or(PANICKED);
+            // SAFETY: _exit only ends the process; no destructors or atexit handlers of the
+            // parent's state run in the child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `pid` is our child and `status` is a valid place for the kernel to write.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(rc, pid, "waitpid: {}", std::io::Error::last_os_error());
+        if libc::WIFEXITED(status) {
+            Ended::Exited(libc::WEXITSTATUS(status))
+        } else {
+            Ended::Signaled(libc::WTERMSIG(status))
+        }
+    }
+
+    /// Sets `no_new_privs` the way the helper does (and no core dumps for the tests that end in
+    /// SIGSYS, and a new session so no terminal is reachable).
+    pub(crate) fn confine_basics() -> bool {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain syscalls with valid arguments; `no_core` outlives the setrlimit call.
+        unsafe {
+            libc::setsid();
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core) == 0
+                && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+        }
+    }
+
+    /// Runs `body` in a child under the filter.
+    fn filtered(body: impl FnOnce() -> i32) -> Ended {
+        in_child(|| {
+            if !confine_basics() || install().is_err() {
+                return SETUP_FAILED;
+            }
+            body()
+        })
+    }
+
+    pub(crate) fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// 0 when a libc-style return value is a success, the errno otherwise.
+    pub(crate) fn outcome(rc: libc::c_long) -> i32 {
+        if rc == -1 { errno() } else { 0 }
+    }
+
+    /// A raw syscall with six arguments.
+    fn sys(nr: libc::c_long, a: [libc::c_long; 6]) -> i32 {
+        // SAFETY: every caller passes arguments that the kernel only validates (null or invalid
+        // pointers it checks, invalid fds, invalid flags); no memory of ours is written.
+        outcome(unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) })
+    }
+
+    const REFUSED: Ended = Ended::Exited(libc::EPERM);
+    const SUCCEEDED: Ended = Ended::Exited(0);
+    const KILLED: Ended = Ended::Signaled(libc::SIGSYS);
+
+    #[test]
+    fn filter_compiles_to_a_loadable_size() {
+        let program = filter().expect("filter builds");
+        assert!(program.len() < 4096, "{} instructions", program.len());
+    }
+
+    #[test]
+    fn denied_syscalls_return_eperm() {
+        use libc::*;
+        let none = -1 as c_long;
+        let mut table: Vec<(&str, c_long, [c_long; 6])> = vec![
+            (
+                "ptrace",
+                SYS_ptrace,
+                [PTRACE_TRACEME as c_long, 0, 0, 0, 0, 0],
+            ),
+            ("process_vm_readv", SYS_process_vm_readv, [0; 6]),
+            ("process_vm_writev", SYS_process_vm_writev, [0; 6]),
+            ("pidfd_getfd", SYS_pidfd_getfd, [none, none, 0, 0, 0, 0]),
+            (
+                "process_madvise",
+                SYS_process_madvise,
+                [none, 0, 0, 0, 0, 0],
+            ),
+            ("io_uring_setup", SYS_io_uring_setup, [1, 0, 0, 0, 0, 0]),
+            ("io_uring_enter", SYS_io_uring_enter, [none, 0, 0, 0, 0, 0]),
+            (
+                "io_uring_register",
+                SYS_io_uring_register,
+                [none, 0, 0, 0, 0, 0],
+            ),
+            ("keyctl", SYS_keyctl, [none, 0, 0, 0, 0, 0]),
+            ("add_key", SYS_add_key, [0; 6]),
+            ("request_key", SYS_request_key, [0; 6]),
+            ("bpf", SYS_bpf, [none, 0, 0, 0, 0, 0]),
+            (
+                "perf_event_open",
+                SYS_perf_event_open,
+                [0, 0, none, none, 0, 0],
+            ),
+            ("userfaultfd", SYS_userfaultfd, [0; 6]),
+            (
+                "unshare",
+                SYS_unshare,
+                [CLONE_NEWUSER as c_long, 0, 0, 0, 0, 0],
+            ),
+            ("setns", SYS_setns, [none, 0, 0, 0, 0, 0]),
+            ("mount", SYS_mount, [0; 6]),
+            ("umount2", SYS_umount2, [0; 6]),
+            ("fsopen", SYS_fsopen, [0; 6]),
+            ("fsconfig", SYS_fsconfig, [none, 0, 0, 0, 0, 0]),
+            ("fsmount", SYS_fsmount, [none, 0, 0, 0, 0, 0]),
+            ("fspick", SYS_fspick, [none, 0, 0, 0, 0, 0]),
+            ("move_mount", SYS_move_mount, [none, 0, none, 0, 0, 0]),
+            ("open_tree", SYS_open_tree, [none, 0, 0, 0, 0, 0]),
+            ("mount_setattr", SYS_mount_setattr, [none, 0, 0, 0, 0, 0]),
+            ("pivot_root", SYS_pivot_root, [0; 6]),
+            ("chroot", SYS_chroot, [0; 6]),
+            ("kexec_load", SYS_kexec_load, [0, 0, 0, none, 0, 0]),
+            (
+                "kexec_file_load",
+                SYS_kexec_file_load,
+                [none, none, 0, 0, none, 0],
+            ),
+            ("init_module", SYS_init_module, [0; 6]),
+            ("finit_module", SYS_finit_module, [none, 0, 0, 0, 0, 0]),
+            ("delete_module", SYS_delete_module, [0; 6]),
+            (
+                "open_by_handle_at",
+                SYS_open_by_handle_at,
+                [none, 0, 0, 0, 0, 0],
+            ),
+            (
+                "name_to_handle_at",
+                SYS_name_to_handle_at,
+                [none, 0, 0, 0, 0, 0],
+            ),
+            ("acct", SYS_acct, [1, 0, 0, 0, 0, 0]),
+            ("swapon", SYS_swapon, [0; 6]),
+            ("swapoff", SYS_swapoff, [0; 6]),
+            ("reboot", SYS_reboot, [0; 6]),
+            ("settimeofday", SYS_settimeofday, [0; 6]),
+            ("clock_settime", SYS_clock_settime, [none, 0, 0, 0, 0, 0]),
+            ("adjtimex", SYS_adjtimex, [0; 6]),
+            ("clock_adjtime", SYS_clock_adjtime, [none, 0, 0, 0, 0, 0]),
+            ("lookup_dcookie", SYS_lookup_dcookie, [0; 6]),
+            ("quotactl", SYS_quotactl, [0; 6]),
+            ("quotactl_fd", SYS_quotactl_fd, [none, 0, 0, 0, 0, 0]),
+            ("vhangup", SYS_vhangup, [0; 6]),
+            ("syslog", SYS_syslog, [10, 0, 0, 0, 0, 0]),
+            ("nfsservctl", SYS_nfsservctl, [0; 6]),
+            ("fanotify_init", SYS_fanotify_init, [none, 0, 0, 0, 0, 0]),
+            (
+                "personality(ADDR_NO_RANDOMIZE)",
+                SYS_personality,
+                [0x0040000, 0, 0, 0, 0, 0],
+            ),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        table.extend([
+            ("iopl", SYS_iopl, [0; 6]),
+            ("ioperm", SYS_ioperm, [0; 6]),
+            ("uselib", SYS_uselib, [0; 6]),
+        ]);
+        let mut failures = Vec::new();
+        for (name, nr, args) in table {
+            let ended = filtered(|| sys(nr, args));
+            if ended != REFUSED {
+                failures.push(format!("{name}: {ended:?}"));
+            }
+        }
+        assert!(failures.is_empty(), "not refused with EPERM: {failures:#?}");
+    }
+
+    #[test]
+    fn clone_with_any_namespace_flag_is_refused() {
+        for flag in CLONE_NAMESPACE_FLAGS {
+            let ended = filtered(|| {
+                let flags = (flag | libc::SIGCHLD) as libc::c_long;
+                // SAFETY: a fork-like clone (no CLONE_VM, null stack: the child runs on a copy of
+                // our stack); a child that does get created `_exit`s at once.
+                let rc = unsafe { libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) };
+                if rc == 0 {
+                    // SAFETY: ends the unexpected child without touching shared state.
+                    unsafe { libc::_exit(0) };
+                }
+                if rc > 0 {
+                    // SAFETY: `rc` is our child; a null status pointer is allowed.
+                    unsafe { libc::waitpid(rc as libc::pid_t, std::ptr::null_mut(), 0) };
+                }
+                outcome(rc)
+            });
+            assert_eq!(ended, REFUSED, "clone with flag {flag:#x}");
+        }
+    }
+
+    #[test]
+    fn clone3_is_enosys() {
+        // Unfiltered, a null argument would be EINVAL or EFAULT; the filter answers first.
+        let ended = filtered(|| sys(libc::SYS_clone3, [0; 6]));
+        assert_eq!(ended, Ended::Exited(libc::ENOSYS));
+    }
+
+    #[test]
+    fn fork_threads_and_spawn_still_work() {
+        let ended = filtered(|| {
+            // SAFETY: the child of this fork `_exit`s at once.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: see above.
+                unsafe { libc::_exit(7) };
+            }
+            if pid < 0 {
+                return 1;
+            }
+            let mut status = 0;
+            // SAFETY: `pid` is our child and `status` is a valid place to write.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 7 {
+                return 2;
+            }
+            // glibc tries clone3 first for threads and posix_spawn, then falls back to clone.
+            if std::thread::spawn(|| 5).join().ok() != Some(5) {
+                return 3;
+            }
+            let spawned = std::process::Command::new("/bin/sh")
+                .args(["-c", "exit 9"])
+                .status();
+            match spawned {
+                Ok(status) if status.code() == Some(9) => 0,
+                _ => 4,
+            }
+        });
+        assert_eq!(ended, SUCCEEDED);
+    }
+
+    #[test]
+    fn dangerous_socket_families_are_refused() {
+        for family in DENIED_SOCKET_FAMILIES {
+            for kind in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_RAW] {
+                let ended = filtered(|| {
+                    // SAFETY: socket has no memory arguments.
+                    outcome(unsafe { libc::socket(family, kind, 0) }.into())
+                });
+                assert_eq!(ended, REFUSED, "socket({family}, {kind})");
+            }
+        }
+    }
+
+    #[test]
+    fn unix_and_netlink_sockets_work() {
+        let ended = filtered(|| {
+            // SAFETY: socket has no memory arguments.
+            let unix = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+            // SAFETY: as above.
+            let netlink =
+                unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE) };
+            if unix < 0 || netlink < 0 { errno() } else { 0 }
+        });
+        assert_eq!(ended, SUCCEEDED);
+    }
+
+    #[test]
+    fn terminal_injection_ioctls_are_refused_whatever_the_high_bits() {
+        let requests = [
+            libc::TIOCSTI,
+            libc::TIOCSTI | 0xdead_0000_0000_0000,
+            libc::TIOCLINUX,
+            libc::TIOCLINUX | 0x1_0000_0000,
+        ];
+        for request in requests {
+            let ended = filtered(|| {
+                // /dev/null is no terminal: if the filter let the call through it would be
+                // ENOTTY, never an injected keystroke.
+                let Ok(null) = std::fs::File::open("/dev/null") else {
+                    return SETUP_FAILED;
+                };
+                let byte = b'x';
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+                sys(
+                    libc::SYS_ioctl,
+                    [
+                        fd.into(),
+                        request as libc::c_long,
+                        &byte as *const u8 as libc::c_long,
+                        0,
+                        0,
+                        0,
+                    ],
+                )
+            });
+            assert_eq!(ended, REFUSED, "ioctl request {request:#x}");
+        }
+    }
+
+    #[test]
+    fn x32_syscalls_kill_the_process() {
+        let ended = filtered(|| sys(libc::SYS_getpid | 0x4000_0000, [0; 6]));
+        assert_eq!(ended, KILLED);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn i386_syscalls_kill_the_process() {
+        let ended = filtered(|| {
+            let ret: i32;
+            // SAFETY: `int 0x80` enters the i386 syscall table; eax=20 is i386 getpid, which
+            // touches no memory. The 64-bit kernel saves and restores all other registers.
+            unsafe {
+                std::arch::asm!("int 0x80", inlateout("eax") 20 => ret, options(nostack));
+            }
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() };
+            if ret == pid { 0 } else { 1 }
+        });
+        assert_ne!(ended, SUCCEEDED, "an i386 syscall went through the filter");
+        assert_eq!(ended, KILLED);
+    }
+
+    #[test]
+    fn personality_query_and_default_are_allowed() {
+        let ended = filtered(|| {
+            // SAFETY: personality has no memory arguments.
+            let current = unsafe { libc::personality(0xffff_ffff) };
+            // SAFETY: as above; sets the default personality.
+            let set = unsafe { libc::personality(0) };
+            if current < 0 || set < 0 { errno() } else { 0 }
+        });
+        assert_eq!(ended, SUCCEEDED);
+    }
+
+    #[test]
+    fn ordinary_work_still_works() {
+        let ended = filtered(|| {
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } <= 0 {
+                return 1;
+            }
+            match std::fs::read_to_string("/proc/self/status") {
+                Ok(status) if status.contains("Seccomp:\t2") => {}
+                _ => return 2,
+            }
+            if std::path::Path::new("/etc/hostname").exists()
+                && std::fs::read("/etc/hostname").is_err()
+            {
+                return 3;
+            }
+            let mut fds = [0; 2];
+            // SAFETY: `fds` has room for the two descriptors pipe writes.
+            if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+                return 4;
+            }
+            // SAFETY: fds[1] is the pipe's write end; the buffer is 5 valid bytes.
+            let written = unsafe { libc::write(fds[1], b"hello".as_ptr().cast(), 5) };
+            let mut buf = [0u8; 5];
+            // SAFETY: fds[0] is the pipe's read end; `buf` has room for 5 bytes.
+            let read = unsafe { libc::read(fds[0], buf.as_mut_ptr().cast(), 5) };
+            if written != 5 || read != 5 || &buf != b"hello" {
+                return 5;
+            }
+            let mut pending: libc::c_int = -1;
+            // SAFETY: FIONREAD writes one int to `pending`.
+            if unsafe { libc::ioctl(fds[0], libc::FIONREAD, &mut pending) } != 0 || pending != 0 {
+                return 6;
+            }
+            0
+        });
+        assert_eq!(ended, SUCCEEDED);
+    }
+}
