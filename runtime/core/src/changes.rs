@@ -1,1 +1,723 @@
-//! Workspace changes (being written).
+//! Workspace changes: what a sandbox changed, read from the overlay's upper layer alone.
+//!
+//! The workspace is mounted as an overlay: the host copy is the lower layer, the sandbox's writes
+//! land in an upper directory owned by the run. [`scan`] walks that upper directory and looks at
+//! the lower tree only at paths the upper layer names (and beneath directories the sandbox deleted
+//! or made opaque), so its cost follows the size of the change, not of the repository.
+//! [`diff`] and [`unified_diff`] render a list of changes as a git-style patch.
+//!
+//! Semantics of [`scan`]:
+//! - Paths are relative to the workspace root, joined by `/`; names that are not UTF-8 are converted
+//!   lossily. The result is sorted and free of duplicates.
+//! - A regular file, symlink or special file in upper that lower lacks is `Added`. One that lower
+//!   has is `Modified` only when the file type, the permission bits (`mode & 0o7777`), the symlink
+//!   target, the device number or the content differ: a copy-up caused by `touch`, a same-mode
+//!   `chmod` or a rewrite with identical bytes is not a change. Contents are compared size first,
+//!   then in fixed-size chunks.
+//! - A whiteout (a character device 0:0, or a zero-size regular file carrying the `overlay.whiteout`
+//!   xattr) deletes the lower path: a file is `Deleted`; for a directory every entry beneath it is.
+//! - An opaque directory (`overlay.opaque` = `y`, in the `user.` or `trusted.` namespace) hides its
+//!   lower entries: those absent from upper are `Deleted`; upper entries are compared as usual.
+//! - A type change between directory and non-directory is `Deleted` for what was there (every
+//!   entry beneath, for a directory) plus `Added` for what is there now. A change between two
+//!   non-directory types (file to symlink, say) is `Modified`.
+//! - Directories are not changes themselves (like git), with one exception so that `mkdir` and
+//!   `rmdir` stay visible: a new directory with nothing in it is `Added` as `path/` (trailing
+//!   slash), and an empty lower directory that was deleted is `Deleted` as `path/`. Changes of a
+//!   directory's own permissions are not reported.
+//! - Special files (fifos, sockets, devices) are reported but never opened.
+//! - Symlinks are never followed: every look-up is an `lstat`, every open uses `O_NOFOLLOW`.
+//!
+//! The overlay work directory is a sibling of upper and is never read. The scan expects the
+//! layout an overlay mounted with `userxattr` produces (no `redirect_dir`, no `metacopy`); an upper
+//! entry that carries a redirect or metacopy xattr is refused with [`ChangesError::Unsupported`]
+//! rather than misreported. The scan must run while nothing writes to the upper layer (after the
+//! command, with the sandbox's processes stopped): paths are resolved by name, so a concurrent
+//! writer could swap a directory for a symlink between two look-ups.
+
+use std::collections::HashSet;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::{self, File, Metadata};
+use std::io::{self, Read};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use similar::{Algorithm, ChangeTag, TextDiff};
+
+use crate::result::{Change, ChangeKind};
+
+/// Files larger than this (on either side) are not diffed line by line.
+pub const DIFF_LIMIT_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Chunk size for streaming content comparison.
+const COMPARE_CHUNK: usize = 64 * 1024;
+/// How much of a file is searched for a NUL byte to call it binary (git's heuristic).
+const BINARY_PROBE: usize = 8000;
+/// Upper bound on the time spent diffing one file; past it `similar` returns a coarser diff.
+const DIFF_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest xattr name list the kernel returns (XATTR_LIST_MAX).
+const XATTR_LIST_MAX: usize = 64 * 1024;
+
+/// Why scanning or diffing the workspace layers failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangesError {
+    /// A filesystem operation failed on a path of the upper or lower layer.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The upper layer uses an overlay feature that cannot be interpreted from upper alone.
+    #[error("cannot scan {}: overlay {feature} is not supported (mount the overlay with userxattr)", path.display())]
+    Unsupported {
+        path: PathBuf,
+        feature: &'static str,
+    },
+    /// A change names something other than a plain relative path inside the workspace.
+    #[error("cannot diff {path:?}: not a relative path inside the workspace")]
+    InvalidPath { path: String },
+    /// A change does not match what the layers hold (stale change list).
+    #[error("cannot diff {path}: {detail}")]
+    Mismatch { path: String, detail: &'static str },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ChangesError + 'a {
+    move |source| ChangesError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Line counts of a rendered diff.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffStats {
+    /// Changes rendered (directory entries, `path/`, are not files and are not counted).
+    pub files: usize,
+    /// Lines added across all text hunks.
+    pub insertions: usize,
+    /// Lines removed across all text hunks.
+    pub deletions: usize,
+}
+
+/// A rendered diff and its stats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    /// Git-style unified diff text.
+    pub text: String,
+    pub stats: DiffStats,
+}
+
+/// Lists what the sandbox changed, reading the overlay's `upper` directory and looking at `lower`
+/// only at paths that `upper` names (see the module doc for the exact semantics).
+pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
+    let mut scanner = Scanner {
+        upper,
+        lower,
+        out: Vec::new(),
+        buf_upper: vec![0; COMPARE_CHUNK],
+        buf_lower: vec![0; COMPARE_CHUNK],
+    };
+    let root = Path::new("");
+    let attrs = overlay_attrs(upper)?;
+    let lower_is_dir = lstat_opt(lower)?.is_some_and(|m| m.is_dir());
+    scanner.walk_upper_dir(root, lower_is_dir, attrs.opaque)?;
+    let mut out = scanner.out;
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Renders `changes` (as returned by [`scan`]) as a git-style unified diff; see [`diff`].
+pub fn unified_diff(
+    upper: &Path,
+    lower: &Path,
+    changes: &[Change],
+) -> Result<String, ChangesError> {
+    diff(upper, lower, changes).map(|d| d.text)
+}
+
+/// Renders `changes` as a git-style unified diff and counts files, insertions and deletions.
+///
+/// `Added` content is read from `upper`, `Deleted` content from `lower`, `Modified` from both.
+/// Modes are shown as the real `st_mode` (file type and permission bits, e.g. `100600`), not
+/// git's normalised `100644`/`100755`; symlinks are `120000` with their target as content. Files
+/// over [`DIFF_LIMIT_BYTES`] get a one-line note instead of hunks; binary files (a NUL in the first
+/// 8000 bytes, or not UTF-8) get git's `Binary files ... differ` line; special files get a header
+/// and mode line only. Directory entries (`path/`) are skipped.
+pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, ChangesError> {
+    let mut out = Diff::default();
+    for change in changes {
+        if change.path.ends_with('/') {
+            continue;
+        }
+        let rel = checked_rel(&change.path)?;
+        let (old, new) = match change.kind {
+            ChangeKind::Added => (Side::Absent, load_side(&upper.join(rel))?),
+            ChangeKind::Deleted => (load_side(&lower.join(rel))?, Side::Absent),
+            ChangeKind::Modified => (load_side(&lower.join(rel))?, load_side(&upper.join(rel))?),
+        };
+        let mismatch = |detail| ChangesError::Mismatch {
+            path: change.path.clone(),
+            detail,
+        };
+        if change.kind != ChangeKind::Deleted && matches!(new, Side::Absent) {
+            return Err(mismatch("not a file in the upper layer"));
+        }
+        if change.kind != ChangeKind::Added && matches!(old, Side::Absent) {
+            return Err(mismatch("not a file in the lower layer"));
+        }
+        out.stats.files += 1;
+        if !old.is_absent() && !new.is_absent() && old.type_bits() != new.type_bits() {
+            // Like git: a type change is a deletion followed by an addition.
+            render_file(&mut out, &change.path, &old, &Side::Absent);
+            render_file(&mut out, &change.path, &Side::Absent, &new);
+        } else {
+            render_file(&mut out, &change.path, &old, &new);
+        }
+    }
+    Ok(out)
+}
+
+/// A change path as a relative path with only normal components.
+fn checked_rel(path: &str) -> Result<&Path, ChangesError> {
+    let rel = Path::new(path);
+    let plain = !path.is_empty() && rel.components().all(|c| matches!(c, Component::Normal(_)));
+    if plain {
+        Ok(rel)
+    } else {
+        Err(ChangesError::InvalidPath {
+            path: path.to_owned(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// scan
+
+struct Scanner<'a> {
+    upper: &'a Path,
+    lower: &'a Path,
+    out: Vec<Change>,
+    buf_upper: Vec<u8>,
+    buf_lower: Vec<u8>,
+}
+
+impl Scanner<'_> {
+    fn push(&mut self, rel: &Path, kind: ChangeKind, dir: bool) {
+        let mut path = rel.to_string_lossy().into_owned();
+        if dir {
+            path.push('/');
+        }
+        self.out.push(Change { path, kind });
+    }
+
+    /// Walks the upper directory at `rel`. `lower_is_dir`: lower has a directory there, so upper
+    /// entries are compared with lower ones; otherwise everything beneath is new. `opaque`: the
+    /// upper directory is the whole content (it, or a directory above it, is opaque), so lower
+    /// entries it lacks were deleted.
+    fn walk_upper_dir(
+        &mut self,
+        rel: &Path,
+        lower_is_dir: bool,
+        opaque: bool,
+    ) -> Result<(), ChangesError> {
+        let upath = self.upper.join(rel);
+        let names = list_dir(&upath)?;
+        if names.is_empty() && !lower_is_dir && !rel.as_os_str().is_empty() {
+            self.push(rel, ChangeKind::Added, true);
+            return Ok(());
+        }
+        for name in &names {
+            self.visit_upper(&rel.join(name), lower_is_dir, opaque)?;
+        }
+        if lower_is_dir && opaque {
+            let in_upper: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
+            for name in list_dir(&self.lower.join(rel))? {
+                if !in_upper.contains(name.as_os_str()) {
+                    self.delete_lower(&rel.join(&name))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Visits one upper entry. `lower_visible`: the parent exists in lower as a directory, so
+    /// lower may have an entry of the same name. `in_opaque`: the parent is opaque.
+    fn visit_upper(
+        &mut self,
+        rel: &Path,
+        lower_visible: bool,
+        in_opaque: bool,
+    ) -> Result<(), ChangesError> {
+        let upath = self.upper.join(rel);
+        let umeta = fs::symlink_metadata(&upath).map_err(io_err("stat", &upath))?;
+        let ft = umeta.file_type();
+        let attrs = if ft.is_file() || ft.is_dir() {
+            overlay_attrs(&upath)?
+        } else {
+            OverlayAttrs::default()
+        };
+        if is_whiteout(&umeta, &attrs) {
+            if lower_visible {
+                self.delete_lower(rel)?;
+            }
+            return Ok(());
+        }
+        if attrs.redirect {
+            return Err(ChangesError::Unsupported {
+                path: upath,
+                feature: "redirect_dir",
+            });
+        }
+        if attrs.metacopy {
+            return Err(ChangesError::Unsupported {
+                path: upath,
+                feature: "metacopy",
+            });
+        }
+        let lmeta = if lower_visible {
+            lstat_opt(&self.lower.join(rel))?
+        } else {
+            None
+        };
+        match (umeta.is_dir(), lmeta) {
+            (true, Some(l)) if l.is_dir() => {
+                self.walk_upper_dir(rel, true, in_opaque || attrs.opaque)
+            }
+            (true, Some(_)) => {
+                self.push(rel, ChangeKind::Deleted, false);
+                self.walk_upper_dir(rel, false, false)
+            }
+            (true, None) => self.walk_upper_dir(rel, false, false),
+            (false, Some(l)) if l.is_dir() => {
+                self.delete_lower(rel)?;
+                self.push(rel, ChangeKind::Added, false);
+                Ok(())
+            }
+            (false, Some(l)) => {
+                if self.differs(rel, &umeta, &l)? {
+                    self.push(rel, ChangeKind::Modified, false);
+                }
+                Ok(())
+            }
+            (false, None) => {
+                self.push(rel, ChangeKind::Added, false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Reports the lower entry at `rel` and everything beneath it as deleted.
+    fn delete_lower(&mut self, rel: &Path) -> Result<(), ChangesError> {
+        let lpath = self.lower.join(rel);
+        let Some(meta) = lstat_opt(&lpath)? else {
+            return Ok(());
+        };
+        if !meta.is_dir() {
+            self.push(rel, ChangeKind::Deleted, false);
+            return Ok(());
+        }
+        let names = list_dir(&lpath)?;
+        if names.is_empty() {
+            self.push(rel, ChangeKind::Deleted, true);
+        }
+        for name in names {
+            self.delete_lower(&rel.join(name))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a non-directory upper entry differs from the lower entry of the same name.
+    fn differs(
+        &mut self,
+        rel: &Path,
+        umeta: &Metadata,
+        lmeta: &Metadata,
+    ) -> Result<bool, ChangesError> {
+        if umeta.mode() & libc::S_IFMT != lmeta.mode() & libc::S_IFMT
+            || umeta.mode() & 0o7777 != lmeta.mode() & 0o7777
+        {
+            return Ok(true);
+        }
+        let ft = umeta.file_type();
+        let upath = self.upper.join(rel);
+        let lpath = self.lower.join(rel);
+        if ft.is_file() {
+            if umeta.len() != lmeta.len() {
+                return Ok(true);
+            }
+            let same = contents_equal(&upath, &lpath, &mut self.buf_upper, &mut self.buf_lower)?;
+            Ok(!same)
+        } else if ft.is_symlink() {
+            let ut = fs::read_link(&upath).map_err(io_err("read link", &upath))?;
+            let lt = fs::read_link(&lpath).map_err(io_err("read link", &lpath))?;
+            Ok(ut != lt)
+        } else if ft.is_block_device() || ft.is_char_device() {
+            Ok(umeta.rdev() != lmeta.rdev())
+        } else {
+            // Fifos and sockets of the same mode carry nothing else to compare.
+            Ok(false)
+        }
+    }
+}
+
+fn is_whiteout(meta: &Metadata, attrs: &OverlayAttrs) -> bool {
+    let ft = meta.file_type();
+    (ft.is_char_device() && meta.rdev() == 0) || (ft.is_file() && meta.len() == 0 && attrs.whiteout)
+}
+
+/// `lstat`, with "not there" (including a parent that is not a directory) as `None`.
+fn lstat_opt(path: &Path) -> Result<Option<Metadata>, ChangesError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
+        Err(e) => Err(io_err("stat", path)(e)),
+    }
+}
+
+fn list_dir(path: &Path) -> Result<Vec<OsString>, ChangesError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(path).map_err(io_err("read directory", path))? {
+        names.push(entry.map_err(io_err("read directory", path))?.file_name());
+    }
+    Ok(names)
+}
+
+/// Opens a regular file for reading without following a symlink and without blocking on a fifo
+/// that was swapped in after the `lstat`.
+fn open_regular(path: &Path) -> Result<File, ChangesError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    let meta = file.metadata().map_err(io_err("stat", path))?;
+    if !meta.is_file() {
+        return Err(ChangesError::Io {
+            op: "open",
+            path: path.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+        });
+    }
+    Ok(file)
+}
+
+/// Reads until `buf` is full or the file ends; returns the byte count.
+fn read_full(file: &mut File, buf: &mut [u8], path: &Path) -> Result<usize, ChangesError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err("read", path)(e)),
+        }
+    }
+    Ok(filled)
+}
+
+/// Compares two regular files chunk by chunk; memory use is two buffers whatever the file size.
+fn contents_equal(
+    a: &Path,
+    b: &Path,
+    buf_a: &mut [u8],
+    buf_b: &mut [u8],
+) -> Result<bool, ChangesError> {
+    let mut fa = open_regular(a)?;
+    let mut fb = open_regular(b)?;
+    loop {
+        let na = read_full(&mut fa, buf_a, a)?;
+        let nb = read_full(&mut fb, buf_b, b)?;
+        if na != nb || buf_a[..na] != buf_b[..nb] {
+            return Ok(false);
+        }
+        if na == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// overlay xattrs
+
+/// The overlay xattrs of an upper entry, from either the `user.` or the `trusted.` namespace.
+#[derive(Debug, Default)]
+struct OverlayAttrs {
+    opaque: bool,
+    whiteout: bool,
+    redirect: bool,
+    metacopy: bool,
+}
+
+fn cpath(path: &Path) -> Result<CString, ChangesError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|e| ChangesError::Io {
+        op: "convert path",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })
+}
+
+fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
+    let c = cpath(path)?;
+    let names = list_xattrs(&c, path)?;
+    let mut attrs = OverlayAttrs::default();
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let key = name
+            .strip_prefix(b"user.overlay.")
+            .or_else(|| name.strip_prefix(b"trusted.overlay."));
+        match key {
+            // "y" is opaque; "x" (newer kernels) only flags a directory holding xattr whiteouts.
+            Some(b"opaque") => attrs.opaque |= get_xattr_small(&c, name, path)? == Some(*b"y"),
+            Some(b"whiteout") => attrs.whiteout = true,
+            Some(b"redirect") => attrs.redirect = true,
+            Some(b"metacopy") => attrs.metacopy = true,
+            _ => {}
+        }
+    }
+    Ok(attrs)
+}
+
+/// The NUL-separated xattr names of `c`, not following a symlink.
+fn list_xattrs(c: &CString, path: &Path) -> Result<Vec<u8>, ChangesError> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `c` is a NUL-terminated string that outlives the call; `buf` is a live, writable
+        // allocation of `buf.len()` bytes and the kernel writes at most that many. llistxattr does
+        // not follow symlinks and keeps no pointer after returning.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if let Ok(len) = usize::try_from(n) {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ERANGE) if buf.len() < XATTR_LIST_MAX => buf.resize(buf.len() * 2, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(io_err("list xattrs of", path)(err)),
+        }
+    }
+}
+
+/// A one-byte xattr value of `c` (`None` when absent or of another length).
+fn get_xattr_small(c: &CString, name: &[u8], path: &Path) -> Result<Option<[u8; 1]>, ChangesError> {
+    let cname = CString::new(name).map_err(|e| ChangesError::Io {
+        op: "convert xattr name of",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })?;
+    let mut value = [0u8; 2];
+    // SAFETY: `c` and `cname` are NUL-terminated strings that outlive the call; `value` is a
+    // writable stack buffer of `value.len()` bytes and the kernel writes at most that many.
+    // lgetxattr does not follow symlinks and keeps no pointer after returning.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            cname.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    if n == 1 {
+        return Ok(Some([value[0]]));
+    }
+    if n >= 0 {
+        return Ok(None);
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::ERANGE | libc::ENODATA | libc::ENOTSUP) => Ok(None),
+        _ => Err(io_err("read xattr of", path)(err)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// diff
+
+/// One side of a file diff.
+enum Side {
+    Absent,
+    File { mode: u32, content: Content },
+    Symlink { target: Vec<u8> },
+    Special { mode: u32 },
+}
+
+enum Content {
+    Bytes(Vec<u8>),
+    TooLarge(u64),
+}
+
+impl Side {
+    fn is_absent(&self) -> bool {
+        matches!(self, Side::Absent)
+    }
+
+    fn type_bits(&self) -> u32 {
+        match self {
+            Side::Absent => 0,
+            Side::File { .. } => libc::S_IFREG,
+            Side::Symlink { .. } => libc::S_IFLNK,
+            Side::Special { mode } => mode & libc::S_IFMT,
+        }
+    }
+
+    /// The mode as git prints it (six octal digits).
+    fn git_mode(&self) -> String {
+        match self {
+            Side::Absent => String::new(),
+            Side::Symlink { .. } => "120000".to_owned(),
+            Side::File { mode, .. } | Side::Special { mode } => format!("{mode:06o}"),
+        }
+    }
+
+    /// The content to diff: `None` for absent and special files, or a file too large to diff.
+    fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Side::File {
+                content: Content::Bytes(b),
+                ..
+            } => Some(b),
+            Side::Symlink { target } => Some(target),
+            _ => None,
+        }
+    }
+
+    fn too_large(&self) -> Option<u64> {
+        match self {
+            Side::File {
+                content: Content::TooLarge(n),
+                ..
+            } => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// Loads what is at `path` for diffing; directories count as absent.
+fn load_side(path: &Path) -> Result<Side, ChangesError> {
+    let Some(meta) = lstat_opt(path)? else {
+        return Ok(Side::Absent);
+    };
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        Ok(Side::Absent)
+    } else if ft.is_symlink() {
+        let target = fs::read_link(path).map_err(io_err("read link", path))?;
+        Ok(Side::Symlink {
+            target: target.into_os_string().into_vec(),
+        })
+    } else if ft.is_file() {
+        let content = if meta.len() > DIFF_LIMIT_BYTES {
+            Content::TooLarge(meta.len())
+        } else {
+            let file = open_regular(path)?;
+            let mut bytes = Vec::new();
+            file.take(DIFF_LIMIT_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .map_err(io_err("read", path))?;
+            if bytes.len() as u64 > DIFF_LIMIT_BYTES {
+                Content::TooLarge(bytes.len() as u64)
+            } else {
+                Content::Bytes(bytes)
+            }
+        };
+        Ok(Side::File {
+            mode: meta.mode(),
+            content,
+        })
+    } else {
+        Ok(Side::Special { mode: meta.mode() })
+    }
+}
+
+fn is_binary(bytes: &[u8]) -> bool {
+    bytes[..bytes.len().min(BINARY_PROBE)].contains(&0) || std::str::from_utf8(bytes).is_err()
+}
+
+/// Renders one file's diff; `old` and `new` are of the same type or one of them is absent.
+fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
+    let text = &mut out.text;
+    text.push_str(&format!("diff --git a/{path} b/{path}\n"));
+    match (old.is_absent(), new.is_absent()) {
+        (true, false) => text.push_str(&format!("new file mode {}\n", new.git_mode())),
+        (false, true) => text.push_str(&format!("deleted file mode {}\n", old.git_mode())),
+        _ => {
+            if old.git_mode() != new.git_mode() {
+                text.push_str(&format!(
+                    "old mode {}\nnew mode {}\n",
+                    old.git_mode(),
+                    new.git_mode()
+                ));
+            }
+        }
+    }
+    let a = if old.is_absent() {
+        "/dev/null".to_owned()
+    } else {
+        format!("a/{path}")
+    };
+    let b = if new.is_absent() {
+        "/dev/null".to_owned()
+    } else {
+        format!("b/{path}")
+    };
+    if let Some(size) = old.too_large().or(new.too_large()) {
+        text.push_str(&format!(
+            "File too large to diff: {path} ({size} bytes, limit {DIFF_LIMIT_BYTES})\n"
+        ));
+        return;
+    }
+    if matches!(old, Side::Special { .. }) || matches!(new, Side::Special { .. }) {
+        return;
+    }
+    let old_bytes = old.bytes().unwrap_or_default();
+    let new_bytes = new.bytes().unwrap_or_default();
+    if old_bytes == new_bytes {
+        // Mode change only, or an empty file added or deleted: git prints no body either.
+        return;
+    }
+    let (Ok(old_text), Ok(new_text)) = (
+        std::str::from_utf8(old_bytes),
+        std::str::from_utf8(new_bytes),
+    ) else {
+        text.push_str(&format!("Binary files {a} and {b} differ\n"));
+        return;
+    };
+    if is_binary(old_bytes) || is_binary(new_bytes) {
+        text.push_str(&format!("Binary files {a} and {b} differ\n"));
+        return;
+    }
+    text.push_str(&format!("--- {a}\n+++ {b}\n"));
+    let diff = TextDiff::configure()
+        .algorithm(Algorithm::Myers)
+        .timeout(DIFF_TIMEOUT)
+        .diff_lines(old_text, new_text);
+    for hunk in diff.unified_diff().context_radius(3).iter_hunks() {
+        text.push_str(&format!("{}\n", hunk.header()));
+        for change in hunk.iter_changes() {
+            let tag = match change.tag() {
+                ChangeTag::Delete => {
+                    out.stats.deletions += 1;
+                    '-'
+                }
+                ChangeTag::Insert => {
+                    out.stats.insertions += 1;
+                    '+'
+                }
+                ChangeTag::Equal => ' ',
+            };
+            text.push(tag);
+            let line = change.value();
+            text.push_str(line);
+            if !line.ends_with('\n') {
+                text.push_str("\n\\ No newline at end of file\n");
+            }
+        }
+    }
+}
