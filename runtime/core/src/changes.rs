@@ -721,3 +721,687 @@ fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    use std::process::Command;
+
+    /// Set in the re-executed test binary that performs the overlay operations.
+    const CHILD_ENV: &str = "TASKBOX_CHANGES_OVERLAY_CHILD";
+    /// Exit status of the child when the kernel refuses the mount (test skipped).
+    const SKIP_STATUS: i32 = 77;
+
+    fn skip(reason: &str) {
+        if std::env::var("TASKBOX_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("required test skipped: {reason}");
+        }
+        eprintln!("skipped: {reason}");
+    }
+
+    fn change(path: &str, kind: ChangeKind) -> Change {
+        Change {
+            path: path.to_owned(),
+            kind,
+        }
+    }
+
+    fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let n = CString::new(name).unwrap();
+        // SAFETY: both strings are NUL-terminated and outlive the call; `value` is a live slice
+        // of `value.len()` bytes that the kernel only reads.
+        let rc = unsafe {
+            libc::lsetxattr(
+                c.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Makes a whiteout the way an unprivileged overlay can read it: a zero-size file with the
+    /// whiteout xattr. Returns false (test skipped) when the filesystem has no user xattrs.
+    fn xattr_whiteout(path: &Path) -> bool {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, b"").unwrap();
+        match set_xattr(path, "user.overlay.whiteout", b"y") {
+            Ok(()) => true,
+            Err(e) => {
+                skip(&format!("user xattrs unsupported here: {e}"));
+                false
+            }
+        }
+    }
+
+    /// A character-device whiteout, as the kernel makes it; needs CAP_MKNOD.
+    fn chardev_whiteout(path: &Path) -> bool {
+        use nix::sys::stat::{Mode, SFlag, mknod};
+        match mknod(path, SFlag::S_IFCHR, Mode::empty(), 0) {
+            Ok(()) => true,
+            Err(e) => {
+                skip(&format!("cannot mknod a whiteout: {e}"));
+                false
+            }
+        }
+    }
+
+    struct Layers {
+        _tmp: tempfile::TempDir,
+        lower: PathBuf,
+        upper: PathBuf,
+    }
+
+    fn layers() -> Layers {
+        let tmp = tempfile::tempdir().unwrap();
+        let lower = tmp.path().join("lower");
+        let upper = tmp.path().join("upper");
+        fs::create_dir(&lower).unwrap();
+        fs::create_dir(&upper).unwrap();
+        Layers {
+            _tmp: tmp,
+            lower,
+            upper,
+        }
+    }
+
+    #[test]
+    fn added_modified_identical_chmod_deleted() {
+        let l = layers();
+        write(&l.lower, "src/keep.rs", "keep\n");
+        write(&l.lower, "src/mod.rs", "old\n");
+        write(&l.lower, "src/touched.rs", "same\n");
+        write(&l.lower, "run.sh", "echo\n");
+        write(&l.lower, "gone.txt", "bye\n");
+        chmod(&l.lower.join("run.sh"), 0o644);
+
+        write(&l.upper, "src/new.rs", "new\n");
+        write(&l.upper, "src/mod.rs", "new\n");
+        // A copy-up with the same bytes and mode (touch, chmod to the same mode).
+        write(&l.upper, "src/touched.rs", "same\n");
+        write(&l.upper, "run.sh", "echo\n");
+        chmod(&l.upper.join("run.sh"), 0o755);
+        if !xattr_whiteout(&l.upper.join("gone.txt")) {
+            return;
+        }
+
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("gone.txt", ChangeKind::Deleted),
+                change("run.sh", ChangeKind::Modified),
+                change("src/mod.rs", ChangeKind::Modified),
+                change("src/new.rs", ChangeKind::Added),
+            ]
+        );
+    }
+
+    #[test]
+    fn chardev_whiteout_deletes_a_directory_and_everything_beneath() {
+        let l = layers();
+        write(&l.lower, "dir/a.txt", "a\n");
+        write(&l.lower, "dir/sub/b.txt", "b\n");
+        fs::create_dir_all(l.lower.join("dir/empty")).unwrap();
+        write(&l.lower, "other/c.txt", "c\n");
+        fs::create_dir(l.upper.join("other")).unwrap();
+        if !chardev_whiteout(&l.upper.join("dir")) || !xattr_whiteout(&l.upper.join("other/c.txt"))
+        {
+            return;
+        }
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("dir/a.txt", ChangeKind::Deleted),
+                change("dir/empty/", ChangeKind::Deleted),
+                change("dir/sub/b.txt", ChangeKind::Deleted),
+                change("other/c.txt", ChangeKind::Deleted),
+            ]
+        );
+    }
+
+    #[test]
+    fn opaque_directory_hides_lower_entries() {
+        // rm -rf dir && mkdir dir && echo ... > dir/a.txt && echo same > dir/same.txt
+        let l = layers();
+        write(&l.lower, "dir/a.txt", "a\n");
+        write(&l.lower, "dir/same.txt", "same\n");
+        write(&l.lower, "dir/b.txt", "b\n");
+        write(&l.lower, "dir/sub/c.txt", "c\n");
+        write(&l.lower, "dir/sub/d.txt", "d\n");
+        write(&l.upper, "dir/a.txt", "A\n");
+        write(&l.upper, "dir/same.txt", "same\n");
+        // Beneath an opaque directory, subdirectories hide their lower entries too.
+        write(&l.upper, "dir/sub/d.txt", "d\n");
+        if let Err(e) = set_xattr(&l.upper.join("dir"), "user.overlay.opaque", b"y") {
+            return skip(&format!("user xattrs unsupported here: {e}"));
+        }
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("dir/a.txt", ChangeKind::Modified),
+                change("dir/b.txt", ChangeKind::Deleted),
+                change("dir/sub/c.txt", ChangeKind::Deleted),
+            ]
+        );
+        // Without the xattr the same upper tree is a plain merge: nothing else deleted.
+        let l2 = layers();
+        write(&l2.lower, "dir/b.txt", "b\n");
+        write(&l2.upper, "dir/a.txt", "A\n");
+        if set_xattr(&l2.upper.join("dir"), "user.overlay.opaque", b"x").is_ok() {
+            assert_eq!(
+                scan(&l2.upper, &l2.lower).unwrap(),
+                [change("dir/a.txt", ChangeKind::Added)]
+            );
+        }
+    }
+
+    #[test]
+    fn type_changes_symlinks_special_files_and_new_dirs() {
+        let l = layers();
+        write(&l.lower, "dir2file/x.txt", "x\n");
+        write(&l.lower, "file2dir", "f\n");
+        write(&l.lower, "file2link", "t\n");
+        symlink("a", l.lower.join("relink")).unwrap();
+        symlink("same", l.lower.join("samelink")).unwrap();
+
+        write(&l.upper, "dir2file", "now a file\n");
+        write(&l.upper, "file2dir/y.txt", "y\n");
+        symlink("target", l.upper.join("file2link")).unwrap();
+        symlink("b", l.upper.join("relink")).unwrap();
+        symlink("same", l.upper.join("samelink")).unwrap();
+        symlink("/etc/passwd", l.upper.join("newlink")).unwrap();
+        fs::create_dir_all(l.upper.join("newdir/inner")).unwrap();
+        fs::create_dir_all(l.upper.join("emptydir")).unwrap();
+        nix::unistd::mkfifo(&l.upper.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("dir2file", ChangeKind::Added),
+                change("dir2file/x.txt", ChangeKind::Deleted),
+                change("emptydir/", ChangeKind::Added),
+                change("file2dir", ChangeKind::Deleted),
+                change("file2dir/y.txt", ChangeKind::Added),
+                change("file2link", ChangeKind::Modified),
+                change("newdir/inner/", ChangeKind::Added),
+                change("newlink", ChangeKind::Added),
+                change("pipe", ChangeKind::Added),
+                change("relink", ChangeKind::Modified),
+            ]
+        );
+        // The fifo is never opened: diffing it prints a header only (and does not hang).
+        let d = diff(&l.upper, &l.lower, &[change("pipe", ChangeKind::Added)]).unwrap();
+        assert_eq!(d.text, "diff --git a/pipe b/pipe\nnew file mode 010700\n");
+        let d = diff(&l.upper, &l.lower, &[change("newlink", ChangeKind::Added)]).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/newlink b/newlink\nnew file mode 120000\n--- /dev/null\n+++ b/newlink\n\
+             @@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n"
+        );
+        // File to symlink renders like git's type change: a deletion, then an addition.
+        let d = diff(
+            &l.upper,
+            &l.lower,
+            &[change("file2link", ChangeKind::Modified)],
+        )
+        .unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/file2link b/file2link\ndeleted file mode 100644\n--- a/file2link\n\
+             +++ /dev/null\n@@ -1 +0,0 @@\n-t\n\
+             diff --git a/file2link b/file2link\nnew file mode 120000\n--- /dev/null\n\
+             +++ b/file2link\n@@ -0,0 +1 @@\n+target\n\\ No newline at end of file\n"
+        );
+    }
+
+    #[test]
+    fn non_utf8_names_are_lossy() {
+        let l = layers();
+        let name = OsStr::from_bytes(b"bad\xffname");
+        fs::write(l.upper.join(name), "x\n").unwrap();
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [change("bad\u{fffd}name", ChangeKind::Added)]
+        );
+    }
+
+    #[test]
+    fn scan_does_not_read_lower_outside_upper_paths() {
+        let l = layers();
+        write(&l.lower, "a.txt", "a\n");
+        // An unreadable lower directory the upper layer never names must not be touched.
+        write(&l.lower, "private/secret", "s\n");
+        chmod(&l.lower.join("private"), 0o000);
+        write(&l.upper, "b.txt", "b\n");
+        let got = scan(&l.upper, &l.lower);
+        chmod(&l.lower.join("private"), 0o755);
+        assert_eq!(got.unwrap(), [change("b.txt", ChangeKind::Added)]);
+    }
+
+    #[test]
+    fn large_files_are_compared_in_chunks() {
+        let l = layers();
+        let size = 3 * COMPARE_CHUNK + 17;
+        let mut data = vec![b'x'; size];
+        write(&l.lower, "same.bin", &data);
+        write(&l.upper, "same.bin", &data);
+        write(&l.lower, "last.bin", &data);
+        data[size - 1] = b'y';
+        write(&l.upper, "last.bin", &data);
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [change("last.bin", ChangeKind::Modified)]
+        );
+        // The comparison works with buffers far smaller than the files.
+        let (mut a, mut b) = ([0u8; 7], [0u8; 7]);
+        let (up, low) = (l.upper.join("same.bin"), l.lower.join("same.bin"));
+        assert!(contents_equal(&up, &low, &mut a, &mut b).unwrap());
+        let (up, low) = (l.upper.join("last.bin"), l.lower.join("last.bin"));
+        assert!(!contents_equal(&up, &low, &mut a, &mut b).unwrap());
+    }
+
+    #[test]
+    fn files_over_the_limit_are_not_diffed() {
+        let l = layers();
+        let big = File::create(l.upper.join("big.log")).unwrap();
+        big.set_len(DIFF_LIMIT_BYTES + 1).unwrap();
+        let d = diff(&l.upper, &l.lower, &[change("big.log", ChangeKind::Added)]).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/big.log b/big.log\nnew file mode 100644\n\
+             File too large to diff: big.log (8388609 bytes, limit 8388608)\n"
+        );
+        assert_eq!(d.stats.files, 1);
+    }
+
+    #[test]
+    fn binary_files() {
+        let l = layers();
+        write(&l.lower, "img.png", b"\x89PNG\r\n\x1a\n\0\0old");
+        write(&l.upper, "img.png", b"\x89PNG\r\n\x1a\n\0\0new");
+        write(&l.upper, "latin1.txt", b"caf\xe9\n");
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let d = diff(&l.upper, &l.lower, &changes).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/img.png b/img.png\nBinary files a/img.png and b/img.png differ\n\
+             diff --git a/latin1.txt b/latin1.txt\nnew file mode 100644\n\
+             Binary files /dev/null and b/latin1.txt differ\n"
+        );
+        assert_eq!(
+            d.stats,
+            DiffStats {
+                files: 2,
+                insertions: 0,
+                deletions: 0
+            }
+        );
+    }
+
+    #[test]
+    fn modified_text_file_hunk() {
+        let l = layers();
+        let old: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        let new = old.replace("line 10\n", "line ten\n");
+        write(&l.lower, "notes.txt", &old);
+        write(&l.upper, "notes.txt", &new);
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let (text, stats) = {
+            let d = diff(&l.upper, &l.lower, &changes).unwrap();
+            (d.text, d.stats)
+        };
+        assert_eq!(
+            text,
+            "diff --git a/notes.txt b/notes.txt\n--- a/notes.txt\n+++ b/notes.txt\n\
+             @@ -7,7 +7,7 @@\n line 7\n line 8\n line 9\n-line 10\n+line ten\n line 11\n line 12\n line 13\n"
+        );
+        assert_eq!((stats.files, stats.insertions, stats.deletions), (1, 1, 1));
+        assert_eq!(unified_diff(&l.upper, &l.lower, &changes).unwrap(), text);
+    }
+
+    #[test]
+    fn add_delete_modify_look_like_git() {
+        let l = layers();
+        write(&l.lower, "old.txt", "bye\n");
+        write(&l.lower, "mod.txt", "a\nb\n");
+        write(&l.lower, "mode.sh", "echo\n");
+        chmod(&l.lower.join("mode.sh"), 0o644);
+        write(&l.upper, "mode.sh", "echo\n");
+        chmod(&l.upper.join("mode.sh"), 0o755);
+        write(&l.upper, "new.txt", "hello\nworld\n");
+        write(&l.upper, "mod.txt", "a\nB");
+        write(&l.upper, "empty.txt", "");
+        chmod(&l.upper.join("new.txt"), 0o644);
+        chmod(&l.upper.join("empty.txt"), 0o644);
+        if !xattr_whiteout(&l.upper.join("old.txt")) {
+            return;
+        }
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let d = diff(&l.upper, &l.lower, &changes).unwrap();
+        let expected = "\
+diff --git a/empty.txt b/empty.txt
+new file mode 100644
+diff --git a/mod.txt b/mod.txt
+--- a/mod.txt
++++ b/mod.txt
+@@ -1,2 +1,2 @@
+ a
+-b
++B
+\\ No newline at end of file
+diff --git a/mode.sh b/mode.sh
+old mode 100644
+new mode 100755
+diff --git a/new.txt b/new.txt
+new file mode 100644
+--- /dev/null
++++ b/new.txt
+@@ -0,0 +1,2 @@
++hello
++world
+diff --git a/old.txt b/old.txt
+deleted file mode 100644
+--- a/old.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+";
+        assert_eq!(d.text, expected);
+        assert_eq!(
+            d.stats,
+            DiffStats {
+                files: 5,
+                insertions: 3,
+                deletions: 2
+            }
+        );
+    }
+
+    #[test]
+    fn diff_rejects_paths_outside_the_workspace_and_stale_changes() {
+        let l = layers();
+        for bad in ["../etc/passwd", "/etc/passwd", "a/../../b", ""] {
+            let err = diff(&l.upper, &l.lower, &[change(bad, ChangeKind::Added)]).unwrap_err();
+            assert!(
+                matches!(err, ChangesError::InvalidPath { .. }),
+                "{bad}: {err}"
+            );
+        }
+        let err = diff(&l.upper, &l.lower, &[change("nope", ChangeKind::Modified)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot diff nope: not a file in the upper layer"
+        );
+        let err = scan(&l.upper.join("missing"), &l.lower).unwrap_err();
+        assert!(
+            err.to_string().starts_with("cannot list xattrs of ")
+                || err.to_string().starts_with("cannot read directory "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn redirect_xattr_is_refused() {
+        let l = layers();
+        fs::create_dir(l.upper.join("moved")).unwrap();
+        if let Err(e) = set_xattr(&l.upper.join("moved"), "user.overlay.redirect", b"/orig") {
+            return skip(&format!("user xattrs unsupported here: {e}"));
+        }
+        let err = scan(&l.upper, &l.lower).unwrap_err();
+        assert!(matches!(err, ChangesError::Unsupported { .. }), "{err}");
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // A real overlay, mounted with userxattr inside an unprivileged user namespace.
+
+    /// Lower tree of the real-overlay test.
+    fn populate_lower(lower: &Path) {
+        write(lower, "keep.txt", "keep\n");
+        write(lower, "modify.txt", "one\ntwo\nthree\n");
+        write(lower, "touched.txt", "same\n");
+        write(lower, "chmod_same.txt", "same\n");
+        write(lower, "rewritten.txt", "same\n");
+        write(lower, "chmod.txt", "x\n");
+        write(lower, "remove.txt", "bye\n");
+        write(lower, "gone/a.txt", "a\n");
+        write(lower, "gone/sub/b.txt", "b\n");
+        fs::create_dir_all(lower.join("gone/empty")).unwrap();
+        write(lower, "from.txt", "moved\n");
+        write(lower, "dir2file/x.txt", "x\n");
+        write(lower, "file2dir", "f\n");
+        write(lower, "tolink.txt", "t\n");
+        write(lower, "opaque/o1.txt", "one\n");
+        write(lower, "opaque/o2.txt", "two\n");
+        write(lower, "opaque/same.txt", "same\n");
+        write(lower, "opaque/deep/d.txt", "d\n");
+        write(lower, "src/lib/mod.rs", "fn a() {}\n");
+        write(lower, "src/other.rs", "fn b() {}\n");
+        for f in ["chmod_same.txt", "chmod.txt"] {
+            chmod(&lower.join(f), 0o644);
+        }
+    }
+
+    /// The operations, performed through the mounted overlay at `m`.
+    fn operate(m: &Path) -> io::Result<()> {
+        fs::write(m.join("modify.txt"), "one\n2\nthree\n")?;
+        let f = fs::OpenOptions::new()
+            .append(true)
+            .open(m.join("touched.txt"))?;
+        f.set_modified(std::time::SystemTime::now())?;
+        drop(f);
+        fs::set_permissions(m.join("chmod_same.txt"), fs::Permissions::from_mode(0o644))?;
+        fs::write(m.join("rewritten.txt"), "same\n")?;
+        fs::set_permissions(m.join("chmod.txt"), fs::Permissions::from_mode(0o755))?;
+        fs::remove_file(m.join("remove.txt"))?;
+        fs::remove_dir_all(m.join("gone"))?;
+        fs::rename(m.join("from.txt"), m.join("to.txt"))?;
+        fs::remove_dir_all(m.join("dir2file"))?;
+        fs::write(m.join("dir2file"), "now a file\n")?;
+        fs::remove_file(m.join("file2dir"))?;
+        fs::create_dir(m.join("file2dir"))?;
+        fs::write(m.join("file2dir/y.txt"), "y\n")?;
+        fs::remove_file(m.join("tolink.txt"))?;
+        symlink("keep.txt", m.join("tolink.txt"))?;
+        fs::remove_dir_all(m.join("opaque"))?;
+        fs::create_dir(m.join("opaque"))?;
+        fs::write(m.join("opaque/o1.txt"), "uno\n")?;
+        fs::write(m.join("opaque/same.txt"), "same\n")?;
+        fs::write(m.join("opaque/o3.txt"), "three\n")?;
+        fs::create_dir_all(m.join("newdir/inner"))?;
+        fs::write(m.join("newdir/inner/n.txt"), "n\n")?;
+        fs::create_dir(m.join("emptydir"))?;
+        symlink("keep.txt", m.join("link"))?;
+        nix::unistd::mkfifo(&m.join("pipe"), nix::sys::stat::Mode::S_IRWXU)?;
+        fs::write(m.join("src/lib/mod.rs"), "fn a() { 1 }\n")?;
+        fs::write(m.join("scratch.txt"), "tmp\n")?;
+        fs::remove_file(m.join("scratch.txt"))?;
+        Ok(())
+    }
+
+    /// Runs in the re-executed test binary, already in its own user and mount namespaces.
+    #[test]
+    fn overlay_child() {
+        let Some(root) = std::env::var_os(CHILD_ENV) else {
+            return;
+        };
+        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        let root = PathBuf::from(root);
+        let merged = root.join("merged");
+        // Keep the overlay out of the parent's namespace whatever the propagation of "/".
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .unwrap();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr",
+            root.join("lower").display(),
+            root.join("upper").display(),
+            root.join("work").display()
+        );
+        if let Err(e) = mount(
+            Some("overlay"),
+            &merged,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(opts.as_str()),
+        ) {
+            eprintln!("cannot mount overlay with userxattr in a user namespace: {e}");
+            std::process::exit(SKIP_STATUS);
+        }
+        let result = operate(&merged);
+        umount2(&merged, MntFlags::empty()).unwrap();
+        result.unwrap();
+    }
+
+    /// Re-executes this test binary as `overlay_child` in new user and mount namespaces.
+    fn run_overlay_child(root: &Path) -> Result<(), String> {
+        use std::os::unix::process::CommandExt;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        // Prepared before fork: the pre_exec closure must not allocate.
+        let files: Vec<(CString, Vec<u8>)> = [
+            ("/proc/self/setgroups", "deny".to_owned()),
+            ("/proc/self/uid_map", format!("0 {uid} 1")),
+            ("/proc/self/gid_map", format!("0 {gid} 1")),
+        ]
+        .into_iter()
+        .map(|(p, c)| (CString::new(p).unwrap(), c.into_bytes()))
+        .collect();
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "--exact",
+            "changes::tests::overlay_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, root);
+        // SAFETY: the closure runs in the forked child before exec and only makes raw syscalls
+        // (unshare, open, write, close) on memory prepared before the fork; it does not allocate
+        // or take locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for (path, content) in &files {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, content.as_ptr().cast(), content.len());
+                    libc::close(fd);
+                    if n < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let out = match cmd.output() {
+            Ok(out) => out,
+            Err(e) => return Err(format!("skip: cannot enter a user namespace: {e}")),
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => Ok(()),
+            Some(SKIP_STATUS) => Err(format!("skip: {}", stderr.trim())),
+            _ => panic!(
+                "overlay child failed ({}):\n{}\n{stderr}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout)
+            ),
+        }
+    }
+
+    #[test]
+    fn real_overlay_in_a_user_namespace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for d in ["lower", "upper", "work", "merged"] {
+            fs::create_dir(root.join(d)).unwrap();
+        }
+        let (lower, upper) = (root.join("lower"), root.join("upper"));
+        populate_lower(&lower);
+        if let Err(reason) = run_overlay_child(root) {
+            return skip(&reason);
+        }
+
+        // What the kernel left in upper is what the scan expects.
+        let meta = fs::symlink_metadata(upper.join("remove.txt")).unwrap();
+        assert!(meta.file_type().is_char_device() && meta.rdev() == 0);
+        assert!(overlay_attrs(&upper.join("opaque")).unwrap().opaque);
+        assert!(!upper.join("keep.txt").exists());
+        assert!(!upper.join("src/other.rs").exists());
+
+        use ChangeKind::{Added, Deleted, Modified};
+        let mut expected = vec![
+            change("modify.txt", Modified),
+            change("chmod.txt", Modified),
+            change("remove.txt", Deleted),
+            change("gone/a.txt", Deleted),
+            change("gone/sub/b.txt", Deleted),
+            change("gone/empty/", Deleted),
+            change("from.txt", Deleted),
+            change("to.txt", Added),
+            change("dir2file/x.txt", Deleted),
+            change("dir2file", Added),
+            change("file2dir", Deleted),
+            change("file2dir/y.txt", Added),
+            change("tolink.txt", Modified),
+            change("opaque/o1.txt", Modified),
+            change("opaque/o2.txt", Deleted),
+            change("opaque/deep/d.txt", Deleted),
+            change("opaque/o3.txt", Added),
+            change("newdir/inner/n.txt", Added),
+            change("emptydir/", Added),
+            change("link", Added),
+            change("pipe", Added),
+            change("src/lib/mod.rs", Modified),
+        ];
+        expected.sort();
+        let changes = scan(&upper, &lower).unwrap();
+        assert_eq!(changes, expected);
+
+        let d = diff(&upper, &lower, &changes).unwrap();
+        assert!(
+            d.text.contains(
+                "diff --git a/modify.txt b/modify.txt\n--- a/modify.txt\n+++ b/modify.txt\n\
+                 @@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n"
+            ),
+            "{}",
+            d.text
+        );
+        assert!(
+            d.text
+                .contains("diff --git a/chmod.txt b/chmod.txt\nold mode 100644\nnew mode 100755\n")
+        );
+        assert!(
+            d.text
+                .contains("diff --git a/remove.txt b/remove.txt\ndeleted file mode 100644\n")
+        );
+        assert_eq!(d.stats.files, expected.len() - 2);
+    }
+}
