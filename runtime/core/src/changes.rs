@@ -636,14 +636,60 @@ fn load_side(path: &Path) -> Result<Side, ChangesError> {
     }
 }
 
-fn is_binary(bytes: &[u8]) -> bool {
-    bytes[..bytes.len().min(BINARY_PROBE)].contains(&0) || std::str::from_utf8(bytes).is_err()
+/// A NUL byte near the start marks a file binary (git's heuristic; not-UTF-8 is checked apart).
+fn has_nul(bytes: &[u8]) -> bool {
+    bytes[..bytes.len().min(BINARY_PROBE)].contains(&0)
+}
+
+/// `prefix` + `path` as git writes a name in a patch: verbatim when it holds only printable ASCII
+/// other than `"` and `\`, else in double quotes with C escapes and octal bytes. Quoting keeps a
+/// name holding a newline from forging patch lines.
+fn git_name(prefix: &str, path: &str) -> String {
+    let name = format!("{prefix}{path}");
+    if name
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        return name;
+    }
+    let mut quoted = String::from("\"");
+    for b in name.bytes() {
+        match b {
+            b'"' => quoted.push_str("\\\""),
+            b'\\' => quoted.push_str("\\\\"),
+            b'\t' => quoted.push_str("\\t"),
+            b'\n' => quoted.push_str("\\n"),
+            b'\r' => quoted.push_str("\\r"),
+            0x07 => quoted.push_str("\\a"),
+            0x08 => quoted.push_str("\\b"),
+            0x0b => quoted.push_str("\\v"),
+            0x0c => quoted.push_str("\\f"),
+            0x20..0x7f => quoted.push(char::from(b)),
+            _ => quoted.push_str(&format!("\\{b:03o}")),
+        }
+    }
+    quoted.push('"');
+    quoted
 }
 
 /// Renders one file's diff; `old` and `new` are of the same type or one of them is absent.
 fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
     let text = &mut out.text;
-    text.push_str(&format!("diff --git a/{path} b/{path}\n"));
+    let a = if old.is_absent() {
+        "/dev/null".to_owned()
+    } else {
+        git_name("a/", path)
+    };
+    let b = if new.is_absent() {
+        "/dev/null".to_owned()
+    } else {
+        git_name("b/", path)
+    };
+    text.push_str(&format!(
+        "diff --git {} {}\n",
+        git_name("a/", path),
+        git_name("b/", path)
+    ));
     match (old.is_absent(), new.is_absent()) {
         (true, false) => text.push_str(&format!("new file mode {}\n", new.git_mode())),
         (false, true) => text.push_str(&format!("deleted file mode {}\n", old.git_mode())),
@@ -657,19 +703,10 @@ fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
             }
         }
     }
-    let a = if old.is_absent() {
-        "/dev/null".to_owned()
-    } else {
-        format!("a/{path}")
-    };
-    let b = if new.is_absent() {
-        "/dev/null".to_owned()
-    } else {
-        format!("b/{path}")
-    };
     if let Some(size) = old.too_large().or(new.too_large()) {
         text.push_str(&format!(
-            "File too large to diff: {path} ({size} bytes, limit {DIFF_LIMIT_BYTES})\n"
+            "File too large to diff: {} ({size} bytes, limit {DIFF_LIMIT_BYTES})\n",
+            git_name("", path)
         ));
         return;
     }
@@ -689,7 +726,7 @@ fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
         text.push_str(&format!("Binary files {a} and {b} differ\n"));
         return;
     };
-    if is_binary(old_bytes) || is_binary(new_bytes) {
+    if has_nul(old_bytes) || has_nul(new_bytes) {
         text.push_str(&format!("Binary files {a} and {b} differ\n"));
         return;
     }
@@ -980,6 +1017,23 @@ mod tests {
         assert_eq!(
             scan(&l.upper, &l.lower).unwrap(),
             [change("bad\u{fffd}name", ChangeKind::Added)]
+        );
+    }
+
+    #[test]
+    fn unusual_names_are_quoted_like_git() {
+        let l = layers();
+        write(&l.upper, "new\nline.txt", "x\n");
+        write(&l.upper, "caf\u{e9}.txt", "");
+        write(&l.upper, "plain name.txt", "");
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let d = diff(&l.upper, &l.lower, &changes).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git \"a/caf\\303\\251.txt\" \"b/caf\\303\\251.txt\"\nnew file mode 100644\n\
+             diff --git \"a/new\\nline.txt\" \"b/new\\nline.txt\"\nnew file mode 100644\n\
+             --- /dev/null\n+++ \"b/new\\nline.txt\"\n@@ -0,0 +1 @@\n+x\n\
+             diff --git a/plain name.txt b/plain name.txt\nnew file mode 100644\n"
         );
     }
 
