@@ -149,7 +149,9 @@ pub fn unified_diff(
 /// git's normalised `100644`/`100755`; symlinks are `120000` with their target as content. Files
 /// over [`DIFF_LIMIT_BYTES`] get a one-line note instead of hunks; binary files (a NUL in the first
 /// 8000 bytes, or not UTF-8) get git's `Binary files ... differ` line; special files get a header
-/// and mode line only. Directory entries (`path/`) are skipped.
+/// and mode line only. Directory entries (`path/`) are skipped. Names are quoted as git quotes
+/// them; there is no `index` line (no blob hashes), which `git apply` does not need for text.
+/// A type change (file to symlink, say) is one file in the stats.
 pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, ChangesError> {
     let mut out = Diff::default();
     for change in changes {
@@ -730,7 +732,9 @@ fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
         text.push_str(&format!("Binary files {a} and {b} differ\n"));
         return;
     }
-    text.push_str(&format!("--- {a}\n+++ {b}\n"));
+    // Like git: a tab ends a name that holds a space, so patch(1) does not cut it there.
+    let tab = |name: &str| if name.contains(' ') { "\t" } else { "" };
+    text.push_str(&format!("--- {a}{}\n+++ {b}{}\n", tab(&a), tab(&b)));
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Myers)
         .timeout(DIFF_TIMEOUT)
@@ -1025,7 +1029,7 @@ mod tests {
         let l = layers();
         write(&l.upper, "new\nline.txt", "x\n");
         write(&l.upper, "caf\u{e9}.txt", "");
-        write(&l.upper, "plain name.txt", "");
+        write(&l.upper, "plain name.txt", "p\n");
         let changes = scan(&l.upper, &l.lower).unwrap();
         let d = diff(&l.upper, &l.lower, &changes).unwrap();
         assert_eq!(
@@ -1033,7 +1037,8 @@ mod tests {
             "diff --git \"a/caf\\303\\251.txt\" \"b/caf\\303\\251.txt\"\nnew file mode 100644\n\
              diff --git \"a/new\\nline.txt\" \"b/new\\nline.txt\"\nnew file mode 100644\n\
              --- /dev/null\n+++ \"b/new\\nline.txt\"\n@@ -0,0 +1 @@\n+x\n\
-             diff --git a/plain name.txt b/plain name.txt\nnew file mode 100644\n"
+             diff --git a/plain name.txt b/plain name.txt\nnew file mode 100644\n\
+             --- /dev/null\n+++ b/plain name.txt\t\n@@ -0,0 +1 @@\n+p\n"
         );
     }
 
