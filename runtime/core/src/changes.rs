@@ -160,10 +160,22 @@ pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, Chan
         }
         let rel = checked_rel(&change.path)?;
         let (old, new) = match change.kind {
-            ChangeKind::Added => (Side::Absent, load_side(&upper.join(rel))?),
-            ChangeKind::Deleted => (load_side(&lower.join(rel))?, Side::Absent),
-            ChangeKind::Modified => (load_side(&lower.join(rel))?, load_side(&upper.join(rel))?),
+            ChangeKind::Added => (Side::Absent, load_side(upper, rel)?),
+            ChangeKind::Deleted => (load_side(lower, rel)?, Side::Absent),
+            ChangeKind::Modified => (load_side(lower, rel)?, load_side(upper, rel)?),
         };
+        let missing = (change.kind != ChangeKind::Deleted && new.is_absent())
+            || (change.kind != ChangeKind::Added && old.is_absent());
+        if missing && change.path.contains(char::REPLACEMENT_CHARACTER) {
+            // The name was not UTF-8 and cannot be found again from its lossy form.
+            out.stats.files += 1;
+            out.text.push_str(&format!(
+                "diff --git {} {}\nFile name is not valid UTF-8: content not shown\n",
+                git_name("a/", &change.path),
+                git_name("b/", &change.path)
+            ));
+            continue;
+        }
         let mismatch = |detail| ChangesError::Mismatch {
             path: change.path.clone(),
             detail,
@@ -601,8 +613,17 @@ impl Side {
     }
 }
 
-/// Loads what is at `path` for diffing; directories count as absent.
-fn load_side(path: &Path) -> Result<Side, ChangesError> {
+/// Loads what is at `root`/`rel` for diffing; directories count as absent, and so does a path
+/// whose parent is not a real directory (a symlink there would lead out of the layer).
+fn load_side(root: &Path, rel: &Path) -> Result<Side, ChangesError> {
+    let mut parent = root.to_path_buf();
+    for component in rel.parent().into_iter().flat_map(Path::components) {
+        parent.push(component);
+        if !lstat_opt(&parent)?.is_some_and(|m| m.is_dir()) {
+            return Ok(Side::Absent);
+        }
+    }
+    let path = &root.join(rel);
     let Some(meta) = lstat_opt(path)? else {
         return Ok(Side::Absent);
     };
@@ -1022,6 +1043,32 @@ mod tests {
             scan(&l.upper, &l.lower).unwrap(),
             [change("bad\u{fffd}name", ChangeKind::Added)]
         );
+        let d = diff(
+            &l.upper,
+            &l.lower,
+            &[change("bad\u{fffd}name", ChangeKind::Added)],
+        )
+        .unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git \"a/bad\\357\\277\\275name\" \"b/bad\\357\\277\\275name\"\n\
+             File name is not valid UTF-8: content not shown\n"
+        );
+    }
+
+    #[test]
+    fn diff_does_not_follow_a_symlinked_parent() {
+        let l = layers();
+        let outside = tempfile::tempdir().unwrap();
+        write(outside.path(), "secret.txt", "secret\n");
+        symlink(outside.path(), l.upper.join("link")).unwrap();
+        let err = diff(
+            &l.upper,
+            &l.lower,
+            &[change("link/secret.txt", ChangeKind::Added)],
+        )
+        .unwrap_err();
+        assert!(matches!(err, ChangesError::Mismatch { .. }), "{err}");
     }
 
     #[test]
