@@ -1460,6 +1460,10 @@ deleted file mode 100644
         assert!(meta.file_type().is_char_device() && meta.rdev() == 0);
         assert!(overlay_attrs(&upper.join("opaque")).unwrap().opaque);
         assert!(!upper.join("keep.txt").exists());
+        // Copied up without a real change: these must not be reported below.
+        for f in ["touched.txt", "chmod_same.txt", "rewritten.txt"] {
+            assert!(upper.join(f).is_file(), "{f} was not copied up");
+        }
         assert!(!upper.join("src/other.rs").exists());
 
         use ChangeKind::{Added, Deleted, Modified};
