@@ -1,1 +1,1517 @@
-//! Workspace changes (being written).
+//! Workspace changes: what a sandbox changed, read from the overlay's upper layer alone.
+//!
+//! The workspace is mounted as an overlay: the host copy is the lower layer, the sandbox's writes
+//! land in an upper directory owned by the run. [`scan`] walks that upper directory and looks at
+//! the lower tree only at paths the upper layer names (and beneath directories the sandbox deleted
+//! or made opaque), so its cost follows the size of the change, not of the repository.
+//! [`diff`] and [`unified_diff`] render a list of changes as a git-style patch.
+//!
+//! Semantics of [`scan`]:
+//! - Paths are relative to the workspace root, joined by `/`; names that are not UTF-8 are converted
+//!   lossily. The result is sorted and free of duplicates.
+//! - A regular file, symlink or special file in upper that lower lacks is `Added`. One that lower
+//!   has is `Modified` only when the file type, the permission bits (`mode & 0o7777`), the symlink
+//!   target, the device number or the content differ: a copy-up caused by `touch`, a same-mode
+//!   `chmod` or a rewrite with identical bytes is not a change. Contents are compared size first,
+//!   then in fixed-size chunks.
+//! - A whiteout (a character device 0:0, or a zero-size regular file carrying the `overlay.whiteout`
+//!   xattr) deletes the lower path: a file is `Deleted`; for a directory every entry beneath it is.
+//! - An opaque directory (`overlay.opaque` = `y`, in the `user.` or `trusted.` namespace) hides its
+//!   lower entries: those absent from upper are `Deleted`; upper entries are compared as usual.
+//! - A type change between directory and non-directory is `Deleted` for what was there (every
+//!   entry beneath, for a directory) plus `Added` for what is there now. A change between two
+//!   non-directory types (file to symlink, say) is `Modified`.
+//! - Directories are not changes themselves (like git), with one exception so that `mkdir` and
+//!   `rmdir` stay visible: a new directory with nothing in it is `Added` as `path/` (trailing
+//!   slash), and an empty lower directory that was deleted is `Deleted` as `path/`. Changes of a
+//!   directory's own permissions are not reported.
+//! - Special files (fifos, sockets, devices) are reported but never opened.
+//! - Symlinks are never followed: every look-up is an `lstat`, every open uses `O_NOFOLLOW`.
+//!
+//! The overlay work directory is a sibling of upper and is never read. The scan expects the
+//! layout an overlay mounted with `userxattr` produces (no `redirect_dir`, no `metacopy`); an upper
+//! entry that carries a redirect or metacopy xattr is refused with [`ChangesError::Unsupported`]
+//! rather than misreported. The scan must run while nothing writes to the upper layer (after the
+//! command, with the sandbox's processes stopped): paths are resolved by name, so a concurrent
+//! writer could swap a directory for a symlink between two look-ups.
+
+use std::collections::HashSet;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::{self, File, Metadata};
+use std::io::{self, Read};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use similar::{Algorithm, ChangeTag, TextDiff};
+
+use crate::result::{Change, ChangeKind};
+
+/// Files larger than this (on either side) are not diffed line by line.
+pub const DIFF_LIMIT_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Chunk size for streaming content comparison.
+const COMPARE_CHUNK: usize = 64 * 1024;
+/// How much of a file is searched for a NUL byte to call it binary (git's heuristic).
+const BINARY_PROBE: usize = 8000;
+/// Upper bound on the time spent diffing one file; past it `similar` returns a coarser diff.
+const DIFF_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest xattr name list the kernel returns (XATTR_LIST_MAX).
+const XATTR_LIST_MAX: usize = 64 * 1024;
+
+/// Why scanning or diffing the workspace layers failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangesError {
+    /// A filesystem operation failed on a path of the upper or lower layer.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The upper layer uses an overlay feature that cannot be interpreted from upper alone.
+    #[error("cannot scan {}: overlay {feature} is not supported (mount the overlay with userxattr)", path.display())]
+    Unsupported {
+        path: PathBuf,
+        feature: &'static str,
+    },
+    /// A change names something other than a plain relative path inside the workspace.
+    #[error("cannot diff {path:?}: not a relative path inside the workspace")]
+    InvalidPath { path: String },
+    /// A change does not match what the layers hold (stale change list).
+    #[error("cannot diff {path}: {detail}")]
+    Mismatch { path: String, detail: &'static str },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ChangesError + 'a {
+    move |source| ChangesError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Line counts of a rendered diff.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffStats {
+    /// Changes rendered (directory entries, `path/`, are not files and are not counted).
+    pub files: usize,
+    /// Lines added across all text hunks.
+    pub insertions: usize,
+    /// Lines removed across all text hunks.
+    pub deletions: usize,
+}
+
+/// A rendered diff and its stats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    /// Git-style unified diff text.
+    pub text: String,
+    pub stats: DiffStats,
+}
+
+/// Lists what the sandbox changed, reading the overlay's `upper` directory and looking at `lower`
+/// only at paths that `upper` names (see the module doc for the exact semantics).
+pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
+    let mut scanner = Scanner {
+        upper,
+        lower,
+        out: Vec::new(),
+        buf_upper: vec![0; COMPARE_CHUNK],
+        buf_lower: vec![0; COMPARE_CHUNK],
+    };
+    let root = Path::new("");
+    let attrs = overlay_attrs(upper)?;
+    let lower_is_dir = lstat_opt(lower)?.is_some_and(|m| m.is_dir());
+    scanner.walk_upper_dir(root, lower_is_dir, attrs.opaque)?;
+    let mut out = scanner.out;
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Renders `changes` (as returned by [`scan`]) as a git-style unified diff; see [`diff`].
+pub fn unified_diff(
+    upper: &Path,
+    lower: &Path,
+    changes: &[Change],
+) -> Result<String, ChangesError> {
+    diff(upper, lower, changes).map(|d| d.text)
+}
+
+/// Renders `changes` as a git-style unified diff and counts files, insertions and deletions.
+///
+/// `Added` content is read from `upper`, `Deleted` content from `lower`, `Modified` from both.
+/// Modes are shown as the real `st_mode` (file type and permission bits, e.g. `100600`), not
+/// git's normalised `100644`/`100755`; symlinks are `120000` with their target as content. Files
+/// over [`DIFF_LIMIT_BYTES`] get a one-line note instead of hunks; binary files (a NUL in the first
+/// 8000 bytes, or not UTF-8) get git's `Binary files ... differ` line; special files get a header
+/// and mode line only. Directory entries (`path/`) are skipped. Names are quoted as git quotes
+/// them; there is no `index` line (no blob hashes), which `git apply` does not need for text.
+/// A type change (file to symlink, say) is one file in the stats.
+pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, ChangesError> {
+    let mut out = Diff::default();
+    for change in changes {
+        if change.path.ends_with('/') {
+            continue;
+        }
+        let rel = checked_rel(&change.path)?;
+        let (old, new) = match change.kind {
+            ChangeKind::Added => (Side::Absent, load_side(upper, rel)?),
+            ChangeKind::Deleted => (load_side(lower, rel)?, Side::Absent),
+            ChangeKind::Modified => (load_side(lower, rel)?, load_side(upper, rel)?),
+        };
+        let missing = (change.kind != ChangeKind::Deleted && new.is_absent())
+            || (change.kind != ChangeKind::Added && old.is_absent());
+        if missing && change.path.contains(char::REPLACEMENT_CHARACTER) {
+            // The name was not UTF-8 and cannot be found again from its lossy form.
+            out.stats.files += 1;
+            out.text.push_str(&format!(
+                "diff --git {} {}\nFile name is not valid UTF-8: content not shown\n",
+                git_name("a/", &change.path),
+                git_name("b/", &change.path)
+            ));
+            continue;
+        }
+        let mismatch = |detail| ChangesError::Mismatch {
+            path: change.path.clone(),
+            detail,
+        };
+        if change.kind != ChangeKind::Deleted && matches!(new, Side::Absent) {
+            return Err(mismatch("not a file in the upper layer"));
+        }
+        if change.kind != ChangeKind::Added && matches!(old, Side::Absent) {
+            return Err(mismatch("not a file in the lower layer"));
+        }
+        out.stats.files += 1;
+        if !old.is_absent() && !new.is_absent() && old.type_bits() != new.type_bits() {
+            // Like git: a type change is a deletion followed by an addition.
+            render_file(&mut out, &change.path, &old, &Side::Absent);
+            render_file(&mut out, &change.path, &Side::Absent, &new);
+        } else {
+            render_file(&mut out, &change.path, &old, &new);
+        }
+    }
+    Ok(out)
+}
+
+/// A change path as a relative path with only normal components.
+fn checked_rel(path: &str) -> Result<&Path, ChangesError> {
+    let rel = Path::new(path);
+    let plain = !path.is_empty() && rel.components().all(|c| matches!(c, Component::Normal(_)));
+    if plain {
+        Ok(rel)
+    } else {
+        Err(ChangesError::InvalidPath {
+            path: path.to_owned(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// scan
+
+struct Scanner<'a> {
+    upper: &'a Path,
+    lower: &'a Path,
+    out: Vec<Change>,
+    buf_upper: Vec<u8>,
+    buf_lower: Vec<u8>,
+}
+
+impl Scanner<'_> {
+    fn push(&mut self, rel: &Path, kind: ChangeKind, dir: bool) {
+        let mut path = rel.to_string_lossy().into_owned();
+        if dir {
+            path.push('/');
+        }
+        self.out.push(Change { path, kind });
+    }
+
+    /// Walks the upper directory at `rel`. `lower_is_dir`: lower has a directory there, so upper
+    /// entries are compared with lower ones; otherwise everything beneath is new. `opaque`: the
+    /// upper directory is the whole content (it, or a directory above it, is opaque), so lower
+    /// entries it lacks were deleted.
+    fn walk_upper_dir(
+        &mut self,
+        rel: &Path,
+        lower_is_dir: bool,
+        opaque: bool,
+    ) -> Result<(), ChangesError> {
+        let upath = self.upper.join(rel);
+        let names = list_dir(&upath)?;
+        if names.is_empty() && !lower_is_dir && !rel.as_os_str().is_empty() {
+            self.push(rel, ChangeKind::Added, true);
+            return Ok(());
+        }
+        for name in &names {
+            self.visit_upper(&rel.join(name), lower_is_dir, opaque)?;
+        }
+        if lower_is_dir && opaque {
+            let in_upper: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
+            for name in list_dir(&self.lower.join(rel))? {
+                if !in_upper.contains(name.as_os_str()) {
+                    self.delete_lower(&rel.join(&name))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Visits one upper entry. `lower_visible`: the parent exists in lower as a directory, so
+    /// lower may have an entry of the same name. `in_opaque`: the parent is opaque.
+    fn visit_upper(
+        &mut self,
+        rel: &Path,
+        lower_visible: bool,
+        in_opaque: bool,
+    ) -> Result<(), ChangesError> {
+        let upath = self.upper.join(rel);
+        let umeta = fs::symlink_metadata(&upath).map_err(io_err("stat", &upath))?;
+        let ft = umeta.file_type();
+        let attrs = if ft.is_file() || ft.is_dir() {
+            overlay_attrs(&upath)?
+        } else {
+            OverlayAttrs::default()
+        };
+        if is_whiteout(&umeta, &attrs) {
+            if lower_visible {
+                self.delete_lower(rel)?;
+            }
+            return Ok(());
+        }
+        if attrs.redirect {
+            return Err(ChangesError::Unsupported {
+                path: upath,
+                feature: "redirect_dir",
+            });
+        }
+        if attrs.metacopy {
+            return Err(ChangesError::Unsupported {
+                path: upath,
+                feature: "metacopy",
+            });
+        }
+        let lmeta = if lower_visible {
+            lstat_opt(&self.lower.join(rel))?
+        } else {
+            None
+        };
+        match (umeta.is_dir(), lmeta) {
+            (true, Some(l)) if l.is_dir() => {
+                self.walk_upper_dir(rel, true, in_opaque || attrs.opaque)
+            }
+            (true, Some(_)) => {
+                self.push(rel, ChangeKind::Deleted, false);
+                self.walk_upper_dir(rel, false, false)
+            }
+            (true, None) => self.walk_upper_dir(rel, false, false),
+            (false, Some(l)) if l.is_dir() => {
+                self.delete_lower(rel)?;
+                self.push(rel, ChangeKind::Added, false);
+                Ok(())
+            }
+            (false, Some(l)) => {
+                if self.differs(rel, &umeta, &l)? {
+                    self.push(rel, ChangeKind::Modified, false);
+                }
+                Ok(())
+            }
+            (false, None) => {
+                self.push(rel, ChangeKind::Added, false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Reports the lower entry at `rel` and everything beneath it as deleted.
+    fn delete_lower(&mut self, rel: &Path) -> Result<(), ChangesError> {
+        let lpath = self.lower.join(rel);
+        let Some(meta) = lstat_opt(&lpath)? else {
+            return Ok(());
+        };
+        if !meta.is_dir() {
+            self.push(rel, ChangeKind::Deleted, false);
+            return Ok(());
+        }
+        let names = list_dir(&lpath)?;
+        if names.is_empty() {
+            self.push(rel, ChangeKind::Deleted, true);
+        }
+        for name in names {
+            self.delete_lower(&rel.join(name))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a non-directory upper entry differs from the lower entry of the same name.
+    fn differs(
+        &mut self,
+        rel: &Path,
+        umeta: &Metadata,
+        lmeta: &Metadata,
+    ) -> Result<bool, ChangesError> {
+        if umeta.mode() & libc::S_IFMT != lmeta.mode() & libc::S_IFMT
+            || umeta.mode() & 0o7777 != lmeta.mode() & 0o7777
+        {
+            return Ok(true);
+        }
+        let ft = umeta.file_type();
+        let upath = self.upper.join(rel);
+        let lpath = self.lower.join(rel);
+        if ft.is_file() {
+            if umeta.len() != lmeta.len() {
+                return Ok(true);
+            }
+            let same = contents_equal(&upath, &lpath, &mut self.buf_upper, &mut self.buf_lower)?;
+            Ok(!same)
+        } else if ft.is_symlink() {
+            let ut = fs::read_link(&upath).map_err(io_err("read link", &upath))?;
+            let lt = fs::read_link(&lpath).map_err(io_err("read link", &lpath))?;
+            Ok(ut != lt)
+        } else if ft.is_block_device() || ft.is_char_device() {
+            Ok(umeta.rdev() != lmeta.rdev())
+        } else {
+            // Fifos and sockets of the same mode carry nothing else to compare.
+            Ok(false)
+        }
+    }
+}
+
+fn is_whiteout(meta: &Metadata, attrs: &OverlayAttrs) -> bool {
+    let ft = meta.file_type();
+    (ft.is_char_device() && meta.rdev() == 0) || (ft.is_file() && meta.len() == 0 && attrs.whiteout)
+}
+
+/// `lstat`, with "not there" (including a parent that is not a directory) as `None`.
+fn lstat_opt(path: &Path) -> Result<Option<Metadata>, ChangesError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
+        Err(e) => Err(io_err("stat", path)(e)),
+    }
+}
+
+fn list_dir(path: &Path) -> Result<Vec<OsString>, ChangesError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(path).map_err(io_err("read directory", path))? {
+        names.push(entry.map_err(io_err("read directory", path))?.file_name());
+    }
+    Ok(names)
+}
+
+/// Opens a regular file for reading without following a symlink and without blocking on a fifo
+/// that was swapped in after the `lstat`.
+fn open_regular(path: &Path) -> Result<File, ChangesError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    let meta = file.metadata().map_err(io_err("stat", path))?;
+    if !meta.is_file() {
+        return Err(ChangesError::Io {
+            op: "open",
+            path: path.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+        });
+    }
+    Ok(file)
+}
+
+/// Reads until `buf` is full or the file ends; returns the byte count.
+fn read_full(file: &mut File, buf: &mut [u8], path: &Path) -> Result<usize, ChangesError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err("read", path)(e)),
+        }
+    }
+    Ok(filled)
+}
+
+/// Compares two regular files chunk by chunk; memory use is two buffers whatever the file size.
+fn contents_equal(
+    a: &Path,
+    b: &Path,
+    buf_a: &mut [u8],
+    buf_b: &mut [u8],
+) -> Result<bool, ChangesError> {
+    let mut fa = open_regular(a)?;
+    let mut fb = open_regular(b)?;
+    loop {
+        let na = read_full(&mut fa, buf_a, a)?;
+        let nb = read_full(&mut fb, buf_b, b)?;
+        if na != nb || buf_a[..na] != buf_b[..nb] {
+            return Ok(false);
+        }
+        if na == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// overlay xattrs
+
+/// The overlay xattrs of an upper entry, from either the `user.` or the `trusted.` namespace.
+#[derive(Debug, Default)]
+struct OverlayAttrs {
+    opaque: bool,
+    whiteout: bool,
+    redirect: bool,
+    metacopy: bool,
+}
+
+fn cpath(path: &Path) -> Result<CString, ChangesError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|e| ChangesError::Io {
+        op: "convert path",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })
+}
+
+fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
+    let c = cpath(path)?;
+    let names = list_xattrs(&c, path)?;
+    let mut attrs = OverlayAttrs::default();
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let key = name
+            .strip_prefix(b"user.overlay.")
+            .or_else(|| name.strip_prefix(b"trusted.overlay."));
+        match key {
+            // "y" is opaque; "x" (newer kernels) only flags a directory holding xattr whiteouts.
+            Some(b"opaque") => attrs.opaque |= get_xattr_small(&c, name, path)? == Some(*b"y"),
+            Some(b"whiteout") => attrs.whiteout = true,
+            Some(b"redirect") => attrs.redirect = true,
+            Some(b"metacopy") => attrs.metacopy = true,
+            _ => {}
+        }
+    }
+    Ok(attrs)
+}
+
+/// The NUL-separated xattr names of `c`, not following a symlink.
+fn list_xattrs(c: &CString, path: &Path) -> Result<Vec<u8>, ChangesError> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `c` is a NUL-terminated string that outlives the call; `buf` is a live, writable
+        // allocation of `buf.len()` bytes and the kernel writes at most that many. llistxattr does
+        // not follow symlinks and keeps no pointer after returning.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if let Ok(len) = usize::try_from(n) {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ERANGE) if buf.len() < XATTR_LIST_MAX => buf.resize(buf.len() * 2, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(io_err("list xattrs of", path)(err)),
+        }
+    }
+}
+
+/// A one-byte xattr value of `c` (`None` when absent or of another length).
+fn get_xattr_small(c: &CString, name: &[u8], path: &Path) -> Result<Option<[u8; 1]>, ChangesError> {
+    let cname = CString::new(name).map_err(|e| ChangesError::Io {
+        op: "convert xattr name of",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })?;
+    let mut value = [0u8; 2];
+    // SAFETY: `c` and `cname` are NUL-terminated strings that outlive the call; `value` is a
+    // writable stack buffer of `value.len()` bytes and the kernel writes at most that many.
+    // lgetxattr does not follow symlinks and keeps no pointer after returning.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            cname.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    if n == 1 {
+        return Ok(Some([value[0]]));
+    }
+    if n >= 0 {
+        return Ok(None);
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::ERANGE | libc::ENODATA | libc::ENOTSUP) => Ok(None),
+        _ => Err(io_err("read xattr of", path)(err)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// diff
+
+/// One side of a file diff.
+enum Side {
+    Absent,
+    File { mode: u32, content: Content },
+    Symlink { target: Vec<u8> },
+    Special { mode: u32 },
+}
+
+enum Content {
+    Bytes(Vec<u8>),
+    TooLarge(u64),
+}
+
+impl Side {
+    fn is_absent(&self) -> bool {
+        matches!(self, Side::Absent)
+    }
+
+    fn type_bits(&self) -> u32 {
+        match self {
+            Side::Absent => 0,
+            Side::File { .. } => libc::S_IFREG,
+            Side::Symlink { .. } => libc::S_IFLNK,
+            Side::Special { mode } => mode & libc::S_IFMT,
+        }
+    }
+
+    /// The mode as git prints it (six octal digits).
+    fn git_mode(&self) -> String {
+        match self {
+            Side::Absent => String::new(),
+            Side::Symlink { .. } => "120000".to_owned(),
+            Side::File { mode, .. } | Side::Special { mode } => format!("{mode:06o}"),
+        }
+    }
+
+    /// The content to diff: `None` for absent and special files, or a file too large to diff.
+    fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Side::File {
+                content: Content::Bytes(b),
+                ..
+            } => Some(b),
+            Side::Symlink { target } => Some(target),
+            _ => None,
+        }
+    }
+
+    fn too_large(&self) -> Option<u64> {
+        match self {
+            Side::File {
+                content: Content::TooLarge(n),
+                ..
+            } => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// Loads what is at `root`/`rel` for diffing; directories count as absent, and so does a path
+/// whose parent is not a real directory (a symlink there would lead out of the layer).
+fn load_side(root: &Path, rel: &Path) -> Result<Side, ChangesError> {
+    let mut parent = root.to_path_buf();
+    for component in rel.parent().into_iter().flat_map(Path::components) {
+        parent.push(component);
+        if !lstat_opt(&parent)?.is_some_and(|m| m.is_dir()) {
+            return Ok(Side::Absent);
+        }
+    }
+    let path = &root.join(rel);
+    let Some(meta) = lstat_opt(path)? else {
+        return Ok(Side::Absent);
+    };
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        Ok(Side::Absent)
+    } else if ft.is_symlink() {
+        let target = fs::read_link(path).map_err(io_err("read link", path))?;
+        Ok(Side::Symlink {
+            target: target.into_os_string().into_vec(),
+        })
+    } else if ft.is_file() {
+        let content = if meta.len() > DIFF_LIMIT_BYTES {
+            Content::TooLarge(meta.len())
+        } else {
+            let file = open_regular(path)?;
+            let mut bytes = Vec::new();
+            file.take(DIFF_LIMIT_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .map_err(io_err("read", path))?;
+            if bytes.len() as u64 > DIFF_LIMIT_BYTES {
+                Content::TooLarge(bytes.len() as u64)
+            } else {
+                Content::Bytes(bytes)
+            }
+        };
+        Ok(Side::File {
+            mode: meta.mode(),
+            content,
+        })
+    } else {
+        Ok(Side::Special { mode: meta.mode() })
+    }
+}
+
+/// A NUL byte near the start marks a file binary (git's heuristic; not-UTF-8 is checked apart).
+fn has_nul(bytes: &[u8]) -> bool {
+    bytes[..bytes.len().min(BINARY_PROBE)].contains(&0)
+}
+
+/// `prefix` + `path` as git writes a name in a patch: verbatim when it holds only printable ASCII
+/// other than `"` and `\`, else in double quotes with C escapes and octal bytes. Quoting keeps a
+/// name holding a newline from forging patch lines.
+fn git_name(prefix: &str, path: &str) -> String {
+    let name = format!("{prefix}{path}");
+    if name
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        return name;
+    }
+    let mut quoted = String::from("\"");
+    for b in name.bytes() {
+        match b {
+            b'"' => quoted.push_str("\\\""),
+            b'\\' => quoted.push_str("\\\\"),
+            b'\t' => quoted.push_str("\\t"),
+            b'\n' => quoted.push_str("\\n"),
+            b'\r' => quoted.push_str("\\r"),
+            0x07 => quoted.push_str("\\a"),
+            0x08 => quoted.push_str("\\b"),
+            0x0b => quoted.push_str("\\v"),
+            0x0c => quoted.push_str("\\f"),
+            0x20..0x7f => quoted.push(char::from(b)),
+            _ => quoted.push_str(&format!("\\{b:03o}")),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// Renders one file's diff; `old` and `new` are of the same type or one of them is absent.
+fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
+    let text = &mut out.text;
+    let a = if old.is_absent() {
+        "/dev/null".to_owned()
+    } else {
+        git_name("a/", path)
+    };
+    let b = if new.is_absent() {
+        "/dev/null".to_owned()
+    } else {
+        git_name("b/", path)
+    };
+    text.push_str(&format!(
+        "diff --git {} {}\n",
+        git_name("a/", path),
+        git_name("b/", path)
+    ));
+    match (old.is_absent(), new.is_absent()) {
+        (true, false) => text.push_str(&format!("new file mode {}\n", new.git_mode())),
+        (false, true) => text.push_str(&format!("deleted file mode {}\n", old.git_mode())),
+        _ => {
+            if old.git_mode() != new.git_mode() {
+                text.push_str(&format!(
+                    "old mode {}\nnew mode {}\n",
+                    old.git_mode(),
+                    new.git_mode()
+                ));
+            }
+        }
+    }
+    if let Some(size) = old.too_large().or(new.too_large()) {
+        text.push_str(&format!(
+            "File too large to diff: {} ({size} bytes, limit {DIFF_LIMIT_BYTES})\n",
+            git_name("", path)
+        ));
+        return;
+    }
+    if matches!(old, Side::Special { .. }) || matches!(new, Side::Special { .. }) {
+        return;
+    }
+    let old_bytes = old.bytes().unwrap_or_default();
+    let new_bytes = new.bytes().unwrap_or_default();
+    if old_bytes == new_bytes {
+        // Mode change only, or an empty file added or deleted: git prints no body either.
+        return;
+    }
+    let (Ok(old_text), Ok(new_text)) = (
+        std::str::from_utf8(old_bytes),
+        std::str::from_utf8(new_bytes),
+    ) else {
+        text.push_str(&format!("Binary files {a} and {b} differ\n"));
+        return;
+    };
+    if has_nul(old_bytes) || has_nul(new_bytes) {
+        text.push_str(&format!("Binary files {a} and {b} differ\n"));
+        return;
+    }
+    // Like git: a tab ends a name that holds a space, so patch(1) does not cut it there.
+    let tab = |name: &str| if name.contains(' ') { "\t" } else { "" };
+    text.push_str(&format!("--- {a}{}\n+++ {b}{}\n", tab(&a), tab(&b)));
+    let diff = TextDiff::configure()
+        .algorithm(Algorithm::Myers)
+        .timeout(DIFF_TIMEOUT)
+        .diff_lines(old_text, new_text);
+    for hunk in diff.unified_diff().context_radius(3).iter_hunks() {
+        text.push_str(&format!("{}\n", hunk.header()));
+        for change in hunk.iter_changes() {
+            let tag = match change.tag() {
+                ChangeTag::Delete => {
+                    out.stats.deletions += 1;
+                    '-'
+                }
+                ChangeTag::Insert => {
+                    out.stats.insertions += 1;
+                    '+'
+                }
+                ChangeTag::Equal => ' ',
+            };
+            text.push(tag);
+            let line = change.value();
+            text.push_str(line);
+            if !line.ends_with('\n') {
+                text.push_str("\n\\ No newline at end of file\n");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    use std::process::Command;
+
+    /// Set in the re-executed test binary that performs the overlay operations.
+    const CHILD_ENV: &str = "TASKBOX_CHANGES_OVERLAY_CHILD";
+    /// Exit status of the child when the kernel refuses the mount (test skipped).
+    const SKIP_STATUS: i32 = 77;
+
+    fn skip(reason: &str) {
+        if std::env::var("TASKBOX_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("required test skipped: {reason}");
+        }
+        eprintln!("skipped: {reason}");
+    }
+
+    fn change(path: &str, kind: ChangeKind) -> Change {
+        Change {
+            path: path.to_owned(),
+            kind,
+        }
+    }
+
+    fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let n = CString::new(name).unwrap();
+        // SAFETY: both strings are NUL-terminated and outlive the call; `value` is a live slice
+        // of `value.len()` bytes that the kernel only reads.
+        let rc = unsafe {
+            libc::lsetxattr(
+                c.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Makes a whiteout the way an unprivileged overlay can read it: a zero-size file with the
+    /// whiteout xattr. Returns false (test skipped) when the filesystem has no user xattrs.
+    fn xattr_whiteout(path: &Path) -> bool {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, b"").unwrap();
+        match set_xattr(path, "user.overlay.whiteout", b"y") {
+            Ok(()) => true,
+            Err(e) => {
+                skip(&format!("user xattrs unsupported here: {e}"));
+                false
+            }
+        }
+    }
+
+    /// A character-device whiteout, as the kernel makes it; needs CAP_MKNOD.
+    fn chardev_whiteout(path: &Path) -> bool {
+        use nix::sys::stat::{Mode, SFlag, mknod};
+        match mknod(path, SFlag::S_IFCHR, Mode::empty(), 0) {
+            Ok(()) => true,
+            Err(e) => {
+                skip(&format!("cannot mknod a whiteout: {e}"));
+                false
+            }
+        }
+    }
+
+    struct Layers {
+        _tmp: tempfile::TempDir,
+        lower: PathBuf,
+        upper: PathBuf,
+    }
+
+    fn layers() -> Layers {
+        let tmp = tempfile::tempdir().unwrap();
+        let lower = tmp.path().join("lower");
+        let upper = tmp.path().join("upper");
+        fs::create_dir(&lower).unwrap();
+        fs::create_dir(&upper).unwrap();
+        Layers {
+            _tmp: tmp,
+            lower,
+            upper,
+        }
+    }
+
+    #[test]
+    fn added_modified_identical_chmod_deleted() {
+        let l = layers();
+        write(&l.lower, "src/keep.rs", "keep\n");
+        write(&l.lower, "src/mod.rs", "old\n");
+        write(&l.lower, "src/touched.rs", "same\n");
+        write(&l.lower, "run.sh", "echo\n");
+        write(&l.lower, "gone.txt", "bye\n");
+        chmod(&l.lower.join("run.sh"), 0o644);
+
+        write(&l.upper, "src/new.rs", "new\n");
+        write(&l.upper, "src/mod.rs", "new\n");
+        // A copy-up with the same bytes and mode (touch, chmod to the same mode).
+        write(&l.upper, "src/touched.rs", "same\n");
+        write(&l.upper, "run.sh", "echo\n");
+        chmod(&l.upper.join("run.sh"), 0o755);
+        if !xattr_whiteout(&l.upper.join("gone.txt")) {
+            return;
+        }
+
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("gone.txt", ChangeKind::Deleted),
+                change("run.sh", ChangeKind::Modified),
+                change("src/mod.rs", ChangeKind::Modified),
+                change("src/new.rs", ChangeKind::Added),
+            ]
+        );
+    }
+
+    #[test]
+    fn chardev_whiteout_deletes_a_directory_and_everything_beneath() {
+        let l = layers();
+        write(&l.lower, "dir/a.txt", "a\n");
+        write(&l.lower, "dir/sub/b.txt", "b\n");
+        fs::create_dir_all(l.lower.join("dir/empty")).unwrap();
+        write(&l.lower, "other/c.txt", "c\n");
+        fs::create_dir(l.upper.join("other")).unwrap();
+        if !chardev_whiteout(&l.upper.join("dir")) || !xattr_whiteout(&l.upper.join("other/c.txt"))
+        {
+            return;
+        }
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("dir/a.txt", ChangeKind::Deleted),
+                change("dir/empty/", ChangeKind::Deleted),
+                change("dir/sub/b.txt", ChangeKind::Deleted),
+                change("other/c.txt", ChangeKind::Deleted),
+            ]
+        );
+    }
+
+    #[test]
+    fn opaque_directory_hides_lower_entries() {
+        // rm -rf dir && mkdir dir && echo ... > dir/a.txt && echo same > dir/same.txt
+        let l = layers();
+        write(&l.lower, "dir/a.txt", "a\n");
+        write(&l.lower, "dir/same.txt", "same\n");
+        write(&l.lower, "dir/b.txt", "b\n");
+        write(&l.lower, "dir/sub/c.txt", "c\n");
+        write(&l.lower, "dir/sub/d.txt", "d\n");
+        write(&l.upper, "dir/a.txt", "A\n");
+        write(&l.upper, "dir/same.txt", "same\n");
+        // Beneath an opaque directory, subdirectories hide their lower entries too.
+        write(&l.upper, "dir/sub/d.txt", "d\n");
+        if let Err(e) = set_xattr(&l.upper.join("dir"), "user.overlay.opaque", b"y") {
+            return skip(&format!("user xattrs unsupported here: {e}"));
+        }
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("dir/a.txt", ChangeKind::Modified),
+                change("dir/b.txt", ChangeKind::Deleted),
+                change("dir/sub/c.txt", ChangeKind::Deleted),
+            ]
+        );
+        // Without the xattr the same upper tree is a plain merge: nothing else deleted.
+        let l2 = layers();
+        write(&l2.lower, "dir/b.txt", "b\n");
+        write(&l2.upper, "dir/a.txt", "A\n");
+        if set_xattr(&l2.upper.join("dir"), "user.overlay.opaque", b"x").is_ok() {
+            assert_eq!(
+                scan(&l2.upper, &l2.lower).unwrap(),
+                [change("dir/a.txt", ChangeKind::Added)]
+            );
+        }
+    }
+
+    #[test]
+    fn type_changes_symlinks_special_files_and_new_dirs() {
+        let l = layers();
+        write(&l.lower, "dir2file/x.txt", "x\n");
+        write(&l.lower, "file2dir", "f\n");
+        write(&l.lower, "file2link", "t\n");
+        symlink("a", l.lower.join("relink")).unwrap();
+        symlink("same", l.lower.join("samelink")).unwrap();
+
+        write(&l.upper, "dir2file", "now a file\n");
+        write(&l.upper, "file2dir/y.txt", "y\n");
+        symlink("target", l.upper.join("file2link")).unwrap();
+        symlink("b", l.upper.join("relink")).unwrap();
+        symlink("same", l.upper.join("samelink")).unwrap();
+        symlink("/etc/passwd", l.upper.join("newlink")).unwrap();
+        fs::create_dir_all(l.upper.join("newdir/inner")).unwrap();
+        fs::create_dir_all(l.upper.join("emptydir")).unwrap();
+        nix::unistd::mkfifo(&l.upper.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [
+                change("dir2file", ChangeKind::Added),
+                change("dir2file/x.txt", ChangeKind::Deleted),
+                change("emptydir/", ChangeKind::Added),
+                change("file2dir", ChangeKind::Deleted),
+                change("file2dir/y.txt", ChangeKind::Added),
+                change("file2link", ChangeKind::Modified),
+                change("newdir/inner/", ChangeKind::Added),
+                change("newlink", ChangeKind::Added),
+                change("pipe", ChangeKind::Added),
+                change("relink", ChangeKind::Modified),
+            ]
+        );
+        // The fifo is never opened: diffing it prints a header only (and does not hang).
+        let d = diff(&l.upper, &l.lower, &[change("pipe", ChangeKind::Added)]).unwrap();
+        assert_eq!(d.text, "diff --git a/pipe b/pipe\nnew file mode 010700\n");
+        let d = diff(&l.upper, &l.lower, &[change("newlink", ChangeKind::Added)]).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/newlink b/newlink\nnew file mode 120000\n--- /dev/null\n+++ b/newlink\n\
+             @@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n"
+        );
+        // File to symlink renders like git's type change: a deletion, then an addition.
+        let d = diff(
+            &l.upper,
+            &l.lower,
+            &[change("file2link", ChangeKind::Modified)],
+        )
+        .unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/file2link b/file2link\ndeleted file mode 100644\n--- a/file2link\n\
+             +++ /dev/null\n@@ -1 +0,0 @@\n-t\n\
+             diff --git a/file2link b/file2link\nnew file mode 120000\n--- /dev/null\n\
+             +++ b/file2link\n@@ -0,0 +1 @@\n+target\n\\ No newline at end of file\n"
+        );
+    }
+
+    #[test]
+    fn non_utf8_names_are_lossy() {
+        let l = layers();
+        let name = OsStr::from_bytes(b"bad\xffname");
+        fs::write(l.upper.join(name), "x\n").unwrap();
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [change("bad\u{fffd}name", ChangeKind::Added)]
+        );
+        let d = diff(
+            &l.upper,
+            &l.lower,
+            &[change("bad\u{fffd}name", ChangeKind::Added)],
+        )
+        .unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git \"a/bad\\357\\277\\275name\" \"b/bad\\357\\277\\275name\"\n\
+             File name is not valid UTF-8: content not shown\n"
+        );
+    }
+
+    #[test]
+    fn diff_does_not_follow_a_symlinked_parent() {
+        let l = layers();
+        let outside = tempfile::tempdir().unwrap();
+        write(outside.path(), "secret.txt", "secret\n");
+        symlink(outside.path(), l.upper.join("link")).unwrap();
+        let err = diff(
+            &l.upper,
+            &l.lower,
+            &[change("link/secret.txt", ChangeKind::Added)],
+        )
+        .unwrap_err();
+        assert!(matches!(err, ChangesError::Mismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn unusual_names_are_quoted_like_git() {
+        let l = layers();
+        write(&l.upper, "new\nline.txt", "x\n");
+        write(&l.upper, "caf\u{e9}.txt", "");
+        write(&l.upper, "plain name.txt", "p\n");
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let d = diff(&l.upper, &l.lower, &changes).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git \"a/caf\\303\\251.txt\" \"b/caf\\303\\251.txt\"\nnew file mode 100644\n\
+             diff --git \"a/new\\nline.txt\" \"b/new\\nline.txt\"\nnew file mode 100644\n\
+             --- /dev/null\n+++ \"b/new\\nline.txt\"\n@@ -0,0 +1 @@\n+x\n\
+             diff --git a/plain name.txt b/plain name.txt\nnew file mode 100644\n\
+             --- /dev/null\n+++ b/plain name.txt\t\n@@ -0,0 +1 @@\n+p\n"
+        );
+    }
+
+    #[test]
+    fn scan_does_not_read_lower_outside_upper_paths() {
+        let l = layers();
+        write(&l.lower, "a.txt", "a\n");
+        // An unreadable lower directory the upper layer never names must not be touched.
+        write(&l.lower, "private/secret", "s\n");
+        chmod(&l.lower.join("private"), 0o000);
+        write(&l.upper, "b.txt", "b\n");
+        let got = scan(&l.upper, &l.lower);
+        chmod(&l.lower.join("private"), 0o755);
+        assert_eq!(got.unwrap(), [change("b.txt", ChangeKind::Added)]);
+    }
+
+    #[test]
+    fn large_files_are_compared_in_chunks() {
+        let l = layers();
+        let size = 3 * COMPARE_CHUNK + 17;
+        let mut data = vec![b'x'; size];
+        write(&l.lower, "same.bin", &data);
+        write(&l.upper, "same.bin", &data);
+        write(&l.lower, "last.bin", &data);
+        data[size - 1] = b'y';
+        write(&l.upper, "last.bin", &data);
+        assert_eq!(
+            scan(&l.upper, &l.lower).unwrap(),
+            [change("last.bin", ChangeKind::Modified)]
+        );
+        // The comparison works with buffers far smaller than the files.
+        let (mut a, mut b) = ([0u8; 7], [0u8; 7]);
+        let (up, low) = (l.upper.join("same.bin"), l.lower.join("same.bin"));
+        assert!(contents_equal(&up, &low, &mut a, &mut b).unwrap());
+        let (up, low) = (l.upper.join("last.bin"), l.lower.join("last.bin"));
+        assert!(!contents_equal(&up, &low, &mut a, &mut b).unwrap());
+    }
+
+    #[test]
+    fn files_over_the_limit_are_not_diffed() {
+        let l = layers();
+        let big = File::create(l.upper.join("big.log")).unwrap();
+        big.set_len(DIFF_LIMIT_BYTES + 1).unwrap();
+        let d = diff(&l.upper, &l.lower, &[change("big.log", ChangeKind::Added)]).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/big.log b/big.log\nnew file mode 100644\n\
+             File too large to diff: big.log (8388609 bytes, limit 8388608)\n"
+        );
+        assert_eq!(d.stats.files, 1);
+    }
+
+    #[test]
+    fn binary_files() {
+        let l = layers();
+        write(&l.lower, "img.png", b"\x89PNG\r\n\x1a\n\0\0old");
+        write(&l.upper, "img.png", b"\x89PNG\r\n\x1a\n\0\0new");
+        write(&l.upper, "latin1.txt", b"caf\xe9\n");
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let d = diff(&l.upper, &l.lower, &changes).unwrap();
+        assert_eq!(
+            d.text,
+            "diff --git a/img.png b/img.png\nBinary files a/img.png and b/img.png differ\n\
+             diff --git a/latin1.txt b/latin1.txt\nnew file mode 100644\n\
+             Binary files /dev/null and b/latin1.txt differ\n"
+        );
+        assert_eq!(
+            d.stats,
+            DiffStats {
+                files: 2,
+                insertions: 0,
+                deletions: 0
+            }
+        );
+    }
+
+    #[test]
+    fn modified_text_file_hunk() {
+        let l = layers();
+        let old: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        let new = old.replace("line 10\n", "line ten\n");
+        write(&l.lower, "notes.txt", &old);
+        write(&l.upper, "notes.txt", &new);
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let (text, stats) = {
+            let d = diff(&l.upper, &l.lower, &changes).unwrap();
+            (d.text, d.stats)
+        };
+        assert_eq!(
+            text,
+            "diff --git a/notes.txt b/notes.txt\n--- a/notes.txt\n+++ b/notes.txt\n\
+             @@ -7,7 +7,7 @@\n line 7\n line 8\n line 9\n-line 10\n+line ten\n line 11\n line 12\n line 13\n"
+        );
+        assert_eq!((stats.files, stats.insertions, stats.deletions), (1, 1, 1));
+        assert_eq!(unified_diff(&l.upper, &l.lower, &changes).unwrap(), text);
+    }
+
+    #[test]
+    fn add_delete_modify_look_like_git() {
+        let l = layers();
+        write(&l.lower, "old.txt", "bye\n");
+        write(&l.lower, "mod.txt", "a\nb\n");
+        write(&l.lower, "mode.sh", "echo\n");
+        chmod(&l.lower.join("mode.sh"), 0o644);
+        write(&l.upper, "mode.sh", "echo\n");
+        chmod(&l.upper.join("mode.sh"), 0o755);
+        write(&l.upper, "new.txt", "hello\nworld\n");
+        write(&l.upper, "mod.txt", "a\nB");
+        write(&l.upper, "empty.txt", "");
+        chmod(&l.upper.join("new.txt"), 0o644);
+        chmod(&l.upper.join("empty.txt"), 0o644);
+        if !xattr_whiteout(&l.upper.join("old.txt")) {
+            return;
+        }
+        let changes = scan(&l.upper, &l.lower).unwrap();
+        let d = diff(&l.upper, &l.lower, &changes).unwrap();
+        let expected = "\
+diff --git a/empty.txt b/empty.txt
+new file mode 100644
+diff --git a/mod.txt b/mod.txt
+--- a/mod.txt
++++ b/mod.txt
+@@ -1,2 +1,2 @@
+ a
+-b
++B
+\\ No newline at end of file
+diff --git a/mode.sh b/mode.sh
+old mode 100644
+new mode 100755
+diff --git a/new.txt b/new.txt
+new file mode 100644
+--- /dev/null
++++ b/new.txt
+@@ -0,0 +1,2 @@
++hello
++world
+diff --git a/old.txt b/old.txt
+deleted file mode 100644
+--- a/old.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+";
+        assert_eq!(d.text, expected);
+        assert_eq!(
+            d.stats,
+            DiffStats {
+                files: 5,
+                insertions: 3,
+                deletions: 2
+            }
+        );
+    }
+
+    #[test]
+    fn diff_rejects_paths_outside_the_workspace_and_stale_changes() {
+        let l = layers();
+        for bad in ["../etc/passwd", "/etc/passwd", "a/../../b", ""] {
+            let err = diff(&l.upper, &l.lower, &[change(bad, ChangeKind::Added)]).unwrap_err();
+            assert!(
+                matches!(err, ChangesError::InvalidPath { .. }),
+                "{bad}: {err}"
+            );
+        }
+        let err = diff(&l.upper, &l.lower, &[change("nope", ChangeKind::Modified)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot diff nope: not a file in the upper layer"
+        );
+        let err = scan(&l.upper.join("missing"), &l.lower).unwrap_err();
+        assert!(
+            err.to_string().starts_with("cannot list xattrs of ")
+                || err.to_string().starts_with("cannot read directory "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn redirect_xattr_is_refused() {
+        let l = layers();
+        fs::create_dir(l.upper.join("moved")).unwrap();
+        if let Err(e) = set_xattr(&l.upper.join("moved"), "user.overlay.redirect", b"/orig") {
+            return skip(&format!("user xattrs unsupported here: {e}"));
+        }
+        let err = scan(&l.upper, &l.lower).unwrap_err();
+        assert!(matches!(err, ChangesError::Unsupported { .. }), "{err}");
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // A real overlay, mounted with userxattr inside an unprivileged user namespace.
+
+    /// Lower tree of the real-overlay test.
+    fn populate_lower(lower: &Path) {
+        write(lower, "keep.txt", "keep\n");
+        write(lower, "modify.txt", "one\ntwo\nthree\n");
+        write(lower, "touched.txt", "same\n");
+        write(lower, "chmod_same.txt", "same\n");
+        write(lower, "rewritten.txt", "same\n");
+        write(lower, "chmod.txt", "x\n");
+        write(lower, "remove.txt", "bye\n");
+        write(lower, "gone/a.txt", "a\n");
+        write(lower, "gone/sub/b.txt", "b\n");
+        fs::create_dir_all(lower.join("gone/empty")).unwrap();
+        write(lower, "from.txt", "moved\n");
+        write(lower, "dir2file/x.txt", "x\n");
+        write(lower, "file2dir", "f\n");
+        write(lower, "tolink.txt", "t\n");
+        write(lower, "opaque/o1.txt", "one\n");
+        write(lower, "opaque/o2.txt", "two\n");
+        write(lower, "opaque/same.txt", "same\n");
+        write(lower, "opaque/deep/d.txt", "d\n");
+        write(lower, "src/lib/mod.rs", "fn a() {}\n");
+        write(lower, "src/other.rs", "fn b() {}\n");
+        for f in ["chmod_same.txt", "chmod.txt"] {
+            chmod(&lower.join(f), 0o644);
+        }
+    }
+
+    /// The operations, performed through the mounted overlay at `m`.
+    fn operate(m: &Path) -> io::Result<()> {
+        fs::write(m.join("modify.txt"), "one\n2\nthree\n")?;
+        let f = fs::OpenOptions::new()
+            .append(true)
+            .open(m.join("touched.txt"))?;
+        f.set_modified(std::time::SystemTime::now())?;
+        drop(f);
+        fs::set_permissions(m.join("chmod_same.txt"), fs::Permissions::from_mode(0o644))?;
+        fs::write(m.join("rewritten.txt"), "same\n")?;
+        fs::set_permissions(m.join("chmod.txt"), fs::Permissions::from_mode(0o755))?;
+        fs::remove_file(m.join("remove.txt"))?;
+        fs::remove_dir_all(m.join("gone"))?;
+        fs::rename(m.join("from.txt"), m.join("to.txt"))?;
+        fs::remove_dir_all(m.join("dir2file"))?;
+        fs::write(m.join("dir2file"), "now a file\n")?;
+        fs::remove_file(m.join("file2dir"))?;
+        fs::create_dir(m.join("file2dir"))?;
+        fs::write(m.join("file2dir/y.txt"), "y\n")?;
+        fs::remove_file(m.join("tolink.txt"))?;
+        symlink("keep.txt", m.join("tolink.txt"))?;
+        fs::remove_dir_all(m.join("opaque"))?;
+        fs::create_dir(m.join("opaque"))?;
+        fs::write(m.join("opaque/o1.txt"), "uno\n")?;
+        fs::write(m.join("opaque/same.txt"), "same\n")?;
+        fs::write(m.join("opaque/o3.txt"), "three\n")?;
+        fs::create_dir_all(m.join("newdir/inner"))?;
+        fs::write(m.join("newdir/inner/n.txt"), "n\n")?;
+        fs::create_dir(m.join("emptydir"))?;
+        symlink("keep.txt", m.join("link"))?;
+        nix::unistd::mkfifo(&m.join("pipe"), nix::sys::stat::Mode::S_IRWXU)?;
+        fs::write(m.join("src/lib/mod.rs"), "fn a() { 1 }\n")?;
+        fs::write(m.join("scratch.txt"), "tmp\n")?;
+        fs::remove_file(m.join("scratch.txt"))?;
+        Ok(())
+    }
+
+    /// Runs in the re-executed test binary, already in its own user and mount namespaces.
+    #[test]
+    fn overlay_child() {
+        let Some(root) = std::env::var_os(CHILD_ENV) else {
+            return;
+        };
+        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        let root = PathBuf::from(root);
+        let merged = root.join("merged");
+        // Keep the overlay out of the parent's namespace whatever the propagation of "/".
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .unwrap();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr",
+            root.join("lower").display(),
+            root.join("upper").display(),
+            root.join("work").display()
+        );
+        if let Err(e) = mount(
+            Some("overlay"),
+            &merged,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(opts.as_str()),
+        ) {
+            eprintln!("cannot mount overlay with userxattr in a user namespace: {e}");
+            std::process::exit(SKIP_STATUS);
+        }
+        let result = operate(&merged);
+        umount2(&merged, MntFlags::empty()).unwrap();
+        result.unwrap();
+    }
+
+    /// Re-executes this test binary as `overlay_child` in new user and mount namespaces.
+    fn run_overlay_child(root: &Path) -> Result<(), String> {
+        use std::os::unix::process::CommandExt;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        // Prepared before fork: the pre_exec closure must not allocate.
+        let files: Vec<(CString, Vec<u8>)> = [
+            ("/proc/self/setgroups", "deny".to_owned()),
+            ("/proc/self/uid_map", format!("0 {uid} 1")),
+            ("/proc/self/gid_map", format!("0 {gid} 1")),
+        ]
+        .into_iter()
+        .map(|(p, c)| (CString::new(p).unwrap(), c.into_bytes()))
+        .collect();
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "--exact",
+            "changes::tests::overlay_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, root);
+        // SAFETY: the closure runs in the forked child before exec and only makes raw syscalls
+        // (unshare, open, write, close) on memory prepared before the fork; it does not allocate
+        // or take locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for (path, content) in &files {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, content.as_ptr().cast(), content.len());
+                    libc::close(fd);
+                    if n < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let out = match cmd.output() {
+            Ok(out) => out,
+            Err(e) => return Err(format!("skip: cannot enter a user namespace: {e}")),
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => Ok(()),
+            Some(SKIP_STATUS) => Err(format!("skip: {}", stderr.trim())),
+            _ => panic!(
+                "overlay child failed ({}):\n{}\n{stderr}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout)
+            ),
+        }
+    }
+
+    #[test]
+    fn real_overlay_in_a_user_namespace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for d in ["lower", "upper", "work", "merged"] {
+            fs::create_dir(root.join(d)).unwrap();
+        }
+        let (lower, upper) = (root.join("lower"), root.join("upper"));
+        populate_lower(&lower);
+        if let Err(reason) = run_overlay_child(root) {
+            return skip(&reason);
+        }
+
+        // What the kernel left in upper is what the scan expects.
+        let meta = fs::symlink_metadata(upper.join("remove.txt")).unwrap();
+        assert!(meta.file_type().is_char_device() && meta.rdev() == 0);
+        assert!(overlay_attrs(&upper.join("opaque")).unwrap().opaque);
+        assert!(!upper.join("keep.txt").exists());
+        // Copied up without a real change: these must not be reported below.
+        for f in ["touched.txt", "chmod_same.txt", "rewritten.txt"] {
+            assert!(upper.join(f).is_file(), "{f} was not copied up");
+        }
+        assert!(!upper.join("src/other.rs").exists());
+
+        use ChangeKind::{Added, Deleted, Modified};
+        let mut expected = vec![
+            change("modify.txt", Modified),
+            change("chmod.txt", Modified),
+            change("remove.txt", Deleted),
+            change("gone/a.txt", Deleted),
+            change("gone/sub/b.txt", Deleted),
+            change("gone/empty/", Deleted),
+            change("from.txt", Deleted),
+            change("to.txt", Added),
+            change("dir2file/x.txt", Deleted),
+            change("dir2file", Added),
+            change("file2dir", Deleted),
+            change("file2dir/y.txt", Added),
+            change("tolink.txt", Modified),
+            change("opaque/o1.txt", Modified),
+            change("opaque/o2.txt", Deleted),
+            change("opaque/deep/d.txt", Deleted),
+            change("opaque/o3.txt", Added),
+            change("newdir/inner/n.txt", Added),
+            change("emptydir/", Added),
+            change("link", Added),
+            change("pipe", Added),
+            change("src/lib/mod.rs", Modified),
+        ];
+        expected.sort();
+        let changes = scan(&upper, &lower).unwrap();
+        assert_eq!(changes, expected);
+
+        let d = diff(&upper, &lower, &changes).unwrap();
+        assert!(
+            d.text.contains(
+                "diff --git a/modify.txt b/modify.txt\n--- a/modify.txt\n+++ b/modify.txt\n\
+                 @@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n"
+            ),
+            "{}",
+            d.text
+        );
+        assert!(
+            d.text
+                .contains("diff --git a/chmod.txt b/chmod.txt\nold mode 100644\nnew mode 100755\n")
+        );
+        assert!(
+            d.text
+                .contains("diff --git a/remove.txt b/remove.txt\ndeleted file mode 100644\n")
+        );
+        assert_eq!(d.stats.files, expected.len() - 2);
+    }
+}
