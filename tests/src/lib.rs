@@ -1,1 +1,216 @@
-//! Shared helpers of the integration suites.
+//! Shared helpers of the integration suites: find the real `taskbox` binary, run it, parse its
+//! observation, and skip (or, under `TASKBOX_REQUIRE_ALL=1`, fail) when a prerequisite is absent.
+
+// Test support: a failed expectation here is a test failure, so panicking is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// Directory holding the `taskbox` and `taskbox-init` binaries: `$TASKBOX_BIN_DIR`, else the
+/// cargo target directory of the running test binary.
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TASKBOX_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/debug/deps/suite-HASH -> target/debug
+    let deps = exe.parent().expect("deps dir");
+    let dir = if deps.ends_with("deps") {
+        deps.parent().expect("profile dir").to_path_buf()
+    } else {
+        deps.to_path_buf()
+    };
+    assert!(
+        dir.join("taskbox").is_file(),
+        "taskbox binary not found in {} (build the workspace first, or set TASKBOX_BIN_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+/// Path of the `taskbox` binary.
+pub fn taskbox() -> PathBuf {
+    bin_dir().join("taskbox")
+}
+
+/// Whether every skip must be a failure (CI sets this).
+pub fn require_all() -> bool {
+    std::env::var("TASKBOX_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Skips the calling test with a printed reason when `ok` is false; under
+/// `TASKBOX_REQUIRE_ALL=1` that is a failure instead. Returns `ok`.
+pub fn require(ok: bool, reason: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if require_all() {
+        panic!("required prerequisite missing (TASKBOX_REQUIRE_ALL=1): {reason}");
+    }
+    eprintln!("SKIP: {reason}");
+    false
+}
+
+/// Whether the tests run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A scratch environment for one test: a workspace, a state directory and a fake home.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Env {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("taskbox-test-")
+            .tempdir()
+            .expect("tempdir");
+        for d in ["ws", "state", "home"] {
+            std::fs::create_dir(dir.path().join(d)).expect("mkdir");
+        }
+        Env { dir }
+    }
+
+    pub fn ws(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Writes a file in the workspace (creating parents).
+    pub fn write(&self, rel: &str, content: &str) {
+        let p = self.ws().join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, content).expect("write");
+    }
+
+    /// A `taskbox` command with this environment's state dir and home.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(taskbox());
+        c.env("TASKBOX_STATE_DIR", self.state())
+            .env("HOME", self.home())
+            .current_dir(self.ws())
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `taskbox run --json [extra...] -- argv...`, parsed.
+    pub fn run_json(&self, extra: &[&str], argv: &[&str]) -> Run {
+        let mut c = self.command();
+        c.arg("run").arg("--json").args(extra).arg("--").args(argv);
+        Run::from_output(c.output().expect("spawn taskbox"))
+    }
+
+    /// `taskbox run --json -- sh -c SCRIPT`, parsed.
+    pub fn sh(&self, script: &str) -> Run {
+        self.run_json(&[], &["/bin/sh", "-c", script])
+    }
+
+    /// Like [`Env::sh`] with extra `run` flags.
+    pub fn sh_with(&self, extra: &[&str], script: &str) -> Run {
+        self.run_json(extra, &["/bin/sh", "-c", script])
+    }
+
+    /// Writes a policy file into the scratch directory and returns its path.
+    pub fn policy(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&p, text).expect("write policy");
+        p
+    }
+}
+
+/// The result of one `taskbox run --json`.
+#[derive(Debug)]
+pub struct Run {
+    pub status: i32,
+    pub json: Value,
+    pub raw_stderr: String,
+}
+
+impl Run {
+    pub fn from_output(out: Output) -> Run {
+        let status = out.status.code().unwrap_or(-1);
+        let raw_stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "taskbox did not print JSON ({e}); exit {status}\nstdout: {}\nstderr: {raw_stderr}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        Run {
+            status,
+            json,
+            raw_stderr,
+        }
+    }
+
+    pub fn stdout(&self) -> &str {
+        self.json["stdout"]["text"].as_str().unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> &str {
+        self.json["stderr"]["text"].as_str().unwrap_or_default()
+    }
+
+    pub fn exit_code(&self) -> Option<i64> {
+        self.json["exit_code"].as_i64()
+    }
+
+    /// Asserts the command exited 0, showing its output otherwise.
+    pub fn ok(&self) -> &Self {
+        assert_eq!(
+            self.exit_code(),
+            Some(0),
+            "command failed: {:#}\ntaskbox stderr: {}",
+            self.json,
+            self.raw_stderr
+        );
+        self
+    }
+}
+
+/// The pids of host processes whose command line contains `needle`.
+pub fn host_processes_with(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(needle) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// A Python 3 interpreter from the host's system packages, usable inside the sandbox.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// Whether `path` exists on the host.
+pub fn exists(path: &str) -> bool {
+    Path::new(path).exists()
+}

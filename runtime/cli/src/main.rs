@@ -1,1 +1,218 @@
-fn main() {}
+//! `taskbox`: the command-line interface.
+//!
+//! Exit status of `run`: the command's own; 128+N when a signal N killed it; 124 on timeout;
+//! 125 for taskbox's own failures, with one clear line on stderr (the convention of `docker run`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand};
+use taskbox_core::native::{self, RunRequest, StdinSource};
+use taskbox_core::policy;
+
+#[derive(Parser)]
+#[command(
+    name = "taskbox",
+    version,
+    about = "Sandboxed execution for AI coding agents: run commands in an isolated sandbox and get \
+             structured observations back.",
+    long_about = None,
+    after_help = "Examples:\n  taskbox run -- cargo test\n  taskbox run --json --diff -- sh -c 'echo hi > notes.txt'\n  \
+                  taskbox policy explain default"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one command in a fresh sandbox around a workspace and report what happened.
+    ///
+    /// The workspace is mounted as an overlay: the command may change it, but the host copy stays
+    /// untouched (use --diff to see what it changed). The exit status is the command's own
+    /// (128+N for signal N, 124 on timeout, 125 for taskbox's own errors, 127 when the command
+    /// does not exist).
+    Run(RunArgs),
+    /// Check and explain policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The workspace directory (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// A policy name (from $TASKBOX_POLICY_DIR or the built-in profiles) or a policy file.
+    #[arg(long, value_name = "NAME|FILE", default_value = "default")]
+    policy: String,
+    /// Wall-clock timeout, e.g. 30s, 5m (default: the policy's).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Print the observation (ExecResult) as JSON on stdout instead of the command's output.
+    #[arg(long)]
+    json: bool,
+    /// Print the unified diff of what the command changed in the workspace.
+    #[arg(long)]
+    diff: bool,
+    /// Mount the workspace read-write without the overlay: changes reach the host directory.
+    #[arg(long)]
+    write_through: bool,
+    /// Set an environment variable in the sandbox (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Working directory inside the sandbox (default: the workspace root).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// State directory for runs and spilled output (default: $TASKBOX_STATE_DIR, or
+    /// /var/lib/taskbox for root, ~/.local/state/taskbox otherwise).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Parse and validate a policy file (or name); errors name the file, the key and why.
+    Check {
+        /// A policy file or name.
+        policy: String,
+    },
+    /// Say in plain words what a sandbox under this policy may and may not do.
+    Explain {
+        /// A policy name or file.
+        #[arg(default_value = "default")]
+        policy: String,
+    },
+    /// List the policies that can be named.
+    List,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?}: {e} (examples: 30s, 5m, 1h)"))?;
+    if d.is_zero() {
+        return Err("the timeout must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected K=V, got {s:?}"))?;
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("invalid variable name {k:?}"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 125 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TASKBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match dispatch(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("taskbox: {e:#}");
+            ExitCode::from(125)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<u8> {
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Policy(PolicyCommand::Check { policy }) => {
+            let (p, source) = policy::resolve(&policy)?;
+            println!("{}: ok (hash {})", source, p.hash());
+            Ok(0)
+        }
+        Command::Policy(PolicyCommand::Explain { policy }) => {
+            let (p, _) = policy::resolve(&policy)?;
+            print!("{}", p.explain());
+            Ok(0)
+        }
+        Command::Policy(PolicyCommand::List) => {
+            for name in policy::available_names() {
+                println!("{name}");
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<u8> {
+    let (policy, _) = policy::resolve(&args.policy)?;
+    let workspace = match args.workspace {
+        Some(w) => w,
+        None => std::env::current_dir().context("cannot determine the current directory")?,
+    };
+    if !workspace.exists() {
+        bail!(
+            "workspace {} does not exist (pass an existing directory with --workspace)",
+            workspace.display()
+        );
+    }
+    let state_dir = args.state_dir.unwrap_or_else(native::default_state_dir);
+    native::prune_spill(&state_dir, Duration::from_secs(24 * 3600));
+    let req = RunRequest {
+        argv: args.command,
+        workspace,
+        policy,
+        timeout: args.timeout,
+        write_through: args.write_through,
+        env: args.env,
+        cwd: args.cwd,
+        stdin: StdinSource::Inherit,
+        echo: !args.json,
+        want_diff: args.diff,
+        state_dir,
+    };
+    let outcome = native::run(&req).map_err(|e| anyhow!(e))?;
+    let result = &outcome.result;
+    if args.json {
+        let mut value = serde_json::to_value(result)?;
+        if let (Some(diff), Some(obj)) = (&outcome.diff, value.as_object_mut()) {
+            obj.insert("diff".into(), serde_json::Value::String(diff.clone()));
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        if let Some((errno, program)) = &outcome.exec_failed {
+            let why = if *errno == libc_enoent() {
+                "command not found".to_string()
+            } else {
+                std::io::Error::from_raw_os_error(*errno).to_string()
+            };
+            eprintln!("taskbox: cannot run `{program}`: {why}");
+        }
+        for v in &result.violations {
+            eprintln!("taskbox: {}: {}", v.kind, v.detail);
+        }
+        if let Some(diff) = &outcome.diff {
+            print!("{diff}");
+        }
+    }
+    Ok(u8::try_from(result.cli_exit_status()).unwrap_or(125))
+}
+
+const fn libc_enoent() -> i32 {
+    2
+}

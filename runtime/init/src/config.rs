@@ -61,6 +61,9 @@ pub enum MountOp {
     /// A bind of a path that is already in the sandbox's tree onto itself, made read-only.
     /// Skipped when the path does not exist.
     ProtectReadOnly { dst: PathBuf },
+    /// Hide a path: a directory gets an empty read-only tmpfs, anything else the (empty,
+    /// read-only) host file `empty`. Skipped when the path does not exist in the sandbox.
+    Mask { dst: PathBuf, empty: PathBuf },
     /// An overlay of `lower` (a host path) with the run's `upper` and `work` directories.
     Overlay {
         lower: PathBuf,

@@ -12,4 +12,20 @@
 
 pub mod config;
 pub mod landlock_rules;
+pub mod mounts;
+pub mod run;
 pub mod seccomp;
+pub mod sys;
+
+/// The helper binary's entry: `taskbox-init PLAN.json`. Never returns.
+pub fn run_main() -> ! {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.len() != 2 {
+        eprintln!(
+            "usage: taskbox-init PLAN.json\n(the sandbox set-up helper of taskbox; it is started by \
+             `taskbox run`, not by hand)"
+        );
+        std::process::exit(125);
+    }
+    run::run_from_file(std::path::Path::new(&args[1]))
+}

@@ -1,0 +1,230 @@
+//! Bounded capture of one output stream: the head and tail within a byte limit stay in memory,
+//! the whole stream goes to a spill file once it outgrows the limit.
+//!
+//! Memory use is at most `limit` bytes per stream whatever the command writes; the spill file is
+//! created lazily, so a command with short output leaves no file behind.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use crate::result::Output;
+
+/// The capture of one stream.
+#[derive(Debug)]
+pub struct Capture {
+    limit: usize,
+    /// Everything until the limit is reached; afterwards only the head half.
+    head: Vec<u8>,
+    /// The most recent bytes once the limit is exceeded.
+    tail: VecDeque<u8>,
+    tail_cap: usize,
+    bytes: u64,
+    spill_path: PathBuf,
+    spill: Option<io::BufWriter<File>>,
+    spill_error: Option<io::Error>,
+}
+
+impl Capture {
+    /// A capture keeping at most `limit` bytes in memory, spilling to `spill_path` beyond it.
+    pub fn new(limit: usize, spill_path: PathBuf) -> Self {
+        let limit = limit.max(2);
+        Self {
+            limit,
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            tail_cap: limit - limit / 2,
+            bytes: 0,
+            spill_path,
+            spill: None,
+            spill_error: None,
+        }
+    }
+
+    /// Total bytes seen so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Adds a chunk of the stream.
+    pub fn push(&mut self, data: &[u8]) {
+        self.bytes += data.len() as u64;
+        if self.spill.is_none() && self.spill_error.is_none() {
+            if self.head.len() + data.len() <= self.limit {
+                self.head.extend_from_slice(data);
+                return;
+            }
+            // First overflow: everything so far goes to the spill file, the head keeps its half.
+            match File::create(&self.spill_path) {
+                Ok(f) => {
+                    let mut w = io::BufWriter::with_capacity(256 * 1024, f);
+                    if let Err(e) = w.write_all(&self.head) {
+                        self.spill_error = Some(e);
+                    }
+                    self.spill = Some(w);
+                }
+                Err(e) => self.spill_error = Some(e),
+            }
+            let keep = self.limit / 2;
+            let rest = self.head.split_off(keep.min(self.head.len()));
+            self.push_tail(&rest);
+        }
+        if let Some(w) = self.spill.as_mut() {
+            if let Err(e) = w.write_all(data) {
+                self.spill_error = Some(e);
+                self.spill = None;
+            }
+        }
+        self.push_tail(data);
+    }
+
+    fn push_tail(&mut self, data: &[u8]) {
+        if data.len() >= self.tail_cap {
+            self.tail.clear();
+            self.tail
+                .extend(data[data.len() - self.tail_cap..].iter().copied());
+            return;
+        }
+        let overflow = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
+        self.tail.drain(..overflow);
+        self.tail.extend(data.iter().copied());
+    }
+
+    /// Ends the capture and renders the observation.
+    pub fn finish(mut self) -> Output {
+        let mut spill_ok = false;
+        if let Some(mut w) = self.spill.take() {
+            match w.flush() {
+                Ok(()) => spill_ok = true,
+                Err(e) => self.spill_error = Some(e),
+            }
+        }
+        let truncated = self.bytes > self.head.len() as u64;
+        if !truncated {
+            return Output {
+                text: String::from_utf8_lossy(&self.head).into_owned(),
+                bytes: self.bytes,
+                truncated: false,
+                spill_path: None,
+            };
+        }
+        let tail: Vec<u8> = self.tail.iter().copied().collect();
+        let head = utf8_prefix(&self.head);
+        let tail = utf8_suffix(&tail);
+        let omitted = self.bytes - head.len() as u64 - tail.len() as u64;
+        let where_ = if spill_ok {
+            format!("full output in {}", self.spill_path.display())
+        } else {
+            match &self.spill_error {
+                Some(e) => format!("the full output could not be kept: {e}"),
+                None => "the full output was not kept".to_string(),
+            }
+        };
+        let text = format!(
+            "{}\n[... {omitted} bytes omitted; {where_} ...]\n{}",
+            String::from_utf8_lossy(head),
+            String::from_utf8_lossy(tail)
+        );
+        Output {
+            text,
+            bytes: self.bytes,
+            truncated: true,
+            spill_path: spill_ok.then(|| self.spill_path.display().to_string()),
+        }
+    }
+}
+
+/// The longest prefix that does not end inside a UTF-8 sequence (invalid bytes elsewhere are
+/// left for lossy conversion).
+fn utf8_prefix(b: &[u8]) -> &[u8] {
+    match std::str::from_utf8(b) {
+        Ok(_) => b,
+        Err(e) if e.error_len().is_none() => &b[..e.valid_up_to()],
+        Err(_) => b,
+    }
+}
+
+/// The suffix that does not start inside a UTF-8 sequence (skips at most 3 continuation bytes).
+fn utf8_suffix(b: &[u8]) -> &[u8] {
+    let skip = b
+        .iter()
+        .take(3)
+        .take_while(|&&c| (c & 0xC0) == 0x80)
+        .count();
+    &b[skip..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_output_is_kept_whole_without_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut c = Capture::new(100, path.clone());
+        c.push(b"hello ");
+        c.push(b"world");
+        let o = c.finish();
+        assert_eq!(o.text, "hello world");
+        assert_eq!(o.bytes, 11);
+        assert!(!o.truncated);
+        assert_eq!(o.spill_path, None);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn long_output_keeps_head_and_tail_and_spills_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut c = Capture::new(20, path.clone());
+        let mut all = Vec::new();
+        for i in 0..1000u32 {
+            let line = format!("line {i}\n");
+            all.extend_from_slice(line.as_bytes());
+            c.push(line.as_bytes());
+        }
+        let o = c.finish();
+        assert!(o.truncated);
+        assert_eq!(o.bytes, all.len() as u64);
+        assert!(o.text.starts_with("line 0\nline 1\n"), "{}", o.text);
+        assert!(o.text.ends_with("line 998\nline 999\n"), "{}", o.text);
+        assert!(o.text.contains("bytes omitted"));
+        assert_eq!(o.spill_path.as_deref(), Some(path.to_str().unwrap()));
+        assert_eq!(std::fs::read(&path).unwrap(), all);
+    }
+
+    #[test]
+    fn a_single_huge_chunk_is_split_correctly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut c = Capture::new(10, path.clone());
+        let data: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        c.push(&data);
+        let o = c.finish();
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        assert_eq!(o.bytes, 5000);
+    }
+
+    #[test]
+    fn utf8_is_not_cut_inside_a_character() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Capture::new(8, dir.path().join("out"));
+        c.push("ééééééééééé".as_bytes());
+        let o = c.finish();
+        assert!(!o.text.contains('\u{FFFD}'), "{}", o.text);
+        assert!(o.text.starts_with("éé"));
+        assert!(o.text.ends_with("éé"));
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Capture::new(100, dir.path().join("out"));
+        c.push(&[0xff, 0xfe, b'a']);
+        let o = c.finish();
+        assert_eq!(o.bytes, 3);
+        assert!(o.text.ends_with('a'));
+    }
+}

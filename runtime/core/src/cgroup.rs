@@ -1,0 +1,292 @@
+//! Resource limits by cgroup: v2 where the host has a unified hierarchy with the controllers we
+//! need, v1 controllers where that is what the host has; `None` when neither can be used (an
+//! unprivileged caller without a delegated cgroup), and the caller falls back to rlimits.
+//!
+//! Each run gets its own cgroup, nested beneath the caller's own, so limits compose with whatever
+//! confines the caller.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// The limits to apply.
+#[derive(Debug, Clone, Copy)]
+pub struct CgroupLimits {
+    pub memory_bytes: u64,
+    pub pids: u64,
+    pub cpu_cores: f64,
+}
+
+/// A run's cgroup, in whichever hierarchy the host offers.
+#[derive(Debug)]
+pub enum Cgroup {
+    /// One directory in the unified hierarchy.
+    V2 { dir: PathBuf },
+    /// One directory per v1 controller (memory, pids, cpu, cpuacct).
+    V1 {
+        memory: PathBuf,
+        others: Vec<PathBuf>,
+    },
+}
+
+/// Why a cgroup could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// writing a cgroup file failed
+    #[error("cannot write {path}: {source}")]
+    Write { path: String, source: io::Error },
+    /// creating a cgroup directory failed
+    #[error("cannot create cgroup {path}: {source}")]
+    Create { path: String, source: io::Error },
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(|source| CgroupError::Write {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn mkdir(path: &Path) -> Result<(), CgroupError> {
+    fs::create_dir(path).map_err(|source| CgroupError::Create {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The caller's own cgroup path for `controller` ("" for the unified hierarchy).
+fn own_path(controller: &str) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controller.is_empty() && controllers.is_empty() {
+            return Some(path.to_string());
+        }
+        if !controller.is_empty() && controllers.split(',').any(|c| c == controller) {
+            return Some(path.to_string());
+        }
+    }
+    None
+}
+
+fn writable(dir: &Path) -> bool {
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+impl Cgroup {
+    /// Creates the cgroup for run `name` with `limits`, or returns `Ok(None)` when this host
+    /// offers no cgroup the caller may use.
+    pub fn create(name: &str, limits: CgroupLimits) -> Result<Option<Cgroup>, CgroupError> {
+        if let Some(cg) = Self::create_v2(name, limits)? {
+            return Ok(Some(cg));
+        }
+        Self::create_v1(name, limits)
+    }
+
+    fn create_v2(name: &str, limits: CgroupLimits) -> Result<Option<Cgroup>, CgroupError> {
+        let root = Path::new(ROOT);
+        if !root.join("cgroup.controllers").exists() {
+            return Ok(None);
+        }
+        let Some(own) = own_path("") else {
+            return Ok(None);
+        };
+        let parent = root.join(own.trim_start_matches('/'));
+        let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+        let has = |c: &str| enabled.split_whitespace().any(|x| x == c);
+        if !(has("memory") && has("pids")) {
+            // Enabling controllers for children of a cgroup that holds processes is refused by
+            // the kernel; a caller that wants cgroup limits runs in a delegated leaf-free cgroup.
+            let _ = fs::write(parent.join("cgroup.subtree_control"), "+memory +pids +cpu");
+            let enabled =
+                fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+            let ok = ["memory", "pids"]
+                .iter()
+                .all(|c| enabled.split_whitespace().any(|x| x == *c));
+            if !ok {
+                return Ok(None);
+            }
+        }
+        if !writable(&parent) {
+            return Ok(None);
+        }
+        let dir = parent.join(format!("taskbox-{name}"));
+        mkdir(&dir)?;
+        let cg = Cgroup::V2 { dir: dir.clone() };
+        let applied = (|| {
+            write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+            if dir.join("memory.swap.max").exists() {
+                write(&dir.join("memory.swap.max"), "0")?;
+            }
+            write(&dir.join("pids.max"), &limits.pids.to_string())?;
+            if dir.join("cpu.max").exists() {
+                let period = 100_000u64;
+                let quota = ((limits.cpu_cores * period as f64) as u64).max(1000);
+                write(&dir.join("cpu.max"), &format!("{quota} {period}"))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = applied {
+            cg.remove();
+            return Err(e);
+        }
+        Ok(Some(cg))
+    }
+
+    fn create_v1(name: &str, limits: CgroupLimits) -> Result<Option<Cgroup>, CgroupError> {
+        let dir_for = |controller: &str| -> Option<PathBuf> {
+            let mount = Path::new(ROOT).join(controller);
+            if !mount.join("cgroup.procs").exists() {
+                return None;
+            }
+            let own = own_path(controller)?;
+            let parent = mount.join(own.trim_start_matches('/'));
+            writable(&parent).then(|| parent.join(format!("taskbox-{name}")))
+        };
+        let (Some(memory), Some(pids)) = (dir_for("memory"), dir_for("pids")) else {
+            return Ok(None);
+        };
+        let mut made = Vec::new();
+        let result = (|| {
+            mkdir(&memory)?;
+            made.push(memory.clone());
+            write(
+                &memory.join("memory.limit_in_bytes"),
+                &limits.memory_bytes.to_string(),
+            )?;
+            let memsw = memory.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &limits.memory_bytes.to_string())?;
+            }
+            mkdir(&pids)?;
+            made.push(pids.clone());
+            write(&pids.join("pids.max"), &limits.pids.to_string())?;
+            if let Some(cpu) = dir_for("cpu") {
+                mkdir(&cpu)?;
+                made.push(cpu.clone());
+                let period = 100_000u64;
+                let quota = ((limits.cpu_cores * period as f64) as u64).max(1000);
+                write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
+                write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+            }
+            if let Some(acct) = dir_for("cpuacct") {
+                if !made.contains(&acct) {
+                    mkdir(&acct)?;
+                    made.push(acct);
+                }
+            }
+            Ok(())
+        })();
+        let cg = Cgroup::V1 {
+            memory: memory.clone(),
+            others: made.iter().filter(|d| **d != memory).cloned().collect(),
+        };
+        if let Err(e) = result {
+            cg.remove();
+            return Err(e);
+        }
+        Ok(Some(cg))
+    }
+
+    /// "cgroup-v2" or "cgroup-v1", as reported in `enforcement.limits`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Cgroup::V2 { .. } => "cgroup-v2",
+            Cgroup::V1 { .. } => "cgroup-v1",
+        }
+    }
+
+    fn dirs(&self) -> Vec<&Path> {
+        match self {
+            Cgroup::V2 { dir } => vec![dir.as_path()],
+            Cgroup::V1 { memory, others } => std::iter::once(memory.as_path())
+                .chain(others.iter().map(PathBuf::as_path))
+                .collect(),
+        }
+    }
+
+    /// The `cgroup.procs` files a process writes its pid to in order to join.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// The kernel's OOM killer killed a process of this cgroup.
+    pub fn oom_killed(&self) -> bool {
+        let (file, key) = match self {
+            Cgroup::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
+            Cgroup::V1 { memory, .. } => (memory.join("memory.oom_control"), "oom_kill"),
+        };
+        fs::read_to_string(file)
+            .ok()
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    let mut it = l.split_whitespace();
+                    (it.next() == Some(key)).then(|| it.next()?.parse::<u64>().ok())?
+                })
+            })
+            .is_some_and(|n| n > 0)
+    }
+
+    /// Peak memory use of the cgroup, when the kernel reports it.
+    pub fn peak_memory(&self) -> Option<u64> {
+        let file = match self {
+            Cgroup::V2 { dir } => dir.join("memory.peak"),
+            Cgroup::V1 { memory, .. } => memory.join("memory.max_usage_in_bytes"),
+        };
+        fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        let mut pids = Vec::new();
+        for f in self.procs_files() {
+            if let Ok(text) = fs::read_to_string(f) {
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Kills every process in the cgroup and waits (up to `wait`) until it is empty.
+    pub fn kill_all(&self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Cgroup::V2 { dir } = self {
+                let _ = fs::write(dir.join("cgroup.kill"), "1");
+            }
+            let pids = self.pids();
+            if pids.is_empty() || Instant::now() >= deadline {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Removes the cgroup directories (after `kill_all`). Best effort: a failure leaves an empty
+    /// cgroup that the next start-up sweep removes.
+    pub fn remove(&self) {
+        for dir in self.dirs() {
+            for _ in 0..50 {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,973 @@
+//! The native Linux backend, one-shot: plan the sandbox from a policy, hand the plan to the
+//! `taskbox-init` helper, capture its output within bounds, enforce the wall-clock timeout, and
+//! turn what happened into an [`ExecResult`].
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use taskbox_init::config::{
+    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, STATUS_FD, Status,
+};
+
+use crate::capture::Capture;
+use crate::cgroup::{Cgroup, CgroupLimits};
+use crate::changes;
+use crate::policy::{
+    BUILTIN_DENY_READ, CREDENTIAL_STORES, HomeMode, LandlockMode, NetworkMode, Policy,
+    WorkspaceMode,
+};
+use crate::result::{Enforcement, ExecResult, Resources, Violation};
+
+/// What went wrong in taskbox itself (not in the command). The CLI exits 125 on these.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// the workspace is unusable
+    #[error("workspace {path}: {why}")]
+    Workspace { path: String, why: String },
+    /// the request is invalid
+    #[error("{0}")]
+    Invalid(String),
+    /// the state directory cannot be prepared
+    #[error("state directory {path}: {source}")]
+    State { path: String, source: io::Error },
+    /// the helper binary is missing
+    #[error(
+        "cannot find the sandbox helper `taskbox-init` next to {exe} (set TASKBOX_INIT to its path)"
+    )]
+    HelperMissing { exe: String },
+    /// starting the helper failed
+    #[error("cannot start the sandbox helper: {0}")]
+    Spawn(io::Error),
+    /// the helper reported a set-up failure
+    #[error("sandbox set-up failed at {stage}: {message}")]
+    Setup { stage: String, message: String },
+    /// cgroup set-up failed
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::CgroupError),
+    /// computing the workspace changes failed
+    #[error(transparent)]
+    Changes(#[from] changes::ChangesError),
+    /// an I/O error while supervising the run
+    #[error("{what}: {source}")]
+    Io { what: String, source: io::Error },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NativeError {
+    let what = what.into();
+    move |source| NativeError::Io { what, source }
+}
+
+/// Where the command's standard input comes from.
+#[derive(Debug, Clone, Default)]
+pub enum StdinSource {
+    /// Inherit the caller's standard input.
+    #[default]
+    Inherit,
+    /// Empty input.
+    Null,
+}
+
+/// A one-shot run.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub argv: Vec<String>,
+    pub workspace: PathBuf,
+    pub policy: Policy,
+    /// Overrides the policy's timeout.
+    pub timeout: Option<Duration>,
+    /// Mount the workspace read-write, without the overlay: the command changes the host copy.
+    pub write_through: bool,
+    /// Extra variables (after the policy's).
+    pub env: Vec<(String, String)>,
+    /// Working directory; default the workspace root.
+    pub cwd: Option<PathBuf>,
+    pub stdin: StdinSource,
+    /// Also copy the command's output to this process's stdout/stderr as it arrives.
+    pub echo: bool,
+    /// Compute the unified diff of the workspace changes.
+    pub want_diff: bool,
+    pub state_dir: PathBuf,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub result: ExecResult,
+    /// The unified diff, when asked for.
+    pub diff: Option<String>,
+    /// The command could not be executed: (errno, program).
+    pub exec_failed: Option<(i32, String)>,
+}
+
+/// The default state directory: `$TASKBOX_STATE_DIR`, else /var/lib/taskbox for root, else
+/// `$XDG_STATE_HOME/taskbox` or `~/.local/state/taskbox`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TASKBOX_STATE_DIR") {
+        return PathBuf::from(d);
+    }
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/taskbox");
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(d).join("taskbox");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| OsString::from("/tmp"));
+    PathBuf::from(home).join(".local/state/taskbox")
+}
+
+/// Finds the helper: `$TASKBOX_INIT`, else `taskbox-init` beside the running executable (or one
+/// directory up, as in cargo's test layout).
+pub fn helper_path() -> Result<PathBuf, NativeError> {
+    if let Some(p) = std::env::var_os("TASKBOX_INIT") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf);
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join("taskbox-init");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = d.parent().map(Path::to_path_buf);
+    }
+    Err(NativeError::HelperMissing {
+        exe: exe.display().to_string(),
+    })
+}
+
+fn run_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{:x}{:05x}", now.as_millis(), std::process::id() & 0xfffff)
+}
+
+/// A run's private directories; removed on drop.
+struct RunDir {
+    dir: PathBuf,
+}
+
+impl RunDir {
+    fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+    fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+    fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+    fn empty_file(&self) -> PathBuf {
+        self.dir.join("empty")
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        remove_tree(&self.dir);
+    }
+}
+
+/// Removes a directory tree, making directories writable where the overlay left them without
+/// permissions (its work directory is mode 000).
+pub fn remove_tree(dir: &Path) {
+    if fs::remove_dir_all(dir).is_ok() {
+        return;
+    }
+    fn open_up(p: &Path) {
+        if let Ok(md) = fs::symlink_metadata(p) {
+            if md.is_dir() {
+                let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
+                if let Ok(rd) = fs::read_dir(p) {
+                    for e in rd.flatten() {
+                        open_up(&e.path());
+                    }
+                }
+            }
+        }
+    }
+    open_up(dir);
+    let _ = fs::remove_dir_all(dir);
+}
+
+fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute() && h != Path::new("/"))
+}
+
+fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
+    match p.strip_prefix("~/") {
+        Some(rest) => home.map(|h| h.join(rest)),
+        None => Some(PathBuf::from(p)),
+    }
+}
+
+/// Computes the environment of the command: the policy's allowlist of host variables, then the
+/// policy's own variables, then the request's.
+pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: &str| {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.to_string(), v.to_string()));
+    };
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        let allowed = policy.env.pass.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => k.starts_with(prefix),
+            None => p == k,
+        });
+        if allowed {
+            set(k, v);
+        }
+    }
+    let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
+    policy_vars.sort();
+    for (k, v) in policy_vars {
+        set(k, v);
+    }
+    for (k, v) in extra {
+        set(k, v);
+    }
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push((
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ));
+    }
+    env
+}
+
+/// The mount plan and the Landlock write set for a sandbox of `policy` around `workspace`.
+fn plan_mounts(
+    policy: &Policy,
+    workspace: &Path,
+    run: &RunDir,
+    write_through: bool,
+) -> (Vec<MountOp>, Vec<PathBuf>) {
+    let mut ops = Vec::new();
+    let mut writable = vec![
+        PathBuf::from("/tmp"),
+        PathBuf::from("/var/tmp"),
+        PathBuf::from("/dev"),
+    ];
+    let tmpfs = |dst: &str, mode: u32| MountOp::Tmpfs {
+        dst: dst.into(),
+        mode,
+        size_bytes: None,
+    };
+    // Private scratch space: nothing written there reaches the host.
+    ops.push(tmpfs("/tmp", 0o1777));
+    if Path::new("/var/tmp").is_dir() {
+        ops.push(tmpfs("/var/tmp", 0o1777));
+    }
+    // /run holds the sockets of host daemons (Docker, D-Bus, systemd): none is reachable.
+    if Path::new("/run").is_dir() {
+        ops.push(tmpfs("/run", 0o755));
+    }
+    // A minimal /dev: the harmless devices bound from the host, a private pty instance and shm.
+    ops.push(tmpfs("/dev", 0o755));
+    for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let host = Path::new("/dev").join(dev);
+        if host.exists() {
+            ops.push(MountOp::File { dst: host.clone() });
+            ops.push(MountOp::Bind {
+                src: host.clone(),
+                dst: host,
+                readonly: false,
+            });
+        }
+    }
+    ops.push(MountOp::Dir {
+        dst: "/dev/pts".into(),
+        mode: 0o755,
+    });
+    ops.push(MountOp::Devpts {
+        dst: "/dev/pts".into(),
+    });
+    ops.push(MountOp::Symlink {
+        target: "pts/ptmx".into(),
+        dst: "/dev/ptmx".into(),
+    });
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ops.push(MountOp::Symlink {
+            target: target.into(),
+            dst: Path::new("/dev").join(name),
+        });
+    }
+    ops.push(MountOp::Dir {
+        dst: "/dev/shm".into(),
+        mode: 0o1777,
+    });
+    ops.push(tmpfs("/dev/shm", 0o1777));
+
+    // Paths no policy may open: masked with an empty file or an empty read-only directory.
+    for p in BUILTIN_DENY_READ
+        .iter()
+        .map(PathBuf::from)
+        .chain(policy.filesystem.deny_read.iter().map(PathBuf::from))
+    {
+        if let Ok(canonical) = fs::canonicalize(&p) {
+            ops.push(MountOp::Mask {
+                dst: canonical,
+                empty: run.empty_file(),
+            });
+        }
+    }
+
+    // Home directories: hidden (an empty private tmpfs) except the listed toolchain directories.
+    let home = home_dir().and_then(|h| fs::canonicalize(h).ok());
+    if policy.filesystem.home == HomeMode::Hidden {
+        let mut hidden = Vec::new();
+        for top in ["/home", "/root"] {
+            if Path::new(top).is_dir() {
+                hidden.push(PathBuf::from(top));
+            }
+        }
+        if let Some(h) = &home {
+            if !hidden.iter().any(|t| h.starts_with(t)) {
+                hidden.push(h.clone());
+            }
+        }
+        for top in &hidden {
+            // The mount point may lie on a tmpfs made above (a home under /tmp).
+            ops.push(MountOp::Dir {
+                dst: top.clone(),
+                mode: 0o755,
+            });
+            ops.push(MountOp::Tmpfs {
+                dst: top.clone(),
+                mode: 0o755,
+                size_bytes: None,
+            });
+        }
+        if let Some(h) = &home {
+            ops.push(MountOp::Dir {
+                dst: h.clone(),
+                mode: 0o755,
+            });
+            writable.push(h.clone());
+            for dir in &policy.filesystem.home_visible {
+                let Some(host) = expand_home(dir, Some(h)) else {
+                    continue;
+                };
+                let Ok(host) = fs::canonicalize(&host) else {
+                    continue;
+                };
+                if !host.starts_with(h) {
+                    // A symlink out of home: bind the target where the name was.
+                    continue;
+                }
+                if host.is_dir() {
+                    ops.push(MountOp::Dir {
+                        dst: host.clone(),
+                        mode: 0o755,
+                    });
+                } else {
+                    ops.push(MountOp::File { dst: host.clone() });
+                }
+                ops.push(MountOp::Bind {
+                    src: host.clone(),
+                    dst: host,
+                    readonly: true,
+                });
+            }
+        }
+    }
+
+    if policy.filesystem.home == HomeMode::ReadOnly {
+        if let Some(h) = &home {
+            ops.push(MountOp::Dir {
+                dst: h.clone(),
+                mode: 0o755,
+            });
+            ops.push(MountOp::Bind {
+                src: h.clone(),
+                dst: h.clone(),
+                readonly: true,
+            });
+        }
+    }
+
+    // The workspace: an overlay whose upper layer belongs to the run, so the host copy stays
+    // untouched; or the host directory itself with --write-through; or read-only.
+    ops.push(MountOp::Dir {
+        dst: workspace.to_path_buf(),
+        mode: 0o755,
+    });
+    match (write_through, &policy.filesystem.workspace) {
+        (true, _) => {
+            ops.push(MountOp::Bind {
+                src: workspace.to_path_buf(),
+                dst: workspace.to_path_buf(),
+                readonly: false,
+            });
+            writable.push(workspace.to_path_buf());
+        }
+        (false, WorkspaceMode::Overlay) => {
+            ops.push(MountOp::Overlay {
+                lower: workspace.to_path_buf(),
+                upper: run.upper(),
+                work: run.work(),
+                dst: workspace.to_path_buf(),
+            });
+            writable.push(workspace.to_path_buf());
+        }
+        (false, WorkspaceMode::ReadOnly) => {
+            ops.push(MountOp::Bind {
+                src: workspace.to_path_buf(),
+                dst: workspace.to_path_buf(),
+                readonly: true,
+            });
+        }
+    }
+
+    // Credential stores stay hidden wherever they would otherwise be visible: under a visible
+    // toolchain directory, a read-only home, or the workspace itself.
+    if let Some(h) = &home {
+        for store in CREDENTIAL_STORES {
+            let p = h.join(store);
+            if fs::symlink_metadata(&p).is_ok() {
+                ops.push(MountOp::Mask {
+                    dst: fs::canonicalize(&p).unwrap_or(p),
+                    empty: run.empty_file(),
+                });
+            }
+        }
+    }
+    for store in CREDENTIAL_STORES {
+        let p = workspace.join(store);
+        if fs::symlink_metadata(&p).is_ok() {
+            ops.push(MountOp::Mask {
+                dst: p,
+                empty: run.empty_file(),
+            });
+        }
+    }
+
+    // Paths of the workspace the command may read but not change.
+    for rel in &policy.filesystem.protected {
+        ops.push(MountOp::ProtectReadOnly {
+            dst: workspace.join(rel),
+        });
+    }
+
+    ops.push(MountOp::Proc {
+        dst: "/proc".into(),
+    });
+    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
+    }
+    (ops, writable)
+}
+
+/// Runs one command in a fresh native sandbox and returns its observation.
+pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
+    if req.argv.is_empty() {
+        return Err(NativeError::Invalid(
+            "no command given (put it after `--`)".into(),
+        ));
+    }
+    let timeout = req.timeout.unwrap_or(req.policy.limits.timeout);
+    if timeout.is_zero() {
+        return Err(NativeError::Invalid(
+            "timeout must be greater than zero".into(),
+        ));
+    }
+    let workspace = fs::canonicalize(&req.workspace).map_err(|e| NativeError::Workspace {
+        path: req.workspace.display().to_string(),
+        why: e.to_string(),
+    })?;
+    if !workspace.is_dir() {
+        return Err(NativeError::Workspace {
+            path: workspace.display().to_string(),
+            why: "not a directory".into(),
+        });
+    }
+    if workspace == Path::new("/") {
+        return Err(NativeError::Workspace {
+            path: "/".into(),
+            why: "the host root cannot be a workspace".into(),
+        });
+    }
+    let ws_str = workspace.to_string_lossy();
+    if ws_str.contains([',', ':', '\\']) || ws_str.contains('\n') {
+        return Err(NativeError::Workspace {
+            path: ws_str.into_owned(),
+            why: "the path contains ',', ':' or '\\', which overlay mount options cannot carry; \
+                  move or symlink the workspace to a plainer path"
+                .into(),
+        });
+    }
+    if req.policy.network.mode == NetworkMode::Proxy {
+        return Err(NativeError::Invalid(
+            "network mode \"proxy\" needs the egress proxy, which this version does not have; \
+             use mode = \"none\""
+                .into(),
+        ));
+    }
+
+    let id = run_id();
+    let runs = req.state_dir.join("runs");
+    let spill_dir = req.state_dir.join("spill");
+    for d in [&runs, &spill_dir] {
+        fs::create_dir_all(d).map_err(|source| NativeError::State {
+            path: d.display().to_string(),
+            source,
+        })?;
+    }
+    let run_dir = RunDir {
+        dir: runs.join(&id),
+    };
+    for d in [
+        run_dir.dir.clone(),
+        run_dir.root(),
+        run_dir.upper(),
+        run_dir.work(),
+    ] {
+        fs::create_dir_all(&d).map_err(|source| NativeError::State {
+            path: d.display().to_string(),
+            source,
+        })?;
+    }
+    fs::write(run_dir.empty_file(), b"").map_err(io_err("cannot create the mask file"))?;
+    let _ = fs::set_permissions(run_dir.empty_file(), fs::Permissions::from_mode(0o444));
+
+    let limits = &req.policy.limits;
+    let cgroup = Cgroup::create(
+        &id,
+        CgroupLimits {
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            cpu_cores: limits.cpu_cores,
+        },
+    )?;
+    let is_root = nix::unistd::geteuid().is_root();
+    let mut rlimits = vec![
+        Rlimit {
+            resource: RlimitResource::FileSize,
+            limit: limits.file_size_bytes,
+        },
+        Rlimit {
+            resource: RlimitResource::OpenFiles,
+            limit: limits.open_files,
+        },
+        Rlimit {
+            resource: RlimitResource::CoreSize,
+            limit: 0,
+        },
+    ];
+    if cgroup.is_none() {
+        rlimits.push(Rlimit {
+            resource: RlimitResource::AddressSpace,
+            limit: limits.memory_bytes,
+        });
+        // RLIMIT_NPROC counts every process of the uid on the host; for root that is the whole
+        // system, so it is only a usable fallback for unprivileged callers.
+        if !is_root {
+            rlimits.push(Rlimit {
+                resource: RlimitResource::Processes,
+                limit: limits.pids,
+            });
+        }
+    }
+
+    let (mounts, write_paths) = plan_mounts(&req.policy, &workspace, &run_dir, req.write_through);
+    let cwd = req.cwd.clone().unwrap_or_else(|| workspace.clone());
+    let cwd = if cwd.is_absolute() {
+        cwd
+    } else {
+        workspace.join(cwd)
+    };
+    let isolate_network = req.policy.network.mode != NetworkMode::Host;
+    let config = InitConfig {
+        argv: req.argv.clone(),
+        cwd,
+        env: sandbox_env(&req.policy, &req.env),
+        user_namespace: !is_root,
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+        isolate_network,
+        hostname: "taskbox".into(),
+        new_root: run_dir.root(),
+        mounts,
+        landlock: LandlockPlan {
+            enabled: true,
+            required: req.policy.security.landlock == LandlockMode::Required,
+            read: vec![PathBuf::from("/")],
+            write: write_paths,
+            deny_tcp: isolate_network,
+        },
+        seccomp: req.policy.security.seccomp,
+        rlimits,
+        cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
+    };
+    let plan_path = run_dir.dir.join("plan.json");
+    let plan = serde_json::to_vec_pretty(&config)
+        .map_err(|e| NativeError::Invalid(format!("cannot encode the plan: {e}")))?;
+    fs::write(&plan_path, plan).map_err(io_err("cannot write the plan"))?;
+
+    let outcome = supervise(
+        req,
+        &config,
+        &plan_path,
+        &spill_dir,
+        &id,
+        timeout,
+        cgroup.as_ref(),
+    );
+    if let Some(cg) = &cgroup {
+        cg.kill_all(Duration::from_secs(5));
+    }
+    let outcome = outcome.and_then(|(mut result, exec_failed)| {
+        if let Some(cg) = &cgroup {
+            result.resources.oom_killed = cg.oom_killed();
+            if let Some(peak) = cg.peak_memory() {
+                result.resources.max_rss_bytes = result.resources.max_rss_bytes.max(peak);
+            }
+            if result.resources.oom_killed {
+                result.violations.push(Violation {
+                    kind: "limit".into(),
+                    detail: format!(
+                        "memory limit of {} bytes reached: the kernel killed a process; \
+                         raise limits.memory in the policy or use less memory",
+                        limits.memory_bytes
+                    ),
+                });
+            }
+        }
+        let mut diff = None;
+        if !req.write_through && req.policy.filesystem.workspace == WorkspaceMode::Overlay {
+            result.changes = changes::scan(&run_dir.upper(), &workspace)?;
+            if req.want_diff {
+                diff = Some(changes::unified_diff(
+                    &run_dir.upper(),
+                    &workspace,
+                    &result.changes,
+                )?);
+            }
+        }
+        result.enforcement.limits = cgroup
+            .as_ref()
+            .map(Cgroup::kind)
+            .unwrap_or("rlimit")
+            .to_string();
+        Ok(RunOutcome {
+            result,
+            diff,
+            exec_failed,
+        })
+    });
+    if let Some(cg) = &cgroup {
+        cg.remove();
+    }
+    drop(run_dir);
+    outcome
+}
+
+type Supervised = (ExecResult, Option<(i32, String)>);
+
+fn supervise(
+    req: &RunRequest,
+    config: &InitConfig,
+    plan_path: &Path,
+    spill_dir: &Path,
+    id: &str,
+    timeout: Duration,
+    cgroup: Option<&Cgroup>,
+) -> Result<Supervised, NativeError> {
+    let helper = helper_path()?;
+    let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| NativeError::Spawn(e.into()))?;
+    let status_write_raw = status_write.as_raw_fd();
+    let mut cmd = Command::new(&helper);
+    cmd.arg(plan_path)
+        .env_clear()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(match req.stdin {
+            StdinSource::Inherit => Stdio::inherit(),
+            StdinSource::Null => Stdio::null(),
+        });
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
+    // async-signal-safe; `status_write_raw` is a valid descriptor owned by this process until
+    // after spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(status_write_raw, STATUS_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(NativeError::Spawn)?;
+    drop(status_write);
+    let helper_pid = child.id() as i32;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(NativeError::Spawn(io::Error::other("no output pipes")));
+    };
+    let stdout: OwnedFd = stdout.into();
+    let stderr: OwnedFd = stderr.into();
+
+    let limit = req.policy.limits.output_bytes as usize;
+    let mut out = Capture::new(limit, spill_dir.join(format!("{id}.stdout")));
+    let mut err = Capture::new(limit, spill_dir.join(format!("{id}.stderr")));
+    let mut status_buf = Vec::new();
+    let mut open = [true, true, true];
+    let deadline = start + timeout;
+    let mut timed_out = false;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut echo_out = io::stdout();
+    let mut echo_err = io::stderr();
+
+    while open.iter().any(|o| *o) {
+        let now = Instant::now();
+        if !timed_out && now >= deadline {
+            timed_out = true;
+            kill_tree(helper_pid, cgroup);
+        }
+        let wait_ms = if timed_out {
+            // After the kill only the pipes' ends remain to be read; a descendant that escaped
+            // the pid namespace cannot exist, so this is short.
+            1000
+        } else {
+            deadline
+                .saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, 60_000) as i32
+        };
+        let fds = [&stdout, &stderr, &status_read];
+        let mut pollfds: Vec<PollFd> = Vec::new();
+        let mut which = Vec::new();
+        for (i, fd) in fds.iter().enumerate() {
+            if open[i] {
+                pollfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                which.push(i);
+            }
+        }
+        let n = match poll(
+            &mut pollfds,
+            PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(n) => n,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => {
+                kill_tree(helper_pid, cgroup);
+                return Err(NativeError::Io {
+                    what: "poll".into(),
+                    source: e.into(),
+                });
+            }
+        };
+        if n == 0 {
+            if timed_out {
+                // Nothing more arrives: stop reading what is left open.
+                break;
+            }
+            continue;
+        }
+        let ready: Vec<(usize, bool)> = pollfds
+            .iter()
+            .zip(&which)
+            .map(|(p, &i)| (i, p.revents().is_some_and(|r| !r.is_empty())))
+            .collect();
+        for (i, is_ready) in ready {
+            if !is_ready {
+                continue;
+            }
+            let fd = fds[i];
+            let got = match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+                Ok(0) => {
+                    open[i] = false;
+                    continue;
+                }
+                Ok(n) => n,
+                Err(nix::Error::EINTR) | Err(nix::Error::EAGAIN) => continue,
+                Err(_) => {
+                    open[i] = false;
+                    continue;
+                }
+            };
+            let data = &buf[..got];
+            match i {
+                0 => {
+                    out.push(data);
+                    if req.echo {
+                        let _ = echo_out.write_all(data);
+                        let _ = echo_out.flush();
+                    }
+                }
+                1 => {
+                    err.push(data);
+                    if req.echo {
+                        let _ = echo_err.write_all(data);
+                    }
+                }
+                _ => status_buf.extend_from_slice(data),
+            }
+        }
+    }
+    // Make sure nothing survives (the helper is not reaped yet, so its pid cannot have been
+    // reused), then collect it.
+    kill_tree(helper_pid, cgroup);
+    let (rusage_cpu_ms, rusage_rss) = wait_helper(helper_pid);
+    let _ = child.try_wait();
+    let duration_ms = start.elapsed().as_millis() as u64;
+
+    let mut rest = Vec::new();
+    let mut status_file = fs::File::from(status_read);
+    let _ = status_file.read_to_end(&mut rest);
+    status_buf.extend_from_slice(&rest);
+    let statuses = parse_status(&status_buf);
+
+    let mut exit_code = None;
+    let mut signal = None;
+    let mut landlock = "none".to_string();
+    let mut seccomp = false;
+    let mut exec_failed = None;
+    for s in statuses {
+        match s {
+            Status::Exited { code, signal: sig } => {
+                exit_code = code;
+                signal = sig;
+            }
+            Status::Landlock { status } => landlock = status,
+            Status::Seccomp { installed } => seccomp = installed,
+            Status::ExecFailed { errno, program } => exec_failed = Some((errno, program)),
+            Status::SetupFailed { stage, message } if !timed_out => {
+                return Err(NativeError::Setup { stage, message });
+            }
+            _ => {}
+        }
+    }
+    if timed_out {
+        exit_code = None;
+        signal = Some(libc::SIGKILL);
+    } else if exit_code.is_none() && signal.is_none() {
+        return Err(NativeError::Setup {
+            stage: "supervision".into(),
+            message: "the sandbox ended without reporting the command's status".into(),
+        });
+    }
+    if let Some((errno, program)) = &exec_failed {
+        let why = if *errno == libc::ENOENT {
+            "command not found".to_string()
+        } else {
+            io::Error::from_raw_os_error(*errno).to_string()
+        };
+        err.push(format!("taskbox: cannot run `{program}`: {why}\n").as_bytes());
+    }
+    let mut violations = Vec::new();
+    if timed_out {
+        violations.push(Violation {
+            kind: "timeout".into(),
+            detail: format!(
+                "the command ran longer than {} and its whole process tree was killed; \
+                 narrow the command or raise the timeout",
+                humantime::format_duration(timeout)
+            ),
+        });
+    }
+    let result = ExecResult {
+        exit_code,
+        signal,
+        timed_out,
+        duration_ms,
+        stdout: out.finish(),
+        stderr: err.finish(),
+        changes: Vec::new(),
+        violations,
+        resources: Resources {
+            cpu_ms: rusage_cpu_ms,
+            max_rss_bytes: rusage_rss,
+            oom_killed: false,
+        },
+        enforcement: Enforcement {
+            landlock,
+            seccomp,
+            network: if config.isolate_network {
+                "none"
+            } else {
+                "host"
+            }
+            .into(),
+            limits: String::new(),
+        },
+    };
+    Ok((result, exec_failed))
+}
+
+fn parse_status(buf: &[u8]) -> Vec<Status> {
+    buf.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect()
+}
+
+/// Kills the sandbox: the helper, whose death kills the sandbox's pid 1 (parent-death signal),
+/// whose death in turn takes every process of the pid namespace with it; and whatever the cgroup
+/// still holds. Only called before the helper is reaped, so its pid is still ours.
+fn kill_tree(helper: i32, cgroup: Option<&Cgroup>) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let _ = kill(Pid::from_raw(helper), Signal::SIGKILL);
+    if let Some(cg) = cgroup {
+        cg.kill_all(Duration::from_millis(0));
+    }
+}
+
+/// Reaps the helper and returns (cpu ms, max rss bytes) of the helper and its reaped descendants.
+fn wait_helper(pid: i32) -> (u64, u64) {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `usage` are valid for writes; wait4 only writes into them.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if rc == pid {
+            break;
+        }
+        if rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return (0, 0);
+    }
+    let tv_ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
+    let cpu = tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime);
+    (cpu, usage.ru_maxrss as u64 * 1024)
+}
+
+/// Removes spill files older than `age` (one-shot runs keep them so the agent can read them).
+pub fn prune_spill(state_dir: &Path, age: Duration) {
+    let Ok(rd) = fs::read_dir(state_dir.join("spill")) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|el| el > age);
+        if old {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Builds the sandbox's mount tree on the new root and pivots into it.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, symlink};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+use crate::config::MountOp;
+use crate::sys;
+
+/// A mount step that failed, with the path it failed on.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {path}: {source}")]
+pub struct MountError {
+    what: &'static str,
+    path: String,
+    source: io::Error,
+}
+
+fn err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MountError {
+    let path = path.display().to_string();
+    move |source| MountError { what, path, source }
+}
+
+fn nix_err(what: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> MountError {
+    let path = path.display().to_string();
+    move |e| MountError {
+        what,
+        path,
+        source: io::Error::from(e),
+    }
+}
+
+/// Joins a sandbox path onto the new root.
+fn inside(new_root: &Path, dst: &Path) -> PathBuf {
+    let rel = dst.strip_prefix("/").unwrap_or(dst);
+    new_root.join(rel)
+}
+
+/// Builds the whole tree: the host's view read-only, then each op in order, then pivot_root.
+pub fn build(new_root: &Path, ops: &[MountOp]) -> Result<(), MountError> {
+    // Nothing we do here may propagate back to the host's mount namespace.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_err("cannot make mounts private on", Path::new("/")))?;
+    mount(
+        Some("/"),
+        new_root,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(nix_err("cannot bind the host root on", new_root))?;
+    sys::make_tree_readonly(new_root, false).map_err(err("cannot make read-only", new_root))?;
+
+    for op in ops {
+        apply(new_root, op)?;
+    }
+
+    pivot(new_root)
+}
+
+fn bind(src: &Path, dst: &Path, readonly: bool) -> Result<(), MountError> {
+    mount(
+        Some(src),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(nix_err("cannot bind-mount onto", dst))?;
+    if readonly {
+        sys::make_tree_readonly(dst, false).map_err(err("cannot make read-only", dst))?;
+    }
+    Ok(())
+}
+
+fn apply(new_root: &Path, op: &MountOp) -> Result<(), MountError> {
+    match op {
+        MountOp::Tmpfs {
+            dst,
+            mode,
+            size_bytes,
+        } => {
+            let target = inside(new_root, dst);
+            let mut data = format!("mode={mode:o}");
+            if let Some(size) = size_bytes {
+                data.push_str(&format!(",size={size}"));
+            }
+            mount(
+                Some("tmpfs"),
+                &target,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(data.as_str()),
+            )
+            .map_err(nix_err("cannot mount tmpfs on", &target))
+        }
+        MountOp::Bind { src, dst, readonly } => bind(src, &inside(new_root, dst), *readonly),
+        MountOp::ProtectReadOnly { dst } => {
+            let target = inside(new_root, dst);
+            if fs::symlink_metadata(&target).is_err() {
+                return Ok(());
+            }
+            bind(&target, &target, true)
+        }
+        MountOp::Mask { dst, empty } => {
+            let target = inside(new_root, dst);
+            let Ok(md) = fs::symlink_metadata(&target) else {
+                return Ok(());
+            };
+            if md.is_dir() {
+                mount(
+                    Some("tmpfs"),
+                    &target,
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                    Some("mode=000,size=4k"),
+                )
+                .map_err(nix_err("cannot mask", &target))?;
+                sys::make_tree_readonly(&target, true)
+                    .map_err(err("cannot make read-only", &target))
+            } else if md.file_type().is_symlink() {
+                // The runtime canonicalises what it masks; a symlink here was planted after
+                // planning and is left alone rather than followed.
+                Ok(())
+            } else {
+                bind(empty, &target, true)
+            }
+        }
+        MountOp::Overlay {
+            lower,
+            upper,
+            work,
+            dst,
+        } => {
+            let target = inside(new_root, dst);
+            let data = format!(
+                "lowerdir={},upperdir={},workdir={},userxattr",
+                lower.display(),
+                upper.display(),
+                work.display()
+            );
+            mount(
+                Some("overlay"),
+                &target,
+                Some("overlay"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(data.as_str()),
+            )
+            .map_err(nix_err("cannot mount the workspace overlay on", &target))
+        }
+        MountOp::Proc { dst } => {
+            let target = inside(new_root, dst);
+            mount(
+                Some("proc"),
+                &target,
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(nix_err("cannot mount proc on", &target))
+        }
+        MountOp::Devpts { dst } => {
+            let target = inside(new_root, dst);
+            mount(
+                Some("devpts"),
+                &target,
+                Some("devpts"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some("newinstance,ptmxmode=0666,mode=0620"),
+            )
+            .map_err(nix_err("cannot mount devpts on", &target))
+        }
+        MountOp::Dir { dst, mode } => {
+            let target = inside(new_root, dst);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(*mode)
+                .create(&target)
+                .map_err(err("cannot create directory", &target))
+        }
+        MountOp::File { dst } => {
+            let target = inside(new_root, dst);
+            if let Some(parent) = target.parent() {
+                fs::create_dir_all(parent).map_err(err("cannot create directory", parent))?;
+            }
+            fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&target)
+                .map(drop)
+                .map_err(err("cannot create file", &target))
+        }
+        MountOp::Symlink { target, dst } => {
+            let link = inside(new_root, dst);
+            symlink(target, &link).map_err(err("cannot create symlink", &link))
+        }
+        MountOp::RemountReadOnly { dst } => {
+            let target = inside(new_root, dst);
+            sys::make_tree_readonly(&target, false).map_err(err("cannot make read-only", &target))
+        }
+    }
+}
+
+fn pivot(new_root: &Path) -> Result<(), MountError> {
+    std::env::set_current_dir(new_root).map_err(err("cannot enter", new_root))?;
+    // pivot_root(".", ".") stacks the old root on top of the new one; detaching it leaves only
+    // the new tree (the trick of pivot_root(8)'s manual, used by runc and bubblewrap).
+    sys::pivot_root(Path::new("."), Path::new("."))
+        .map_err(err("cannot pivot_root to", new_root))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(nix_err("cannot detach the old root", new_root))?;
+    std::env::set_current_dir("/").map_err(err("cannot enter", Path::new("/")))?;
+    Ok(())
+}

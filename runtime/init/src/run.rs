@@ -1,0 +1,297 @@
+//! The helper's three processes: the outer helper (H), the sandbox's pid 1 (C) and the command (X).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
+use std::path::Path;
+
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::signal::{SigHandler, Signal, signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork, sethostname, setsid};
+
+use crate::config::{InitConfig, RlimitResource, STATUS_FD, Status};
+use crate::{landlock_rules, mounts, seccomp, sys};
+
+/// Writes one status line. Best effort: if the runtime is gone there is nobody to tell.
+pub fn report(status: &Status) {
+    // SAFETY: STATUS_FD is inherited from the runtime and stays open for the life of the
+    // helper; ManuallyDrop keeps this temporary File from closing it.
+    let mut out = ManuallyDrop::new(unsafe { File::from_raw_fd(STATUS_FD) });
+    if let Ok(mut line) = serde_json::to_vec(status) {
+        line.push(b'\n');
+        let _ = out.write_all(&line);
+    }
+}
+
+fn fail(stage: &str, message: impl std::fmt::Display) -> ! {
+    report(&Status::SetupFailed {
+        stage: stage.to_string(),
+        message: message.to_string(),
+    });
+    std::process::exit(125)
+}
+
+/// Entry point of the helper: carries out `config` and never returns.
+pub fn run(config: &InitConfig) -> ! {
+    if let Err(e) = sys::set_cloexec(STATUS_FD) {
+        fail("status pipe", e);
+    }
+    if let Err(e) = sys::set_parent_death_signal(libc::SIGKILL) {
+        fail("parent-death signal", e);
+    }
+    for procs in &config.cgroup_procs {
+        if let Err(e) = std::fs::write(procs, std::process::id().to_string()) {
+            fail("cgroup", format!("cannot join {}: {e}", procs.display()));
+        }
+    }
+    if config.user_namespace {
+        if let Err(e) = enter_user_namespace(config.uid, config.gid) {
+            fail("user namespace", e);
+        }
+    }
+    let mut flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    if config.isolate_network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    if let Err(e) = unshare(flags) {
+        fail("namespaces", format!("unshare: {e}"));
+    }
+    // The child watches this pipe to learn whether the helper died before the child could arm
+    // its parent-death signal.
+    let (alive_read, alive_write) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => fail("pipe", e),
+    };
+    // SAFETY: the helper is single-threaded (it never starts a thread), so the child may run
+    // arbitrary code after fork.
+    match unsafe { fork() } {
+        Err(e) => fail("fork", e),
+        Ok(ForkResult::Child) => {
+            drop(alive_write);
+            if let Err(e) = sys::set_parent_death_signal(libc::SIGKILL) {
+                fail("parent-death signal", e);
+            }
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&alive_read),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            if nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap_or(0) > 0 {
+                // Only a hang-up can make it ready: the helper is gone.
+                std::process::exit(125);
+            }
+            drop(alive_read);
+            sandbox_init(config)
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(alive_read);
+            report(&Status::Started {
+                pid: child.as_raw(),
+            });
+            // The helper only waits: C reports the command's status itself.
+            loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, code)) => std::process::exit(code),
+                    Ok(WaitStatus::Signaled(_, sig, _)) => std::process::exit(128 + sig as i32),
+                    Ok(_) => continue,
+                    Err(nix::Error::EINTR) => continue,
+                    Err(e) => fail("wait", e),
+                }
+            }
+        }
+    }
+}
+
+fn enter_user_namespace(uid: u32, gid: u32) -> Result<(), String> {
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare(CLONE_NEWUSER): {e}"))?;
+    std::fs::write("/proc/self/setgroups", "deny")
+        .map_err(|e| format!("cannot write /proc/self/setgroups: {e}"))?;
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
+        .map_err(|e| format!("cannot write uid_map: {e}"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+        .map_err(|e| format!("cannot write gid_map: {e}"))?;
+    Ok(())
+}
+
+/// The sandbox's pid 1: builds the mount tree, starts the command, reaps every process, and
+/// reports the command's status. Its exit makes the kernel kill all that is left in the sandbox.
+fn sandbox_init(config: &InitConfig) -> ! {
+    if let Err(e) = sethostname(&config.hostname) {
+        fail("hostname", e);
+    }
+    if let Err(e) = mounts::build(&config.new_root, &config.mounts) {
+        fail("mounts", e);
+    }
+    if config.isolate_network {
+        if let Err(e) = sys::loopback_up() {
+            fail("network", format!("cannot bring loopback up: {e}"));
+        }
+    }
+    // SAFETY: pid 1 is single-threaded; see `run`.
+    let command = match unsafe { fork() } {
+        Err(e) => fail("fork", e),
+        Ok(ForkResult::Child) => exec_command(config),
+        Ok(ForkResult::Parent { child }) => child,
+    };
+    // Signals sent to pid 1 from inside the sandbox are dropped by the kernel unless handled;
+    // SIGTERM from outside cannot reach us (only SIGKILL via the helper's death), so reaping is
+    // all there is to do.
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                report(&Status::Exited {
+                    code: Some(code),
+                    signal: None,
+                });
+                std::process::exit(0)
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == command => {
+                report(&Status::Exited {
+                    code: None,
+                    signal: Some(sig as i32),
+                });
+                std::process::exit(0)
+            }
+            Ok(_) | Err(nix::Error::EINTR) => continue,
+            Err(e) => fail("wait", e),
+        }
+    }
+}
+
+/// The command's process: confine, then exec. Never returns.
+fn exec_command(config: &InitConfig) -> ! {
+    for sig in [
+        Signal::SIGPIPE,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTERM,
+    ] {
+        // SAFETY: restoring the default disposition installs no Rust handler.
+        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+    }
+    if let Err(e) = setsid() {
+        fail("setsid", e);
+    }
+    if let Err(e) = std::env::set_current_dir(&config.cwd) {
+        fail(
+            "cwd",
+            format!(
+                "cannot enter working directory {}: {e}",
+                config.cwd.display()
+            ),
+        );
+    }
+    for limit in &config.rlimits {
+        if let Err(e) = set_rlimit(limit.resource, limit.limit) {
+            fail("rlimit", format!("{:?}: {e}", limit.resource));
+        }
+    }
+    sys::close_fds_from(STATUS_FD as u32 + 1);
+    if let Err(e) = sys::set_no_new_privs() {
+        fail("no_new_privs", e);
+    }
+    let landlock = match landlock_rules::apply(&config.landlock) {
+        Ok(outcome) => outcome,
+        Err(e) => fail("landlock", e),
+    };
+    report(&Status::Landlock {
+        status: landlock.as_str().to_string(),
+    });
+    if let Err(e) = sys::drop_all_capabilities() {
+        fail("capabilities", e);
+    }
+    if config.seccomp {
+        if let Err(e) = seccomp::install() {
+            fail("seccomp", e);
+        }
+    }
+    report(&Status::Seccomp {
+        installed: config.seccomp,
+    });
+    exec(config)
+}
+
+fn exec(config: &InitConfig) -> ! {
+    let program = config.argv.first().cloned().unwrap_or_default();
+    let to_c = |s: &str| CString::new(s.as_bytes()).ok();
+    let args: Option<Vec<CString>> = config.argv.iter().map(|a| to_c(a)).collect();
+    let env: Option<Vec<CString>> = config
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect();
+    let (Some(args), Some(env)) = (args, env) else {
+        fail(
+            "exec",
+            "an argument or environment variable contains a NUL byte",
+        )
+    };
+    let path = config
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    let mut errno = libc::ENOENT;
+    let candidates: Vec<String> = if program.contains('/') {
+        vec![program.clone()]
+    } else {
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("{d}/{program}"))
+            .collect()
+    };
+    for candidate in candidates {
+        let Some(c) = to_c(&candidate) else { continue };
+        // execve only returns on failure.
+        let e = nix::unistd::execve(&c, &args, &env).err();
+        match e {
+            Some(nix::Error::ENOENT) | Some(nix::Error::ENOTDIR) => {}
+            Some(other) => {
+                errno = other as i32;
+                // Permission problems are remembered but the search goes on, like execvp(3).
+                if other != nix::Error::EACCES {
+                    break;
+                }
+            }
+            None => {}
+        }
+    }
+    report(&Status::ExecFailed { errno, program });
+    std::process::exit(if errno == libc::ENOENT { 127 } else { 126 })
+}
+
+fn set_rlimit(resource: RlimitResource, limit: u64) -> nix::Result<()> {
+    use nix::sys::resource::{Resource, setrlimit};
+    let r = match resource {
+        RlimitResource::AddressSpace => Resource::RLIMIT_AS,
+        RlimitResource::Processes => Resource::RLIMIT_NPROC,
+        RlimitResource::CpuSeconds => Resource::RLIMIT_CPU,
+        RlimitResource::FileSize => Resource::RLIMIT_FSIZE,
+        RlimitResource::OpenFiles => Resource::RLIMIT_NOFILE,
+        RlimitResource::CoreSize => Resource::RLIMIT_CORE,
+    };
+    // Never raise: a limit above the current hard limit is clamped to it.
+    let (_, hard) = nix::sys::resource::getrlimit(r)?;
+    let value = limit.min(hard);
+    setrlimit(r, value, value)
+}
+
+/// Reads the plan from `path`, then runs it.
+pub fn run_from_file(path: &Path) -> ! {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) => fail("config", format!("cannot read {}: {e}", path.display())),
+    };
+    let config: InitConfig = match serde_json::from_slice(&text) {
+        Ok(c) => c,
+        Err(e) => fail("config", format!("invalid plan {}: {e}", path.display())),
+    };
+    run(&config)
+}

@@ -1,0 +1,210 @@
+//! Raw system calls the helper needs that nix does not wrap. Each one is a thin, checked wrapper.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// Makes the mount at `path` and every mount beneath it read-only and nosuid (one atomic call,
+/// where remounting each submount one by one would race with nothing but cost a walk).
+pub fn make_tree_readonly(path: &Path, nodev: bool) -> io::Result<()> {
+    let c = cpath(path)?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | if nodev { MOUNT_ATTR_NODEV } else { 0 },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call; `attr` is a properly
+    // initialised `struct mount_attr` and its exact size is passed, as the kernel requires.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// pivot_root(2): `new_root` becomes `/`, the old root is stacked on `put_old`.
+pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
+    let n = cpath(new_root)?;
+    let o = cpath(put_old)?;
+    // SAFETY: both pointers are valid NUL-terminated strings that outlive the call.
+    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, n.as_ptr(), o.as_ptr()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Closes every file descriptor from `first` upwards.
+pub fn close_fds_from(first: u32) {
+    // SAFETY: close_range only closes descriptors; the caller owns every descriptor >= `first`
+    // (the helper is single-threaded at this point and holds nothing it still needs there).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    if rc != 0 {
+        // Old kernels: fall back to closing one by one up to the soft limit.
+        for fd in first..4096 {
+            // SAFETY: as above; closing an unused number is harmless (EBADF).
+            unsafe { libc::close(fd as i32) };
+        }
+    }
+}
+
+/// Marks `fd` close-on-exec.
+pub fn set_cloexec(fd: i32) -> io::Result<()> {
+    // SAFETY: fcntl with F_SETFD on an integer descriptor touches no memory.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Brings the loopback interface up (a fresh network namespace has it down).
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket creation; the descriptor is closed below on every path.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS writes only into it.
+    let mut rc = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) };
+    if rc == 0 {
+        // SAFETY: the union member ifru_flags is the one SIOCGIFFLAGS filled in.
+        unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        // SAFETY: as above; SIOCSIFFLAGS reads the flags from `req`.
+        rc = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
+    }
+    let err = io::Error::last_os_error();
+    // SAFETY: `fd` is ours and not used after this.
+    unsafe { libc::close(fd) };
+    if rc == 0 { Ok(()) } else { Err(err) }
+}
+
+/// Drops every capability: the bounding set (so an exec of a setuid or root-owned binary cannot
+/// bring any back), the ambient set, and the effective, permitted and inheritable sets. Also locks
+/// the securebits so uid 0 gets no capabilities back through exec.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(63);
+    for cap in 0..=last_cap {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINVAL) {
+                return Err(err);
+            }
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | ..._LOCKED | SECBIT_KEEP_CAPS_LOCKED
+    // | SECBIT_NO_CAP_AMBIENT_RAISE | ..._LOCKED. Needs CAP_SETPCAP, which we still hold here.
+    let bits: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) };
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = CapHeader {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: header and data are the v3 layout the kernel expects (two CapData for 64 caps);
+    // both outlive the call and the kernel only reads `data`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets the parent-death signal of the calling process.
+pub fn set_parent_death_signal(signal: i32) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets no_new_privs: from here on no exec can grant privileges (setuid bits, file caps).
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
