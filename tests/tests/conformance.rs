@@ -2,6 +2,8 @@
 //! capture, stdin, environment, working directory, changes and diffs. Runs as root and as an
 //! unprivileged user (scripts/test.sh runs the suite both ways).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
 use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -94,6 +96,7 @@ fn huge_output_is_bounded_in_memory_with_head_tail_and_a_complete_spill_file() {
     let pid = child.id() as i32;
     // Collect taskbox's own peak RSS from wait4 before std reaps it.
     let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let out_handle = {
         let mut child = child;

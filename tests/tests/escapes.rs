@@ -1,6 +1,8 @@
 //! Escape attempts against the native sandbox: each is tried for real and must be refused.
 //! Runs as root and as an unprivileged user (scripts/test.sh runs the suite both ways).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
 use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::fs::symlink;
@@ -35,11 +37,14 @@ fn writes_outside_the_workspace_and_tmp_are_refused() {
             "{target} reached the host"
         );
     }
-    // The parent directory of the workspace is not writable either.
+    // Beside the workspace lies the sandbox's private /tmp (the scratch dir is under /tmp):
+    // a write there may succeed, but must not reach the host.
     let parent = env.dir.path().join("escape.txt");
-    let r = env.sh(&format!("echo x > {}", parent.display()));
-    assert_ne!(r.exit_code(), Some(0));
-    assert!(!parent.exists());
+    let _ = env.sh(&format!("echo x > {}", parent.display()));
+    assert!(
+        !parent.exists(),
+        "a write beside the workspace reached the host"
+    );
     // /tmp is writable but private.
     let r = env.sh("echo x > /tmp/taskbox-private && cat /tmp/taskbox-private");
     r.ok();

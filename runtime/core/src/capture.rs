@@ -70,11 +70,11 @@ impl Capture {
             let rest = self.head.split_off(keep.min(self.head.len()));
             self.push_tail(&rest);
         }
-        if let Some(w) = self.spill.as_mut() {
-            if let Err(e) = w.write_all(data) {
-                self.spill_error = Some(e);
-                self.spill = None;
-            }
+        if let Some(w) = self.spill.as_mut()
+            && let Err(e) = w.write_all(data)
+        {
+            self.spill_error = Some(e);
+            self.spill = None;
         }
         self.push_tail(data);
     }

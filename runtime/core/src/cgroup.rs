@@ -173,11 +173,11 @@ impl Cgroup {
                 write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
                 write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
             }
-            if let Some(acct) = dir_for("cpuacct") {
-                if !made.contains(&acct) {
-                    mkdir(&acct)?;
-                    made.push(acct);
-                }
+            if let Some(acct) = dir_for("cpuacct")
+                && !made.contains(&acct)
+            {
+                mkdir(&acct)?;
+                made.push(acct);
             }
             Ok(())
         })();

@@ -184,13 +184,13 @@ pub fn remove_tree(dir: &Path) {
         return;
     }
     fn open_up(p: &Path) {
-        if let Ok(md) = fs::symlink_metadata(p) {
-            if md.is_dir() {
-                let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
-                if let Ok(rd) = fs::read_dir(p) {
-                    for e in rd.flatten() {
-                        open_up(&e.path());
-                    }
+        if let Ok(md) = fs::symlink_metadata(p)
+            && md.is_dir()
+        {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
+            if let Ok(rd) = fs::read_dir(p) {
+                for e in rd.flatten() {
+                    open_up(&e.path());
                 }
             }
         }
@@ -340,10 +340,10 @@ fn plan_mounts(
                 hidden.push(PathBuf::from(top));
             }
         }
-        if let Some(h) = &home {
-            if !hidden.iter().any(|t| h.starts_with(t)) {
-                hidden.push(h.clone());
-            }
+        if let Some(h) = &home
+            && !hidden.iter().any(|t| h.starts_with(t))
+        {
+            hidden.push(h.clone());
         }
         for top in &hidden {
             // The mount point may lie on a tmpfs made above (a home under /tmp).
@@ -391,18 +391,18 @@ fn plan_mounts(
         }
     }
 
-    if policy.filesystem.home == HomeMode::ReadOnly {
-        if let Some(h) = &home {
-            ops.push(MountOp::Dir {
-                dst: h.clone(),
-                mode: 0o755,
-            });
-            ops.push(MountOp::Bind {
-                src: h.clone(),
-                dst: h.clone(),
-                readonly: true,
-            });
-        }
+    if policy.filesystem.home == HomeMode::ReadOnly
+        && let Some(h) = &home
+    {
+        ops.push(MountOp::Dir {
+            dst: h.clone(),
+            mode: 0o755,
+        });
+        ops.push(MountOp::Bind {
+            src: h.clone(),
+            dst: h.clone(),
+            readonly: true,
+        });
     }
 
     // The workspace: an overlay whose upper layer belongs to the run, so the host copy stays

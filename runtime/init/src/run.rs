@@ -47,10 +47,10 @@ pub fn run(config: &InitConfig) -> ! {
             fail("cgroup", format!("cannot join {}: {e}", procs.display()));
         }
     }
-    if config.user_namespace {
-        if let Err(e) = enter_user_namespace(config.uid, config.gid) {
-            fail("user namespace", e);
-        }
+    if config.user_namespace
+        && let Err(e) = enter_user_namespace(config.uid, config.gid)
+    {
+        fail("user namespace", e);
     }
     let mut flags = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
@@ -128,10 +128,10 @@ fn sandbox_init(config: &InitConfig) -> ! {
     if let Err(e) = mounts::build(&config.new_root, &config.mounts) {
         fail("mounts", e);
     }
-    if config.isolate_network {
-        if let Err(e) = sys::loopback_up() {
-            fail("network", format!("cannot bring loopback up: {e}"));
-        }
+    if config.isolate_network
+        && let Err(e) = sys::loopback_up()
+    {
+        fail("network", format!("cannot bring loopback up: {e}"));
     }
     // SAFETY: pid 1 is single-threaded; see `run`.
     let command = match unsafe { fork() } {
@@ -206,10 +206,10 @@ fn exec_command(config: &InitConfig) -> ! {
     if let Err(e) = sys::drop_all_capabilities() {
         fail("capabilities", e);
     }
-    if config.seccomp {
-        if let Err(e) = seccomp::install() {
-            fail("seccomp", e);
-        }
+    if config.seccomp
+        && let Err(e) = seccomp::install()
+    {
+        fail("seccomp", e);
     }
     report(&Status::Seccomp {
         installed: config.seccomp,

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# CI entry: provision what the tests need on a fresh Debian machine, check formatting and lints,
+# then run exactly the README's test command (scripts/test.sh) with every skip made a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TASKBOX_REQUIRE_ALL=1
+export CARGO_TERM_COLOR=never
+
+# System packages the suites use: python3 (escape probes), util-linux (unshare, mount), iproute2.
+missing=()
+[ -x /usr/bin/python3 ] || missing+=(python3)
+command -v unshare >/dev/null || missing+=(util-linux)
+command -v runuser >/dev/null || missing+=(util-linux)
+command -v useradd >/dev/null || missing+=(passwd)
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+echo "== kernel $(uname -r); cgroups: $(stat -fc %T /sys/fs/cgroup)"
+cargo --version
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+scripts/test.sh

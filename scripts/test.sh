@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The test command: the whole suite as the calling user; when that is root, the suites that do
+# not need root (the native sandbox suites, the init helper's and core's unit tests) run again as
+# an unprivileged user, so the rootless path is tested too.
+#
+#   scripts/test.sh              # what CI runs (with TASKBOX_REQUIRE_ALL=1 set by scripts/ci.sh)
+#   TASKBOX_ROOTLESS_USER=name   # the unprivileged account to use (created when missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  echo "cargo-nextest not found; using cargo test" >&2
+  cargo test --workspace --no-fail-fast
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  exit 0
+fi
+
+user=${TASKBOX_ROOTLESS_USER:-taskbox-ci}
+if ! id "$user" >/dev/null 2>&1; then
+  useradd --create-home --shell /bin/bash "$user"
+fi
+home=$(getent passwd "$user" | cut -d: -f6)
+
+# A setuid-root binary for the "setuid grants nothing" escape test (root creates it; the
+# unprivileged run only tries it).
+if [ ! -u /usr/local/lib/taskbox-test/suid-cat ]; then
+  install -d /usr/local/lib/taskbox-test
+  install -m 4755 /bin/cat /usr/local/lib/taskbox-test/suid-cat
+fi
+
+# The test executables and the binaries they drive, copied where the user can read them.
+bindir=$(mktemp -d /tmp/taskbox-rootless.XXXXXX)
+trap 'rm -rf "$bindir"' EXIT
+chmod 755 "$bindir"
+cargo build --workspace --bins
+cp target/debug/taskbox target/debug/taskbox-init "$bindir/"
+mapfile -t tests < <(cargo test --workspace --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") \
+       and m.get("executable") and m["target"]["name"] != "taskbox":
+        print(m["executable"])
+')
+failed=0
+for exe in "${tests[@]}"; do
+  name=$(basename "$exe")
+  cp "$exe" "$bindir/$name"
+  chmod 755 "$bindir/$name"
+  echo "== rootless: $name (as $user)"
+  if ! (cd "$bindir" && runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin \
+        HOME="$home" USER="$user" LANG=C.UTF-8 TASKBOX_BIN_DIR="$bindir" \
+        TASKBOX_REQUIRE_ALL="${TASKBOX_REQUIRE_ALL:-0}" "./$name"); then
+    failed=1
+  fi
+done
+exit $failed
