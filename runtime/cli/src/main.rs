@@ -50,7 +50,7 @@ struct RunArgs {
     #[arg(long, value_name = "NAME|FILE", default_value = "default")]
     policy: String,
     /// Wall-clock timeout, e.g. 30s, 5m (default: the policy's).
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true)]
     timeout: Option<Duration>,
     /// Print the observation (ExecResult) as JSON on stdout instead of the command's output.
     #[arg(long)]

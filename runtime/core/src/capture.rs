@@ -50,12 +50,14 @@ impl Capture {
     /// Adds a chunk of the stream.
     pub fn push(&mut self, data: &[u8]) {
         self.bytes += data.len() as u64;
+        let mut rest = data;
         if self.spill.is_none() && self.spill_error.is_none() {
             if self.head.len() + data.len() <= self.limit {
                 self.head.extend_from_slice(data);
                 return;
             }
-            // First overflow: everything so far goes to the spill file, the head keeps its half.
+            // First overflow: everything so far goes to the spill file; the head keeps its half
+            // (topped up from this chunk), the remainder starts the tail.
             match File::create(&self.spill_path) {
                 Ok(f) => {
                     let mut w = io::BufWriter::with_capacity(256 * 1024, f);
@@ -67,8 +69,14 @@ impl Capture {
                 Err(e) => self.spill_error = Some(e),
             }
             let keep = self.limit / 2;
-            let rest = self.head.split_off(keep.min(self.head.len()));
-            self.push_tail(&rest);
+            if self.head.len() > keep {
+                let moved = self.head.split_off(keep);
+                self.push_tail(&moved);
+            } else {
+                let take = (keep - self.head.len()).min(data.len());
+                self.head.extend_from_slice(&data[..take]);
+                rest = &data[take..];
+            }
         }
         if let Some(w) = self.spill.as_mut()
             && let Err(e) = w.write_all(data)
@@ -76,7 +84,7 @@ impl Capture {
             self.spill_error = Some(e);
             self.spill = None;
         }
-        self.push_tail(data);
+        self.push_tail(rest);
     }
 
     fn push_tail(&mut self, data: &[u8]) {
@@ -188,8 +196,8 @@ mod tests {
         let o = c.finish();
         assert!(o.truncated);
         assert_eq!(o.bytes, all.len() as u64);
-        assert!(o.text.starts_with("line 0\nline 1\n"), "{}", o.text);
-        assert!(o.text.ends_with("line 998\nline 999\n"), "{}", o.text);
+        assert!(o.text.starts_with("line 0\nlin\n[..."), "{}", o.text);
+        assert!(o.text.ends_with("\nline 999\n"), "{}", o.text);
         assert!(o.text.contains("bytes omitted"));
         assert_eq!(o.spill_path.as_deref(), Some(path.to_str().unwrap()));
         assert_eq!(std::fs::read(&path).unwrap(), all);
