@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The suites in tests/ drive the real binaries, which cargo does not build for another package's
+# tests: build them first.
+cargo build --workspace --bins
+
 failed=0
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast || failed=1
@@ -37,7 +41,6 @@ fi
 bindir=$(mktemp -d /tmp/taskbox-rootless.XXXXXX)
 trap 'rm -rf "$bindir"' EXIT
 chmod 755 "$bindir"
-cargo build --workspace --bins
 cp target/debug/taskbox target/debug/taskbox-init "$bindir/"
 mapfile -t tests < <(cargo test --workspace --no-run --message-format=json 2>/dev/null \
   | python3 -c '
