@@ -5,6 +5,7 @@
 //! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
 //! plan to the synchronous `taskbox-init` helper.
 
+pub mod api;
 pub mod capture;
 pub mod cgroup;
 pub mod changes;

@@ -1,0 +1,646 @@
+//! The narrow API: one contract for the Rust library, the HTTP API, the CLI verbs and MCP.
+//!
+//! Every type here is serialised as JSON on the wire with exactly these field names; the HTTP API
+//! takes the request types as bodies and returns the result types. [`SandboxApi`] is the trait
+//! the backends implement. It is synchronous: backends block on kernel work, and the server calls
+//! them from a blocking thread pool.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::changes::DiffStats;
+use crate::result::{Change, ChangeKind, Enforcement, ExecResult};
+
+/// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// Validates `s` as a sandbox id.
+    pub fn parse(s: &str) -> Result<SandboxId, ApiError> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok {
+            Ok(SandboxId(s.to_string()))
+        } else {
+            Err(ApiError::invalid(format!(
+                "invalid sandbox id {s:?}: expected 1-64 characters of a-z, 0-9 and '-'"
+            )))
+        }
+    }
+
+    /// A fresh random id (`sb-` and 16 hex digits).
+    pub fn generate() -> SandboxId {
+        let mut bytes = [0u8; 8];
+        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+            let _ = std::io::Read::read_exact(&mut f, &mut bytes);
+        }
+        let n = u64::from_le_bytes(bytes)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64;
+        SandboxId(format!("sb-{n:016x}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for SandboxId {
+    type Error = ApiError;
+    fn try_from(s: String) -> Result<Self, ApiError> {
+        SandboxId::parse(&s)
+    }
+}
+
+impl From<SandboxId> for String {
+    fn from(id: SandboxId) -> String {
+        id.0
+    }
+}
+
+/// Create a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    /// Host directory mounted as the workspace (an overlay: the host copy stays untouched).
+    pub workspace: String,
+    /// Policy name or file (default "default").
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// "native" (default) or "docker".
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// Image name or digest (default: the host view, read-only).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Variables set in every exec (after the policy's).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Free-form labels, returned with the sandbox's info.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Lease in seconds; the sandbox is destroyed when it runs out (default: the server's).
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+/// What a sandbox is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: SandboxId,
+    pub backend: String,
+    pub workspace: String,
+    pub policy: String,
+    pub policy_hash: String,
+    /// "host" for the host view, else the image digest.
+    pub image: String,
+    pub enforcement: Enforcement,
+    pub labels: BTreeMap<String, String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// When the lease runs out (ms since the epoch), if it has one.
+    pub expires_at_ms: Option<u64>,
+    /// "running" or "lost" (its processes are gone; only destroy is possible).
+    pub state: String,
+    pub checkpoints: Vec<String>,
+}
+
+/// Run a command in a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The command and its arguments (exactly one of `argv` and `shell`).
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    /// A shell command line, run with `/bin/sh -c`.
+    #[serde(default)]
+    pub shell: Option<String>,
+    /// Working directory: relative to the workspace root, or absolute (default: the root).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Text given on standard input (then closed). Without it stdin is empty, or, for a
+    /// background exec, open for `write_stdin`.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Wall-clock limit in milliseconds (default: the policy's timeout).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Bytes of each stream kept in `text` (default: the policy's `output`).
+    #[serde(default)]
+    pub output_limit: Option<u64>,
+    /// Return at once with a process handle instead of waiting.
+    #[serde(default)]
+    pub background: bool,
+}
+
+impl ExecRequest {
+    /// The argv this request runs, or why it is invalid.
+    pub fn resolved_argv(&self) -> Result<Vec<String>, ApiError> {
+        match (&self.argv, &self.shell) {
+            (Some(a), None) if !a.is_empty() => Ok(a.clone()),
+            (Some(_), None) => Err(ApiError::invalid("argv is empty")),
+            (None, Some(s)) => Ok(vec!["/bin/sh".into(), "-c".into(), s.clone()]),
+            (None, None) => Err(ApiError::invalid("give either argv or shell")),
+            (Some(_), Some(_)) => Err(ApiError::invalid("give either argv or shell, not both")),
+        }
+    }
+
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout_ms.map(Duration::from_millis)
+    }
+}
+
+/// A streamed exec event (SSE `event:` names are the `type` values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    Started { exec_id: u64 },
+    Stdout { data: String },
+    Stderr { data: String },
+    Ended { result: ExecResult },
+}
+
+/// The answer to an exec: the result, or for a background exec its handle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ExecOutcome {
+    Finished(ExecResult),
+    Background(ProcessInfo),
+}
+
+/// A background process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub exec_id: u64,
+    pub argv: Vec<String>,
+    pub running: bool,
+    /// Output so far (head and tail within the limit).
+    pub stdout: crate::result::Output,
+    pub stderr: crate::result::Output,
+    /// Set once the process has ended.
+    pub result: Option<ExecResult>,
+}
+
+/// Read a file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadRequest {
+    pub path: String,
+    /// First line, 1-based (with `line_end`: an inclusive line range).
+    #[serde(default)]
+    pub line_start: Option<u64>,
+    #[serde(default)]
+    pub line_end: Option<u64>,
+    /// Byte range (exclusive with the line range).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    #[serde(default)]
+    pub length: Option<u64>,
+    /// Cap on returned bytes (default 256 KiB).
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+/// A file's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadResult {
+    pub path: String,
+    /// UTF-8 text, or base64 when `encoding` is "base64" (binary content).
+    pub content: String,
+    pub encoding: String,
+    /// Size of the whole file in bytes.
+    pub total_bytes: u64,
+    /// Lines in the whole file, for text.
+    pub total_lines: Option<u64>,
+    /// The content returned is less than what was asked for (cut at `max_bytes`).
+    pub truncated: bool,
+    /// The file looks binary (NUL bytes or invalid UTF-8).
+    pub binary: bool,
+}
+
+/// Write a file (atomically: a temporary file renamed into place).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteRequest {
+    pub path: String,
+    pub content: String,
+    /// "utf-8" (default) or "base64".
+    #[serde(default)]
+    pub encoding: Option<String>,
+    #[serde(default)]
+    pub create_parents: bool,
+    /// Permission bits for a new file (default 0644; an existing file keeps its own).
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriteResult {
+    pub path: String,
+    pub bytes_written: u64,
+    pub created: bool,
+}
+
+/// Replace exact text in a file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EditRequest {
+    pub path: String,
+    pub old: String,
+    pub new: String,
+    /// How many occurrences must exist (default 1); all of them are replaced.
+    #[serde(default)]
+    pub expected_count: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EditResult {
+    pub path: String,
+    pub replacements: u64,
+    /// Unified diff of the edit.
+    pub diff: String,
+}
+
+/// Apply a unified diff to the workspace, all or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchRequest {
+    pub patch: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PatchResult {
+    pub files: Vec<Change>,
+}
+
+/// List a directory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListRequest {
+    /// Directory relative to the workspace root (default ".").
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Glob on the path relative to `path` (e.g. "**/*.rs").
+    #[serde(default)]
+    pub glob: Option<String>,
+    /// Depth limit (default: unlimited when a glob is given, else 1).
+    #[serde(default)]
+    pub max_depth: Option<u32>,
+    /// Include entries ignored by .gitignore (default false).
+    #[serde(default)]
+    pub include_ignored: bool,
+    /// Include dot files (default false).
+    #[serde(default)]
+    pub include_hidden: bool,
+    /// Cap on entries (default 1000).
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Relative to the workspace root.
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListResult {
+    pub entries: Vec<Entry>,
+    pub truncated: bool,
+}
+
+/// Search file contents.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    /// A regular expression (Rust regex syntax).
+    pub pattern: String,
+    /// Directory to search (default ".").
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Only files whose relative path matches this glob.
+    #[serde(default)]
+    pub glob: Option<String>,
+    #[serde(default)]
+    pub case_insensitive: bool,
+    #[serde(default)]
+    pub include_ignored: bool,
+    #[serde(default)]
+    pub include_hidden: bool,
+    /// Cap on matches (default 200).
+    #[serde(default)]
+    pub max_matches: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Match {
+    pub path: String,
+    pub line_number: u64,
+    pub line: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchResult {
+    pub matches: Vec<Match>,
+    pub truncated: bool,
+    pub files_searched: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatResult {
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mode: u32,
+    pub modified_ms: u64,
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathRequest {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveRequest {
+    pub path: String,
+    /// Remove a directory and everything beneath it.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    pub from: String,
+    pub to: String,
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+/// Diff the workspace against its baseline (the host copy) or a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffRequest {
+    /// A checkpoint name; default: the baseline.
+    #[serde(default)]
+    pub since: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileDiff {
+    pub path: String,
+    pub status: ChangeKind,
+    pub binary: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiffResult {
+    pub files: Vec<FileDiff>,
+    pub diff: String,
+    pub stats: DiffStats,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    /// `[A-Za-z0-9._-]{1,64}`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    pub name: String,
+    pub created_at_ms: u64,
+    /// Paths changed since the baseline at the time of the checkpoint.
+    pub files: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportFormat {
+    #[default]
+    Patch,
+    Tar,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    #[serde(default)]
+    pub format: ExportFormat,
+    /// Also apply the change to the host workspace.
+    #[serde(default)]
+    pub apply: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportResult {
+    pub format: ExportFormat,
+    /// The patch text (format "patch").
+    pub patch: Option<String>,
+    /// Path of the tar file written in the state directory (format "tar").
+    pub tar_path: Option<String>,
+    pub changes: Vec<Change>,
+    /// The change was applied to the host workspace.
+    pub applied: bool,
+}
+
+/// Errors of the API. `code()` is the stable machine-readable code; the message says what
+/// failed and what to do, in words a model can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// the sandbox, checkpoint, process or path does not exist
+    #[error("{0}")]
+    NotFound(String),
+    /// the request is malformed or names something invalid
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// edit: the old text does not occur
+    #[error("{0}")]
+    EditNotFound(String),
+    /// edit: the old text occurs more often than expected
+    #[error("{0}")]
+    EditAmbiguous(String),
+    /// patch: a hunk does not apply
+    #[error("{0}")]
+    PatchFailed(String),
+    /// the path leaves the workspace or names something that may not be touched
+    #[error("{0}")]
+    PathRefused(String),
+    /// the operation conflicts with the sandbox's state (e.g. it is lost, or a name is taken)
+    #[error("{0}")]
+    Conflict(String),
+    /// a quota or limit was reached
+    #[error("{0}")]
+    LimitExceeded(String),
+    /// the backend failed
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(msg: impl Into<String>) -> ApiError {
+        ApiError::InvalidArgument(msg.into())
+    }
+
+    pub fn not_found(msg: impl Into<String>) -> ApiError {
+        ApiError::NotFound(msg.into())
+    }
+
+    pub fn internal(msg: impl fmt::Display) -> ApiError {
+        ApiError::Internal(msg.to_string())
+    }
+
+    /// The stable error code of the JSON error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::NotFound(_) => "not_found",
+            ApiError::InvalidArgument(_) => "invalid_argument",
+            ApiError::EditNotFound(_) => "edit_not_found",
+            ApiError::EditAmbiguous(_) => "edit_ambiguous",
+            ApiError::PatchFailed(_) => "patch_failed",
+            ApiError::PathRefused(_) => "path_refused",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::LimitExceeded(_) => "limit_exceeded",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The HTTP status for this error (the one place that maps errors to statuses).
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ApiError::NotFound(_) => 404,
+            ApiError::InvalidArgument(_) => 400,
+            ApiError::EditNotFound(_) | ApiError::EditAmbiguous(_) | ApiError::PatchFailed(_) => {
+                422
+            }
+            ApiError::PathRefused(_) => 403,
+            ApiError::Conflict(_) => 409,
+            ApiError::LimitExceeded(_) => 429,
+            ApiError::Internal(_) => 500,
+        }
+    }
+}
+
+/// The operations of DESIGN.md. Backends implement it; the server, the CLI verbs and the MCP
+/// server call it. Paths in requests are relative to the workspace root (absolute paths inside
+/// the workspace are accepted); nothing resolves outside it.
+pub trait SandboxApi: Send + Sync {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError>;
+    fn list(&self) -> Vec<SandboxInfo>;
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError>;
+    /// Runs a command. `events`, when given, receives the stream (started, output chunks, ended).
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError>;
+    /// A background process's state and output so far.
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError>;
+    /// Waits until a background process ends or `timeout` passes.
+    fn wait(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        timeout: Duration,
+    ) -> Result<ProcessInfo, ApiError>;
+    /// Sends `signal` to a background process (SIGKILL kills its whole tree).
+    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError>;
+    /// Writes to a background process's stdin; `close` closes it afterwards.
+    fn write_stdin(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ApiError>;
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError>;
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError>;
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError>;
+    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError>;
+    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError>;
+    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError>;
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError>;
+    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError>;
+    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError>;
+    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError>;
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError>;
+    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError>;
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError>;
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_validated() {
+        assert!(SandboxId::parse("sb-0123abcd").is_ok());
+        for bad in ["", "UPPER", "a/b", "../x", "a b", &"x".repeat(65)] {
+            assert!(SandboxId::parse(bad).is_err(), "{bad:?}");
+        }
+        let id = SandboxId::generate();
+        assert!(SandboxId::parse(id.as_str()).is_ok());
+        assert_ne!(id, SandboxId::generate());
+        let r: Result<SandboxId, _> = serde_json::from_str("\"../etc\"");
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn exec_request_needs_exactly_one_command_form() {
+        let mut r = ExecRequest::default();
+        assert!(r.resolved_argv().is_err());
+        r.shell = Some("echo hi".into());
+        assert_eq!(r.resolved_argv().unwrap(), ["/bin/sh", "-c", "echo hi"]);
+        r.argv = Some(vec!["true".into()]);
+        assert!(r.resolved_argv().is_err());
+        r.shell = None;
+        assert_eq!(r.resolved_argv().unwrap(), ["true"]);
+        let e: Result<ExecRequest, _> = serde_json::from_str(r#"{"argv":["x"],"bogus":1}"#);
+        assert!(e.is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn errors_map_to_codes_and_statuses() {
+        assert_eq!(ApiError::not_found("x").http_status(), 404);
+        assert_eq!(ApiError::LimitExceeded("x".into()).http_status(), 429);
+        assert_eq!(ApiError::EditAmbiguous("x".into()).code(), "edit_ambiguous");
+    }
+}
