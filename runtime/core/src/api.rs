@@ -174,7 +174,7 @@ pub enum ExecEvent {
     Started { exec_id: u64 },
     Stdout { data: String },
     Stderr { data: String },
-    Ended { result: ExecResult },
+    Ended { result: Box<ExecResult> },
 }
 
 /// The answer to an exec: the result, or for a background exec its handle.
