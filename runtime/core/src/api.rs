@@ -15,8 +15,11 @@ use crate::changes::DiffStats;
 use crate::result::{Change, ChangeKind, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
+#[schemars(with = "String")]
 pub struct SandboxId(String);
 
 impl SandboxId {
@@ -74,7 +77,7 @@ impl From<SandboxId> for String {
 }
 
 /// Create a sandbox.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
     /// Host directory mounted as the workspace (an overlay: the host copy stays untouched).
@@ -100,7 +103,7 @@ pub struct CreateRequest {
 }
 
 /// What a sandbox is.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SandboxInfo {
     pub id: SandboxId,
     pub backend: String,
@@ -121,7 +124,7 @@ pub struct SandboxInfo {
 }
 
 /// Run a command in a sandbox.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// The command and its arguments (exactly one of `argv` and `shell`).
@@ -168,7 +171,7 @@ impl ExecRequest {
 }
 
 /// A streamed exec event (SSE `event:` names are the `type` values).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecEvent {
     Started { exec_id: u64 },
@@ -178,7 +181,7 @@ pub enum ExecEvent {
 }
 
 /// The answer to an exec: the result, or for a background exec its handle.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum ExecOutcome {
     Finished(ExecResult),
@@ -186,7 +189,7 @@ pub enum ExecOutcome {
 }
 
 /// A background process.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ProcessInfo {
     pub exec_id: u64,
     pub argv: Vec<String>,
@@ -199,7 +202,7 @@ pub struct ProcessInfo {
 }
 
 /// Read a file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadRequest {
     pub path: String,
@@ -219,7 +222,7 @@ pub struct ReadRequest {
 }
 
 /// A file's content.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReadResult {
     pub path: String,
     /// UTF-8 text, or base64 when `encoding` is "base64" (binary content).
@@ -236,7 +239,7 @@ pub struct ReadResult {
 }
 
 /// Write a file (atomically: a temporary file renamed into place).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteRequest {
     pub path: String,
@@ -251,7 +254,7 @@ pub struct WriteRequest {
     pub mode: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WriteResult {
     pub path: String,
     pub bytes_written: u64,
@@ -259,7 +262,7 @@ pub struct WriteResult {
 }
 
 /// Replace exact text in a file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EditRequest {
     pub path: String,
@@ -270,7 +273,7 @@ pub struct EditRequest {
     pub expected_count: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EditResult {
     pub path: String,
     pub replacements: u64,
@@ -279,19 +282,19 @@ pub struct EditResult {
 }
 
 /// Apply a unified diff to the workspace, all or nothing.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PatchRequest {
     pub patch: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PatchResult {
     pub files: Vec<Change>,
 }
 
 /// List a directory.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListRequest {
     /// Directory relative to the workspace root (default ".").
@@ -314,7 +317,7 @@ pub struct ListRequest {
     pub limit: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     File,
@@ -323,7 +326,7 @@ pub enum EntryKind {
     Other,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Entry {
     /// Relative to the workspace root.
     pub path: String,
@@ -331,14 +334,14 @@ pub struct Entry {
     pub size: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ListResult {
     pub entries: Vec<Entry>,
     pub truncated: bool,
 }
 
 /// Search file contents.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchRequest {
     /// A regular expression (Rust regex syntax).
@@ -360,21 +363,21 @@ pub struct SearchRequest {
     pub max_matches: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Match {
     pub path: String,
     pub line_number: u64,
     pub line: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SearchResult {
     pub matches: Vec<Match>,
     pub truncated: bool,
     pub files_searched: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StatResult {
     pub path: String,
     pub kind: EntryKind,
@@ -384,13 +387,13 @@ pub struct StatResult {
     pub symlink_target: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PathRequest {
     pub path: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveRequest {
     pub path: String,
@@ -399,7 +402,7 @@ pub struct RemoveRequest {
     pub recursive: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveRequest {
     pub from: String,
@@ -409,7 +412,7 @@ pub struct MoveRequest {
 }
 
 /// Diff the workspace against its baseline (the host copy) or a checkpoint.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiffRequest {
     /// A checkpoint name; default: the baseline.
@@ -417,28 +420,28 @@ pub struct DiffRequest {
     pub since: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FileDiff {
     pub path: String,
     pub status: ChangeKind,
     pub binary: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DiffResult {
     pub files: Vec<FileDiff>,
     pub diff: String,
     pub stats: DiffStats,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
     /// `[A-Za-z0-9._-]{1,64}`.
     pub name: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CheckpointInfo {
     pub name: String,
     pub created_at_ms: u64,
@@ -446,7 +449,9 @@ pub struct CheckpointInfo {
     pub files: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ExportFormat {
     #[default]
@@ -454,7 +459,7 @@ pub enum ExportFormat {
     Tar,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExportRequest {
     #[serde(default)]
@@ -464,7 +469,7 @@ pub struct ExportRequest {
     pub apply: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ExportResult {
     pub format: ExportFormat,
     /// The patch text (format "patch").

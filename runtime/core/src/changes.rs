@@ -95,7 +95,9 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Cha
 }
 
 /// Line counts of a rendered diff.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct DiffStats {
     /// Changes rendered (directory entries, `path/`, are not files and are not counted).
     pub files: usize,

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The observation of one command.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ExecResult {
     /// The command's exit code; `null` when it was killed by a signal.
     pub exit_code: Option<i32>,
@@ -39,7 +39,7 @@ impl ExecResult {
 
 /// One captured output stream: head and tail within the output limit, the byte count, and the
 /// path of the full stream when it did not fit.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Output {
     /// Head and tail of the stream as text (invalid UTF-8 replaced), joined by a marker line that
     /// says how many bytes were left out.
@@ -53,14 +53,28 @@ pub struct Output {
 }
 
 /// One changed path in the workspace, relative to the workspace root.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Change {
     pub path: String,
     pub kind: ChangeKind,
 }
 
 /// How a path changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ChangeKind {
     Added,
@@ -69,7 +83,7 @@ pub enum ChangeKind {
 }
 
 /// Something the policy refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Violation {
     /// "network", "filesystem", "limit", "command", ...
     pub kind: String,
@@ -78,7 +92,7 @@ pub struct Violation {
 }
 
 /// Resources the command used.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Resources {
     pub cpu_ms: u64,
     pub max_rss_bytes: u64,
@@ -87,7 +101,7 @@ pub struct Resources {
 }
 
 /// Which confinement mechanisms were in force for the command.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Enforcement {
     /// "full", "partial" or "none".
     pub landlock: String,
