@@ -1,0 +1,99 @@
+//! What `serve` needs to know: where to listen, who may call, and the quotas.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The server's configuration. `ServerConfig::new(state_dir)` gives the defaults: no listener
+/// (set `listen` and/or `socket`), no tokens file, and [`Limits::default`].
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// TCP address to serve on. Without a tokens file it must be a loopback address.
+    pub listen: Option<SocketAddr>,
+    /// Unix socket to serve on (created mode 0600).
+    pub socket: Option<PathBuf>,
+    /// Tokens file (TOML, see [`crate::auth::Tokens`]). Without one, every caller is the tenant
+    /// `local` and only the Unix socket or a loopback TCP address may be served.
+    pub tokens: Option<PathBuf>,
+    /// The state directory; the server keeps its lease table in `STATE/server/leases.json`.
+    pub state_dir: PathBuf,
+    pub limits: Limits,
+}
+
+impl ServerConfig {
+    pub fn new(state_dir: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            listen: None,
+            socket: None,
+            tokens: None,
+            state_dir: state_dir.into(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Quotas. A request that would pass one is answered 429 naming the limit and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Live sandboxes across all tenants (default 64).
+    pub max_sandboxes_total: usize,
+    /// Live sandboxes of one tenant (default 16).
+    pub max_sandboxes_per_tenant: usize,
+    /// Exec requests in flight across all tenants, streaming ones included (default 64).
+    pub max_execs_total: usize,
+    /// Exec requests in flight of one tenant (default 16).
+    pub max_execs_per_tenant: usize,
+    /// Largest request body accepted; more is answered 413 (default 16 MiB).
+    pub max_body_bytes: usize,
+    /// Lease of a sandbox created without `ttl_secs` (default one hour; `None`: no lease unless
+    /// `max_ttl` is set, which then applies).
+    pub default_ttl: Option<Duration>,
+    /// Longest lease a create or renew may ask for; longer requests are cut to it (default one
+    /// day; `None`: unbounded).
+    pub max_ttl: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_sandboxes_total: 64,
+            max_sandboxes_per_tenant: 16,
+            max_execs_total: 64,
+            max_execs_per_tenant: 16,
+            max_body_bytes: 16 << 20,
+            default_ttl: Some(Duration::from_secs(3600)),
+            max_ttl: Some(Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
+impl Limits {
+    /// The lease a create or renew gets for `asked` seconds: the default when not asked, capped
+    /// by `max_ttl`. `None` means no lease.
+    pub fn lease(&self, asked: Option<u64>) -> Option<Duration> {
+        let wanted = asked.map(Duration::from_secs).or(self.default_ttl);
+        match (wanted, self.max_ttl) {
+            (Some(w), Some(max)) => Some(w.min(max)),
+            (Some(w), None) => Some(w),
+            (None, max) => max,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_default_and_cap() {
+        let mut l = Limits::default();
+        assert_eq!(l.lease(None), Some(Duration::from_secs(3600)));
+        assert_eq!(l.lease(Some(10)), Some(Duration::from_secs(10)));
+        assert_eq!(l.lease(Some(10 << 20)), Some(Duration::from_secs(86400)));
+        l.default_ttl = None;
+        assert_eq!(l.lease(None), Some(Duration::from_secs(86400)));
+        l.max_ttl = None;
+        assert_eq!(l.lease(None), None);
+        assert_eq!(l.lease(Some(5)), Some(Duration::from_secs(5)));
+    }
+}

@@ -1,0 +1,122 @@
+//! The server's errors: [`ServerError`] for starting and serving, [`HttpError`] for one request.
+//!
+//! Statuses of API errors come from [`ApiError::http_status`]; [`HttpError`] adds only the few
+//! that exist at the HTTP layer alone (no credentials, body too large, wrong method).
+
+use std::io;
+use std::path::PathBuf;
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use taskbox_core::api::ApiError;
+
+/// Why the server cannot start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// the configuration is inconsistent
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+    /// the tokens file cannot be read or is invalid
+    #[error("tokens file {path}: {why}")]
+    Tokens { path: PathBuf, why: String },
+    /// a TCP address cannot be bound
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: io::Error,
+    },
+    /// the Unix socket cannot be set up
+    #[error("unix socket {path}: {why}")]
+    Socket { path: PathBuf, why: String },
+    /// the lease table cannot be read or written
+    #[error("lease table {path}: {why}")]
+    Leases { path: PathBuf, why: String },
+    /// serving failed
+    #[error("serving failed: {0}")]
+    Serve(io::Error),
+    /// the backend failed while the server started
+    #[error("backend: {0}")]
+    Backend(#[from] ApiError),
+}
+
+/// The JSON body of every error answer: `{"error":{"code":"...","message":"..."}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code (`not_found`, `invalid_argument`, `unauthorized`, ...).
+    pub code: String,
+    /// What failed, in words a model can act on.
+    pub message: String,
+}
+
+/// The error code of an error answer, left in the response's extensions for the metrics.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ErrorCode(pub &'static str);
+
+/// A failed request.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// an error of the narrow API
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// missing or unknown bearer token
+    #[error("{0}")]
+    Unauthorized(String),
+    /// the request body is larger than the server accepts
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// the route exists but not with this method
+    #[error("{0}")]
+    MethodNotAllowed(String),
+}
+
+impl HttpError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            HttpError::Api(e) => e.code(),
+            HttpError::Unauthorized(_) => "unauthorized",
+            HttpError::PayloadTooLarge(_) => "payload_too_large",
+            HttpError::MethodNotAllowed(_) => "method_not_allowed",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            HttpError::Api(e) => {
+                StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+            HttpError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            HttpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code().to_string(),
+                message: self.to_string(),
+            },
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status(), Json(self.body())).into_response();
+        if matches!(self, HttpError::Unauthorized(_)) {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp.extensions_mut().insert(ErrorCode(self.code()));
+        resp
+    }
+}

@@ -1,0 +1,124 @@
+//! Request extractors whose rejections are the API's JSON errors.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Query, RawPathParams, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use taskbox_core::api::{ApiError, SandboxId};
+
+use crate::auth::Tenant;
+use crate::error::HttpError;
+use crate::state::AppState;
+
+/// A JSON body. Malformed JSON, unknown fields and wrong types answer 400 with serde's message; a
+/// body over `max_body_bytes` answers 413. An empty body reads as `{}`, and no `Content-Type` is
+/// required.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, HttpError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rej| {
+            if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                HttpError::PayloadTooLarge(format!(
+                    "request body is larger than the limit of {} bytes (max_body_bytes)",
+                    state.limits().max_body_bytes
+                ))
+            } else {
+                HttpError::Api(ApiError::invalid(format!(
+                    "cannot read the request body: {}",
+                    rej.body_text()
+                )))
+            }
+        })?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text)
+            .map(ApiJson)
+            .map_err(|e| HttpError::Api(ApiError::invalid(format!("invalid request body: {e}"))))
+    }
+}
+
+/// Query parameters; a bad one answers 400.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for ApiQuery<T> {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, HttpError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|rej| {
+                HttpError::Api(ApiError::invalid(format!(
+                    "invalid query: {}",
+                    rej.body_text()
+                )))
+            })
+    }
+}
+
+fn path_param(params: &RawPathParams, name: &str) -> Result<String, HttpError> {
+    params
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+        .ok_or_else(|| HttpError::Api(ApiError::internal(format!("route has no {{{name}}}"))))
+}
+
+async fn raw_params(parts: &mut Parts, state: &AppState) -> Result<RawPathParams, HttpError> {
+    RawPathParams::from_request_parts(parts, state)
+        .await
+        .map_err(|rej| {
+            HttpError::Api(ApiError::invalid(format!(
+                "invalid path: {}",
+                rej.body_text()
+            )))
+        })
+}
+
+/// The `{id}` of the path: authenticated (401), a valid id (400), and owned by the caller (404
+/// otherwise, the same answer as for a missing sandbox).
+#[derive(Debug, Clone)]
+pub struct Owned {
+    pub tenant: String,
+    pub id: SandboxId,
+}
+
+impl FromRequestParts<AppState> for Owned {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, HttpError> {
+        let Tenant(tenant) = Tenant::from_request_parts(parts, state).await?;
+        let params = raw_params(parts, state).await?;
+        let raw = path_param(&params, "id")?;
+        let id = state.owned(&tenant, &raw)?;
+        tracing::Span::current().record("sandbox", id.as_str());
+        Ok(Owned { tenant, id })
+    }
+}
+
+/// The `{exec_id}` of the path (400 unless a decimal number).
+#[derive(Debug, Clone, Copy)]
+pub struct ExecId(pub u64);
+
+impl FromRequestParts<AppState> for ExecId {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, HttpError> {
+        let params = raw_params(parts, state).await?;
+        let raw = path_param(&params, "exec_id")?;
+        raw.parse().map(ExecId).map_err(|_| {
+            HttpError::Api(ApiError::invalid(format!(
+                "invalid exec id {raw:?}: expected a decimal number"
+            )))
+        })
+    }
+}

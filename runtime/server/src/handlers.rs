@@ -1,0 +1,377 @@
+//! Request handlers: authenticate, check ownership and quotas, call the backend on a blocking
+//! thread, answer JSON (or SSE for a streamed exec).
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use taskbox_core::api::{
+    ApiError, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi, SandboxId,
+    SandboxInfo,
+};
+use tokio::sync::mpsc;
+
+use crate::auth::{RESERVED_LABEL_PREFIX, TENANT_LABEL, Tenant};
+use crate::error::HttpError;
+use crate::extract::{ApiJson, ApiQuery, ExecId, Owned};
+use crate::state::{AppState, now_ms};
+use crate::types::{Health, KillRequest, RenewRequest, StdinRequest, WaitQuery};
+
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// Runs a blocking backend call on the blocking pool.
+async fn blocking<T, F>(f: F) -> Result<T, HttpError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(HttpError::from),
+        Err(e) => Err(HttpError::Api(ApiError::internal(format!(
+            "backend call failed: {e}"
+        )))),
+    }
+}
+
+/// The lease end for a lease of `d` from now.
+fn lease_end(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| now_ms().saturating_add(d.as_millis() as u64))
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiJson(mut req): ApiJson<CreateRequest>,
+) -> Result<(StatusCode, Json<SandboxInfo>), HttpError> {
+    if let Some(key) = req
+        .labels
+        .keys()
+        .find(|k| k.starts_with(RESERVED_LABEL_PREFIX))
+    {
+        return Err(ApiError::invalid(format!(
+            "label {key:?} is reserved: labels starting with {RESERVED_LABEL_PREFIX:?} are set by the server"
+        ))
+        .into());
+    }
+    if req.ttl_secs == Some(0) {
+        return Err(ApiError::invalid("ttl_secs must be at least 1").into());
+    }
+    let lease = state.limits().lease(req.ttl_secs);
+    req.ttl_secs = lease.map(|d| d.as_secs().max(1));
+    req.labels.insert(TENANT_LABEL.to_string(), tenant.clone());
+    let slot = state.reserve_create(&tenant)?;
+    let backend = state.backend().clone();
+    let info = blocking(move || backend.create(req)).await?;
+    let expires = lease_end(lease);
+    slot.commit(&info.id, expires);
+    tracing::Span::current().record("sandbox", info.id.as_str());
+    tracing::info!(sandbox = %info.id, tenant = %tenant, expires_at_ms = ?expires, "sandbox created");
+    Ok((StatusCode::CREATED, Json(state.with_lease(info))))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+) -> Result<Json<Vec<SandboxInfo>>, HttpError> {
+    let mine = state.owned_ids(&tenant);
+    let backend = state.backend().clone();
+    let all = blocking(move || Ok(backend.list())).await?;
+    let out = all
+        .into_iter()
+        .filter(|i| mine.contains(&i.id))
+        .map(|i| state.with_lease(i))
+        .collect();
+    Ok(Json(out))
+}
+
+pub async fn info(State(state): State<AppState>, o: Owned) -> Result<Json<SandboxInfo>, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    match blocking(move || backend.info(&id)).await {
+        Ok(info) => Ok(Json(state.with_lease(info))),
+        Err(HttpError::Api(ApiError::NotFound(_))) => {
+            state.forget(&o.id);
+            Err(crate::state::not_found(&o.id).into())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub async fn destroy(State(state): State<AppState>, o: Owned) -> Result<StatusCode, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    match blocking(move || backend.destroy(&id)).await {
+        Ok(()) | Err(HttpError::Api(ApiError::NotFound(_))) => {
+            state.forget(&o.id);
+            tracing::info!(sandbox = %o.id, tenant = %o.tenant, "sandbox destroyed");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub async fn renew(
+    State(state): State<AppState>,
+    o: Owned,
+    ApiJson(req): ApiJson<RenewRequest>,
+) -> Result<Json<SandboxInfo>, HttpError> {
+    if req.ttl_secs == 0 {
+        return Err(ApiError::invalid("ttl_secs must be at least 1").into());
+    }
+    let lease = state.limits().lease(Some(req.ttl_secs));
+    state.set_lease(&o.id, lease_end(lease));
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let info = blocking(move || backend.info(&id)).await?;
+    Ok(Json(state.with_lease(info)))
+}
+
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("text/event-stream"))
+}
+
+/// What the blocking exec thread sends to the streaming response.
+enum Msg {
+    Event(ExecEvent),
+    Done(Box<Result<ExecOutcome, ApiError>>, bool),
+}
+
+fn event_name(ev: &ExecEvent) -> &'static str {
+    match ev {
+        ExecEvent::Started { .. } => "started",
+        ExecEvent::Stdout { .. } => "stdout",
+        ExecEvent::Stderr { .. } => "stderr",
+        ExecEvent::Ended { .. } => "ended",
+    }
+}
+
+fn sse_event(ev: &ExecEvent) -> Event {
+    let data = serde_json::to_string(ev).unwrap_or_else(|e| {
+        format!(r#"{{"type":"error","message":"cannot encode the event: {e}"}}"#)
+    });
+    Event::default().event(event_name(ev)).data(data)
+}
+
+/// The SSE events a message becomes; `None` ends the stream.
+fn sse_events(state: &AppState, msg: Msg) -> Vec<Event> {
+    match msg {
+        Msg::Event(ev) => vec![sse_event(&ev)],
+        Msg::Done(done, ended) => match *done {
+            Ok(ExecOutcome::Finished(result)) if !ended => vec![sse_event(&ExecEvent::Ended {
+                result: Box::new(result),
+            })],
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                let e = HttpError::Api(e);
+                state.metrics().error(e.code());
+                let data = serde_json::to_string(&e.body()).unwrap_or_default();
+                vec![Event::default().event("error").data(data)]
+            }
+        },
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec`: JSON, or with `Accept: text/event-stream` (and not
+/// `background`) an SSE stream `started`, `stdout`/`stderr`..., `ended` (an `error` event if the
+/// exec fails after it started). The exec holds its quota place until the command ends, also
+/// when the client goes away.
+pub async fn exec(
+    State(state): State<AppState>,
+    o: Owned,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Response, HttpError> {
+    req.resolved_argv()?;
+    let permit = state.exec_permit(&o.tenant)?;
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+
+    if req.background || !wants_event_stream(&headers) {
+        let st = state.clone();
+        let outcome = blocking(move || {
+            let _permit = permit;
+            let start = Instant::now();
+            let r = backend.exec(&id, req, None);
+            st.metrics().exec(start.elapsed(), r.as_ref().ok());
+            r
+        })
+        .await?;
+        return Ok(Json(outcome).into_response());
+    }
+
+    let (tx, mut rx) = mpsc::channel::<Msg>(256);
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let start = Instant::now();
+        let mut ended = false;
+        let events = tx.clone();
+        let mut on_event = |ev: ExecEvent| {
+            if matches!(ev, ExecEvent::Ended { .. }) {
+                ended = true;
+            }
+            // A client that went away stops receiving; the exec still runs to its end.
+            let _ = events.blocking_send(Msg::Event(ev));
+        };
+        let r = backend.exec(&id, req, Some(&mut on_event));
+        st.metrics().exec(start.elapsed(), r.as_ref().ok());
+        let _ = tx.blocking_send(Msg::Done(Box::new(r), ended));
+    });
+
+    // Errors before the first event (e.g. the command cannot start) get a proper status.
+    let first = match rx.recv().await {
+        None => return Err(ApiError::internal("the exec ended without an answer").into()),
+        Some(Msg::Done(done, ended)) => match *done {
+            Err(e) => return Err(e.into()),
+            ok => Msg::Done(Box::new(ok), ended),
+        },
+        Some(m) => m,
+    };
+    let st = state.clone();
+    let first_events = sse_events(&st, first);
+    let rest = stream::unfold((rx, st), |(mut rx, st)| async move {
+        let msg = rx.recv().await?;
+        let events = sse_events(&st, msg);
+        Some((stream::iter(events), (rx, st)))
+    });
+    use futures_util::StreamExt as _;
+    let all = stream::iter(first_events)
+        .chain(rest.flatten())
+        .map(Ok::<Event, Infallible>);
+    Ok(Sse::new(all)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+pub async fn process(
+    State(state): State<AppState>,
+    o: Owned,
+    ExecId(exec_id): ExecId,
+) -> Result<Response, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let p = blocking(move || backend.process(&id, exec_id)).await?;
+    Ok(Json(p).into_response())
+}
+
+pub async fn wait(
+    State(state): State<AppState>,
+    o: Owned,
+    ExecId(exec_id): ExecId,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Response, HttpError> {
+    let timeout = q
+        .timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_WAIT)
+        .min(MAX_WAIT);
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let p = blocking(move || backend.wait(&id, exec_id, timeout)).await?;
+    Ok(Json(p).into_response())
+}
+
+pub async fn kill(
+    State(state): State<AppState>,
+    o: Owned,
+    ExecId(exec_id): ExecId,
+    ApiJson(req): ApiJson<KillRequest>,
+) -> Result<Response, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let p = blocking(move || backend.kill(&id, exec_id, req.signal)).await?;
+    Ok(Json(p).into_response())
+}
+
+pub async fn stdin(
+    State(state): State<AppState>,
+    o: Owned,
+    ExecId(exec_id): ExecId,
+    ApiJson(req): ApiJson<StdinRequest>,
+) -> Result<StatusCode, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    blocking(move || backend.write_stdin(&id, exec_id, req.data.as_bytes(), req.close)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A file-system operation answering JSON.
+pub async fn fs_json<Req, Res, F>(
+    state: AppState,
+    o: Owned,
+    req: Req,
+    status: StatusCode,
+    op: F,
+) -> Result<Response, HttpError>
+where
+    Req: Send + 'static,
+    Res: serde::Serialize + Send + 'static,
+    F: FnOnce(&dyn SandboxApi, &SandboxId, Req) -> Result<Res, ApiError> + Send + 'static,
+{
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let res = blocking(move || op(backend.as_ref(), &id, req)).await?;
+    Ok((status, Json(res)).into_response())
+}
+
+/// A file-system operation answering 204 No Content.
+pub async fn fs_unit<Req, F>(
+    state: AppState,
+    o: Owned,
+    req: Req,
+    op: F,
+) -> Result<Response, HttpError>
+where
+    Req: Send + 'static,
+    F: FnOnce(&dyn SandboxApi, &SandboxId, Req) -> Result<(), ApiError> + Send + 'static,
+{
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    blocking(move || op(backend.as_ref(), &id, req)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        sandboxes: state.live_total() as u64,
+    })
+}
+
+pub async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
+    let text = state.metrics().render(&state.live_per_tenant());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+pub async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi::document())
+}
+
+pub async fn no_route(method: Method, uri: Uri) -> HttpError {
+    HttpError::Api(ApiError::not_found(format!(
+        "no route for {method} {}",
+        uri.path()
+    )))
+}
+
+pub async fn wrong_method(method: Method, uri: Uri) -> HttpError {
+    HttpError::MethodNotAllowed(format!("{} does not accept {method}", uri.path()))
+}

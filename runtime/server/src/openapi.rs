@@ -1,0 +1,121 @@
+//! The OpenAPI 3.1 document, generated from the route table and the types' JSON schemas.
+
+use schemars::generate::SchemaSettings;
+use serde_json::{Map, Value, json};
+
+use crate::error::ErrorBody;
+use crate::routes::{Body, RouteSpec, route_specs};
+
+/// The OpenAPI 3.1 document of the API.
+pub fn document() -> Value {
+    let mut settings = SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas".into();
+    settings.meta_schema = None;
+    let mut g = settings.into_generator();
+    let error = g.subschema_for::<ErrorBody>();
+    let error_response = json!({
+        "description": "an error: `{\"error\":{\"code\",\"message\"}}` with the status of its code",
+        "content": {"application/json": {"schema": error}},
+    });
+
+    let mut paths = Map::new();
+    for spec in route_specs() {
+        let op = operation(&spec, &mut g, &error_response);
+        let item = paths
+            .entry(spec.path.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(item) = item {
+            item.insert(spec.verb.as_str().to_string(), op);
+        }
+    }
+
+    let schemas = g.take_definitions(true);
+    json!({
+        "openapi": "3.1.0",
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "info": {
+            "title": "taskbox",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Sandboxed execution for AI coding agents: the narrow exec/fs API over HTTP. \
+                A tenant sees only its own sandboxes; any other id answers 404.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a token of the server's tokens file (not needed when it runs without one)",
+                },
+            },
+        },
+    })
+}
+
+fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value) -> Value {
+    let mut params = Vec::new();
+    for name in spec.path_params() {
+        let schema = if name == "exec_id" {
+            json!({"type": "integer", "format": "uint64", "minimum": 0})
+        } else {
+            json!({"type": "string", "pattern": "^[a-z0-9-]{1,64}$"})
+        };
+        params.push(json!({"name": name, "in": "path", "required": true, "schema": schema}));
+    }
+    for (name, description) in spec.query {
+        params.push(json!({
+            "name": name, "in": "query", "required": false, "description": description,
+            "schema": {"type": "integer", "format": "uint64", "minimum": 0},
+        }));
+    }
+
+    let mut op = Map::new();
+    op.insert("operationId".into(), json!(spec.operation_id));
+    op.insert("summary".into(), json!(spec.summary));
+    if !params.is_empty() {
+        op.insert("parameters".into(), Value::Array(params));
+    }
+    if let Some(req) = spec.request {
+        op.insert(
+            "requestBody".into(),
+            json!({"required": true, "content": {"application/json": {"schema": req(g)}}}),
+        );
+    }
+    let mut content = Map::new();
+    match spec.response {
+        Body::Empty => {}
+        Body::Json(s) => {
+            content.insert("application/json".into(), json!({"schema": s(g)}));
+        }
+        Body::Text => {
+            content.insert("text/plain".into(), json!({"schema": {"type": "string"}}));
+        }
+    }
+    if let Some(ev) = spec.events {
+        content.insert(
+            "text/event-stream".into(),
+            json!({
+                "schema": {"type": "string"},
+                "x-item-schema": ev(g),
+                "description": "events `started`, `stdout`, `stderr`, `ended` (or `error`); each `data:` is the event's JSON",
+            }),
+        );
+    }
+    let mut ok = Map::new();
+    ok.insert("description".into(), json!(spec.summary));
+    if !content.is_empty() {
+        ok.insert("content".into(), Value::Object(content));
+    }
+    let mut responses = Map::new();
+    responses.insert(spec.status.to_string(), Value::Object(ok));
+    responses.insert("default".into(), error.clone());
+    op.insert("responses".into(), Value::Object(responses));
+    let security = if spec.auth {
+        json!([{"bearer": []}])
+    } else {
+        json!([])
+    };
+    op.insert("security".into(), security);
+    Value::Object(op)
+}

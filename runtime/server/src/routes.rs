@@ -1,0 +1,396 @@
+//! The route table: written once, used by both the router and the OpenAPI document.
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{MethodFilter, MethodRouter, on};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use taskbox_core::api::{
+    CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult, EditRequest,
+    EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult, ListRequest,
+    ListResult, MoveRequest, PatchRequest, PatchResult, PathRequest, ProcessInfo, ReadRequest,
+    ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult, StatResult, WriteRequest,
+    WriteResult,
+};
+use tracing::Instrument;
+
+use crate::error::ErrorCode;
+use crate::extract::{ApiJson, Owned};
+use crate::handlers::{self, fs_json, fs_unit};
+use crate::state::AppState;
+use crate::types::{Health, KillRequest, RenewRequest, StdinRequest};
+
+/// Produces a schema (a `$ref` into `components/schemas` for named types).
+pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+    g.subschema_for::<T>()
+}
+
+/// The HTTP methods the API uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+    Delete,
+}
+
+impl Verb {
+    /// Lowercase, as OpenAPI path items name operations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::Post => "post",
+            Verb::Delete => "delete",
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Verb::Get => MethodFilter::GET,
+            Verb::Post => MethodFilter::POST,
+            Verb::Delete => MethodFilter::DELETE,
+        }
+    }
+}
+
+/// What a successful answer carries.
+#[derive(Debug, Clone, Copy)]
+pub enum Body {
+    /// Nothing (204).
+    Empty,
+    /// JSON of this schema.
+    Json(SchemaFn),
+    /// Plain text (the metrics).
+    Text,
+}
+
+/// One route of the API.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    pub verb: Verb,
+    /// Path template, `{name}` for parameters (as axum and OpenAPI both write them).
+    pub path: &'static str,
+    pub operation_id: &'static str,
+    pub summary: &'static str,
+    /// Needs `Authorization: Bearer` when the server has a tokens file.
+    pub auth: bool,
+    /// The JSON request body's schema, if the route takes one.
+    pub request: Option<SchemaFn>,
+    /// Success status and body.
+    pub status: u16,
+    pub response: Body,
+    /// Also answers `text/event-stream` with events of this schema.
+    pub events: Option<SchemaFn>,
+    /// Query parameters: name and description (all optional integers).
+    pub query: &'static [(&'static str, &'static str)],
+}
+
+impl RouteSpec {
+    fn new(
+        verb: Verb,
+        path: &'static str,
+        operation_id: &'static str,
+        summary: &'static str,
+    ) -> Self {
+        RouteSpec {
+            verb,
+            path,
+            operation_id,
+            summary,
+            auth: true,
+            request: None,
+            status: 200,
+            response: Body::Empty,
+            events: None,
+            query: &[],
+        }
+    }
+
+    fn public(mut self) -> Self {
+        self.auth = false;
+        self
+    }
+
+    fn takes(mut self, s: SchemaFn) -> Self {
+        self.request = Some(s);
+        self
+    }
+
+    fn answers(mut self, status: u16, body: Body) -> Self {
+        self.status = status;
+        self.response = body;
+        self
+    }
+
+    /// The `{...}` parameters of the path.
+    pub fn path_params(&self) -> Vec<&'static str> {
+        self.path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .collect()
+    }
+}
+
+struct Route {
+    spec: RouteSpec,
+    handler: MethodRouter<AppState>,
+}
+
+fn route<H, T>(spec: RouteSpec, handler: H) -> Route
+where
+    H: axum::handler::Handler<T, AppState>,
+    T: 'static,
+{
+    Route {
+        handler: on(spec.verb.filter(), handler),
+        spec,
+    }
+}
+
+/// A file-system route: `POST /v1/sandboxes/{id}/NAME` taking `Req`, answering `Res` as JSON.
+macro_rules! fs_route {
+    ($name:literal, $op:literal, $summary:literal, $req:ty => $res:ty, $status:literal, $call:expr) => {
+        route(
+            RouteSpec::new(
+                Verb::Post,
+                concat!("/v1/sandboxes/{id}/", $name),
+                $op,
+                $summary,
+            )
+            .takes(schema::<$req>)
+            .answers($status, Body::Json(schema::<$res>)),
+            |State(st): State<AppState>, o: Owned, ApiJson(req): ApiJson<$req>| {
+                fs_json(st, o, req, status($status), $call)
+            },
+        )
+    };
+    ($name:literal, $op:literal, $summary:literal, $req:ty => (), $call:expr) => {
+        route(
+            RouteSpec::new(
+                Verb::Post,
+                concat!("/v1/sandboxes/{id}/", $name),
+                $op,
+                $summary,
+            )
+            .takes(schema::<$req>)
+            .answers(204, Body::Empty),
+            |State(st): State<AppState>, o: Owned, ApiJson(req): ApiJson<$req>| {
+                fs_unit(st, o, req, $call)
+            },
+        )
+    };
+}
+
+fn status(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::OK)
+}
+
+fn table() -> Vec<Route> {
+    use Verb::{Delete, Get, Post};
+    vec![
+        route(
+            RouteSpec::new(
+                Get,
+                "/healthz",
+                "healthz",
+                "liveness and the number of live sandboxes",
+            )
+            .public()
+            .answers(200, Body::Json(schema::<Health>)),
+            handlers::healthz,
+        ),
+        route(
+            RouteSpec::new(
+                Get,
+                "/metrics",
+                "metrics",
+                "Prometheus metrics (text format 0.0.4)",
+            )
+            .answers(200, Body::Text),
+            handlers::metrics,
+        ),
+        route(
+            RouteSpec::new(Get, "/openapi.json", "openapi", "this OpenAPI document")
+                .public()
+                .answers(200, Body::Json(schema::<serde_json::Value>)),
+            handlers::openapi,
+        ),
+        route(
+            RouteSpec::new(Post, "/v1/sandboxes", "create_sandbox", "create a sandbox")
+                .takes(schema::<CreateRequest>)
+                .answers(201, Body::Json(schema::<SandboxInfo>)),
+            handlers::create,
+        ),
+        route(
+            RouteSpec::new(
+                Get,
+                "/v1/sandboxes",
+                "list_sandboxes",
+                "the caller's sandboxes",
+            )
+            .answers(200, Body::Json(schema::<Vec<SandboxInfo>>)),
+            handlers::list,
+        ),
+        route(
+            RouteSpec::new(Get, "/v1/sandboxes/{id}", "get_sandbox", "a sandbox's info")
+                .answers(200, Body::Json(schema::<SandboxInfo>)),
+            handlers::info,
+        ),
+        route(
+            RouteSpec::new(
+                Delete,
+                "/v1/sandboxes/{id}",
+                "destroy_sandbox",
+                "destroy a sandbox",
+            )
+            .answers(204, Body::Empty),
+            handlers::destroy,
+        ),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/renew",
+                "renew_lease",
+                "set the lease to ttl_secs from now",
+            )
+            .takes(schema::<RenewRequest>)
+            .answers(200, Body::Json(schema::<SandboxInfo>)),
+            handlers::renew,
+        ),
+        route(
+            RouteSpec {
+                events: Some(schema::<ExecEvent>),
+                ..RouteSpec::new(
+                    Post,
+                    "/v1/sandboxes/{id}/exec",
+                    "exec",
+                    "run a command (SSE with Accept: text/event-stream)",
+                )
+                .takes(schema::<ExecRequest>)
+                .answers(200, Body::Json(schema::<ExecOutcome>))
+            },
+            handlers::exec,
+        ),
+        route(
+            RouteSpec::new(
+                Get,
+                "/v1/sandboxes/{id}/processes/{exec_id}",
+                "get_process",
+                "a background process's state and output",
+            )
+            .answers(200, Body::Json(schema::<ProcessInfo>)),
+            handlers::process,
+        ),
+        route(
+            RouteSpec {
+                query: &[(
+                    "timeout_ms",
+                    "how long to wait at most, in milliseconds (default 30000, at most 300000)",
+                )],
+                ..RouteSpec::new(
+                    Post,
+                    "/v1/sandboxes/{id}/processes/{exec_id}/wait",
+                    "wait_process",
+                    "wait for a background process to end",
+                )
+                .answers(200, Body::Json(schema::<ProcessInfo>))
+            },
+            handlers::wait,
+        ),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/processes/{exec_id}/kill",
+                "kill_process",
+                "signal a background process",
+            )
+            .takes(schema::<KillRequest>)
+            .answers(200, Body::Json(schema::<ProcessInfo>)),
+            handlers::kill,
+        ),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/processes/{exec_id}/stdin",
+                "write_stdin",
+                "write to a background process's stdin",
+            )
+            .takes(schema::<StdinRequest>)
+            .answers(204, Body::Empty),
+            handlers::stdin,
+        ),
+        fs_route!("read", "read", "read a file", ReadRequest => ReadResult, 200, |b, id, r| b.read(id, r)),
+        fs_route!("write", "write", "write a file atomically", WriteRequest => WriteResult, 200, |b, id, r| b.write(id, r)),
+        fs_route!("edit", "edit", "replace exact text in a file", EditRequest => EditResult, 200, |b, id, r| b.edit(id, r)),
+        fs_route!("patch", "patch", "apply a unified diff, all or nothing", PatchRequest => PatchResult, 200, |b, id, r| b.patch(id, r)),
+        fs_route!("list", "list", "list a directory", ListRequest => ListResult, 200, |b, id, r| b.list_dir(id, r)),
+        fs_route!("search", "search", "search file contents", SearchRequest => SearchResult, 200, |b, id, r| b.search(id, r)),
+        fs_route!("stat", "stat", "a path's metadata", PathRequest => StatResult, 200, |b, id, r| b.stat(id, r)),
+        fs_route!("remove", "remove", "remove a file or directory", RemoveRequest => (), |b, id, r| b.remove(id, r)),
+        fs_route!("move", "move", "rename a file or directory", MoveRequest => (), |b, id, r| b.rename(id, r)),
+        fs_route!("diff", "diff", "diff against the baseline or a checkpoint", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
+        fs_route!("checkpoints", "create_checkpoint", "checkpoint the workspace", CheckpointRequest => CheckpointInfo, 201, |b, id, r| b.checkpoint(id, r)),
+        fs_route!("restore", "restore", "roll the workspace back to a checkpoint", CheckpointRequest => (), |b, id, r| b.restore(id, r)),
+        fs_route!("export", "export", "the change as a patch or tar, optionally applied to the host", ExportRequest => ExportResult, 200, |b, id, r| b.export(id, r)),
+    ]
+}
+
+/// Every route the router serves.
+pub fn route_specs() -> Vec<RouteSpec> {
+    table().into_iter().map(|r| r.spec).collect()
+}
+
+/// The API's router, with request logging, metrics, the body limit and JSON fallbacks.
+pub fn router(state: AppState) -> Router {
+    let mut r: Router<AppState> = Router::new();
+    for Route { spec, handler } in table() {
+        r = r.route(spec.path, handler);
+    }
+    let max_body = state.limits().max_body_bytes;
+    r.fallback(handlers::no_route)
+        .method_not_allowed_fallback(handlers::wrong_method)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Logs each request (route, tenant, sandbox, status, duration) and counts it.
+async fn observe(
+    State(state): State<AppState>,
+    matched: Option<MatchedPath>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = matched
+        .as_ref()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route = %route,
+        tenant = tracing::field::Empty,
+        sandbox = tracing::field::Empty,
+    );
+    let start = Instant::now();
+    let resp = next.run(req).instrument(span.clone()).await;
+    let status = resp.status().as_u16();
+    state.metrics().http(&route, status);
+    if let Some(ErrorCode(code)) = resp.extensions().get::<ErrorCode>() {
+        state.metrics().error(code);
+    }
+    let duration_ms = start.elapsed().as_millis() as u64;
+    span.in_scope(|| {
+        if status >= 500 {
+            tracing::warn!(status, duration_ms, "request failed");
+        } else {
+            tracing::info!(status, duration_ms, "request");
+        }
+    });
+    resp
+}

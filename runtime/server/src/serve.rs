@@ -1,0 +1,196 @@
+//! Serving the router on a TCP address and/or a Unix socket until shutdown.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskbox_core::api::SandboxApi;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::auth::{Auth, Tokens};
+use crate::config::ServerConfig;
+use crate::error::ServerError;
+use crate::routes::router;
+use crate::state::AppState;
+
+/// How long in-flight requests get to finish after shutdown is asked for.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Serves the API until `shutdown` completes: on `config.listen` (TCP) and/or `config.socket`
+/// (a Unix socket, mode 0600; a stale socket file is replaced; a live server on it is an error).
+/// Without a tokens file TCP is refused unless the address is loopback; every caller is then the
+/// tenant `local`. Runs the lease reaper every second. Needs a multi-threaded tokio runtime.
+pub async fn serve(
+    config: ServerConfig,
+    backend: Arc<dyn SandboxApi>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    if config.listen.is_none() && config.socket.is_none() {
+        return Err(ServerError::Config(
+            "nothing to serve on: give a tcp address, a unix socket or both".into(),
+        ));
+    }
+    let auth = match &config.tokens {
+        Some(path) => Auth::Tokens(Tokens::load(path)?),
+        None => Auth::Local,
+    };
+    if let (Some(addr), Auth::Local) = (config.listen, &auth)
+        && !addr.ip().is_loopback()
+    {
+        return Err(ServerError::Config(format!(
+            "refusing to serve tcp on {addr} without a tokens file: anyone who can reach it \
+                 could run commands; give a tokens file or a loopback address"
+        )));
+    }
+
+    let lease_file = config.state_dir.join("server").join("leases.json");
+    let limits = config.limits.clone();
+    let state = tokio::task::spawn_blocking(move || {
+        AppState::builder(backend)
+            .auth(auth)
+            .limits(limits)
+            .lease_file(lease_file)
+            .build()
+    })
+    .await
+    .map_err(|e| ServerError::Serve(io::Error::other(e)))??;
+
+    let tcp = match config.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let unix = match &config.socket {
+        Some(path) => Some(bind_unix(path)?),
+        None => None,
+    };
+
+    let app = router(state.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = JoinSet::new();
+    if let Some(listener) = tcp {
+        let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        tracing::info!(%addr, "serving on tcp");
+        let app = app.clone();
+        let stop = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        });
+    }
+    if let Some(listener) = unix {
+        tracing::info!(socket = ?config.socket, "serving on unix socket");
+        let stop = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        });
+    }
+    let reaper = tokio::spawn(state.run_reaper(Duration::from_secs(1)));
+
+    let outcome = tokio::select! {
+        _ = shutdown => Ok(()),
+        Some(done) = servers.join_next() => match done {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ServerError::Serve(e)),
+            Err(e) => Err(ServerError::Serve(io::Error::other(e))),
+        },
+    };
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    reaper.abort();
+    if tokio::time::timeout(DRAIN, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!("requests still running after {DRAIN:?}; closing them");
+        servers.abort_all();
+    }
+    if let Some(path) = &config.socket {
+        let _ = std::fs::remove_file(path);
+    }
+    outcome
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+fn socket_err(path: &Path, why: impl Into<String>) -> ServerError {
+    ServerError::Socket {
+        path: path.to_path_buf(),
+        why: why.into(),
+    }
+}
+
+/// Binds `path` as a Unix socket, mode 0600. The socket is bound in a fresh private directory
+/// and renamed into place, so it is never reachable with wider permissions.
+fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(socket_err(
+                path,
+                "exists and is not a socket; not removing it",
+            ));
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(socket_err(
+                    path,
+                    "another server is listening on it; stop it first",
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::info!(socket = %path.display(), "removing a stale socket");
+                std::fs::remove_file(path).map_err(|e| {
+                    socket_err(path, format!("cannot remove the stale socket: {e}"))
+                })?;
+            }
+            Err(e) => {
+                return Err(socket_err(
+                    path,
+                    format!("cannot probe the existing socket: {e}"),
+                ));
+            }
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(socket_err(path, e.to_string())),
+    }
+
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "socket".into());
+    let private = parent.join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| socket_err(path, format!("cannot create {}: {e}", private.display())))?;
+    let bound = (|| -> io::Result<std::os::unix::net::UnixListener> {
+        let tmp = private.join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, path)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    let listener = bound.map_err(|e| socket_err(path, format!("cannot bind: {e}")))?;
+    UnixListener::from_std(listener).map_err(|e| socket_err(path, e.to_string()))
+}

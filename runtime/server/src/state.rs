@@ -1,0 +1,444 @@
+//! The server's shared state: the backend, who owns which sandbox, leases, quotas and metrics.
+//!
+//! Ownership: every sandbox created through the server carries the label `taskbox.tenant`; on
+//! start the owner map is rebuilt from the backend's `list()` (a sandbox without the label
+//! belongs to `local`). Sandboxes created behind the server's back after it started are not
+//! served.
+//!
+//! Leases: the server keeps them. It passes the effective `ttl_secs` to the backend at create
+//! (so a backend may record it), but its own table is what the reaper and every answer's
+//! `expires_at_ms` use, because only the server knows about renewals. The table is saved in
+//! `STATE/server/leases.json` on every change so a restart keeps renewed leases; a sandbox not in
+//! the file takes the backend's `expires_at_ms`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
+
+use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL};
+use crate::config::Limits;
+use crate::error::{HttpError, ServerError};
+use crate::metrics::Metrics;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    /// Sandbox -> owning tenant.
+    owners: HashMap<SandboxId, String>,
+    /// Sandbox -> lease end (ms since the epoch).
+    leases: HashMap<SandboxId, u64>,
+    /// Tenant -> creates in flight (they count against the sandbox limits).
+    pending: HashMap<String, usize>,
+}
+
+#[derive(Debug, Default)]
+struct ExecCounts {
+    total: usize,
+    per_tenant: HashMap<String, usize>,
+}
+
+struct Inner {
+    backend: Arc<dyn SandboxApi>,
+    auth: Auth,
+    limits: Limits,
+    registry: Mutex<Registry>,
+    execs: Mutex<ExecCounts>,
+    metrics: Metrics,
+    lease_file: Option<PathBuf>,
+}
+
+/// Everything a request handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("auth", &self.inner.auth)
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`AppState`]: `AppState::builder(backend).auth(..).limits(..).build()`.
+pub struct AppStateBuilder {
+    backend: Arc<dyn SandboxApi>,
+    auth: Auth,
+    limits: Limits,
+    lease_file: Option<PathBuf>,
+}
+
+impl AppStateBuilder {
+    /// How requests authenticate (default [`Auth::Local`]).
+    pub fn auth(mut self, auth: Auth) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Where the lease table is saved (default: nowhere, leases live in memory only).
+    pub fn lease_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.lease_file = Some(path.into());
+        self
+    }
+
+    /// Rebuilds ownership and leases from the backend's `list()` and the lease file. Blocks:
+    /// call it from a blocking thread inside a runtime.
+    pub fn build(self) -> Result<AppState, ServerError> {
+        let saved = match &self.lease_file {
+            Some(p) => load_leases(p)?,
+            None => HashMap::new(),
+        };
+        let mut reg = Registry::default();
+        for info in self.backend.list() {
+            let tenant = info
+                .labels
+                .get(TENANT_LABEL)
+                .cloned()
+                .unwrap_or_else(|| LOCAL_TENANT.to_string());
+            if let Some(exp) = saved.get(info.id.as_str()).copied().or(info.expires_at_ms) {
+                reg.leases.insert(info.id.clone(), exp);
+            }
+            reg.owners.insert(info.id, tenant);
+        }
+        tracing::info!(
+            sandboxes = reg.owners.len(),
+            leases = reg.leases.len(),
+            "server state rebuilt from the backend"
+        );
+        let state = AppState {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                auth: self.auth,
+                limits: self.limits,
+                registry: Mutex::new(reg),
+                execs: Mutex::new(ExecCounts::default()),
+                metrics: Metrics::default(),
+                lease_file: self.lease_file,
+            }),
+        };
+        state.save_leases(&state.registry());
+        Ok(state)
+    }
+}
+
+fn load_leases(path: &Path) -> Result<HashMap<String, u64>, ServerError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ServerError::Leases {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashMap::new()),
+        Err(e) => Err(ServerError::Leases {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }),
+    }
+}
+
+fn write_leases(path: &Path, leases: &HashMap<SandboxId, u64>) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let map: BTreeMap<&str, u64> = leases.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let text = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A reserved place for a sandbox being created; dropping it without `commit` frees it.
+pub(crate) struct CreateSlot {
+    state: AppState,
+    tenant: String,
+    done: bool,
+}
+
+impl CreateSlot {
+    /// Records the new sandbox as the tenant's, with its lease end.
+    pub fn commit(mut self, id: &SandboxId, expires_at_ms: Option<u64>) {
+        let mut reg = self.state.registry();
+        release_pending(&mut reg, &self.tenant);
+        reg.owners.insert(id.clone(), self.tenant.clone());
+        match expires_at_ms {
+            Some(t) => reg.leases.insert(id.clone(), t),
+            None => reg.leases.remove(id),
+        };
+        self.state.save_leases(&reg);
+        self.done = true;
+    }
+}
+
+fn release_pending(reg: &mut Registry, tenant: &str) {
+    if let Some(n) = reg.pending.get_mut(tenant) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            reg.pending.remove(tenant);
+        }
+    }
+}
+
+impl Drop for CreateSlot {
+    fn drop(&mut self) {
+        if !self.done {
+            release_pending(&mut self.state.registry(), &self.tenant);
+        }
+    }
+}
+
+/// One exec in flight; dropping it frees the place.
+pub(crate) struct ExecPermit {
+    state: AppState,
+    tenant: String,
+}
+
+impl Drop for ExecPermit {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.state.inner.execs.lock() {
+            c.total = c.total.saturating_sub(1);
+            if let Some(n) = c.per_tenant.get_mut(&self.tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    c.per_tenant.remove(&self.tenant);
+                }
+            }
+        }
+    }
+}
+
+impl AppState {
+    pub fn builder(backend: Arc<dyn SandboxApi>) -> AppStateBuilder {
+        AppStateBuilder {
+            backend,
+            auth: Auth::Local,
+            limits: Limits::default(),
+            lease_file: None,
+        }
+    }
+
+    pub fn backend(&self) -> &Arc<dyn SandboxApi> {
+        &self.inner.backend
+    }
+
+    pub fn auth(&self) -> &Auth {
+        &self.inner.auth
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        // A panic while holding the lock leaves plain maps behind; they stay usable.
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn save_leases(&self, reg: &Registry) {
+        if let Some(path) = &self.inner.lease_file
+            && let Err(e) = write_leases(path, &reg.leases)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot save the lease table");
+        }
+    }
+
+    /// Parses `raw` as a sandbox id owned by `tenant`: 400 when invalid, 404 when missing or
+    /// someone else's (the same answer, so ids of other tenants cannot be probed).
+    pub fn owned(&self, tenant: &str, raw: &str) -> Result<SandboxId, HttpError> {
+        let id = SandboxId::parse(raw)?;
+        let reg = self.registry();
+        match reg.owners.get(&id) {
+            Some(owner) if owner == tenant => Ok(id),
+            _ => Err(not_found(&id).into()),
+        }
+    }
+
+    /// The tenant's sandbox ids.
+    pub fn owned_ids(&self, tenant: &str) -> Vec<SandboxId> {
+        self.registry()
+            .owners
+            .iter()
+            .filter(|(_, t)| t.as_str() == tenant)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Live sandboxes per tenant.
+    pub fn live_per_tenant(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for t in self.registry().owners.values() {
+            *m.entry(t.clone()).or_default() += 1;
+        }
+        m
+    }
+
+    pub fn live_total(&self) -> usize {
+        self.registry().owners.len()
+    }
+
+    /// Reserves a place for a new sandbox of `tenant`, or says which limit is reached.
+    pub(crate) fn reserve_create(&self, tenant: &str) -> Result<CreateSlot, HttpError> {
+        let limits = &self.inner.limits;
+        let mut reg = self.registry();
+        let pending_total: usize = reg.pending.values().sum();
+        if reg.owners.len() + pending_total >= limits.max_sandboxes_total {
+            return Err(limit(format!(
+                "the server has reached its limit of {} live sandboxes (max_sandboxes_total); destroy one or try later",
+                limits.max_sandboxes_total
+            )));
+        }
+        let mine = reg.owners.values().filter(|t| t.as_str() == tenant).count()
+            + reg.pending.get(tenant).copied().unwrap_or(0);
+        if mine >= limits.max_sandboxes_per_tenant {
+            return Err(limit(format!(
+                "tenant {tenant} has reached its limit of {} live sandboxes (max_sandboxes_per_tenant); destroy one first",
+                limits.max_sandboxes_per_tenant
+            )));
+        }
+        *reg.pending.entry(tenant.to_string()).or_default() += 1;
+        Ok(CreateSlot {
+            state: self.clone(),
+            tenant: tenant.to_string(),
+            done: false,
+        })
+    }
+
+    /// Takes a place for one exec of `tenant`, or says which limit is reached.
+    pub(crate) fn exec_permit(&self, tenant: &str) -> Result<ExecPermit, HttpError> {
+        let limits = &self.inner.limits;
+        let mut c = self
+            .inner
+            .execs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if c.total >= limits.max_execs_total {
+            return Err(limit(format!(
+                "the server has reached its limit of {} concurrent execs (max_execs_total); try again when one ends",
+                limits.max_execs_total
+            )));
+        }
+        let mine = c.per_tenant.get(tenant).copied().unwrap_or(0);
+        if mine >= limits.max_execs_per_tenant {
+            return Err(limit(format!(
+                "tenant {tenant} has reached its limit of {} concurrent execs (max_execs_per_tenant); wait for one to end",
+                limits.max_execs_per_tenant
+            )));
+        }
+        c.total += 1;
+        *c.per_tenant.entry(tenant.to_string()).or_default() += 1;
+        Ok(ExecPermit {
+            state: self.clone(),
+            tenant: tenant.to_string(),
+        })
+    }
+
+    /// The lease end the server holds for `id`.
+    pub fn lease(&self, id: &SandboxId) -> Option<u64> {
+        self.registry().leases.get(id).copied()
+    }
+
+    /// Sets (or with `None` clears) the lease of `id`.
+    pub fn set_lease(&self, id: &SandboxId, expires_at_ms: Option<u64>) {
+        let mut reg = self.registry();
+        match expires_at_ms {
+            Some(t) => reg.leases.insert(id.clone(), t),
+            None => reg.leases.remove(id),
+        };
+        self.save_leases(&reg);
+    }
+
+    /// `info` with the server's lease end.
+    pub fn with_lease(&self, mut info: SandboxInfo) -> SandboxInfo {
+        info.expires_at_ms = self.lease(&info.id);
+        info
+    }
+
+    /// Forgets a destroyed sandbox.
+    pub fn forget(&self, id: &SandboxId) {
+        let mut reg = self.registry();
+        reg.owners.remove(id);
+        if reg.leases.remove(id).is_some() {
+            self.save_leases(&reg);
+        }
+    }
+
+    /// Sandboxes whose lease ended by `now_ms`.
+    fn expired(&self, now_ms: u64) -> Vec<SandboxId> {
+        self.registry()
+            .leases
+            .iter()
+            .filter(|(_, t)| **t <= now_ms)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Destroys every sandbox whose lease has ended; returns how many went. A destroy that fails
+    /// is retried ten seconds later.
+    pub async fn reap_expired(&self) -> usize {
+        let mut reaped = 0;
+        for id in self.expired(now_ms()) {
+            let backend = self.backend().clone();
+            let target = id.clone();
+            let res = tokio::task::spawn_blocking(move || backend.destroy(&target))
+                .await
+                .unwrap_or_else(|e| Err(ApiError::internal(e)));
+            match res {
+                Ok(()) | Err(ApiError::NotFound(_)) => {
+                    tracing::info!(sandbox = %id, "lease ended: sandbox destroyed");
+                    self.forget(&id);
+                    reaped += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "lease ended but destroy failed; retrying in 10s");
+                    self.set_lease(&id, Some(now_ms() + 10_000));
+                }
+            }
+        }
+        reaped
+    }
+
+    /// Runs [`AppState::reap_expired`] every `period`, forever.
+    pub async fn run_reaper(self, period: Duration) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.reap_expired().await;
+        }
+    }
+}
+
+fn limit(msg: String) -> HttpError {
+    HttpError::Api(ApiError::LimitExceeded(msg))
+}
+
+/// The one answer for a sandbox the caller cannot see.
+pub fn not_found(id: &SandboxId) -> ApiError {
+    ApiError::not_found(format!("sandbox {id} not found"))
+}

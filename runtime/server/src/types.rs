@@ -1,0 +1,56 @@
+//! Wire types of the HTTP API that the narrow API has no type for.
+
+use serde::{Deserialize, Serialize};
+
+/// Extend a sandbox's lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    /// New lease from now, in seconds (at least 1; capped by the server's `max_ttl`).
+    pub ttl_secs: u64,
+}
+
+/// Send a signal to a background process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillRequest {
+    /// Signal number (default 9, SIGKILL, which kills the whole process tree).
+    #[serde(default = "sigkill")]
+    pub signal: i32,
+}
+
+fn sigkill() -> i32 {
+    9
+}
+
+/// Write to a background process's standard input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StdinRequest {
+    /// Text to write.
+    #[serde(default)]
+    pub data: String,
+    /// Close stdin afterwards.
+    #[serde(default)]
+    pub close: bool,
+}
+
+/// Query of `POST .../processes/{exec_id}/wait`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    /// How long to wait at most, in milliseconds (default 30000, at most 300000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Health {
+    /// "ok".
+    pub status: String,
+    /// The server's version.
+    pub version: String,
+    /// Live sandboxes of all tenants.
+    pub sandboxes: u64,
+}
