@@ -48,18 +48,7 @@ pub async fn serve(
         )));
     }
 
-    let lease_file = config.state_dir.join("server").join("leases.json");
-    let limits = config.limits.clone();
-    let state = tokio::task::spawn_blocking(move || {
-        AppState::builder(backend)
-            .auth(auth)
-            .limits(limits)
-            .lease_file(lease_file)
-            .build()
-    })
-    .await
-    .map_err(|e| ServerError::Serve(io::Error::other(e)))??;
-
+    // Bind first: a second server on the same socket stops here, before touching any state.
     let tcp = match config.listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -73,12 +62,33 @@ pub async fn serve(
         None => None,
     };
 
+    let lease_file = config.state_dir.join("server").join("leases.json");
+    let limits = config.limits.clone();
+    let state = tokio::task::spawn_blocking(move || {
+        AppState::builder(backend)
+            .auth(auth)
+            .limits(limits)
+            .lease_file(lease_file)
+            .build()
+    })
+    .await
+    .map_err(|e| ServerError::Serve(io::Error::other(e)))
+    .and_then(|built| built);
+    let state = match state {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(path) = &config.socket {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+    };
+
     let app = router(state.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
     if let Some(listener) = tcp {
-        let addr = listener.local_addr().map_err(ServerError::Serve)?;
-        tracing::info!(%addr, "serving on tcp");
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving on tcp");
         let app = app.clone();
         let stop = stopped(stop_rx.clone());
         servers.spawn(async move {

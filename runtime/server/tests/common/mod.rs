@@ -1,0 +1,544 @@
+//! Test helpers: serve the router on 127.0.0.1:0, and a recording in-memory backend.
+//!
+//! `FakeBackend` is a TEST-ONLY stand-in for the native backend. It does the minimum the HTTP
+//! layer needs (sandboxes in a map, files in a map, scripted execs) and records every call so
+//! tests can check that refused requests never reach the backend. Suites that exercise the
+//! server's own behaviour (auth, tenancy, quotas, limits, SSE framing, OpenAPI, metrics, leases)
+//! use it because it is deterministic and lets a test hold an exec open; `native.rs` runs the
+//! same routes against the real backend.
+#![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use taskbox_core::api::*;
+use taskbox_core::changes::DiffStats;
+use taskbox_core::result::{Enforcement, ExecResult, Output, Resources, Violation};
+use taskbox_server::{AppState, Auth, Limits, Tokens, router};
+
+pub const ALICE: &str = "alice-token-0123456789";
+pub const BOB: &str = "bob-token-0123456789ab";
+
+pub fn tokens() -> Tokens {
+    Tokens::parse(&format!(
+        "[[token]]\ntoken = \"{ALICE}\"\ntenant = \"alice\"\n\
+         [[token]]\ntoken = \"{BOB}\"\ntenant = \"bob\"\n"
+    ))
+    .unwrap()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[derive(Default)]
+struct Inner {
+    sandboxes: BTreeMap<SandboxId, SandboxInfo>,
+    files: BTreeMap<(SandboxId, String), String>,
+    calls: Vec<String>,
+}
+
+/// TEST-ONLY in-memory backend (see the module doc).
+#[derive(Default, Clone)]
+pub struct FakeBackend {
+    inner: Arc<Mutex<Inner>>,
+}
+
+pub fn finished(stdout: &str, violations: Vec<Violation>) -> ExecResult {
+    ExecResult {
+        exit_code: Some(0),
+        signal: None,
+        timed_out: false,
+        duration_ms: 1,
+        stdout: Output {
+            text: stdout.to_string(),
+            bytes: stdout.len() as u64,
+            truncated: false,
+            spill_path: None,
+        },
+        stderr: Output::default(),
+        changes: Vec::new(),
+        violations,
+        resources: Resources::default(),
+        enforcement: Enforcement {
+            landlock: "full".into(),
+            seccomp: true,
+            network: "none".into(),
+            limits: "rlimit".into(),
+        },
+    }
+}
+
+fn process_info(exec_id: u64) -> ProcessInfo {
+    ProcessInfo {
+        exec_id,
+        argv: vec!["fake".into()],
+        running: false,
+        stdout: Output::default(),
+        stderr: Output::default(),
+        result: Some(finished("", Vec::new())),
+    }
+}
+
+impl FakeBackend {
+    pub fn calls(&self) -> Vec<String> {
+        self.inner.lock().unwrap().calls.clone()
+    }
+
+    pub fn clear_calls(&self) {
+        self.inner.lock().unwrap().calls.clear();
+    }
+
+    fn record(&self, call: String) {
+        self.inner.lock().unwrap().calls.push(call);
+    }
+
+    /// Adds a sandbox as if it had been created before the server started.
+    pub fn preload(&self, labels: &[(&str, &str)], expires_at_ms: Option<u64>) -> SandboxId {
+        let id = SandboxId::generate();
+        let info = info(
+            &id,
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            expires_at_ms,
+        );
+        self.inner
+            .lock()
+            .unwrap()
+            .sandboxes
+            .insert(id.clone(), info);
+        id
+    }
+
+    pub fn exists(&self, id: &SandboxId) -> bool {
+        self.inner.lock().unwrap().sandboxes.contains_key(id)
+    }
+
+    fn check(&self, id: &SandboxId) -> Result<(), ApiError> {
+        if self.exists(id) {
+            Ok(())
+        } else {
+            Err(ApiError::not_found(format!("sandbox {id} not found")))
+        }
+    }
+}
+
+fn info(
+    id: &SandboxId,
+    labels: BTreeMap<String, String>,
+    expires_at_ms: Option<u64>,
+) -> SandboxInfo {
+    SandboxInfo {
+        id: id.clone(),
+        backend: "fake".into(),
+        workspace: "/nonexistent".into(),
+        policy: "default".into(),
+        policy_hash: "0".into(),
+        image: "host".into(),
+        enforcement: Enforcement {
+            landlock: "full".into(),
+            seccomp: true,
+            network: "none".into(),
+            limits: "rlimit".into(),
+        },
+        labels,
+        created_at_ms: now_ms(),
+        expires_at_ms,
+        state: "running".into(),
+        checkpoints: Vec::new(),
+    }
+}
+
+impl SandboxApi for FakeBackend {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        self.record(format!("create ttl={:?}", req.ttl_secs));
+        let id = SandboxId::generate();
+        let exp = req.ttl_secs.map(|s| now_ms() + s * 1000);
+        let i = info(&id, req.labels, exp);
+        self.inner.lock().unwrap().sandboxes.insert(id, i.clone());
+        Ok(i)
+    }
+
+    fn list(&self) -> Vec<SandboxInfo> {
+        self.record("list".into());
+        self.inner
+            .lock()
+            .unwrap()
+            .sandboxes
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        self.record(format!("info {id}"));
+        self.inner
+            .lock()
+            .unwrap()
+            .sandboxes
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))
+    }
+
+    /// Scripted commands: `echo ARGS...` streams each arg as a stdout chunk; `sleep MS` holds
+    /// the exec open; `violate KIND` reports a violation; `false-start` fails before starting.
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        mut events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        self.record(format!("exec {id}"));
+        self.check(id)?;
+        let argv = req.resolved_argv()?;
+        if argv[0] == "false-start" {
+            return Err(ApiError::invalid(
+                "cannot start false-start: no such command",
+            ));
+        }
+        if req.background {
+            return Ok(ExecOutcome::Background(ProcessInfo {
+                running: true,
+                result: None,
+                argv: argv.clone(),
+                ..process_info(7)
+            }));
+        }
+        let mut emit = |ev: ExecEvent| {
+            if let Some(f) = events.as_mut() {
+                f(ev);
+            }
+        };
+        emit(ExecEvent::Started { exec_id: 1 });
+        let mut out = String::new();
+        let mut violations = Vec::new();
+        match argv[0].as_str() {
+            "echo" => {
+                for a in &argv[1..] {
+                    let chunk = format!("{a}\n");
+                    out.push_str(&chunk);
+                    emit(ExecEvent::Stdout { data: chunk });
+                }
+                emit(ExecEvent::Stderr {
+                    data: "done\n".into(),
+                });
+            }
+            "sleep" => {
+                let ms: u64 = argv.get(1).and_then(|s| s.parse().ok()).unwrap_or(100);
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            "violate" => violations.push(Violation {
+                kind: argv.get(1).cloned().unwrap_or_default(),
+                detail: "refused".into(),
+            }),
+            _ => {}
+        }
+        let result = finished(&out, violations);
+        emit(ExecEvent::Ended {
+            result: Box::new(result.clone()),
+        });
+        Ok(ExecOutcome::Finished(result))
+    }
+
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
+        self.record(format!("process {id} {exec_id}"));
+        self.check(id)?;
+        Ok(process_info(exec_id))
+    }
+
+    fn wait(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        timeout: Duration,
+    ) -> Result<ProcessInfo, ApiError> {
+        self.record(format!("wait {id} {exec_id} {}ms", timeout.as_millis()));
+        self.check(id)?;
+        Ok(process_info(exec_id))
+    }
+
+    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
+        self.record(format!("kill {id} {exec_id} {signal}"));
+        self.check(id)?;
+        Ok(process_info(exec_id))
+    }
+
+    fn write_stdin(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ApiError> {
+        self.record(format!(
+            "stdin {id} {exec_id} {} {close}",
+            String::from_utf8_lossy(data)
+        ));
+        self.check(id)
+    }
+
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
+        self.record(format!("read {id}"));
+        self.check(id)?;
+        let g = self.inner.lock().unwrap();
+        let content = g
+            .files
+            .get(&(id.clone(), req.path.clone()))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("{} does not exist", req.path)))?;
+        Ok(ReadResult {
+            path: req.path,
+            total_bytes: content.len() as u64,
+            total_lines: Some(content.lines().count() as u64),
+            content,
+            encoding: "utf-8".into(),
+            truncated: false,
+            binary: false,
+        })
+    }
+
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
+        self.record(format!("write {id}"));
+        self.check(id)?;
+        let n = req.content.len() as u64;
+        let created = self
+            .inner
+            .lock()
+            .unwrap()
+            .files
+            .insert((id.clone(), req.path.clone()), req.content)
+            .is_none();
+        Ok(WriteResult {
+            path: req.path,
+            bytes_written: n,
+            created,
+        })
+    }
+
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
+        self.record(format!("edit {id}"));
+        self.check(id)?;
+        Err(ApiError::EditNotFound(format!(
+            "{:?} does not occur in {}",
+            req.old, req.path
+        )))
+    }
+
+    fn patch(&self, id: &SandboxId, _req: PatchRequest) -> Result<PatchResult, ApiError> {
+        self.record(format!("patch {id}"));
+        self.check(id)?;
+        Ok(PatchResult { files: Vec::new() })
+    }
+
+    fn list_dir(&self, id: &SandboxId, _req: ListRequest) -> Result<ListResult, ApiError> {
+        self.record(format!("list_dir {id}"));
+        self.check(id)?;
+        Ok(ListResult {
+            entries: Vec::new(),
+            truncated: false,
+        })
+    }
+
+    fn search(&self, id: &SandboxId, _req: SearchRequest) -> Result<SearchResult, ApiError> {
+        self.record(format!("search {id}"));
+        self.check(id)?;
+        Ok(SearchResult {
+            matches: Vec::new(),
+            truncated: false,
+            files_searched: 0,
+        })
+    }
+
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
+        self.record(format!("stat {id}"));
+        self.check(id)?;
+        Ok(StatResult {
+            path: req.path,
+            kind: EntryKind::File,
+            size: 0,
+            mode: 0o644,
+            modified_ms: 0,
+            symlink_target: None,
+        })
+    }
+
+    fn remove(&self, id: &SandboxId, _req: RemoveRequest) -> Result<(), ApiError> {
+        self.record(format!("remove {id}"));
+        self.check(id)
+    }
+
+    fn rename(&self, id: &SandboxId, _req: MoveRequest) -> Result<(), ApiError> {
+        self.record(format!("rename {id}"));
+        self.check(id)
+    }
+
+    fn diff(&self, id: &SandboxId, _req: DiffRequest) -> Result<DiffResult, ApiError> {
+        self.record(format!("diff {id}"));
+        self.check(id)?;
+        Ok(DiffResult {
+            files: Vec::new(),
+            diff: String::new(),
+            stats: DiffStats::default(),
+        })
+    }
+
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError> {
+        self.record(format!("checkpoint {id}"));
+        self.check(id)?;
+        Ok(CheckpointInfo {
+            name: req.name,
+            created_at_ms: now_ms(),
+            files: 0,
+        })
+    }
+
+    fn restore(&self, id: &SandboxId, _req: CheckpointRequest) -> Result<(), ApiError> {
+        self.record(format!("restore {id}"));
+        self.check(id)
+    }
+
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
+        self.record(format!("export {id}"));
+        self.check(id)?;
+        Ok(ExportResult {
+            format: req.format,
+            patch: Some(String::new()),
+            tar_path: None,
+            changes: Vec::new(),
+            applied: false,
+        })
+    }
+
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
+        self.record(format!("destroy {id}"));
+        match self.inner.lock().unwrap().sandboxes.remove(id) {
+            Some(_) => Ok(()),
+            None => Err(ApiError::not_found(format!("sandbox {id} not found"))),
+        }
+    }
+}
+
+/// A server running the router on 127.0.0.1:0.
+pub struct TestServer {
+    pub base: String,
+    pub addr: SocketAddr,
+    pub state: AppState,
+    pub backend: FakeBackend,
+    pub client: reqwest::Client,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn serve_state(state: AppState, backend: FakeBackend) -> TestServer {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(state.clone());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    TestServer {
+        base: format!("http://{addr}"),
+        addr,
+        state,
+        backend,
+        client: reqwest::Client::new(),
+        task,
+    }
+}
+
+/// Serves a fresh fake backend with the tokens of alice and bob and `limits`.
+pub async fn start(limits: Limits) -> TestServer {
+    let backend = FakeBackend::default();
+    let b = backend.clone();
+    let state = tokio::task::spawn_blocking(move || {
+        AppState::builder(Arc::new(b))
+            .auth(Auth::Tokens(tokens()))
+            .limits(limits)
+            .build()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    serve_state(state, backend).await
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn create(&self, token: &str, body: serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/sandboxes"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Creates a sandbox for `token` and returns its id.
+    pub async fn sandbox(&self, token: &str) -> String {
+        let r = self
+            .create(token, serde_json::json!({"workspace": "/nonexistent"}))
+            .await;
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+        let v: serde_json::Value = r.json().await.unwrap();
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    pub async fn post(
+        &self,
+        token: &str,
+        path: &str,
+        body: serde_json::Value,
+    ) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// Asserts `r` is an error answer with `status` and `code`; returns its message.
+pub async fn expect_error(r: reqwest::Response, status: u16, code: &str) -> String {
+    let got = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    assert_eq!(got, status, "body: {text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    assert_eq!(v["error"]["code"], code, "body: {text}");
+    let msg = v["error"]["message"].as_str().unwrap().to_string();
+    assert_eq!(v.as_object().unwrap().len(), 1, "only `error`: {text}");
+    msg
+}
