@@ -523,7 +523,17 @@ impl WorkspaceFs {
                 libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
                 RESOLVE_ROOT,
             )
-            .map_err(|e| sys_err(op, rel, e))?;
+            .map_err(|e| {
+                // A socket cannot be opened (ENXIO): say what it is rather than the errno.
+                let kind = self
+                    .open_at_root(rel, libc::O_PATH, RESOLVE_ROOT)
+                    .ok()
+                    .and_then(|fd| nix::sys::stat::fstat(fd.as_raw_fd()).ok());
+                match kind.map(|st| require_regular(op, rel, &st)) {
+                    Some(Err(refused)) => refused,
+                    _ => sys_err(op, rel, e),
+                }
+            })?;
         let st = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(|e| sys_err(op, rel, e))?;
         require_regular(op, rel, &st)?;
         Ok((File::from(fd), st))
@@ -532,7 +542,17 @@ impl WorkspaceFs {
     /// Loads a whole regular file that is about to be rewritten: a final symlink is refused
     /// (the rewrite would replace the link, not its target).
     fn load_for_update(&self, op: &str, rel: &RelPath) -> Result<Option<Vec<u8>>, ApiError> {
-        let (parent, name) = self.parent_of(op, rel)?;
+        let Some((parent_rel, name)) = rel.split_last() else {
+            return Err(ApiError::PathRefused(format!(
+                "{op}: refusing to touch the workspace root itself"
+            )));
+        };
+        let parent =
+            match self.open_at_root(&parent_rel, libc::O_PATH | libc::O_DIRECTORY, RESOLVE_ROOT) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => return Ok(None),
+                Err(e) => return Err(sys_err(op, &parent_rel, e)),
+            };
         let Some(st) = lstat_at(&parent, name).map_err(|e| sys_err(op, rel, e))? else {
             return Ok(None);
         };
@@ -2203,4 +2223,1319 @@ fn hunk_failure(
         "its lines were not found in order after the previous hunk"
     };
     ApiError::PatchFailed(format!("{head}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    const SECRET: &str = "TOP-SECRET-outside-the-workspace\n";
+
+    /// A workspace root beside a directory `outside` holding a secret.
+    struct Ws {
+        _base: tempfile::TempDir,
+        root: PathBuf,
+        outside: PathBuf,
+        fs: WorkspaceFs,
+    }
+
+    fn ws() -> Ws {
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().join("ws");
+        let outside = base.path().join("outside");
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret.txt"), SECRET).unwrap();
+        std::fs::write(
+            root.join("src/lib.rs"),
+            "fn one() {}\nfn two() {}\nfn three() {}\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("README.md"), "hello\nworld\n").unwrap();
+        let fs = WorkspaceFs::open(&root).unwrap();
+        Ws {
+            _base: base,
+            root,
+            outside,
+            fs,
+        }
+    }
+
+    /// Plants symlinks out of the workspace, a fifo and a socket; with `hard`, a hard link to
+    /// the outside secret.
+    fn plant(w: &Ws, hard: bool) {
+        let secret = w.outside.join("secret.txt");
+        symlink(&secret, w.root.join("abs_link")).unwrap();
+        symlink("../outside/secret.txt", w.root.join("rel_link")).unwrap();
+        symlink(&w.outside, w.root.join("dir_link")).unwrap();
+        symlink("../outside", w.root.join("rel_dir_link")).unwrap();
+        symlink("/etc/passwd", w.root.join("passwd")).unwrap();
+        symlink("/", w.root.join("slash")).unwrap();
+        nix::unistd::mkfifo(&w.root.join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        let sock = std::os::unix::net::UnixListener::bind(w.root.join("sock")).unwrap();
+        std::mem::forget(sock);
+        if hard {
+            std::fs::hard_link(&secret, w.root.join("hard")).unwrap();
+        }
+    }
+
+    /// Paths that must not reach the secret.
+    fn hostile(w: &Ws) -> Vec<String> {
+        vec![
+            "abs_link".into(),
+            "rel_link".into(),
+            "dir_link/secret.txt".into(),
+            "rel_dir_link/secret.txt".into(),
+            "slash/etc/passwd".into(),
+            "passwd".into(),
+            "../outside/secret.txt".into(),
+            "src/../../outside/secret.txt".into(),
+            format!("{}", w.outside.join("secret.txt").display()),
+            "/etc/passwd".into(),
+        ]
+    }
+
+    fn assert_outside_untouched(w: &Ws) {
+        let names: Vec<_> = std::fs::read_dir(&w.outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["secret.txt"], "nothing may appear outside");
+        assert_eq!(
+            std::fs::read_to_string(w.outside.join("secret.txt")).unwrap(),
+            SECRET
+        );
+    }
+
+    fn assert_no_secret(what: &impl std::fmt::Debug) {
+        let s = format!("{what:?}");
+        assert!(!s.contains("TOP-SECRET"), "secret leaked: {s}");
+        assert!(!s.contains("root:x:0"), "host file leaked: {s}");
+    }
+
+    /// Runs `f` on a fresh handle of `root` in a thread and fails if it blocks.
+    fn within<T: Send + 'static>(
+        root: &Path,
+        f: impl FnOnce(WorkspaceFs) -> T + Send + 'static,
+    ) -> T {
+        let fs = WorkspaceFs::open(root).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f(fs));
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the operation blocked")
+    }
+
+    /// Makes /dev/null- and /dev/zero-like nodes in the root, if allowed.
+    fn make_devices(root: &Path) -> bool {
+        let ok = [("null", 3), ("zero", 5)].iter().all(|(name, minor)| {
+            nix::sys::stat::mknod(
+                &root.join(name),
+                nix::sys::stat::SFlag::S_IFCHR,
+                Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(1, *minor),
+            )
+            .is_ok()
+        });
+        if !ok {
+            assert!(
+                std::env::var("TASKBOX_REQUIRE_ALL").as_deref() != Ok("1"),
+                "device node tests need CAP_MKNOD"
+            );
+            eprintln!("skipping device node cases: mknod is not permitted here");
+        }
+        ok
+    }
+
+    fn read(w: &Ws, path: &str) -> Result<ReadResult, ApiError> {
+        w.fs.read(&ReadRequest {
+            path: path.into(),
+            ..Default::default()
+        })
+    }
+
+    fn write(w: &Ws, path: &str, content: &str) -> Result<WriteResult, ApiError> {
+        w.fs.write(&WriteRequest {
+            path: path.into(),
+            content: content.into(),
+            ..Default::default()
+        })
+    }
+
+    fn edit(w: &Ws, path: &str, old: &str, new: &str) -> Result<EditResult, ApiError> {
+        w.fs.edit(&EditRequest {
+            path: path.into(),
+            old: old.into(),
+            new: new.into(),
+            expected_count: None,
+        })
+    }
+
+    fn patch(w: &Ws, p: &str) -> Result<PatchResult, ApiError> {
+        w.fs.patch(&PatchRequest { patch: p.into() })
+    }
+
+    fn list(w: &Ws, req: ListRequest) -> Vec<String> {
+        w.fs.list(&req)
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|e| e.path)
+            .collect()
+    }
+
+    fn content(w: &Ws, path: &str) -> String {
+        std::fs::read_to_string(w.root.join(path)).unwrap()
+    }
+
+    fn no_temp_files(w: &Ws) {
+        for e in walk_host(&w.root) {
+            assert!(!e.contains(".taskbox-tmp-"), "temporary file left: {e}");
+        }
+    }
+
+    fn walk_host(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            out.push(e.path().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                out.extend(walk_host(&e.path()));
+            }
+        }
+        out
+    }
+
+    // ---- paths ---------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_paths_are_normalised_and_checked() {
+        let w = ws();
+        assert_eq!(read(&w, "./src/./lib.rs").unwrap().path, "src/lib.rs");
+        assert_eq!(read(&w, "src/../README.md").unwrap().path, "README.md");
+        assert!(matches!(read(&w, ""), Err(ApiError::InvalidArgument(_))));
+        assert!(matches!(
+            read(&w, "a\0b"),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        let e = read(&w, "../x").unwrap_err();
+        assert!(matches!(&e, ApiError::PathRefused(m) if m.contains("escapes the workspace")));
+        let e = read(&w, "/src/lib.rs").unwrap_err();
+        assert!(matches!(&e, ApiError::PathRefused(m) if m.contains("/src/lib.rs")));
+        let e = read(&w, "missing.txt").unwrap_err();
+        assert!(matches!(&e, ApiError::NotFound(m) if m.contains("missing.txt does not exist")));
+    }
+
+    #[test]
+    fn fsops_absolute_paths_under_the_mount_path() {
+        let w = ws();
+        let fs = WorkspaceFs::open(&w.root)
+            .unwrap()
+            .with_mount_path(PathBuf::from("/home/u/repo"));
+        let r = fs
+            .read(&ReadRequest {
+                path: "/home/u/repo/src/lib.rs".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(r.path, "src/lib.rs");
+        for bad in [
+            "/home/u/repo2/src/lib.rs",
+            "/etc/passwd",
+            "/home/u/repo/../x",
+        ] {
+            let e = fs
+                .read(&ReadRequest {
+                    path: bad.into(),
+                    ..Default::default()
+                })
+                .unwrap_err();
+            assert!(matches!(e, ApiError::PathRefused(_)), "{bad}: {e}");
+        }
+    }
+
+    // ---- read ----------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_read_text_ranges_and_binary() {
+        let w = ws();
+        let r = read(&w, "src/lib.rs").unwrap();
+        assert_eq!(r.content, "fn one() {}\nfn two() {}\nfn three() {}\n");
+        assert_eq!(
+            (r.encoding.as_str(), r.binary, r.truncated),
+            ("utf-8", false, false)
+        );
+        assert_eq!((r.total_bytes, r.total_lines), (38, Some(3)));
+
+        let lines = |s, e| {
+            w.fs.read(&ReadRequest {
+                path: "src/lib.rs".into(),
+                line_start: s,
+                line_end: e,
+                ..Default::default()
+            })
+        };
+        assert_eq!(lines(Some(2), Some(2)).unwrap().content, "fn two() {}\n");
+        assert_eq!(
+            lines(Some(2), None).unwrap().content,
+            "fn two() {}\nfn three() {}\n"
+        );
+        assert_eq!(lines(None, Some(1)).unwrap().content, "fn one() {}\n");
+        assert_eq!(lines(Some(9), None).unwrap().content, "");
+        assert!(matches!(
+            lines(Some(0), None),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            lines(Some(3), Some(2)),
+            Err(ApiError::InvalidArgument(_))
+        ));
+
+        let r =
+            w.fs.read(&ReadRequest {
+                path: "src/lib.rs".into(),
+                offset: Some(3),
+                length: Some(3),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!((r.content.as_str(), r.total_lines), ("one", Some(3)));
+        let both = w.fs.read(&ReadRequest {
+            path: "src/lib.rs".into(),
+            offset: Some(1),
+            line_start: Some(1),
+            ..Default::default()
+        });
+        assert!(matches!(both, Err(ApiError::InvalidArgument(_))));
+
+        // max_bytes cuts, never inside a UTF-8 character.
+        std::fs::write(w.root.join("u.txt"), "aé€x").unwrap();
+        let r =
+            w.fs.read(&ReadRequest {
+                path: "u.txt".into(),
+                max_bytes: Some(4),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            (r.content.as_str(), r.truncated, r.binary),
+            ("aé", true, false)
+        );
+
+        std::fs::write(w.root.join("bin"), b"\x7fELF\0\x01\x02").unwrap();
+        let r = read(&w, "bin").unwrap();
+        assert!(r.binary);
+        assert_eq!((r.encoding.as_str(), r.total_lines), ("base64", None));
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(&r.content)
+            .unwrap();
+        assert_eq!(raw, b"\x7fELF\0\x01\x02");
+        std::fs::write(w.root.join("latin1"), b"caf\xe9\n").unwrap();
+        assert!(read(&w, "latin1").unwrap().binary);
+
+        // A large file streams: counted lines, capped content.
+        let big = "0123456789\n".repeat(100_000);
+        std::fs::write(w.root.join("big.txt"), &big).unwrap();
+        let r = read(&w, "big.txt").unwrap();
+        assert_eq!((r.total_lines, r.truncated), (Some(100_000), true));
+        assert_eq!(r.content.len() as u64, DEFAULT_MAX_BYTES);
+        let r =
+            w.fs.read(&ReadRequest {
+                path: "big.txt".into(),
+                line_start: Some(99_999),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(r.content, "0123456789\n0123456789\n");
+    }
+
+    #[test]
+    fn fsops_read_hostile() {
+        let w = ws();
+        plant(&w, false);
+        for p in hostile(&w) {
+            let r = read(&w, &p);
+            assert!(r.is_err(), "{p}: {r:?}");
+            assert_no_secret(&r);
+        }
+        let e = within(&w.root, |fs| {
+            fs.read(&ReadRequest {
+                path: "fifo".into(),
+                ..Default::default()
+            })
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&e, ApiError::PathRefused(m) if m.contains("fifo")),
+            "{e}"
+        );
+        let e = read(&w, "sock").unwrap_err();
+        assert!(e.to_string().contains("socket"), "{e}");
+        let e = read(&w, "src").unwrap_err();
+        assert!(e.to_string().contains("directory"), "{e}");
+        if make_devices(&w.root) {
+            for dev in ["null", "zero"] {
+                let e = within(&w.root, move |fs| {
+                    fs.read(&ReadRequest {
+                        path: dev.into(),
+                        ..Default::default()
+                    })
+                })
+                .unwrap_err();
+                assert!(e.to_string().contains("character device"), "{e}");
+            }
+        }
+        assert_outside_untouched(&w);
+    }
+
+    // ---- write ---------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_write_creates_replaces_and_keeps_mode() {
+        let w = ws();
+        let r = write(&w, "new.txt", "hi\n").unwrap();
+        assert!(r.created);
+        assert_eq!(r.bytes_written, 3);
+        let mode = std::fs::metadata(w.root.join("new.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o644);
+
+        std::fs::set_permissions(w.root.join("new.txt"), PermissionsExt::from_mode(0o755)).unwrap();
+        let r = write(&w, "new.txt", "again\n").unwrap();
+        assert!(!r.created);
+        assert_eq!(content(&w, "new.txt"), "again\n");
+        let mode = std::fs::metadata(w.root.join("new.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o755, "an existing file keeps its mode");
+
+        let e = write(&w, "a/b/c.txt", "x").unwrap_err();
+        assert!(matches!(e, ApiError::NotFound(_)), "{e}");
+        w.fs.write(&WriteRequest {
+            path: "a/b/c.txt".into(),
+            content: base64::engine::general_purpose::STANDARD.encode(b"\0\x01"),
+            encoding: Some("base64".into()),
+            create_parents: true,
+            mode: Some(0o600),
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(w.root.join("a/b/c.txt")).unwrap(), b"\0\x01");
+        let mode = std::fs::metadata(w.root.join("a/b/c.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600);
+
+        let e =
+            w.fs.write(&WriteRequest {
+                path: "x".into(),
+                content: "!!".into(),
+                encoding: Some("base64".into()),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(matches!(e, ApiError::InvalidArgument(_)));
+        let e = write(&w, "src", "x").unwrap_err();
+        assert!(e.to_string().contains("directory"), "{e}");
+        assert!(matches!(write(&w, ".", "x"), Err(ApiError::PathRefused(_))));
+        no_temp_files(&w);
+    }
+
+    #[test]
+    fn fsops_write_hostile() {
+        let w = ws();
+        plant(&w, true);
+        // `slash` -> `/` resolves to the root itself, so this lands inside the workspace.
+        let inside = |p: &String| !p.starts_with("slash/");
+        for p in hostile(&w).into_iter().filter(inside) {
+            for create_parents in [false, true] {
+                let r = w.fs.write(&WriteRequest {
+                    path: p.clone(),
+                    content: "pwned\n".into(),
+                    create_parents,
+                    ..Default::default()
+                });
+                assert!(r.is_err(), "{p}: {r:?}");
+            }
+        }
+        w.fs.write(&WriteRequest {
+            path: "slash/etc/passwd".into(),
+            content: "pwned\n".into(),
+            create_parents: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(content(&w, "etc/passwd"), "pwned\n");
+        write(&w, "slash/src/via_slash.txt", "in\n").unwrap();
+        assert_eq!(content(&w, "src/via_slash.txt"), "in\n");
+        assert!(
+            !std::fs::read_to_string("/etc/passwd")
+                .unwrap_or_default()
+                .contains("pwned")
+        );
+        let e = write(&w, "abs_link", "x").unwrap_err();
+        assert!(
+            matches!(&e, ApiError::PathRefused(m) if m.contains("symlink")),
+            "{e}"
+        );
+        for p in ["dir_link/new.txt", "rel_dir_link/new.txt"] {
+            let r = w.fs.write(&WriteRequest {
+                path: p.into(),
+                content: "x".into(),
+                create_parents: true,
+                ..Default::default()
+            });
+            assert!(r.is_err(), "{p}: {r:?}");
+        }
+        let e = within(&w.root, |fs| {
+            fs.write(&WriteRequest {
+                path: "fifo".into(),
+                content: "x".into(),
+                ..Default::default()
+            })
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("fifo"), "{e}");
+        assert!(write(&w, "sock", "x").is_err());
+        if make_devices(&w.root) {
+            assert!(write(&w, "null", "x").is_err());
+        }
+        // The hard link is replaced by the rename; the outside inode keeps its content.
+        write(&w, "hard", "replaced\n").unwrap();
+        assert_eq!(content(&w, "hard"), "replaced\n");
+        assert_outside_untouched(&w);
+        no_temp_files(&w);
+    }
+
+    // ---- edit ----------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_edit_replaces_and_explains_failures() {
+        let w = ws();
+        let r = edit(&w, "src/lib.rs", "fn two() {}", "fn two() { 2 }").unwrap();
+        assert_eq!(r.replacements, 1);
+        assert!(
+            r.diff.starts_with("--- a/src/lib.rs\n+++ b/src/lib.rs\n"),
+            "{}",
+            r.diff
+        );
+        assert!(
+            r.diff.contains("-fn two() {}\n+fn two() { 2 }\n"),
+            "{}",
+            r.diff
+        );
+        assert_eq!(
+            content(&w, "src/lib.rs"),
+            "fn one() {}\nfn two() { 2 }\nfn three() {}\n"
+        );
+
+        let e = edit(&w, "src/lib.rs", "fn four()", "x").unwrap_err();
+        let ApiError::EditNotFound(m) = &e else {
+            panic!("{e:?}")
+        };
+        assert!(
+            m.starts_with("edit src/lib.rs: the old text was not found (0 matches)"),
+            "{m}"
+        );
+        assert!(m.contains("including whitespace"), "{m}");
+
+        let e = edit(&w, "src/lib.rs", "fn  three()   {}", "x").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("differs only in whitespace starts at line 3"),
+            "{e}"
+        );
+
+        std::fs::write(w.root.join("m.txt"), "x\nfoo\nx\nx\nfoo\nfoo\n").unwrap();
+        let e = edit(&w, "m.txt", "foo", "bar").unwrap_err();
+        let ApiError::EditAmbiguous(m) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(
+            m,
+            "edit m.txt: the old text is ambiguous: 3 matches at lines 2, 5, 6; include more surrounding lines or set expected_count to 3"
+        );
+        let e =
+            w.fs.edit(&EditRequest {
+                path: "m.txt".into(),
+                old: "foo".into(),
+                new: "bar".into(),
+                expected_count: Some(4),
+            })
+            .unwrap_err();
+        assert!(matches!(&e, ApiError::EditNotFound(m) if m.contains("found 3 at lines 2, 5, 6")));
+        let r =
+            w.fs.edit(&EditRequest {
+                path: "m.txt".into(),
+                old: "foo".into(),
+                new: "bar".into(),
+                expected_count: Some(3),
+            })
+            .unwrap();
+        assert_eq!(r.replacements, 3);
+        assert_eq!(content(&w, "m.txt"), "x\nbar\nx\nx\nbar\nbar\n");
+
+        assert!(matches!(
+            edit(&w, "m.txt", "", "x"),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        std::fs::write(w.root.join("bin"), b"\xff\xfe").unwrap();
+        assert!(matches!(
+            edit(&w, "bin", "a", "b"),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            edit(&w, "nope", "a", "b"),
+            Err(ApiError::NotFound(_))
+        ));
+        no_temp_files(&w);
+    }
+
+    #[test]
+    fn fsops_edit_hostile() {
+        let w = ws();
+        plant(&w, true);
+        for p in hostile(&w) {
+            let r = edit(&w, &p, "TOP-SECRET", "pwned");
+            assert!(r.is_err(), "{p}: {r:?}");
+            assert_no_secret(&r);
+        }
+        let e = within(&w.root, |fs| {
+            fs.edit(&EditRequest {
+                path: "fifo".into(),
+                old: "a".into(),
+                new: "b".into(),
+                expected_count: None,
+            })
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("fifo"), "{e}");
+        if make_devices(&w.root) {
+            assert!(edit(&w, "zero", "a", "b").is_err());
+        }
+        // Inside by inode: the edit replaces the link, the outside file stays as it was.
+        edit(&w, "hard", "TOP-SECRET", "edited").unwrap();
+        assert!(content(&w, "hard").starts_with("edited"));
+        assert_outside_untouched(&w);
+    }
+
+    #[test]
+    fn fsops_concurrent_edits_never_tear_a_file() {
+        let w = ws();
+        std::fs::write(w.root.join("c.txt"), "a=0\nb=0\n").unwrap();
+        let fs = Arc::new(WorkspaceFs::open(&w.root).unwrap());
+        let rounds = 150;
+        let editors: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|key| {
+                let fs = Arc::clone(&fs);
+                std::thread::spawn(move || {
+                    for i in 0..rounds {
+                        fs.edit(&EditRequest {
+                            path: "c.txt".into(),
+                            old: format!("{key}={i}\n"),
+                            new: format!("{key}={}\n", i + 1),
+                            expected_count: None,
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        let path = w.root.join("c.txt");
+        let valid = |s: &str| {
+            let lines: Vec<&str> = s.split_terminator('\n').collect();
+            s.ends_with('\n')
+                && lines.len() == 2
+                && lines[0]
+                    .strip_prefix("a=")
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+                && lines[1]
+                    .strip_prefix("b=")
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+        };
+        while editors.iter().any(|t| !t.is_finished()) {
+            let s = std::fs::read_to_string(&path).unwrap();
+            assert!(valid(&s), "torn file: {s:?}");
+        }
+        for t in editors {
+            t.join().unwrap();
+        }
+        assert_eq!(content(&w, "c.txt"), format!("a={rounds}\nb={rounds}\n"));
+        no_temp_files(&w);
+    }
+
+    // ---- patch ---------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_patch_modifies_adds_deletes_and_renames() {
+        let w = ws();
+        std::fs::write(w.root.join("gone.txt"), "bye\n").unwrap();
+        std::fs::write(w.root.join("old_name.txt"), "keep\nme\n").unwrap();
+        let p = "\
+diff --git a/src/lib.rs b/src/lib.rs
+index 1111111..2222222 100644
+--- a/src/lib.rs
++++ b/src/lib.rs
+@@ -2,2 +2,3 @@
+ fn two() {}
++fn two_and_a_half() {}
+ fn three() {}
+diff --git a/new/file.sh b/new/file.sh
+new file mode 100755
+--- /dev/null
++++ b/new/file.sh
+@@ -0,0 +1,2 @@
++#!/bin/sh
++echo hi
+\\ No newline at end of file
+diff --git a/gone.txt b/gone.txt
+deleted file mode 100644
+--- a/gone.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+diff --git a/old_name.txt b/new_name.txt
+similarity index 60%
+rename from old_name.txt
+rename to new_name.txt
+--- a/old_name.txt
++++ b/new_name.txt
+@@ -1,2 +1,2 @@
+ keep
+-me
++you
+";
+        let r = patch(&w, p).unwrap();
+        let got: Vec<(String, ChangeKind)> =
+            r.files.into_iter().map(|c| (c.path, c.kind)).collect();
+        assert_eq!(
+            got,
+            [
+                ("src/lib.rs".to_string(), ChangeKind::Modified),
+                ("new/file.sh".to_string(), ChangeKind::Added),
+                ("gone.txt".to_string(), ChangeKind::Deleted),
+                ("old_name.txt".to_string(), ChangeKind::Deleted),
+                ("new_name.txt".to_string(), ChangeKind::Added),
+            ]
+        );
+        assert_eq!(
+            content(&w, "src/lib.rs"),
+            "fn one() {}\nfn two() {}\nfn two_and_a_half() {}\nfn three() {}\n"
+        );
+        assert_eq!(content(&w, "new/file.sh"), "#!/bin/sh\necho hi");
+        let mode = std::fs::metadata(w.root.join("new/file.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o755);
+        assert!(!w.root.join("gone.txt").exists());
+        assert!(!w.root.join("old_name.txt").exists());
+        assert_eq!(content(&w, "new_name.txt"), "keep\nyou\n");
+        no_temp_files(&w);
+    }
+
+    #[test]
+    fn fsops_patch_offsets_and_newline_markers() {
+        let w = ws();
+        let body: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(w.root.join("f.txt"), format!("{body}last")).unwrap();
+        // Both hunks claim positions 5 lines too early; the end has no newline.
+        let p = "\
+--- f.txt
++++ f.txt
+@@ -3,3 +3,3 @@
+ line 8
+-line 9
++line nine
+ line 10
+@@ -16,2 +16,2 @@
+ line 20
+-last
+\\ No newline at end of file
++last
+";
+        patch(&w, p).unwrap();
+        let want = body.replace("line 9\n", "line nine\n") + "last\n";
+        assert_eq!(content(&w, "f.txt"), want);
+
+        // A hunk expecting no newline does not apply to a file that has one.
+        let p = "\
+--- a/f.txt
++++ b/f.txt
+@@ -21 +21 @@
+-last
+\\ No newline at end of file
++end
+";
+        let e = patch(&w, p).unwrap_err();
+        assert!(matches!(e, ApiError::PatchFailed(_)), "{e}");
+    }
+
+    #[test]
+    fn fsops_patch_is_all_or_nothing() {
+        let w = ws();
+        std::fs::write(w.root.join("b.txt"), "alpha\nbeta\ngamma\n").unwrap();
+        let p = "\
+--- a/src/lib.rs
++++ b/src/lib.rs
+@@ -1,1 +1,1 @@
+-fn one() {}
++fn uno() {}
+--- /dev/null
++++ b/added.txt
+@@ -0,0 +1 @@
++new
+--- a/b.txt
++++ b/b.txt
+@@ -1,1 +1,1 @@
+-alpha
++ALPHA
+@@ -2,2 +2,2 @@
+ beta
+-delta
++DELTA
+";
+        let e = patch(&w, p).unwrap_err();
+        let ApiError::PatchFailed(m) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(
+            m,
+            "patch: b.txt: hunk 2 (@@ -2,2 +2,2 @@) does not apply: expected line 3 \"delta\", found \"gamma\""
+        );
+        assert_eq!(
+            content(&w, "src/lib.rs"),
+            "fn one() {}\nfn two() {}\nfn three() {}\n"
+        );
+        assert_eq!(content(&w, "b.txt"), "alpha\nbeta\ngamma\n");
+        assert!(!w.root.join("added.txt").exists());
+
+        let e = patch(&w, "--- /dev/null\n+++ b/b.txt\n@@ -0,0 +1 @@\n+x\n").unwrap_err();
+        assert!(e.to_string().contains("already exists"), "{e}");
+        let e = patch(&w, "--- a/nope\n+++ b/nope\n@@ -1 +1 @@\n-a\n+b\n").unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let bin = "diff --git a/x.png b/x.png\nGIT binary patch\nliteral 5\n";
+        assert!(patch(&w, bin).unwrap_err().to_string().contains("binary"));
+        let big = "x".repeat(MAX_PATCH_BYTES + 1);
+        assert!(matches!(patch(&w, &big), Err(ApiError::InvalidArgument(_))));
+        assert!(matches!(
+            patch(&w, "just words\n"),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        let short = "--- a/b.txt\n+++ b/b.txt\n@@ -1,3 +1,3 @@\n alpha\n";
+        assert!(matches!(
+            patch(&w, short),
+            Err(ApiError::InvalidArgument(_))
+        ));
+        no_temp_files(&w);
+    }
+
+    #[test]
+    fn fsops_patch_hostile() {
+        let w = ws();
+        plant(&w, true);
+        let good = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1 +1 @@\n-fn one() {}\n+fn uno() {}\n";
+        // `slash/etc/passwd` lands inside the root (tested with write).
+        let mut targets: Vec<String> = hostile(&w)
+            .into_iter()
+            .filter(|p| !p.starts_with("slash/"))
+            .collect();
+        targets.push("fifo".into());
+        targets.push("sock".into());
+        for t in targets {
+            for p in [
+                format!("--- /dev/null\n+++ {t}\n@@ -0,0 +1 @@\n+pwned\n"),
+                format!(
+                    "--- {t}\n+++ {t}\n@@ -1 +1 @@\n-TOP-SECRET-outside-the-workspace\n+pwned\n"
+                ),
+                format!(
+                    "diff --git a/{t} b/{t}\ndeleted file mode 100644\n--- a/{t}\n+++ /dev/null\n@@ -1 +0,0 @@\n-TOP-SECRET-outside-the-workspace\n"
+                ),
+            ] {
+                let all = format!("{good}{p}");
+                let r = within(&w.root, move |fs| fs.patch(&PatchRequest { patch: all }));
+                assert!(r.is_err(), "{t}: {r:?}");
+                assert_no_secret(&r);
+            }
+        }
+        let e = patch(
+            &w,
+            &format!("{good}--- /dev/null\n+++ b/../escape\n@@ -0,0 +1 @@\n+x\n"),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ApiError::PathRefused(_)), "{e}");
+        let sym = "diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+/etc/shadow\n\\ No newline at end of file\n";
+        assert!(patch(&w, sym).is_err());
+        assert!(!w.root.join("l").exists());
+        assert!(!w.base_parent().join("escape").exists());
+        assert_eq!(
+            content(&w, "src/lib.rs"),
+            "fn one() {}\nfn two() {}\nfn three() {}\n"
+        );
+        // Through the hard link: the link is replaced, not written through.
+        patch(
+            &w,
+            "--- a/hard\n+++ b/hard\n@@ -1 +1 @@\n-TOP-SECRET-outside-the-workspace\n+mine\n",
+        )
+        .unwrap();
+        assert_eq!(content(&w, "hard"), "mine\n");
+        assert_outside_untouched(&w);
+        no_temp_files(&w);
+    }
+
+    impl Ws {
+        fn base_parent(&self) -> PathBuf {
+            self.root.parent().unwrap().to_path_buf()
+        }
+    }
+
+    // ---- list ----------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_list_respects_gitignore_hidden_glob_and_depth() {
+        let w = ws();
+        std::fs::write(w.root.join(".gitignore"), "target/\n*.log\n!keep.log\n").unwrap();
+        std::fs::create_dir_all(w.root.join("target/debug")).unwrap();
+        std::fs::write(w.root.join("target/debug/x"), "").unwrap();
+        std::fs::write(w.root.join("a.log"), "").unwrap();
+        std::fs::write(w.root.join("keep.log"), "").unwrap();
+        std::fs::create_dir_all(w.root.join("src/sub")).unwrap();
+        std::fs::write(w.root.join("src/sub/.gitignore"), "gen.rs\n").unwrap();
+        std::fs::write(w.root.join("src/sub/gen.rs"), "").unwrap();
+        std::fs::write(w.root.join("src/sub/mod.rs"), "").unwrap();
+        std::fs::create_dir_all(w.root.join(".git/info")).unwrap();
+        std::fs::write(w.root.join(".git/info/exclude"), "secret.env\n").unwrap();
+        std::fs::write(w.root.join(".git/HEAD"), "ref").unwrap();
+        std::fs::write(w.root.join("secret.env"), "").unwrap();
+
+        let top = list(&w, ListRequest::default());
+        assert_eq!(top, ["README.md", "keep.log", "src"]);
+        let all = list(
+            &w,
+            ListRequest {
+                max_depth: Some(10),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            all,
+            [
+                "README.md",
+                "keep.log",
+                "src",
+                "src/lib.rs",
+                "src/sub",
+                "src/sub/mod.rs"
+            ]
+        );
+        let rs = list(
+            &w,
+            ListRequest {
+                glob: Some("**/*.rs".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(rs, ["src/lib.rs", "src/sub/mod.rs"]);
+        let sub = list(
+            &w,
+            ListRequest {
+                path: Some("src/sub".into()),
+                include_hidden: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(sub, ["src/sub/.gitignore", "src/sub/mod.rs"]);
+        let everything = list(
+            &w,
+            ListRequest {
+                include_hidden: true,
+                include_ignored: true,
+                max_depth: Some(10),
+                ..Default::default()
+            },
+        );
+        assert!(everything.contains(&".git".to_string()));
+        assert!(
+            !everything.iter().any(|p| p.starts_with(".git/")),
+            "{everything:?}"
+        );
+        for p in [
+            "a.log",
+            "secret.env",
+            "target/debug/x",
+            "src/sub/gen.rs",
+            ".gitignore",
+        ] {
+            assert!(everything.contains(&p.to_string()), "{p}");
+        }
+        let r =
+            w.fs.list(&ListRequest {
+                max_depth: Some(10),
+                limit: Some(2),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(r.truncated);
+        assert_eq!(r.entries.len(), 2);
+        let r = w.fs.list(&ListRequest::default()).unwrap();
+        assert!(!r.truncated);
+        let readme = r.entries.iter().find(|e| e.path == "README.md").unwrap();
+        assert_eq!((readme.kind, readme.size), (EntryKind::File, 12));
+        assert!(matches!(
+            w.fs.list(&ListRequest {
+                path: Some("src/lib.rs".into()),
+                ..Default::default()
+            }),
+            Err(ApiError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn fsops_list_hostile() {
+        let w = ws();
+        plant(&w, false);
+        let r = within(&w.root, |fs| {
+            fs.list(&ListRequest {
+                glob: Some("**".into()),
+                ..Default::default()
+            })
+        })
+        .unwrap();
+        assert_no_secret(&r);
+        let kind = |p: &str| r.entries.iter().find(|e| e.path == p).map(|e| e.kind);
+        assert_eq!(kind("dir_link"), Some(EntryKind::Symlink));
+        assert_eq!(kind("abs_link"), Some(EntryKind::Symlink));
+        assert_eq!(kind("fifo"), Some(EntryKind::Other));
+        assert!(!r.entries.iter().any(|e| e.path.starts_with("dir_link/")));
+        assert!(!r.entries.iter().any(|e| e.path.contains("secret")));
+        for p in [
+            "dir_link",
+            "rel_dir_link",
+            "../outside",
+            "slash/etc",
+            "/etc",
+        ] {
+            let r = w.fs.list(&ListRequest {
+                path: Some(p.into()),
+                ..Default::default()
+            });
+            assert!(r.is_err(), "{p}: {r:?}");
+        }
+        // A .gitignore that is a symlink out or a fifo is not read (and does not block).
+        std::fs::create_dir(w.root.join("d")).unwrap();
+        symlink(w.outside.join("secret.txt"), w.root.join("d/.gitignore")).unwrap();
+        nix::unistd::mkfifo(&w.root.join(".gitignore"), Mode::from_bits_truncate(0o644)).unwrap();
+        let r = within(&w.root, |fs| {
+            fs.list(&ListRequest {
+                max_depth: Some(5),
+                ..Default::default()
+            })
+        });
+        assert!(r.is_ok(), "{r:?}");
+        assert_outside_untouched(&w);
+    }
+
+    // ---- search --------------------------------------------------------------------------
+
+    fn search(w: &Ws, req: SearchRequest) -> SearchResult {
+        w.fs.search(&req).unwrap()
+    }
+
+    #[test]
+    fn fsops_search_finds_lines_and_skips_binary_and_ignored() {
+        let w = ws();
+        std::fs::write(w.root.join(".gitignore"), "ignored.rs\n").unwrap();
+        std::fs::write(w.root.join("ignored.rs"), "fn one() {}\n").unwrap();
+        std::fs::write(w.root.join("bin.dat"), b"fn one\0binary").unwrap();
+        std::fs::write(w.root.join(".hidden.rs"), "fn one() {}\n").unwrap();
+        std::fs::write(w.root.join("long.txt"), format!("{}\n", "fn ".repeat(400))).unwrap();
+
+        let r = search(
+            &w,
+            SearchRequest {
+                pattern: r"fn \w+\(\)".into(),
+                ..Default::default()
+            },
+        );
+        let got: Vec<_> = r
+            .matches
+            .iter()
+            .map(|m| (m.path.as_str(), m.line_number))
+            .collect();
+        assert_eq!(
+            got,
+            [("src/lib.rs", 1), ("src/lib.rs", 2), ("src/lib.rs", 3)]
+        );
+        assert_eq!(r.matches[1].line, "fn two() {}");
+        assert!(!r.truncated);
+
+        let r = search(
+            &w,
+            SearchRequest {
+                pattern: "FN ONE".into(),
+                case_insensitive: true,
+                include_ignored: true,
+                include_hidden: true,
+                ..Default::default()
+            },
+        );
+        let paths: Vec<_> = r.matches.iter().map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, [".hidden.rs", "ignored.rs", "src/lib.rs"]);
+
+        let r = search(
+            &w,
+            SearchRequest {
+                pattern: "fn".into(),
+                glob: Some("*.txt".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(r.matches.len(), 1);
+        assert_eq!(r.matches[0].line.chars().count(), MAX_LINE_CHARS);
+
+        let r = search(
+            &w,
+            SearchRequest {
+                pattern: "fn".into(),
+                max_matches: Some(2),
+                ..Default::default()
+            },
+        );
+        assert_eq!((r.matches.len(), r.truncated), (2, true));
+
+        let r = search(
+            &w,
+            SearchRequest {
+                pattern: "three".into(),
+                path: Some("src/lib.rs".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!((r.files_searched, r.matches[0].line_number), (1, 3));
+        let e =
+            w.fs.search(&SearchRequest {
+                pattern: "(".into(),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(matches!(e, ApiError::InvalidArgument(_)));
+    }
+
+    #[test]
+    fn fsops_search_hostile() {
+        let w = ws();
+        plant(&w, false);
+        let devices = make_devices(&w.root);
+        let r = within(&w.root, |fs| {
+            fs.search(&SearchRequest {
+                pattern: "TOP-SECRET|root:".into(),
+                include_hidden: true,
+                include_ignored: true,
+                ..Default::default()
+            })
+        })
+        .unwrap();
+        assert!(r.matches.is_empty(), "{r:?}");
+        assert_no_secret(&r);
+        let mut paths = hostile(&w);
+        paths.extend(["dir_link".into(), "rel_dir_link".into(), "slash".into()]);
+        paths.push("fifo".into());
+        if devices {
+            paths.push("zero".into());
+        }
+        for p in paths {
+            let q = p.clone();
+            let r = within(&w.root, move |fs| {
+                fs.search(&SearchRequest {
+                    pattern: "TOP-SECRET|root:".into(),
+                    path: Some(q),
+                    ..Default::default()
+                })
+            });
+            assert!(
+                r.as_ref().is_err() || r.as_ref().is_ok_and(|r| r.matches.is_empty()),
+                "{p}: {r:?}"
+            );
+            assert_no_secret(&r);
+        }
+        assert_outside_untouched(&w);
+    }
+
+    // ---- stat, remove, rename ------------------------------------------------------------
+
+    #[test]
+    fn fsops_stat_does_not_follow() {
+        let w = ws();
+        plant(&w, false);
+        let s =
+            w.fs.stat(&PathRequest {
+                path: "abs_link".into(),
+            })
+            .unwrap();
+        assert_eq!(s.kind, EntryKind::Symlink);
+        assert_eq!(
+            s.symlink_target.as_deref(),
+            Some(w.outside.join("secret.txt").to_str().unwrap())
+        );
+        let s =
+            w.fs.stat(&PathRequest {
+                path: "src/lib.rs".into(),
+            })
+            .unwrap();
+        assert_eq!((s.kind, s.size, s.mode), (EntryKind::File, 38, 0o644));
+        assert!(s.modified_ms > 0);
+        let s = w.fs.stat(&PathRequest { path: ".".into() }).unwrap();
+        assert_eq!(s.kind, EntryKind::Dir);
+        assert_eq!(
+            w.fs.stat(&PathRequest {
+                path: "fifo".into()
+            })
+            .unwrap()
+            .kind,
+            EntryKind::Other
+        );
+        assert!(matches!(
+            w.fs.stat(&PathRequest {
+                path: "dir_link/secret.txt".into()
+            }),
+            Err(ApiError::NotFound(_))
+        ));
+        assert!(
+            w.fs.stat(&PathRequest {
+                path: "../outside".into()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn fsops_remove() {
+        let w = ws();
+        plant(&w, true);
+        let rm = |p: &str, recursive| {
+            w.fs.remove(&RemoveRequest {
+                path: p.into(),
+                recursive,
+            })
+        };
+        let e = rm("src", false).unwrap_err();
+        assert!(e.to_string().contains("set recursive"), "{e}");
+        // A tree holding links out: the links go, their targets stay.
+        std::fs::create_dir_all(w.root.join("t/a/b")).unwrap();
+        symlink(&w.outside, w.root.join("t/a/out")).unwrap();
+        std::fs::hard_link(w.outside.join("secret.txt"), w.root.join("t/a/b/h")).unwrap();
+        nix::unistd::mkfifo(&w.root.join("t/a/b/f"), Mode::from_bits_truncate(0o644)).unwrap();
+        within(&w.root, |fs| {
+            fs.remove(&RemoveRequest {
+                path: "t".into(),
+                recursive: true,
+            })
+        })
+        .unwrap();
+        assert!(!w.root.join("t").exists());
+        for p in [
+            "abs_link",
+            "rel_link",
+            "dir_link",
+            "rel_dir_link",
+            "slash",
+            "hard",
+            "fifo",
+        ] {
+            rm(p, true).unwrap();
+            assert!(w.root.join(p).symlink_metadata().is_err(), "{p}");
+        }
+        for p in ["../outside/secret.txt", "../outside", ".", "/etc/passwd"] {
+            assert!(matches!(rm(p, true), Err(ApiError::PathRefused(_))), "{p}");
+        }
+        assert!(matches!(rm("missing", false), Err(ApiError::NotFound(_))));
+        rm("src/lib.rs", false).unwrap();
+        rm("src", true).unwrap();
+        assert!(!w.root.join("src").exists());
+        assert_outside_untouched(&w);
+    }
+
+    #[test]
+    fn fsops_remove_deep_tree() {
+        let w = ws();
+        let mut p = w.root.join("deep");
+        for _ in 0..100 {
+            p = p.join("d");
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("f"), "x").unwrap();
+        w.fs.remove(&RemoveRequest {
+            path: "deep".into(),
+            recursive: true,
+        })
+        .unwrap();
+        assert!(!w.root.join("deep").exists());
+    }
+
+    #[test]
+    fn fsops_rename() {
+        let w = ws();
+        plant(&w, false);
+        let mv = |from: &str, to: &str, overwrite| {
+            w.fs.rename(&MoveRequest {
+                from: from.into(),
+                to: to.into(),
+                overwrite,
+            })
+        };
+        mv("README.md", "docs.md", false).unwrap();
+        assert_eq!(content(&w, "docs.md"), "hello\nworld\n");
+        let e = mv("docs.md", "src/lib.rs", false).unwrap_err();
+        assert!(
+            matches!(&e, ApiError::Conflict(m) if m.contains("set overwrite")),
+            "{e}"
+        );
+        mv("docs.md", "src/lib.rs", true).unwrap();
+        assert_eq!(content(&w, "src/lib.rs"), "hello\nworld\n");
+        assert!(matches!(mv("nope", "x", false), Err(ApiError::NotFound(_))));
+        assert!(matches!(
+            mv("src", "src/inner", false),
+            Err(ApiError::InvalidArgument(_))
+        ));
+
+        // Links are moved, not followed; the secret stays where it is.
+        mv("abs_link", "moved_link", false).unwrap();
+        assert!(
+            w.root
+                .join("moved_link")
+                .symlink_metadata()
+                .unwrap()
+                .is_symlink()
+        );
+        mv("src/lib.rs", "rel_link", true).unwrap();
+        assert!(
+            !w.root
+                .join("rel_link")
+                .symlink_metadata()
+                .unwrap()
+                .is_symlink()
+        );
+        for (from, to) in [
+            ("passwd", "../stolen"),
+            ("../outside/secret.txt", "x"),
+            ("dir_link/secret.txt", "x"),
+            ("moved_link", "dir_link/planted"),
+            ("moved_link", "rel_dir_link/planted"),
+            ("moved_link", "/tmp/planted"),
+            (".", "x"),
+        ] {
+            assert!(mv(from, to, true).is_err(), "{from} -> {to}");
+        }
+        assert!(!w.base_parent().join("stolen").exists());
+        assert_outside_untouched(&w);
+    }
 }
