@@ -9,6 +9,7 @@ pub mod api;
 pub mod capture;
 pub mod cgroup;
 pub mod changes;
+pub mod fsops;
 pub mod layers;
 pub mod native;
 pub mod policy;
