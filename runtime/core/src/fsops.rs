@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
@@ -38,7 +38,7 @@ use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch}
 use ignore::Match as IgnoreMatch;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, RenameFlags};
+use nix::fcntl::{AtFlags, RenameFlags};
 use nix::sys::stat::{FileStat, Mode};
 use nix::unistd::UnlinkatFlags;
 
@@ -86,6 +86,15 @@ mod sys {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
     use nix::errno::Errno;
+
+    /// `AT_FDCWD`, for paths relative to the current directory (or absolute).
+    pub(super) struct Cwd;
+
+    impl AsRawFd for Cwd {
+        fn as_raw_fd(&self) -> RawFd {
+            libc::AT_FDCWD
+        }
+    }
 
     /// The kernel's `struct open_how` (libc's is non-exhaustive).
     #[repr(C)]
@@ -367,11 +376,7 @@ impl WorkspaceFs {
                 root.display()
             ))
         })?;
-        let cwd = nix::fcntl::open(".", OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
-            .map_err(|e| ApiError::internal(format!("cannot open the current directory: {e}")))?;
-        // SAFETY: `open` returned a new fd that nothing else owns.
-        let cwd = unsafe { OwnedFd::from_raw_fd(cwd) };
-        let fd = sys::openat2(&cwd, &c, libc::O_PATH | libc::O_DIRECTORY, 0, 0).map_err(
+        let fd = sys::openat2(&sys::Cwd, &c, libc::O_PATH | libc::O_DIRECTORY, 0, 0).map_err(
             |e| match e {
                 Errno::ENOENT => {
                     ApiError::not_found(format!("workspace root {} does not exist", root.display()))
@@ -726,7 +731,6 @@ impl WorkspaceFs {
         let has_nul = head.contains(&0);
 
         let offset = req.offset.unwrap_or(0);
-        let more_after = |c: &Vec<u8>| lines || offset.saturating_add(c.len() as u64) < total;
         let (mut content, mut truncated, counted_lines) = if lines {
             let start = req.line_start.unwrap_or(1);
             let end = req.line_end.unwrap_or(u64::MAX);
@@ -749,7 +753,13 @@ impl WorkspaceFs {
 
         let mut binary = has_nul;
         if let (false, Err(e)) = (binary, std::str::from_utf8(&content)) {
-            if e.error_len().is_none() && more_after(&content) {
+            // More of the file follows what was returned.
+            let more = if lines {
+                truncated
+            } else {
+                offset.saturating_add(content.len() as u64) < total
+            };
+            if e.error_len().is_none() && more {
                 // A character cut by the range or by max_bytes: end before it.
                 content.truncate(e.valid_up_to());
                 truncated = true;
@@ -1341,17 +1351,21 @@ impl WorkspaceFs {
                 Work::Expand { dir, depth, chain } => {
                     // The start may be reached through symlinks (inside the root); what is
                     // beneath it is opened without following any.
-                    let resolve = if dir == *start {
-                        RESOLVE_ROOT
+                    let (flags, resolve) = if dir == *start {
+                        (libc::O_RDONLY | libc::O_DIRECTORY, RESOLVE_ROOT)
                     } else {
-                        RESOLVE_ROOT_NOFOLLOW
+                        (
+                            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                            RESOLVE_ROOT_NOFOLLOW,
+                        )
                     };
-                    let fd = match self.open_at_root(
-                        &dir,
-                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-                        resolve,
-                    ) {
+                    let fd = match self.open_at_root(&dir, flags, resolve) {
                         Ok(fd) => fd,
+                        Err(Errno::ENOTDIR) if dir == *start => {
+                            return Err(ApiError::invalid(format!(
+                                "{op}: {dir} is not a directory"
+                            )));
+                        }
                         Err(e) if dir == *start => return Err(sys_err(op, &dir, e)),
                         Err(_) => continue,
                     };
@@ -1568,8 +1582,7 @@ fn read_lines(
             line_no += 1;
         } else {
             // A piece of a long line, or the last line without a newline.
-            let more = reader.fill_buf()?.is_empty();
-            if more {
+            if reader.fill_buf()?.is_empty() {
                 line_no += 1;
             }
         }
@@ -1693,6 +1706,8 @@ fn is_ignored(chain: &Option<Rc<IgnoreChain>>, path: &Path, is_dir: bool) -> boo
     false
 }
 
+/// Globs match the path relative to the listed or searched directory; `*` also matches `/`
+/// (as in ripgrep's `-g`), so `*.rs` finds Rust files at any depth.
 fn compile_glob(op: &str, glob: Option<&str>) -> Result<Option<GlobMatcher>, ApiError> {
     glob.map(|g| {
         GlobBuilder::new(g)
@@ -3217,6 +3232,15 @@ rename to new_name.txt
         assert_eq!(kind("fifo"), Some(EntryKind::Other));
         assert!(!r.entries.iter().any(|e| e.path.starts_with("dir_link/")));
         assert!(!r.entries.iter().any(|e| e.path.contains("secret")));
+        symlink("src", w.root.join("src_link")).unwrap();
+        let via = list(
+            &w,
+            ListRequest {
+                path: Some("src_link".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(via, ["src_link/lib.rs"]);
         for p in [
             "dir_link",
             "rel_dir_link",
