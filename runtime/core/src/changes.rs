@@ -83,10 +83,13 @@ pub enum ChangesError {
     InvalidPath { path: String },
     /// A change does not match what the layers hold (stale change list).
     #[error("cannot diff {path}: {detail}")]
-    Mismatch { path: String, detail: &'static str },
+    Mismatch { path: String, detail: String },
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ChangesError + 'a {
+pub(crate) fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> ChangesError + 'a {
     move |source| ChangesError::Io {
         op,
         path: path.to_path_buf(),
@@ -122,8 +125,7 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
         upper,
         lower,
         out: Vec::new(),
-        buf_upper: vec![0; COMPARE_CHUNK],
-        buf_lower: vec![0; COMPARE_CHUNK],
+        bufs: CompareBufs::new(),
     };
     let root = Path::new("");
     let attrs = overlay_attrs(upper)?;
@@ -155,6 +157,27 @@ pub fn unified_diff(
 /// them; there is no `index` line (no blob hashes), which `git apply` does not need for text.
 /// A type change (file to symlink, say) is one file in the stats.
 pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, ChangesError> {
+    let upper = UpperDir(upper);
+    let old = View::<UpperDir<'_>> {
+        upper: None,
+        lower: Some(lower),
+    };
+    let new = View {
+        upper: Some(&upper),
+        lower: Some(lower),
+    };
+    render_between(&old, &new, changes, ("lower layer", "upper layer"))
+}
+
+/// Renders `changes` as the diff from the `old` view to the `new` view (see [`diff`] for the
+/// format). `Added` content is read from `new`, `Deleted` from `old`, `Modified` from both;
+/// `names` (old, new) name the two sides in the error for a change that does not match them.
+pub(crate) fn render_between(
+    old_view: &View<'_, UpperDir<'_>>,
+    new_view: &View<'_, UpperDir<'_>>,
+    changes: &[Change],
+    names: (&'static str, &'static str),
+) -> Result<Diff, ChangesError> {
     let mut out = Diff::default();
     for change in changes {
         if change.path.ends_with('/') {
@@ -162,9 +185,9 @@ pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, Chan
         }
         let rel = checked_rel(&change.path)?;
         let (old, new) = match change.kind {
-            ChangeKind::Added => (Side::Absent, load_side(upper, rel)?),
-            ChangeKind::Deleted => (load_side(lower, rel)?, Side::Absent),
-            ChangeKind::Modified => (load_side(lower, rel)?, load_side(upper, rel)?),
+            ChangeKind::Added => (Side::Absent, load_side(new_view, rel)?),
+            ChangeKind::Deleted => (load_side(old_view, rel)?, Side::Absent),
+            ChangeKind::Modified => (load_side(old_view, rel)?, load_side(new_view, rel)?),
         };
         let missing = (change.kind != ChangeKind::Deleted && new.is_absent())
             || (change.kind != ChangeKind::Added && old.is_absent());
@@ -178,15 +201,15 @@ pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, Chan
             ));
             continue;
         }
-        let mismatch = |detail| ChangesError::Mismatch {
+        let mismatch = |side: &str| ChangesError::Mismatch {
             path: change.path.clone(),
-            detail,
+            detail: format!("not a file in the {side}"),
         };
         if change.kind != ChangeKind::Deleted && matches!(new, Side::Absent) {
-            return Err(mismatch("not a file in the upper layer"));
+            return Err(mismatch(names.1));
         }
         if change.kind != ChangeKind::Added && matches!(old, Side::Absent) {
-            return Err(mismatch("not a file in the lower layer"));
+            return Err(mismatch(names.0));
         }
         out.stats.files += 1;
         if !old.is_absent() && !new.is_absent() && old.type_bits() != new.type_bits() {
@@ -201,7 +224,7 @@ pub fn diff(upper: &Path, lower: &Path, changes: &[Change]) -> Result<Diff, Chan
 }
 
 /// A change path as a relative path with only normal components.
-fn checked_rel(path: &str) -> Result<&Path, ChangesError> {
+pub(crate) fn checked_rel(path: &str) -> Result<&Path, ChangesError> {
     let rel = Path::new(path);
     let plain = !path.is_empty() && rel.components().all(|c| matches!(c, Component::Normal(_)));
     if plain {
@@ -220,8 +243,7 @@ struct Scanner<'a> {
     upper: &'a Path,
     lower: &'a Path,
     out: Vec<Change>,
-    buf_upper: Vec<u8>,
-    buf_lower: Vec<u8>,
+    bufs: CompareBufs,
 }
 
 impl Scanner<'_> {
@@ -356,40 +378,67 @@ impl Scanner<'_> {
         umeta: &Metadata,
         lmeta: &Metadata,
     ) -> Result<bool, ChangesError> {
-        if umeta.mode() & libc::S_IFMT != lmeta.mode() & libc::S_IFMT
-            || umeta.mode() & 0o7777 != lmeta.mode() & 0o7777
-        {
-            return Ok(true);
-        }
-        let ft = umeta.file_type();
-        let upath = self.upper.join(rel);
-        let lpath = self.lower.join(rel);
-        if ft.is_file() {
-            if umeta.len() != lmeta.len() {
-                return Ok(true);
-            }
-            let same = contents_equal(&upath, &lpath, &mut self.buf_upper, &mut self.buf_lower)?;
-            Ok(!same)
-        } else if ft.is_symlink() {
-            let ut = fs::read_link(&upath).map_err(io_err("read link", &upath))?;
-            let lt = fs::read_link(&lpath).map_err(io_err("read link", &lpath))?;
-            Ok(ut != lt)
-        } else if ft.is_block_device() || ft.is_char_device() {
-            Ok(umeta.rdev() != lmeta.rdev())
-        } else {
-            // Fifos and sockets of the same mode carry nothing else to compare.
-            Ok(false)
+        leaves_differ(
+            (&self.upper.join(rel), umeta),
+            (&self.lower.join(rel), lmeta),
+            &mut self.bufs,
+        )
+    }
+}
+
+/// Two buffers for streaming content comparison, allocated once per scan.
+pub(crate) struct CompareBufs {
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+impl CompareBufs {
+    pub(crate) fn new() -> Self {
+        CompareBufs {
+            a: vec![0; COMPARE_CHUNK],
+            b: vec![0; COMPARE_CHUNK],
         }
     }
 }
 
-fn is_whiteout(meta: &Metadata, attrs: &OverlayAttrs) -> bool {
+/// Whether two non-directory entries differ: file type, permission bits, then content (regular
+/// files, size first), target (symlinks) or device number. Fifos and sockets of the same mode
+/// carry nothing else to compare.
+pub(crate) fn leaves_differ(
+    (apath, ameta): (&Path, &Metadata),
+    (bpath, bmeta): (&Path, &Metadata),
+    bufs: &mut CompareBufs,
+) -> Result<bool, ChangesError> {
+    if ameta.mode() & libc::S_IFMT != bmeta.mode() & libc::S_IFMT
+        || ameta.mode() & 0o7777 != bmeta.mode() & 0o7777
+    {
+        return Ok(true);
+    }
+    let ft = ameta.file_type();
+    if ft.is_file() {
+        if ameta.len() != bmeta.len() {
+            return Ok(true);
+        }
+        let same = contents_equal(apath, bpath, &mut bufs.a, &mut bufs.b)?;
+        Ok(!same)
+    } else if ft.is_symlink() {
+        let at = fs::read_link(apath).map_err(io_err("read link", apath))?;
+        let bt = fs::read_link(bpath).map_err(io_err("read link", bpath))?;
+        Ok(at != bt)
+    } else if ft.is_block_device() || ft.is_char_device() {
+        Ok(ameta.rdev() != bmeta.rdev())
+    } else {
+        Ok(false)
+    }
+}
+
+pub(crate) fn is_whiteout(meta: &Metadata, attrs: &OverlayAttrs) -> bool {
     let ft = meta.file_type();
     (ft.is_char_device() && meta.rdev() == 0) || (ft.is_file() && meta.len() == 0 && attrs.whiteout)
 }
 
 /// `lstat`, with "not there" (including a parent that is not a directory) as `None`.
-fn lstat_opt(path: &Path) -> Result<Option<Metadata>, ChangesError> {
+pub(crate) fn lstat_opt(path: &Path) -> Result<Option<Metadata>, ChangesError> {
     match fs::symlink_metadata(path) {
         Ok(m) => Ok(Some(m)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -398,7 +447,7 @@ fn lstat_opt(path: &Path) -> Result<Option<Metadata>, ChangesError> {
     }
 }
 
-fn list_dir(path: &Path) -> Result<Vec<OsString>, ChangesError> {
+pub(crate) fn list_dir(path: &Path) -> Result<Vec<OsString>, ChangesError> {
     let mut names = Vec::new();
     for entry in fs::read_dir(path).map_err(io_err("read directory", path))? {
         names.push(entry.map_err(io_err("read directory", path))?.file_name());
@@ -408,7 +457,7 @@ fn list_dir(path: &Path) -> Result<Vec<OsString>, ChangesError> {
 
 /// Opens a regular file for reading without following a symlink and without blocking on a fifo
 /// that was swapped in after the `lstat`.
-fn open_regular(path: &Path) -> Result<File, ChangesError> {
+pub(crate) fn open_regular(path: &Path) -> Result<File, ChangesError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -440,7 +489,7 @@ fn read_full(file: &mut File, buf: &mut [u8], path: &Path) -> Result<usize, Chan
 }
 
 /// Compares two regular files chunk by chunk; memory use is two buffers whatever the file size.
-fn contents_equal(
+pub(crate) fn contents_equal(
     a: &Path,
     b: &Path,
     buf_a: &mut [u8],
@@ -465,14 +514,14 @@ fn contents_equal(
 
 /// The overlay xattrs of an upper entry, from either the `user.` or the `trusted.` namespace.
 #[derive(Debug, Default)]
-struct OverlayAttrs {
-    opaque: bool,
-    whiteout: bool,
-    redirect: bool,
-    metacopy: bool,
+pub(crate) struct OverlayAttrs {
+    pub(crate) opaque: bool,
+    pub(crate) whiteout: bool,
+    pub(crate) redirect: bool,
+    pub(crate) metacopy: bool,
 }
 
-fn cpath(path: &Path) -> Result<CString, ChangesError> {
+pub(crate) fn cpath(path: &Path) -> Result<CString, ChangesError> {
     CString::new(path.as_os_str().as_bytes()).map_err(|e| ChangesError::Io {
         op: "convert path",
         path: path.to_path_buf(),
@@ -480,7 +529,7 @@ fn cpath(path: &Path) -> Result<CString, ChangesError> {
     })
 }
 
-fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
+pub(crate) fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
     let c = cpath(path)?;
     let names = list_xattrs(&c, path)?;
     let mut attrs = OverlayAttrs::default();
@@ -501,7 +550,7 @@ fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
 }
 
 /// The NUL-separated xattr names of `c`, not following a symlink.
-fn list_xattrs(c: &CString, path: &Path) -> Result<Vec<u8>, ChangesError> {
+pub(crate) fn list_xattrs(c: &CString, path: &Path) -> Result<Vec<u8>, ChangesError> {
     let mut buf = vec![0u8; 1024];
     loop {
         // SAFETY: `c` is a NUL-terminated string that outlives the call; `buf` is a live, writable
@@ -550,6 +599,210 @@ fn get_xattr_small(c: &CString, name: &[u8], path: &Path) -> Result<Option<[u8; 
     match err.raw_os_error() {
         Some(libc::ERANGE | libc::ENODATA | libc::ENOTSUP) => Ok(None),
         _ => Err(io_err("read xattr of", path)(err)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// views
+
+/// What an upper layer holds at one path, taken alone (without the entries above it).
+#[derive(Debug)]
+pub(crate) enum UpperEntry<L> {
+    /// A whiteout: the path is deleted.
+    Whiteout,
+    /// A directory; an opaque one hides the lower directory of the same name.
+    Dir { opaque: bool },
+    /// Anything else: a file, symlink or special file.
+    Leaf(L),
+}
+
+/// An overlay upper layer: a real directory ([`UpperDir`]), or a record of one.
+pub(crate) trait UpperLayer {
+    type Leaf;
+    /// The entry at `rel` (`""` is the root).
+    fn lookup(&self, rel: &Path) -> Result<Option<UpperEntry<Self::Leaf>>, ChangesError>;
+    /// The names in the directory at `rel`, which `lookup` reported as a directory.
+    fn names(&self, rel: &Path) -> Result<Vec<OsString>, ChangesError>;
+}
+
+/// A non-directory entry of a real directory tree, with its `lstat` metadata.
+#[derive(Debug)]
+pub(crate) struct DiskLeaf {
+    pub(crate) path: PathBuf,
+    pub(crate) meta: Metadata,
+}
+
+/// A real upper directory, read the way an overlay mounted with `userxattr` reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UpperDir<'a>(pub(crate) &'a Path);
+
+/// `root`/`rel`, without the trailing slash `join("")` would add.
+fn join_rel(root: &Path, rel: &Path) -> PathBuf {
+    if rel.as_os_str().is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(rel)
+    }
+}
+
+impl UpperLayer for UpperDir<'_> {
+    type Leaf = DiskLeaf;
+
+    fn lookup(&self, rel: &Path) -> Result<Option<UpperEntry<DiskLeaf>>, ChangesError> {
+        let path = join_rel(self.0, rel);
+        let Some(meta) = lstat_opt(&path)? else {
+            return Ok(None);
+        };
+        let ft = meta.file_type();
+        let attrs = if ft.is_file() || ft.is_dir() {
+            overlay_attrs(&path)?
+        } else {
+            OverlayAttrs::default()
+        };
+        if is_whiteout(&meta, &attrs) {
+            return Ok(Some(UpperEntry::Whiteout));
+        }
+        if attrs.redirect || attrs.metacopy {
+            let feature = if attrs.redirect {
+                "redirect_dir"
+            } else {
+                "metacopy"
+            };
+            return Err(ChangesError::Unsupported { path, feature });
+        }
+        if ft.is_dir() {
+            Ok(Some(UpperEntry::Dir {
+                opaque: attrs.opaque,
+            }))
+        } else {
+            Ok(Some(UpperEntry::Leaf(DiskLeaf { path, meta })))
+        }
+    }
+
+    fn names(&self, rel: &Path) -> Result<Vec<OsString>, ChangesError> {
+        list_dir(&join_rel(self.0, rel))
+    }
+}
+
+/// What a view shows at a path.
+#[derive(Debug)]
+pub(crate) enum Resolved<L> {
+    Absent,
+    /// A directory; `upper` and `lower` say which layers contribute entries to it.
+    Dir {
+        upper: bool,
+        lower: bool,
+    },
+    /// A non-directory of the upper layer.
+    Upper(L),
+    /// A non-directory of the lower tree.
+    Lower(DiskLeaf),
+}
+
+impl<L> Resolved<L> {
+    pub(crate) fn is_absent(&self) -> bool {
+        matches!(self, Resolved::Absent)
+    }
+}
+
+/// The merged tree an overlay of `upper` on `lower` shows (either may be missing: a lone lower
+/// tree is the host copy, a lone upper layer is what the sandbox wrote). Look-ups never follow a
+/// symlink: a path is resolved one component at a time and only through real directories.
+#[derive(Debug)]
+pub(crate) struct View<'a, U> {
+    pub(crate) upper: Option<&'a U>,
+    pub(crate) lower: Option<&'a Path>,
+}
+
+impl<U: UpperLayer> View<'_, U> {
+    /// Resolves `rel` (normal components only) as overlayfs does: the upper entry wins; a
+    /// whiteout deletes; directories merge unless the upper one is opaque or the lower entry is
+    /// not a directory.
+    pub(crate) fn resolve(&self, rel: &Path) -> Result<Resolved<U::Leaf>, ChangesError> {
+        let root = Path::new("");
+        let mut in_upper = false;
+        let mut in_lower = false;
+        match self.upper.map(|u| u.lookup(root)).transpose()?.flatten() {
+            Some(UpperEntry::Dir { opaque }) => {
+                in_upper = true;
+                in_lower = !opaque;
+            }
+            None => in_lower = true,
+            Some(_) => {}
+        }
+        let lower = match self.lower {
+            Some(lower) if in_lower => lstat_opt(lower)?.is_some_and(|m| m.is_dir()),
+            _ => false,
+        };
+        in_lower = lower;
+        let mut prefix = PathBuf::new();
+        let mut components = rel.components().peekable();
+        while let Some(component) = components.next() {
+            let Component::Normal(name) = component else {
+                return Err(ChangesError::InvalidPath {
+                    path: rel.to_string_lossy().into_owned(),
+                });
+            };
+            prefix.push(name);
+            let last = components.peek().is_none();
+            let mut dir_upper = false;
+            let mut lower_allowed = in_lower;
+            if let (true, Some(upper)) = (in_upper, self.upper) {
+                match upper.lookup(&prefix)? {
+                    None => {}
+                    Some(UpperEntry::Whiteout) => return Ok(Resolved::Absent),
+                    Some(UpperEntry::Leaf(leaf)) if last => return Ok(Resolved::Upper(leaf)),
+                    Some(UpperEntry::Leaf(_)) => return Ok(Resolved::Absent),
+                    Some(UpperEntry::Dir { opaque }) => {
+                        dir_upper = true;
+                        lower_allowed &= !opaque;
+                    }
+                }
+            }
+            let mut dir_lower = false;
+            if let (true, Some(lower)) = (lower_allowed, self.lower) {
+                let path = lower.join(&prefix);
+                match lstat_opt(&path)? {
+                    None => {}
+                    Some(meta) if meta.is_dir() => dir_lower = true,
+                    // A lower non-directory under an upper directory is hidden.
+                    Some(_) if dir_upper => {}
+                    Some(meta) if last => return Ok(Resolved::Lower(DiskLeaf { path, meta })),
+                    Some(_) => return Ok(Resolved::Absent),
+                }
+            }
+            if !dir_upper && !dir_lower {
+                return Ok(Resolved::Absent);
+            }
+            in_upper = dir_upper;
+            in_lower = dir_lower;
+        }
+        Ok(Resolved::Dir {
+            upper: in_upper,
+            lower: in_lower,
+        })
+    }
+
+    /// Whether the directory at `rel` (resolved as `Dir { upper, lower }`) shows no entry.
+    pub(crate) fn dir_is_empty(
+        &self,
+        rel: &Path,
+        upper: bool,
+        lower: bool,
+    ) -> Result<bool, ChangesError> {
+        let mut names = Vec::new();
+        if let (true, Some(u)) = (upper, self.upper) {
+            names.extend(u.names(rel)?);
+        }
+        if let (true, Some(l)) = (lower, self.lower) {
+            names.extend(list_dir(&join_rel(l, rel))?);
+        }
+        for name in names {
+            if !self.resolve(&rel.join(&name))?.is_absent() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -615,24 +868,18 @@ impl Side {
     }
 }
 
-/// Loads what is at `root`/`rel` for diffing; directories count as absent, and so does a path
-/// whose parent is not a real directory (a symlink there would lead out of the layer).
-fn load_side(root: &Path, rel: &Path) -> Result<Side, ChangesError> {
-    let mut parent = root.to_path_buf();
-    for component in rel.parent().into_iter().flat_map(Path::components) {
-        parent.push(component);
-        if !lstat_opt(&parent)?.is_some_and(|m| m.is_dir()) {
-            return Ok(Side::Absent);
-        }
+/// Loads what `view` shows at `rel` for diffing; directories count as absent.
+fn load_side(view: &View<'_, UpperDir<'_>>, rel: &Path) -> Result<Side, ChangesError> {
+    match view.resolve(rel)? {
+        Resolved::Absent | Resolved::Dir { .. } => Ok(Side::Absent),
+        Resolved::Upper(leaf) | Resolved::Lower(leaf) => load_leaf(&leaf),
     }
-    let path = &root.join(rel);
-    let Some(meta) = lstat_opt(path)? else {
-        return Ok(Side::Absent);
-    };
+}
+
+fn load_leaf(leaf: &DiskLeaf) -> Result<Side, ChangesError> {
+    let (path, meta) = (&leaf.path, &leaf.meta);
     let ft = meta.file_type();
-    if ft.is_dir() {
-        Ok(Side::Absent)
-    } else if ft.is_symlink() {
+    if ft.is_symlink() {
         let target = fs::read_link(path).map_err(io_err("read link", path))?;
         Ok(Side::Symlink {
             target: target.into_os_string().into_vec(),
@@ -789,58 +1036,8 @@ fn render_file(out: &mut Diff, path: &str, old: &Side, new: &Side) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{self, OverlayDirs, change, chmod, run_overlay, set_xattr, skip, write};
     use std::os::unix::fs::{PermissionsExt, symlink};
-    use std::process::Command;
-
-    /// Set in the re-executed test binary that performs the overlay operations.
-    const CHILD_ENV: &str = "TASKBOX_CHANGES_OVERLAY_CHILD";
-    /// Exit status of the child when the kernel refuses the mount (test skipped).
-    const SKIP_STATUS: i32 = 77;
-
-    fn skip(reason: &str) {
-        if std::env::var("TASKBOX_REQUIRE_ALL").as_deref() == Ok("1") {
-            panic!("required test skipped: {reason}");
-        }
-        eprintln!("skipped: {reason}");
-    }
-
-    fn change(path: &str, kind: ChangeKind) -> Change {
-        Change {
-            path: path.to_owned(),
-            kind,
-        }
-    }
-
-    fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
-        let path = root.join(rel);
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, content).unwrap();
-    }
-
-    fn chmod(path: &Path, mode: u32) {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-    }
-
-    fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
-        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-        let n = CString::new(name).unwrap();
-        // SAFETY: both strings are NUL-terminated and outlive the call; `value` is a live slice
-        // of `value.len()` bytes that the kernel only reads.
-        let rc = unsafe {
-            libc::lsetxattr(
-                c.as_ptr(),
-                n.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                0,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
 
     /// Makes a whiteout the way an unprivileged overlay can read it: a zero-size file with the
     /// whiteout xattr. Returns false (test skipped) when the filesystem has no user xattrs.
@@ -1347,113 +1544,16 @@ deleted file mode 100644
     /// Runs in the re-executed test binary, already in its own user and mount namespaces.
     #[test]
     fn overlay_child() {
-        let Some(root) = std::env::var_os(CHILD_ENV) else {
-            return;
-        };
-        use nix::mount::{MntFlags, MsFlags, mount, umount2};
-        let root = PathBuf::from(root);
-        let merged = root.join("merged");
-        // Keep the overlay out of the parent's namespace whatever the propagation of "/".
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .unwrap();
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={},userxattr",
-            root.join("lower").display(),
-            root.join("upper").display(),
-            root.join("work").display()
-        );
-        if let Err(e) = mount(
-            Some("overlay"),
-            &merged,
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(opts.as_str()),
-        ) {
-            eprintln!("cannot mount overlay with userxattr in a user namespace: {e}");
-            std::process::exit(SKIP_STATUS);
-        }
-        let result = operate(&merged);
-        umount2(&merged, MntFlags::empty()).unwrap();
-        result.unwrap();
-    }
-
-    /// Re-executes this test binary as `overlay_child` in new user and mount namespaces.
-    fn run_overlay_child(root: &Path) -> Result<(), String> {
-        use std::os::unix::process::CommandExt;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        // SAFETY: geteuid/getegid cannot fail and touch no memory.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        // Prepared before fork: the pre_exec closure must not allocate.
-        let files: Vec<(CString, Vec<u8>)> = [
-            ("/proc/self/setgroups", "deny".to_owned()),
-            ("/proc/self/uid_map", format!("0 {uid} 1")),
-            ("/proc/self/gid_map", format!("0 {gid} 1")),
-        ]
-        .into_iter()
-        .map(|(p, c)| (CString::new(p).unwrap(), c.into_bytes()))
-        .collect();
-        let mut cmd = Command::new(exe);
-        cmd.args([
-            "--exact",
-            "changes::tests::overlay_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, root);
-        // SAFETY: the closure runs in the forked child before exec and only makes raw syscalls
-        // (unshare, open, write, close) on memory prepared before the fork; it does not allocate
-        // or take locks.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                for (path, content) in &files {
-                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    let n = libc::write(fd, content.as_ptr().cast(), content.len());
-                    libc::close(fd);
-                    if n < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let out = match cmd.output() {
-            Ok(out) => out,
-            Err(e) => return Err(format!("skip: cannot enter a user namespace: {e}")),
-        };
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        match out.status.code() {
-            Some(0) => Ok(()),
-            Some(SKIP_STATUS) => Err(format!("skip: {}", stderr.trim())),
-            _ => panic!(
-                "overlay child failed ({}):\n{}\n{stderr}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout)
-            ),
-        }
+        testutil::overlay_child(|_, merged| operate(merged));
     }
 
     #[test]
     fn real_overlay_in_a_user_namespace() {
         let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        for d in ["lower", "upper", "work", "merged"] {
-            fs::create_dir(root.join(d)).unwrap();
-        }
-        let (lower, upper) = (root.join("lower"), root.join("upper"));
+        let dirs = OverlayDirs::create(tmp.path());
+        let (lower, upper) = (dirs.lower.clone(), dirs.upper.clone());
         populate_lower(&lower);
-        if let Err(reason) = run_overlay_child(root) {
+        if let Err(reason) = run_overlay("changes::tests::overlay_child", &dirs, "operate") {
             return skip(&reason);
         }
 

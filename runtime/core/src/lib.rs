@@ -9,6 +9,10 @@ pub mod api;
 pub mod capture;
 pub mod cgroup;
 pub mod changes;
+pub mod fsops;
+pub mod layers;
 pub mod native;
 pub mod policy;
 pub mod result;
+#[cfg(test)]
+pub(crate) mod testutil;
