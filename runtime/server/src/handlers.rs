@@ -67,9 +67,15 @@ pub async fn create(
     req.labels.insert(TENANT_LABEL.to_string(), tenant.clone());
     let slot = state.reserve_create(&tenant)?;
     let backend = state.backend().clone();
-    let info = blocking(move || backend.create(req)).await?;
     let expires = lease_end(lease);
-    slot.commit(&info.id, expires);
+    // Registered on the blocking thread: a client that goes away mid-create still leaves an owned,
+    // leased sandbox behind, never an orphan.
+    let info = blocking(move || {
+        let info = backend.create(req)?;
+        slot.commit(&info.id, expires);
+        Ok(info)
+    })
+    .await?;
     tracing::Span::current().record("sandbox", info.id.as_str());
     tracing::info!(sandbox = %info.id, tenant = %tenant, expires_at_ms = ?expires, "sandbox created");
     Ok((StatusCode::CREATED, Json(state.with_lease(info))))
@@ -104,16 +110,18 @@ pub async fn info(State(state): State<AppState>, o: Owned) -> Result<Json<Sandbo
 }
 
 pub async fn destroy(State(state): State<AppState>, o: Owned) -> Result<StatusCode, HttpError> {
-    let backend = state.backend().clone();
+    let st = state.clone();
     let id = o.id.clone();
-    match blocking(move || backend.destroy(&id)).await {
-        Ok(()) | Err(HttpError::Api(ApiError::NotFound(_))) => {
-            state.forget(&o.id);
-            tracing::info!(sandbox = %o.id, tenant = %o.tenant, "sandbox destroyed");
-            Ok(StatusCode::NO_CONTENT)
+    blocking(move || match st.backend().destroy(&id) {
+        Ok(()) | Err(ApiError::NotFound(_)) => {
+            st.forget(&id);
+            Ok(())
         }
         Err(e) => Err(e),
-    }
+    })
+    .await?;
+    tracing::info!(sandbox = %o.id, tenant = %o.tenant, "sandbox destroyed");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn renew(
