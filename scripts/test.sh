@@ -57,8 +57,8 @@ for entry in "${tests[@]}"; do
   target=${entry%% *}
   exe=${entry#* }
   case "$target" in
-    conformance|escapes|bad_input|taskbox_init) filter=() ;;
-    taskbox_core) filter=(changes::) ;;
+    conformance|escapes|bad_input|api_native|taskbox_init) filter=() ;;
+    taskbox_core) filter=(changes:: layers::) ;;
     *) continue ;;
   esac
   name=$(basename "$exe")

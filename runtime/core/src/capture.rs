@@ -24,6 +24,7 @@ pub struct Capture {
     spill_path: PathBuf,
     spill: Option<io::BufWriter<File>>,
     spill_error: Option<io::Error>,
+    shown_path: Option<PathBuf>,
 }
 
 impl Capture {
@@ -39,6 +40,7 @@ impl Capture {
             spill_path,
             spill: None,
             spill_error: None,
+            shown_path: None,
         }
     }
 
@@ -108,6 +110,19 @@ impl Capture {
                 Err(e) => self.spill_error = Some(e),
             }
         }
+        self.render(spill_ok)
+    }
+
+    /// Renders what was captured so far (the spill file may lag behind by a buffer).
+    pub fn snapshot(&mut self) -> Output {
+        let spill_ok = match self.spill.as_mut() {
+            Some(w) => w.flush().is_ok(),
+            None => false,
+        };
+        self.render(spill_ok)
+    }
+
+    fn render(&self, spill_ok: bool) -> Output {
         let truncated = self.bytes > self.head.len() as u64;
         if !truncated {
             return Output {
@@ -122,7 +137,7 @@ impl Capture {
         let tail = utf8_suffix(&tail);
         let omitted = self.bytes - head.len() as u64 - tail.len() as u64;
         let where_ = if spill_ok {
-            format!("full output in {}", self.spill_path.display())
+            format!("full output in {}", self.shown_path())
         } else {
             match &self.spill_error {
                 Some(e) => format!("the full output could not be kept: {e}"),
@@ -138,8 +153,23 @@ impl Capture {
             text,
             bytes: self.bytes,
             truncated: true,
-            spill_path: spill_ok.then(|| self.spill_path.display().to_string()),
+            spill_path: spill_ok.then(|| self.shown_path()),
         }
+    }
+
+    /// The spill file's name as the reader should see it.
+    fn shown_path(&self) -> String {
+        self.shown_path
+            .as_ref()
+            .unwrap_or(&self.spill_path)
+            .display()
+            .to_string()
+    }
+
+    /// Names the spill file differently in the observation (e.g. its path inside the sandbox).
+    pub fn with_shown_path(mut self, path: PathBuf) -> Self {
+        self.shown_path = Some(path);
+        self
     }
 }
 

@@ -192,6 +192,33 @@ impl Cgroup {
         Ok(Some(cg))
     }
 
+    /// The cgroup an earlier process created for run `name`, if it is still there.
+    pub fn existing(name: &str) -> Option<Cgroup> {
+        let leaf = format!("taskbox-{name}");
+        if Path::new(ROOT).join("cgroup.controllers").exists() {
+            let own = own_path("")?;
+            let dir = Path::new(ROOT)
+                .join(own.trim_start_matches('/'))
+                .join(&leaf);
+            return dir.is_dir().then_some(Cgroup::V2 { dir });
+        }
+        let dir_for = |controller: &str| -> Option<PathBuf> {
+            let own = own_path(controller)?;
+            let d = Path::new(ROOT)
+                .join(controller)
+                .join(own.trim_start_matches('/'))
+                .join(&leaf);
+            d.is_dir().then_some(d)
+        };
+        let memory = dir_for("memory")?;
+        let others = ["pids", "cpu", "cpuacct"]
+            .iter()
+            .filter_map(|c| dir_for(c))
+            .filter(|d| *d != memory)
+            .collect();
+        Some(Cgroup::V1 { memory, others })
+    }
+
     /// "cgroup-v2" or "cgroup-v1", as reported in `enforcement.limits`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -219,6 +246,11 @@ impl Cgroup {
 
     /// The kernel's OOM killer killed a process of this cgroup.
     pub fn oom_killed(&self) -> bool {
+        self.oom_kills() > 0
+    }
+
+    /// How many processes of this cgroup the kernel's OOM killer has killed.
+    pub fn oom_kills(&self) -> u64 {
         let (file, key) = match self {
             Cgroup::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
             Cgroup::V1 { memory, .. } => (memory.join("memory.oom_control"), "oom_kill"),
@@ -231,7 +263,7 @@ impl Cgroup {
                     (it.next() == Some(key)).then(|| it.next()?.parse::<u64>().ok())?
                 })
             })
-            .is_some_and(|n| n > 0)
+            .unwrap_or(0)
     }
 
     /// Peak memory use of the cgroup, when the kernel reports it.

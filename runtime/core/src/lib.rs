@@ -14,5 +14,6 @@ pub mod layers;
 pub mod native;
 pub mod policy;
 pub mod result;
+pub mod sandbox;
 #[cfg(test)]
 pub(crate) mod testutil;

@@ -60,7 +60,7 @@ pub enum NativeError {
     Io { what: String, source: io::Error },
 }
 
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NativeError {
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NativeError {
     let what = what.into();
     move |source| NativeError::Io { what, source }
 }
@@ -144,29 +144,29 @@ pub fn helper_path() -> Result<PathBuf, NativeError> {
     })
 }
 
-fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     format!("{:x}{:05x}", now.as_millis(), std::process::id() & 0xfffff)
 }
 
-/// A run's private directories; removed on drop.
-struct RunDir {
-    dir: PathBuf,
+/// A run's (or a sandbox's) private directories; removed on drop.
+pub(crate) struct RunDir {
+    pub(crate) dir: PathBuf,
 }
 
 impl RunDir {
-    fn root(&self) -> PathBuf {
+    pub(crate) fn root(&self) -> PathBuf {
         self.dir.join("root")
     }
-    fn upper(&self) -> PathBuf {
+    pub(crate) fn upper(&self) -> PathBuf {
         self.dir.join("upper")
     }
-    fn work(&self) -> PathBuf {
+    pub(crate) fn work(&self) -> PathBuf {
         self.dir.join("work")
     }
-    fn empty_file(&self) -> PathBuf {
+    pub(crate) fn empty_file(&self) -> PathBuf {
         self.dir.join("empty")
     }
 }
@@ -250,7 +250,7 @@ pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, 
 }
 
 /// The mount plan and the Landlock write set for a sandbox of `policy` around `workspace`.
-fn plan_mounts(
+pub(crate) fn plan_mounts(
     policy: &Policy,
     workspace: &Path,
     run: &RunDir,
@@ -438,15 +438,29 @@ fn plan_mounts(
         }
     }
 
-    // Credential stores stay hidden wherever they would otherwise be visible: under a visible
-    // toolchain directory, a read-only home, or the workspace itself.
-    if let Some(h) = &home {
+    ops.extend(workspace_guard_ops(policy, workspace, &run.empty_file()));
+
+    ops.push(MountOp::Proc {
+        dst: "/proc".into(),
+    });
+    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
+    }
+    (ops, writable)
+}
+
+/// The mounts that guard paths inside the (mounted) workspace: credential stores masked wherever
+/// they would be visible (under a toolchain directory, a read-only home, or the workspace), and
+/// the policy's protected paths bound read-only. `empty` is the empty file masks bind.
+pub(crate) fn workspace_guard_ops(policy: &Policy, workspace: &Path, empty: &Path) -> Vec<MountOp> {
+    let mut ops = Vec::new();
+    if let Some(h) = home_dir().and_then(|h| fs::canonicalize(h).ok()) {
         for store in CREDENTIAL_STORES {
             let p = h.join(store);
             if fs::symlink_metadata(&p).is_ok() {
                 ops.push(MountOp::Mask {
                     dst: fs::canonicalize(&p).unwrap_or(p),
-                    empty: run.empty_file(),
+                    empty: empty.to_path_buf(),
                 });
             }
         }
@@ -456,25 +470,16 @@ fn plan_mounts(
         if fs::symlink_metadata(&p).is_ok() {
             ops.push(MountOp::Mask {
                 dst: p,
-                empty: run.empty_file(),
+                empty: empty.to_path_buf(),
             });
         }
     }
-
-    // Paths of the workspace the command may read but not change.
     for rel in &policy.filesystem.protected {
         ops.push(MountOp::ProtectReadOnly {
             dst: workspace.join(rel),
         });
     }
-
-    ops.push(MountOp::Proc {
-        dst: "/proc".into(),
-    });
-    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
-        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
-    }
-    (ops, writable)
+    ops
 }
 
 /// Runs one command in a fresh native sandbox and returns its observation.
@@ -617,6 +622,7 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
         seccomp: req.policy.security.seccomp,
         rlimits,
         cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
+        control: false,
     };
     let plan_path = run_dir.dir.join("plan.json");
     let plan = serde_json::to_vec_pretty(&config)
@@ -705,16 +711,11 @@ fn supervise(
             StdinSource::Inherit => Stdio::inherit(),
             StdinSource::Null => Stdio::null(),
         });
-    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
-    // async-signal-safe; `status_write_raw` is a valid descriptor owned by this process until
-    // after spawn returns.
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl and dup2,
+    // which are async-signal-safe; `status_write_raw` stays open in this process until spawn
+    // returns.
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(status_write_raw, STATUS_FD) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || install_fds(&[(status_write_raw, STATUS_FD)]));
     }
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(NativeError::Spawn)?;
@@ -952,6 +953,31 @@ fn wait_helper(pid: i32) -> (u64, u64) {
     let tv_ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
     let cpu = tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime);
     (cpu, usage.ru_maxrss as u64 * 1024)
+}
+
+/// In a forked child before exec: puts each `(source, target)` descriptor at its target number,
+/// inheritable. Sources are first moved above every target, so one target can never clobber
+/// another's source, and a source already at its target number still loses close-on-exec.
+///
+/// # Safety
+/// Only async-signal-safe calls (fcntl, dup2); call it only between fork and exec.
+pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> io::Result<()> {
+    let mut moved = [0i32; 8];
+    for (i, (src, _)) in pairs.iter().enumerate().take(8) {
+        // SAFETY: fcntl on an integer descriptor touches no memory.
+        let fd = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        moved[i] = fd;
+    }
+    for (i, (_, dst)) in pairs.iter().enumerate().take(8) {
+        // SAFETY: dup2 on integer descriptors touches no memory.
+        if unsafe { libc::dup2(moved[i], *dst) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Removes spill files older than `age` (one-shot runs keep them so the agent can read them).

@@ -54,7 +54,7 @@ pub struct Output {
 
 /// One changed path in the workspace, relative to the workspace root.
 #[derive(
-    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
 )]
 pub struct Change {
     pub path: String,

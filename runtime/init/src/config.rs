@@ -40,6 +40,10 @@ pub struct InitConfig {
     pub rlimits: Vec<Rlimit>,
     /// `cgroup.procs` files the helper joins before it creates any namespace.
     pub cgroup_procs: Vec<PathBuf>,
+    /// Long-lived: instead of running `argv`, the sandbox's pid 1 serves requests on the control
+    /// socket ([`crate::control::CONTROL_FD`]) until it closes.
+    #[serde(default)]
+    pub control: bool,
 }
 
 /// One mount operation. `dst` is always a path inside the sandbox (absolute).
@@ -81,7 +85,8 @@ pub enum MountOp {
     File { dst: PathBuf },
     /// Create a symbolic link `dst -> target`.
     Symlink { target: PathBuf, dst: PathBuf },
-    /// Make an existing mount read-only (after it was populated).
+    /// Make an existing mount read-only (after it was populated); mounts beneath it keep their
+    /// own flags.
     RemountReadOnly { dst: PathBuf },
 }
 

@@ -11,10 +11,12 @@
 //! kernel kills whatever is left in the pid namespace, so no background process outlives a run.
 
 pub mod config;
+pub mod control;
 pub mod landlock_rules;
 pub mod mounts;
 pub mod run;
 pub mod seccomp;
+mod server;
 pub mod sys;
 
 /// The helper binary's entry: `taskbox-init PLAN.json`. Never returns.

@@ -82,7 +82,8 @@ fn bind(src: &Path, dst: &Path, readonly: bool) -> Result<(), MountError> {
     Ok(())
 }
 
-fn apply(new_root: &Path, op: &MountOp) -> Result<(), MountError> {
+/// Carries out one op with `new_root` as the sandbox's root ("/" once pivoted).
+pub fn apply(new_root: &Path, op: &MountOp) -> Result<(), MountError> {
     match op {
         MountOp::Tmpfs {
             dst,
@@ -206,7 +207,7 @@ fn apply(new_root: &Path, op: &MountOp) -> Result<(), MountError> {
         }
         MountOp::RemountReadOnly { dst } => {
             let target = inside(new_root, dst);
-            sys::make_tree_readonly(&target, false).map_err(err("cannot make read-only", &target))
+            sys::make_mount_readonly(&target).map_err(err("cannot make read-only", &target))
         }
     }
 }

@@ -26,7 +26,7 @@ pub fn report(status: &Status) {
     }
 }
 
-fn fail(stage: &str, message: impl std::fmt::Display) -> ! {
+pub(crate) fn fail(stage: &str, message: impl std::fmt::Display) -> ! {
     report(&Status::SetupFailed {
         stage: stage.to_string(),
         message: message.to_string(),
@@ -39,7 +39,11 @@ pub fn run(config: &InitConfig) -> ! {
     if let Err(e) = sys::set_cloexec(STATUS_FD) {
         fail("status pipe", e);
     }
-    if let Err(e) = sys::set_parent_death_signal(libc::SIGKILL) {
+    // A one-shot run dies with its caller. A long-lived sandbox dies when its control socket
+    // closes instead: the caller may start it from a thread that exits long before it does.
+    if !config.control
+        && let Err(e) = sys::set_parent_death_signal(libc::SIGKILL)
+    {
         fail("parent-death signal", e);
     }
     for procs in &config.cgroup_procs {
@@ -91,6 +95,11 @@ pub fn run(config: &InitConfig) -> ! {
         }
         Ok(ForkResult::Parent { child }) => {
             drop(alive_read);
+            if config.control {
+                // Only the runtime and the sandbox may hold the control socket: its closing is
+                // what ends the sandbox.
+                let _ = nix::unistd::close(crate::control::CONTROL_FD);
+            }
             report(&Status::Started {
                 pid: child.as_raw(),
             });
@@ -133,6 +142,9 @@ fn sandbox_init(config: &InitConfig) -> ! {
     {
         fail("network", format!("cannot bring loopback up: {e}"));
     }
+    if config.control {
+        crate::server::serve(config)
+    }
     // SAFETY: pid 1 is single-threaded; see `run`.
     let command = match unsafe { fork() } {
         Err(e) => fail("fork", e),
@@ -165,7 +177,12 @@ fn sandbox_init(config: &InitConfig) -> ! {
 }
 
 /// The command's process: confine, then exec. Never returns.
-fn exec_command(config: &InitConfig) -> ! {
+pub(crate) fn exec_command(config: &InitConfig) -> ! {
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    );
     for sig in [
         Signal::SIGPIPE,
         Signal::SIGINT,

@@ -27,6 +27,15 @@ fn cpath(path: &Path) -> io::Result<CString> {
 /// Makes the mount at `path` and every mount beneath it read-only and nosuid (one atomic call,
 /// where remounting each submount one by one would race with nothing but cost a walk).
 pub fn make_tree_readonly(path: &Path, nodev: bool) -> io::Result<()> {
+    set_readonly(path, nodev, true)
+}
+
+/// Makes only the mount at `path` read-only and nosuid; mounts beneath keep their flags.
+pub fn make_mount_readonly(path: &Path) -> io::Result<()> {
+    set_readonly(path, false, false)
+}
+
+fn set_readonly(path: &Path, nodev: bool, recursive: bool) -> io::Result<()> {
     let c = cpath(path)?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | if nodev { MOUNT_ATTR_NODEV } else { 0 },
@@ -41,7 +50,7 @@ pub fn make_tree_readonly(path: &Path, nodev: bool) -> io::Result<()> {
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             c.as_ptr(),
-            AT_RECURSIVE,
+            if recursive { AT_RECURSIVE } else { 0 },
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
