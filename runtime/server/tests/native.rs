@@ -1,0 +1,383 @@
+//! The HTTP API end to end on the real native backend: long-lived sandboxes over a real TCP
+//! socket with a real client. Needs the `taskbox-init` helper built (`cargo build --workspace
+//! --bins`, as scripts/test.sh does); skips with a reason without it, or fails under
+//! `TASKBOX_REQUIRE_ALL=1`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{ALICE, BOB, expect_error, tokens};
+use serde_json::{Value, json};
+use taskbox_core::api::SandboxApi;
+use taskbox_core::sandbox::NativeBackend;
+use taskbox_server::{AppState, Auth, Limits, router};
+
+fn helper_available() -> bool {
+    if taskbox_core::native::helper_path().is_ok() {
+        return true;
+    }
+    let reason = "the taskbox-init helper is not built (run `cargo build --workspace --bins`)";
+    if std::env::var("TASKBOX_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+        panic!("required prerequisite missing (TASKBOX_REQUIRE_ALL=1): {reason}");
+    }
+    eprintln!("SKIP: {reason}");
+    false
+}
+
+struct Native {
+    base: String,
+    client: reqwest::Client,
+    state: AppState,
+    backend: Arc<NativeBackend>,
+    ws: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Native {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Native {
+    async fn start() -> Native {
+        let dir = tempfile::Builder::new()
+            .prefix("taskbox-server-")
+            .tempdir()
+            .unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+        let backend = Arc::new(NativeBackend::new(dir.path().join("state")).unwrap());
+        let b: Arc<dyn SandboxApi> = backend.clone();
+        let state = tokio::task::spawn_blocking(move || {
+            AppState::builder(b)
+                .auth(Auth::Tokens(tokens()))
+                .limits(Limits::default())
+                .build()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = router(state.clone());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Native {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            state,
+            backend,
+            ws,
+            _dir: dir,
+            task,
+        }
+    }
+
+    async fn post(&self, token: &str, path: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn ok(&self, token: &str, path: &str, body: Value) -> Value {
+        let r = self.post(token, path, body).await;
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert!(status.is_success(), "{path}: {status} {text}");
+        if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap()
+        }
+    }
+
+    async fn create(&self, token: &str, extra: Value) -> String {
+        let mut body = json!({"workspace": self.ws.display().to_string()});
+        if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
+            b.extend(e);
+        }
+        let r = self.post(token, "/v1/sandboxes", body).await;
+        assert_eq!(r.status(), 201);
+        let v: Value = r.json().await.unwrap();
+        v["id"].as_str().unwrap().to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_works_end_to_end_on_the_native_backend() {
+    if !helper_available() {
+        return;
+    }
+    let n = Native::start().await;
+    let id = n.create(ALICE, json!({"labels": {"task": "t1"}})).await;
+    let sb = format!("/v1/sandboxes/{id}");
+
+    let info: Value = n
+        .client
+        .get(format!("{}{sb}", n.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["labels"]["task"], "t1");
+    assert_eq!(info["labels"]["taskbox.tenant"], "alice");
+    assert!(info["expires_at_ms"].is_u64(), "the default lease: {info}");
+
+    // JSON exec: state persists across execs.
+    let r = n
+        .ok(
+            ALICE,
+            &format!("{sb}/exec"),
+            json!({"shell": "echo one > /tmp/s; cat hello.txt"}),
+        )
+        .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"]["text"], "hello\n");
+    let r = n
+        .ok(
+            ALICE,
+            &format!("{sb}/exec"),
+            json!({"argv": ["cat", "/tmp/s"]}),
+        )
+        .await;
+    assert_eq!(r["stdout"]["text"], "one\n", "{r}");
+
+    // Streamed exec.
+    let body = n
+        .client
+        .post(format!("{}{sb}/exec", n.base))
+        .bearer_auth(ALICE)
+        .header("accept", "text/event-stream")
+        .json(&json!({"shell": "echo a; echo b >&2; exit 3"}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(events.first(), Some(&"started"), "{body}");
+    assert_eq!(events.last(), Some(&"ended"), "{body}");
+    assert!(
+        events.contains(&"stdout") && events.contains(&"stderr"),
+        "{body}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| **e == "ended").count(),
+        1,
+        "{body}"
+    );
+    let ended = body
+        .split("\n\n")
+        .find(|f| f.contains("event: ended"))
+        .and_then(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
+        .unwrap();
+    let ended: Value = serde_json::from_str(ended).unwrap();
+    assert_eq!(ended["result"]["exit_code"], 3);
+
+    // fs operations.
+    let w = n
+        .ok(
+            ALICE,
+            &format!("{sb}/write"),
+            json!({"path": "src/a.txt", "content": "x = 1\n", "create_parents": true}),
+        )
+        .await;
+    assert_eq!(w["created"], true);
+    let r = n
+        .ok(ALICE, &format!("{sb}/read"), json!({"path": "src/a.txt"}))
+        .await;
+    assert_eq!(r["content"], "x = 1\n");
+    let e = n
+        .ok(
+            ALICE,
+            &format!("{sb}/edit"),
+            json!({"path": "src/a.txt", "old": "1", "new": "2"}),
+        )
+        .await;
+    assert_eq!(e["replacements"], 1);
+    let r = n
+        .post(
+            ALICE,
+            &format!("{sb}/edit"),
+            json!({"path": "src/a.txt", "old": "nope", "new": "2"}),
+        )
+        .await;
+    expect_error(r, 422, "edit_not_found").await;
+    let l = n
+        .ok(ALICE, &format!("{sb}/list"), json!({"path": "src"}))
+        .await;
+    assert_eq!(l["entries"][0]["path"], "src/a.txt", "{l}");
+    let s = n
+        .ok(ALICE, &format!("{sb}/search"), json!({"pattern": "x ="}))
+        .await;
+    assert_eq!(s["matches"][0]["line_number"], 1, "{s}");
+    let st = n
+        .ok(ALICE, &format!("{sb}/stat"), json!({"path": "src/a.txt"}))
+        .await;
+    assert_eq!(st["kind"], "file");
+    let c = n
+        .ok(ALICE, &format!("{sb}/checkpoints"), json!({"name": "c1"}))
+        .await;
+    assert_eq!(c["name"], "c1");
+    n.ok(
+        ALICE,
+        &format!("{sb}/move"),
+        json!({"from": "src/a.txt", "to": "src/b.txt"}),
+    )
+    .await;
+    n.ok(ALICE, &format!("{sb}/remove"), json!({"path": "hello.txt"}))
+        .await;
+    let d = n.ok(ALICE, &format!("{sb}/diff"), json!({})).await;
+    let changed: Vec<&str> = d["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        changed.contains(&"hello.txt") && changed.contains(&"src/b.txt"),
+        "{d}"
+    );
+    n.ok(ALICE, &format!("{sb}/restore"), json!({"name": "c1"}))
+        .await;
+    let r = n
+        .ok(ALICE, &format!("{sb}/read"), json!({"path": "hello.txt"}))
+        .await;
+    assert_eq!(r["content"], "hello\n", "restored");
+    let x = n.ok(ALICE, &format!("{sb}/export"), json!({})).await;
+    assert!(x["patch"].as_str().unwrap().contains("src/a.txt"), "{x}");
+    assert_eq!(
+        std::fs::read_to_string(n.ws.join("hello.txt")).unwrap(),
+        "hello\n"
+    );
+    assert!(
+        !n.ws.join("src").exists(),
+        "the host workspace is untouched"
+    );
+
+    // Background process: stdin, wait, kill.
+    let bg = n
+        .ok(
+            ALICE,
+            &format!("{sb}/exec"),
+            json!({"argv": ["/bin/cat"], "background": true}),
+        )
+        .await;
+    let pid = bg["exec_id"].as_u64().unwrap();
+    n.ok(
+        ALICE,
+        &format!("{sb}/processes/{pid}/stdin"),
+        json!({"data": "hi\n", "close": true}),
+    )
+    .await;
+    let p = n
+        .ok(
+            ALICE,
+            &format!("{sb}/processes/{pid}/wait?timeout_ms=5000"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(p["running"], false, "{p}");
+    assert_eq!(p["result"]["stdout"]["text"], "hi\n");
+    let bg = n
+        .ok(
+            ALICE,
+            &format!("{sb}/exec"),
+            json!({"argv": ["sleep", "60"], "background": true}),
+        )
+        .await;
+    let pid = bg["exec_id"].as_u64().unwrap();
+    n.ok(
+        ALICE,
+        &format!("{sb}/processes/{pid}/kill"),
+        json!({"signal": 9}),
+    )
+    .await;
+    let p = n
+        .ok(
+            ALICE,
+            &format!("{sb}/processes/{pid}/wait?timeout_ms=5000"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(p["result"]["signal"], 9, "{p}");
+    let r = n
+        .client
+        .get(format!("{}{sb}/processes/{pid}", n.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Bob sees nothing of it.
+    let r = n
+        .post(BOB, &format!("{sb}/exec"), json!({"argv": ["true"]}))
+        .await;
+    expect_error(r, 404, "not_found").await;
+    let r = n
+        .post(BOB, &format!("{sb}/read"), json!({"path": "hello.txt"}))
+        .await;
+    expect_error(r, 404, "not_found").await;
+
+    // Destroy.
+    let r = n
+        .client
+        .delete(format!("{}{sb}", n.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(n.backend.list().is_empty());
+    let r = n
+        .post(ALICE, &format!("{sb}/exec"), json!({"argv": ["true"]}))
+        .await;
+    expect_error(r, 404, "not_found").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_lease_destroys_the_native_sandbox() {
+    if !helper_available() {
+        return;
+    }
+    let n = Native::start().await;
+    let reaper = tokio::spawn(n.state.clone().run_reaper(Duration::from_millis(100)));
+    let short = n.create(ALICE, json!({"ttl_secs": 1})).await;
+    let long = n.create(ALICE, json!({"ttl_secs": 1})).await;
+    n.ok(
+        ALICE,
+        &format!("/v1/sandboxes/{long}/renew"),
+        json!({"ttl_secs": 60}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let ids: Vec<String> = n
+        .backend
+        .list()
+        .into_iter()
+        .map(|i| i.id.to_string())
+        .collect();
+    assert!(!ids.contains(&short), "{ids:?}");
+    assert!(ids.contains(&long), "{ids:?}");
+    reaper.abort();
+}
