@@ -86,6 +86,12 @@ impl Tokens {
             why,
         };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(path = %path.display(), "the tokens file is readable by others; chmod 600 it");
+            }
+        }
         Tokens::parse(&text).map_err(err)
     }
 

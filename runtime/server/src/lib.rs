@@ -2,20 +2,69 @@
 //!
 //! It owns the HTTP surface of `taskbox serve`: routes under `/v1` (one per operation, JSON bodies
 //! that are the API's request types, SSE for streamed execs), authentication by bearer tokens
-//! mapped to tenants, tenant isolation (another tenant's sandbox answers 404 like a missing one),
-//! quotas (429), leases and their reaper, `/healthz`, Prometheus `/metrics` and `/openapi.json`.
-//! Any backend implementing [`SandboxApi`](taskbox_core::api::SandboxApi) can sit behind it; the
-//! server calls it on tokio's blocking pool.
+//! mapped to tenants, tenant isolation, quotas, leases and their reaper, `/healthz`, Prometheus
+//! `/metrics` and `/openapi.json`. Any backend implementing
+//! [`SandboxApi`](taskbox_core::api::SandboxApi) sits behind it; the server calls it on tokio's
+//! blocking pool.
 //!
-//! Entry points: [`serve`] for the `taskbox serve` binary; [`router`] with an [`AppState`] to
-//! serve the API on a listener of one's own (tests).
+//! Entry points: [`serve`] (with [`shutdown_signal`]) for the `taskbox serve` binary:
+//!
+//! ```no_run
+//! # async fn run(state_dir: std::path::PathBuf) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! let mut config = taskbox_server::ServerConfig::new(state_dir.clone());
+//! config.socket = Some(state_dir.join("taskbox.sock"));
+//! let backend = Arc::new(taskbox_core::sandbox::NativeBackend::new(state_dir)?);
+//! taskbox_server::serve(config, backend, taskbox_server::shutdown_signal()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! and [`router`] over an [`AppState`] to serve the API on a listener of one's own (tests). The
+//! routes are [`route_specs`], the one table both the router and the OpenAPI document read.
+//!
+//! | route | body | answer |
+//! |---|---|---|
+//! | `GET /healthz` (no token) | | 200 `{"status":"ok","version","sandboxes"}` |
+//! | `GET /metrics` | | 200 Prometheus text |
+//! | `GET /openapi.json` (no token) | | 200 OpenAPI 3.1 |
+//! | `POST /v1/sandboxes` | `CreateRequest` | 201 `SandboxInfo` |
+//! | `GET /v1/sandboxes` | | 200 `[SandboxInfo]` (the caller's) |
+//! | `GET /v1/sandboxes/{id}` | | 200 `SandboxInfo` |
+//! | `DELETE /v1/sandboxes/{id}` | | 204 |
+//! | `POST /v1/sandboxes/{id}/renew` | `{"ttl_secs":N}` | 200 `SandboxInfo` |
+//! | `POST /v1/sandboxes/{id}/exec` | `ExecRequest` | 200 `ExecOutcome`, or SSE with `Accept: text/event-stream` |
+//! | `GET /v1/sandboxes/{id}/processes/{exec_id}` | | 200 `ProcessInfo` |
+//! | `POST .../processes/{exec_id}/wait?timeout_ms=` | | 200 `ProcessInfo` |
+//! | `POST .../processes/{exec_id}/kill` | `{"signal":9}` | 200 `ProcessInfo` |
+//! | `POST .../processes/{exec_id}/stdin` | `{"data":"..","close":false}` | 204 |
+//! | `POST /v1/sandboxes/{id}/read`, `write`, `edit`, `patch`, `list`, `search`, `stat`, `diff`, `export` | the request type | 200 the result type |
+//! | `POST /v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` | 201 `CheckpointInfo` |
+//! | `POST /v1/sandboxes/{id}/remove`, `move`, `restore` | the request type | 204 |
+//!
+//! Errors are `{"error":{"code","message"}}` with the status of
+//! [`ApiError::http_status`](taskbox_core::api::ApiError::http_status), plus 401 `unauthorized`, 413 `payload_too_large` and 405
+//! `method_not_allowed` ([`HttpError`]). Bodies: malformed JSON, unknown fields and wrong types
+//! are 400 with serde's message; an empty body reads as `{}`; no `Content-Type` is required.
 //!
 //! Decisions:
-//! - Without a tokens file every request is the tenant `local`; `serve` then accepts only the
-//!   Unix socket and loopback TCP addresses. With a tokens file every listener needs a token.
-//! - `/healthz` and `/openapi.json` need no token; `/metrics` does (any tenant's), since it names
-//!   tenants.
-//! - The server keeps the leases (see [`state`]); the reaper runs every second.
+//! - **Auth without tokens.** Without a tokens file every request is the tenant `local`, and
+//!   `serve` accepts only the Unix socket (mode 0600, so the file system is the access check) and
+//!   loopback TCP addresses; any other TCP address is refused at start. With a tokens file every
+//!   listener, the Unix socket included, needs `Authorization: Bearer TOKEN`.
+//! - **Tenancy.** A sandbox's owner is its `taskbox.tenant` label, set by the server; labels
+//!   starting with `taskbox.` are refused in create requests. Every route naming a sandbox the
+//!   caller does not own answers 404 with the same message as a missing one, before the backend
+//!   is called.
+//! - **Metrics need a token** (any tenant's) because they name tenants; `/healthz` and
+//!   `/openapi.json` need none.
+//! - **Leases are the server's** (see [`state`]): `ttl_secs` defaults to `default_ttl`, is capped
+//!   by `max_ttl`, and is passed to the backend; renewals live in the server's table (saved in
+//!   `STATE/server/leases.json`), which the reaper checks every second and which sets every
+//!   answer's `expires_at_ms`. Backends should not reap on their own.
+//! - **Quotas** (429 naming the limit): live sandboxes per tenant and in total (creates in flight
+//!   count); exec requests in flight per tenant and in total, streamed ones included, held until
+//!   the command ends even if the client leaves. Background execs hold a place only while the
+//!   request runs.
 
 pub mod auth;
 pub mod config;
@@ -33,5 +82,5 @@ pub use auth::{Auth, Tenant, Tokens};
 pub use config::{Limits, ServerConfig};
 pub use error::{ErrorBody, HttpError, ServerError};
 pub use routes::{RouteSpec, route_specs, router};
-pub use serve::serve;
+pub use serve::{serve, shutdown_signal};
 pub use state::AppState;

@@ -28,7 +28,7 @@ const DRAIN: Duration = Duration::from_secs(10);
 pub async fn serve(
     config: ServerConfig,
     backend: Arc<dyn SandboxApi>,
-    shutdown: impl Future<Output = ()> + Send,
+    shutdown: impl Future + Send,
 ) -> Result<(), ServerError> {
     if config.listen.is_none() && config.socket.is_none() {
         return Err(ServerError::Config(
@@ -132,6 +132,23 @@ pub async fn serve(
         let _ = std::fs::remove_file(path);
     }
     outcome
+}
+
+/// Completes on SIGINT or SIGTERM: the usual `shutdown` argument of [`serve`] for a binary.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

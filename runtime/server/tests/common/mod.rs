@@ -447,7 +447,19 @@ impl Drop for TestServer {
     }
 }
 
+/// Logs of the server go to the test's captured output (shown when a test fails).
+pub fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "taskbox_server=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 pub async fn serve_state(state: AppState, backend: FakeBackend) -> TestServer {
+    logs();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = router(state.clone());
