@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
+
+mod client;
+mod verbs;
 use taskbox_core::native::{self, RunRequest, StdinSource};
 use taskbox_core::policy;
 
@@ -25,6 +28,8 @@ use taskbox_core::policy;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    conn: verbs::Conn,
 }
 
 #[derive(Subcommand)]
@@ -39,6 +44,39 @@ enum Command {
     /// Check and explain policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Serve the HTTP API (the supervisor): on a Unix socket (default STATE/taskbox.sock) and/or
+    /// a TCP address. The CLI verbs talk to it; they start one when none runs.
+    Serve(ServeArgs),
+    #[command(flatten)]
+    Verb(verbs::Verb),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TCP address to listen on, e.g. 127.0.0.1:7070 (needs --tokens unless it is loopback).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// Tokens file mapping bearer tokens to tenants (TOML: [[token]] token = "..." tenant = "...").
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Live sandboxes across all tenants.
+    #[arg(long, value_name = "N")]
+    max_sandboxes: Option<usize>,
+    /// Live sandboxes of one tenant.
+    #[arg(long, value_name = "N")]
+    max_sandboxes_per_tenant: Option<usize>,
+    /// Exec requests in flight across all tenants.
+    #[arg(long, value_name = "N")]
+    max_execs: Option<usize>,
+    /// Exec requests in flight of one tenant.
+    #[arg(long, value_name = "N")]
+    max_execs_per_tenant: Option<usize>,
+    /// Lease of a sandbox created without one (e.g. 1h).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    default_ttl: Option<Duration>,
+    /// Longest lease a client may ask for.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    max_ttl: Option<Duration>,
 }
 
 #[derive(Args)]
@@ -67,10 +105,6 @@ struct RunArgs {
     /// Working directory inside the sandbox (default: the workspace root).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
-    /// State directory for runs and spilled output (default: $TASKBOX_STATE_DIR, or
-    /// /var/lib/taskbox for root, ~/.local/state/taskbox otherwise).
-    #[arg(long, value_name = "DIR")]
-    state_dir: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -91,6 +125,16 @@ enum PolicyCommand {
     },
     /// List the policies that can be named.
     List,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected K=V, got {s:?}"))?;
+    if k.is_empty() {
+        return Err("a label needs a name".into());
+    }
+    Ok((k.to_string(), v.to_string()))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -139,7 +183,9 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<u8> {
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Verb(v) => verbs::run(v, &cli.conn),
+        Command::Serve(args) => serve(args, &cli.conn),
+        Command::Run(args) => run(args, cli.conn.state_dir()),
         Command::Policy(PolicyCommand::Check { policy }) => {
             let (p, source) = policy::resolve(&policy)?;
             println!("{}: ok (hash {})", source, p.hash());
@@ -159,7 +205,48 @@ fn dispatch(cli: Cli) -> Result<u8> {
     }
 }
 
-fn run(args: RunArgs) -> Result<u8> {
+fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
+    let state_dir = conn.state_dir();
+    let mut config = taskbox_server::ServerConfig::new(state_dir.clone());
+    config.listen = args.listen;
+    config.tokens = args.tokens;
+    if conn.socket.is_some() || args.listen.is_none() {
+        config.socket = Some(conn.socket());
+    }
+    let l = &mut config.limits;
+    if let Some(n) = args.max_sandboxes {
+        l.max_sandboxes_total = n;
+    }
+    if let Some(n) = args.max_sandboxes_per_tenant {
+        l.max_sandboxes_per_tenant = n;
+    }
+    if let Some(n) = args.max_execs {
+        l.max_execs_total = n;
+    }
+    if let Some(n) = args.max_execs_per_tenant {
+        l.max_execs_per_tenant = n;
+    }
+    if args.default_ttl.is_some() {
+        l.default_ttl = args.default_ttl;
+    }
+    if args.max_ttl.is_some() {
+        l.max_ttl = args.max_ttl;
+    }
+    let backend = taskbox_core::sandbox::NativeBackend::new(state_dir).map_err(|e| anyhow!(e))?;
+    let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(backend);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(taskbox_server::serve(
+        config,
+        backend,
+        taskbox_server::shutdown_signal(),
+    ))?;
+    Ok(0)
+}
+
+fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
     let (policy, _) = policy::resolve(&args.policy)?;
     let workspace = match args.workspace {
         Some(w) => w,
@@ -171,7 +258,6 @@ fn run(args: RunArgs) -> Result<u8> {
             workspace.display()
         );
     }
-    let state_dir = args.state_dir.unwrap_or_else(native::default_state_dir);
     native::prune_spill(&state_dir, Duration::from_secs(24 * 3600));
     let req = RunRequest {
         argv: args.command,

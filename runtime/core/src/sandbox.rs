@@ -56,6 +56,9 @@ fn now_ms() -> u64 {
 pub struct NativeBackend {
     state_dir: PathBuf,
     sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
+    /// An exclusive lock on `STATE/sandboxes/.lock`: one backend per state directory, so the
+    /// start-up sweep never removes what a live backend owns.
+    _lock: fs::File,
 }
 
 impl std::fmt::Debug for NativeBackend {
@@ -74,9 +77,26 @@ impl NativeBackend {
         fs::create_dir_all(&sandboxes).map_err(|e| {
             ApiError::internal(format!("cannot create {}: {e}", sandboxes.display()))
         })?;
+        let lock_path = sandboxes.join(".lock");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| ApiError::internal(format!("cannot open {}: {e}", lock_path.display())))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(ApiError::Conflict(format!(
+                "another taskbox supervisor uses the state directory {}; stop it or choose \
+                 another --state-dir",
+                state_dir.display()
+            )));
+        }
         let backend = NativeBackend {
             state_dir,
             sandboxes: RwLock::new(HashMap::new()),
+            _lock: lock,
         };
         backend.sweep();
         Ok(backend)
@@ -95,6 +115,9 @@ impl NativeBackend {
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
             tracing::info!(sandbox = %name, "removing what an earlier run left");
             if let Some(cg) = Cgroup::existing(&format!("sb-{name}")) {
                 cg.kill_all(Duration::from_secs(2));

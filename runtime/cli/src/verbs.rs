@@ -1,0 +1,624 @@
+//! The sandbox verbs (`create`, `exec`, `read`, ... `rm`, `ps`): thin clients of the supervisor.
+//! Each turns its flags into one API request and prints the answer for a person, or as JSON with
+//! `--json`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use crate::client::{Client, default_socket};
+
+/// Where the supervisor is.
+#[derive(Args, Clone)]
+pub struct Conn {
+    /// The supervisor's Unix socket (default: STATE/taskbox.sock; a supervisor is started there
+    /// when none answers).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// State directory (default: $TASKBOX_STATE_DIR, /var/lib/taskbox for root, else
+    /// ~/.local/state/taskbox).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Conn {
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(taskbox_core::native::default_state_dir)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| default_socket(&self.state_dir()))
+    }
+
+    fn client(&self) -> Result<Client> {
+        Client::connect_or_start(&self.socket(), &self.state_dir())
+    }
+}
+
+#[derive(Subcommand)]
+pub enum Verb {
+    /// Create a long-lived sandbox and print its id.
+    Create(CreateArgs),
+    /// Run a command in a sandbox (output streams; exit status as for `run`).
+    Exec(ExecArgs),
+    /// Print a file of a sandbox's workspace.
+    Read(ReadArgs),
+    /// Write a file in a sandbox's workspace (content from --from FILE or stdin).
+    Write(WriteArgs),
+    /// Replace exact text in a file; prints the edit's diff.
+    Edit(EditArgs),
+    /// Apply a unified diff (from FILE or stdin), all or nothing.
+    Patch(PatchArgs),
+    /// List a directory of the workspace (gitignore-aware).
+    Ls(LsArgs),
+    /// Search the workspace's files with a regular expression.
+    Search(SearchArgs),
+    /// Show what changed since the baseline or a checkpoint.
+    Diff(DiffArgs),
+    /// Checkpoint the workspace under a name.
+    Checkpoint(NameArgs),
+    /// Roll the workspace back to a checkpoint (stops background processes).
+    Restore(NameArgs),
+    /// Print the change as a patch, or write it as a tar; --apply writes it to the host workspace.
+    Export(ExportArgs),
+    /// Destroy sandboxes: nothing of them remains.
+    Rm(RmArgs),
+    /// List live sandboxes.
+    #[command(alias = "list")]
+    Ps(PsArgs),
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    /// The workspace directory (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Policy name or file.
+    #[arg(long, value_name = "NAME|FILE")]
+    policy: Option<String>,
+    /// Lease: the sandbox is destroyed when it runs out (e.g. 30m).
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
+    ttl: Option<Duration>,
+    /// Variables set in every exec.
+    #[arg(long = "env", value_name = "K=V", value_parser = crate::parse_env)]
+    env: Vec<(String, String)>,
+    /// Labels kept with the sandbox.
+    #[arg(long = "label", value_name = "K=V", value_parser = crate::parse_label)]
+    labels: Vec<(String, String)>,
+    /// Print the sandbox's info as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    id: String,
+    /// Print the observation (ExecResult) as JSON.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, allow_hyphen_values = true)]
+    timeout: Option<Duration>,
+    /// Working directory, relative to the workspace root or absolute.
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    #[arg(long = "env", value_name = "K=V", value_parser = crate::parse_env)]
+    env: Vec<(String, String)>,
+    /// Start in the background and print the process handle.
+    #[arg(long)]
+    background: bool,
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct ReadArgs {
+    id: String,
+    path: String,
+    /// Line range, 1-based and inclusive: `10:20`, `10:` or `:20`.
+    #[arg(long, value_name = "A:B")]
+    lines: Option<String>,
+    #[arg(long, value_name = "BYTES")]
+    max_bytes: Option<u64>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct WriteArgs {
+    id: String,
+    path: String,
+    /// Read the content from this host file instead of stdin.
+    #[arg(long, value_name = "FILE")]
+    from: Option<PathBuf>,
+    /// Create missing parent directories.
+    #[arg(long, short = 'p')]
+    parents: bool,
+}
+
+#[derive(Args)]
+pub struct EditArgs {
+    id: String,
+    path: String,
+    #[arg(long)]
+    old: String,
+    #[arg(long)]
+    new: String,
+    /// How many occurrences must exist (all are replaced).
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct PatchArgs {
+    id: String,
+    /// The patch file (default: stdin).
+    file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    id: String,
+    path: Option<String>,
+    #[arg(long)]
+    glob: Option<String>,
+    #[arg(long, value_name = "N")]
+    depth: Option<u32>,
+    /// Include hidden and ignored entries.
+    #[arg(long, short = 'a')]
+    all: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SearchArgs {
+    id: String,
+    pattern: String,
+    path: Option<String>,
+    #[arg(long)]
+    glob: Option<String>,
+    #[arg(long, short = 'i')]
+    ignore_case: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DiffArgs {
+    id: String,
+    /// A checkpoint name (default: the baseline, the host copy).
+    #[arg(long, value_name = "NAME")]
+    since: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct NameArgs {
+    id: String,
+    name: String,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    id: String,
+    #[arg(long, value_parser = ["patch", "tar"], default_value = "patch")]
+    format: String,
+    /// Apply the change to the host workspace.
+    #[arg(long)]
+    apply: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RmArgs {
+    #[arg(required = true)]
+    ids: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct PsArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+fn sandbox_path(id: &str, rest: &str) -> Result<String> {
+    taskbox_core::api::SandboxId::parse(id)?;
+    Ok(format!("/v1/sandboxes/{id}{rest}"))
+}
+
+fn print_json(v: &Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn kv_map(pairs: &[(String, String)]) -> Value {
+    Value::Object(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    )
+}
+
+/// Runs one verb; returns the process exit status.
+pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
+    let client = conn.client()?;
+    match verb {
+        Verb::Create(a) => {
+            let workspace = match a.workspace {
+                Some(w) => w,
+                None => std::env::current_dir().context("cannot determine the current directory")?,
+            };
+            let workspace = std::fs::canonicalize(&workspace).with_context(|| {
+                format!("workspace {} does not exist", workspace.display())
+            })?;
+            let mut body = json!({
+                "workspace": workspace.display().to_string(),
+                "env": kv_map(&a.env),
+                "labels": kv_map(&a.labels),
+            });
+            if let Some(p) = a.policy {
+                // A policy file is resolved by the supervisor: pass an absolute path.
+                let p = if Path::new(&p).exists() && (p.contains('/') || p.ends_with(".toml")) {
+                    std::fs::canonicalize(&p)?.display().to_string()
+                } else {
+                    p
+                };
+                body["policy"] = json!(p);
+            }
+            if let Some(t) = a.ttl {
+                body["ttl_secs"] = json!(t.as_secs().max(1));
+            }
+            let info = client.request("POST", "/v1/sandboxes", Some(&body))?.ok()?;
+            if a.json {
+                print_json(&info)?;
+            } else {
+                println!("{}", info["id"].as_str().unwrap_or_default());
+            }
+            Ok(0)
+        }
+        Verb::Exec(a) => exec(&client, a),
+        Verb::Read(a) => {
+            let mut body = json!({ "path": a.path });
+            if let Some(range) = &a.lines {
+                let (s, e) = range
+                    .split_once(':')
+                    .ok_or_else(|| anyhow::anyhow!("--lines expects A:B, got {range:?}"))?;
+                if !s.is_empty() {
+                    body["line_start"] = json!(s.parse::<u64>().context("--lines start")?);
+                }
+                if !e.is_empty() {
+                    body["line_end"] = json!(e.parse::<u64>().context("--lines end")?);
+                }
+            }
+            if let Some(m) = a.max_bytes {
+                body["max_bytes"] = json!(m);
+            }
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/read")?, Some(&body))?
+                .ok()?;
+            if a.json {
+                print_json(&r)?;
+            } else if r["encoding"] == "base64" {
+                bail!(
+                    "{} is binary ({} bytes); use --json to get it base64-encoded",
+                    a.path,
+                    r["total_bytes"]
+                );
+            } else {
+                print!("{}", r["content"].as_str().unwrap_or_default());
+                if r["truncated"] == true {
+                    eprintln!(
+                        "taskbox: output cut at {} of {} bytes (use --max-bytes or --lines)",
+                        r["content"].as_str().map(str::len).unwrap_or(0),
+                        r["total_bytes"]
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Verb::Write(a) => {
+            let mut content = Vec::new();
+            match &a.from {
+                Some(f) => {
+                    content = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?
+                }
+                None => {
+                    std::io::stdin().read_to_end(&mut content)?;
+                }
+            }
+            let (content, encoding) = match String::from_utf8(content) {
+                Ok(s) => (s, "utf-8"),
+                Err(e) => (base64_encode(e.as_bytes()), "base64"),
+            };
+            let body = json!({"path": a.path, "content": content, "encoding": encoding,
+                              "create_parents": a.parents});
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/write")?, Some(&body))?
+                .ok()?;
+            eprintln!(
+                "taskbox: wrote {} bytes to {}{}",
+                r["bytes_written"],
+                a.path,
+                if r["created"] == true { " (new file)" } else { "" }
+            );
+            Ok(0)
+        }
+        Verb::Edit(a) => {
+            let mut body = json!({"path": a.path, "old": a.old, "new": a.new});
+            if let Some(c) = a.count {
+                body["expected_count"] = json!(c);
+            }
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/edit")?, Some(&body))?
+                .ok()?;
+            print!("{}", r["diff"].as_str().unwrap_or_default());
+            Ok(0)
+        }
+        Verb::Patch(a) => {
+            let patch = match &a.file {
+                Some(f) => std::fs::read_to_string(f)
+                    .with_context(|| format!("cannot read {}", f.display()))?,
+                None => {
+                    let mut s = String::new();
+                    std::io::stdin().read_to_string(&mut s)?;
+                    s
+                }
+            };
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/patch")?, Some(&json!({"patch": patch})))?
+                .ok()?;
+            for f in r["files"].as_array().into_iter().flatten() {
+                println!(
+                    "{} {}",
+                    f["kind"].as_str().unwrap_or("?"),
+                    f["path"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(0)
+        }
+        Verb::Ls(a) => {
+            let mut body = json!({"include_hidden": a.all, "include_ignored": a.all});
+            if let Some(p) = a.path {
+                body["path"] = json!(p);
+            }
+            if let Some(g) = a.glob {
+                body["glob"] = json!(g);
+            }
+            if let Some(d) = a.depth {
+                body["max_depth"] = json!(d);
+            }
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/list")?, Some(&body))?
+                .ok()?;
+            if a.json {
+                return print_json(&r).map(|_| 0);
+            }
+            for e in r["entries"].as_array().into_iter().flatten() {
+                let kind = e["kind"].as_str().unwrap_or("?");
+                let suffix = match kind {
+                    "dir" => "/",
+                    "symlink" => "@",
+                    _ => "",
+                };
+                println!("{}{suffix}", e["path"].as_str().unwrap_or("?"));
+            }
+            if r["truncated"] == true {
+                eprintln!("taskbox: listing cut at the entry limit");
+            }
+            Ok(0)
+        }
+        Verb::Search(a) => {
+            let mut body = json!({"pattern": a.pattern, "case_insensitive": a.ignore_case});
+            if let Some(p) = a.path {
+                body["path"] = json!(p);
+            }
+            if let Some(g) = a.glob {
+                body["glob"] = json!(g);
+            }
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/search")?, Some(&body))?
+                .ok()?;
+            if a.json {
+                return print_json(&r).map(|_| 0);
+            }
+            let matches = r["matches"].as_array().cloned().unwrap_or_default();
+            for m in &matches {
+                println!(
+                    "{}:{}:{}",
+                    m["path"].as_str().unwrap_or("?"),
+                    m["line_number"],
+                    m["line"].as_str().unwrap_or("")
+                );
+            }
+            // Like grep: 1 when nothing matched.
+            Ok(if matches.is_empty() { 1 } else { 0 })
+        }
+        Verb::Diff(a) => {
+            let mut body = json!({});
+            if let Some(s) = a.since {
+                body["since"] = json!(s);
+            }
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/diff")?, Some(&body))?
+                .ok()?;
+            if a.json {
+                print_json(&r)?;
+            } else {
+                print!("{}", r["diff"].as_str().unwrap_or_default());
+            }
+            Ok(0)
+        }
+        Verb::Checkpoint(a) => {
+            let r = client
+                .request(
+                    "POST",
+                    &sandbox_path(&a.id, "/checkpoints")?,
+                    Some(&json!({"name": a.name})),
+                )?
+                .ok()?;
+            eprintln!(
+                "taskbox: checkpoint {} of {} changed paths",
+                a.name, r["files"]
+            );
+            Ok(0)
+        }
+        Verb::Restore(a) => {
+            client
+                .request(
+                    "POST",
+                    &sandbox_path(&a.id, "/restore")?,
+                    Some(&json!({"name": a.name})),
+                )?
+                .ok()?;
+            eprintln!("taskbox: restored checkpoint {}", a.name);
+            Ok(0)
+        }
+        Verb::Export(a) => {
+            let r = client
+                .request(
+                    "POST",
+                    &sandbox_path(&a.id, "/export")?,
+                    Some(&json!({"format": a.format, "apply": a.apply})),
+                )?
+                .ok()?;
+            if a.json {
+                print_json(&r)?;
+            } else if let Some(p) = r["patch"].as_str() {
+                print!("{p}");
+            } else if let Some(t) = r["tar_path"].as_str() {
+                println!("{t}");
+            }
+            if r["applied"] == true {
+                eprintln!(
+                    "taskbox: applied {} changes to the host workspace",
+                    r["changes"].as_array().map(Vec::len).unwrap_or(0)
+                );
+            }
+            Ok(0)
+        }
+        Verb::Rm(a) => {
+            let mut failed = false;
+            for id in &a.ids {
+                match client.request("DELETE", &sandbox_path(id, "")?, None)?.ok() {
+                    Ok(_) => println!("{id}"),
+                    Err(e) => {
+                        eprintln!("taskbox: {id}: {e:#}");
+                        failed = true;
+                    }
+                }
+            }
+            Ok(if failed { 125 } else { 0 })
+        }
+        Verb::Ps(a) => {
+            let r = client.request("GET", "/v1/sandboxes", None)?.ok()?;
+            if a.json {
+                return print_json(&r).map(|_| 0);
+            }
+            let list = r
+                .as_array()
+                .cloned()
+                .or_else(|| r["sandboxes"].as_array().cloned())
+                .unwrap_or_default();
+            println!("{:<20} {:<8} {:<12} {:<8} WORKSPACE", "ID", "STATE", "POLICY", "LEASE");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            for s in list {
+                let lease = match s["expires_at_ms"].as_u64() {
+                    Some(t) => format!("{}s", t.saturating_sub(now) / 1000),
+                    None => "-".into(),
+                };
+                println!(
+                    "{:<20} {:<8} {:<12} {:<8} {}",
+                    s["id"].as_str().unwrap_or("?"),
+                    s["state"].as_str().unwrap_or("?"),
+                    s["policy"].as_str().unwrap_or("?"),
+                    lease,
+                    s["workspace"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
+    let mut body = json!({"argv": a.command, "env": kv_map(&a.env), "background": a.background});
+    if let Some(t) = a.timeout {
+        body["timeout_ms"] = json!(t.as_millis() as u64);
+    }
+    if let Some(c) = a.cwd {
+        body["cwd"] = json!(c);
+    }
+    let path = sandbox_path(&a.id, "/exec")?;
+    if a.json || a.background {
+        let r = client.request("POST", &path, Some(&body))?.ok()?;
+        print_json(&r)?;
+        return Ok(exit_status(&r));
+    }
+    let mut result = None;
+    let failed = client.stream(&path, &body, |event, data| {
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        match event {
+            "stdout" => {
+                let mut out = std::io::stdout();
+                out.write_all(v["data"].as_str().unwrap_or_default().as_bytes())?;
+                out.flush()?;
+            }
+            "stderr" => {
+                std::io::stderr().write_all(v["data"].as_str().unwrap_or_default().as_bytes())?;
+            }
+            "ended" => result = Some(v["result"].clone()),
+            "error" => bail!(
+                "{}",
+                v["error"]["message"].as_str().unwrap_or("the exec failed")
+            ),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    if let Some(resp) = failed {
+        resp.ok()?;
+    }
+    let Some(r) = result else {
+        bail!("the supervisor closed the stream before the command ended");
+    };
+    for v in r["violations"].as_array().into_iter().flatten() {
+        eprintln!(
+            "taskbox: {}: {}",
+            v["kind"].as_str().unwrap_or("?"),
+            v["detail"].as_str().unwrap_or("")
+        );
+    }
+    Ok(exit_status(&r))
+}
+
+/// The CLI exit status of an ExecResult: the command's own, 128+N for a signal, 124 on timeout.
+fn exit_status(r: &Value) -> u8 {
+    if r["timed_out"] == true {
+        124
+    } else if let Some(s) = r["signal"].as_u64() {
+        (128 + s).min(255) as u8
+    } else if let Some(c) = r["exit_code"].as_i64() {
+        c.clamp(0, 255) as u8
+    } else {
+        0
+    }
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(data)
+}

@@ -1,0 +1,305 @@
+//! `taskbox serve` and the CLI verbs that talk to it: the verbs end to end, the supervisor
+//! started on demand, a supervisor killed with SIGKILL mid-exec and restarted (nothing leaks),
+//! and a load of 64 live sandboxes with 8 clients issuing 2,000 execs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use taskbox_tests::{Env, host_processes_with, http, taskbox};
+
+struct Supervisor {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Supervisor {
+    fn start(env: &Env, extra: &[&str]) -> Supervisor {
+        let socket = env.state().join("test.sock");
+        let child = Command::new(taskbox())
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(env.state())
+            .args(extra)
+            .env("HOME", env.home())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                return Supervisor { child, socket };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the supervisor did not come up");
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        http::call(&self.socket, method, path, body.as_ref())
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cli(env: &Env, socket: &Path, args: &[&str]) -> Output {
+    Command::new(taskbox())
+        .arg("--socket")
+        .arg(socket)
+        .arg("--state-dir")
+        .arg(env.state())
+        .args(args)
+        .env("HOME", env.home())
+        .current_dir(env.ws())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn cli_verbs_drive_a_sandbox_end_to_end() {
+    let env = Env::new();
+    env.write("src/lib.rs", "pub fn one() -> u32 { 1 }\n");
+    let sup = Supervisor::start(&env, &[]);
+    let s = sup.socket.clone();
+    let o = cli(&env, &s, &["create", "--workspace", env.ws().to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    let id = text(&o).trim().to_string();
+    assert!(id.starts_with("sb-"), "{id}");
+
+    let o = cli(&env, &s, &["exec", &id, "--", "sh", "-c", "echo hello; echo warn >&2; exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(text(&o), "hello\n");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("warn"));
+
+    let o = cli(
+        &env,
+        &s,
+        &["edit", &id, "src/lib.rs", "--old", "{ 1 }", "--new", "{ 2 }"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert!(text(&o).contains("+pub fn one() -> u32 { 2 }"), "{}", text(&o));
+    let o = cli(&env, &s, &["read", &id, "src/lib.rs"]);
+    assert_eq!(text(&o), "pub fn one() -> u32 { 2 }\n");
+    let o = cli(&env, &s, &["search", &id, "fn one"]);
+    assert!(text(&o).starts_with("src/lib.rs:1:"), "{}", text(&o));
+    let o = cli(&env, &s, &["ls", &id, "src"]);
+    assert!(text(&o).contains("src/lib.rs"), "{}", text(&o));
+    let o = cli(&env, &s, &["checkpoint", &id, "edited"]);
+    assert!(o.status.success(), "{o:?}");
+    cli(&env, &s, &["exec", &id, "--", "rm", "src/lib.rs"]);
+    let o = cli(&env, &s, &["diff", &id, "--since", "edited"]);
+    assert!(text(&o).contains("deleted file mode"), "{}", text(&o));
+    let o = cli(&env, &s, &["restore", &id, "edited"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = cli(&env, &s, &["diff", &id]);
+    assert!(text(&o).contains("+pub fn one() -> u32 { 2 }"), "{}", text(&o));
+    // The host copy is untouched until export --apply.
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("src/lib.rs")).unwrap(),
+        "pub fn one() -> u32 { 1 }\n"
+    );
+    let o = cli(&env, &s, &["export", &id, "--apply"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("src/lib.rs")).unwrap(),
+        "pub fn one() -> u32 { 2 }\n"
+    );
+    let o = cli(&env, &s, &["ps"]);
+    assert!(text(&o).contains(&id), "{}", text(&o));
+    let o = cli(&env, &s, &["rm", &id]);
+    assert!(o.status.success(), "{o:?}");
+    let o = cli(&env, &s, &["read", &id, "src/lib.rs"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not_found"), "{o:?}");
+}
+
+#[test]
+fn a_verb_starts_a_supervisor_when_none_runs() {
+    let env = Env::new();
+    let socket = env.state().join("auto.sock");
+    let o = cli(&env, &socket, &["create", "--workspace", env.ws().to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("started one in the background"),
+        "{o:?}"
+    );
+    let id = text(&o).trim().to_string();
+    let o = cli(&env, &socket, &["exec", &id, "--", "echo", "ok"]);
+    assert_eq!(text(&o), "ok\n");
+    // Stop the background supervisor: its sandboxes end with it.
+    let pids = host_processes_with(socket.to_str().unwrap());
+    assert!(!pids.is_empty());
+    for pid in pids {
+        // SAFETY: test code; signals a process this test started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+}
+
+fn leftover_cgroups() -> Vec<String> {
+    let mut found = Vec::new();
+    for controller in ["memory", "pids", "cpu", "cpuacct", ""] {
+        let root = Path::new("/sys/fs/cgroup").join(controller);
+        let Ok(out) = Command::new("find")
+            .arg(&root)
+            .args(["-maxdepth", "4", "-type", "d", "-name", "taskbox-sb-*"])
+            .output()
+        else {
+            continue;
+        };
+        found.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string),
+        );
+    }
+    found
+}
+
+#[test]
+fn a_supervisor_killed_mid_exec_leaves_nothing_and_restarts_clean() {
+    let env = Env::new();
+    let sup = Supervisor::start(&env, &[]);
+    let (st, info) = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"workspace": env.ws().display().to_string()})),
+    );
+    assert_eq!(st, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let marker = format!("44{}.5", std::process::id());
+    let (st, _) = sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"shell": format!("sleep {marker}"), "background": true})),
+    );
+    assert_eq!(st, 200);
+    let sock = sup.socket.clone();
+    let fg_marker = marker.clone();
+    let fg = std::thread::spawn(move || {
+        http::call(
+            &sock,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&json!({"shell": format!("echo started; sleep {fg_marker}")})),
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_processes_with(&marker).len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(host_processes_with(&marker).len() >= 2, "both execs should run");
+    sup.kill9();
+    let _ = fg.join();
+    // The sandboxes die with their supervisor.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(host_processes_with(&marker).is_empty(), "sandbox processes outlived the supervisor");
+    // A new supervisor removes what the old one left.
+    let sup = Supervisor::start(&env, &[]);
+    let (st, list) = sup.call("GET", "/v1/sandboxes", None);
+    assert_eq!(st, 200);
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+    let sandboxes = env.state().join("sandboxes");
+    let left: Vec<_> = std::fs::read_dir(&sandboxes)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name())
+                .filter(|n| n != ".lock")
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "state left behind: {left:?}");
+    let state = env.state().display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&state), "a mount of the state dir leaked");
+    let leaf = format!("taskbox-sb-{}", info["id"].as_str().unwrap());
+    let mine: Vec<String> = leftover_cgroups()
+        .into_iter()
+        .filter(|c| c.ends_with(&leaf))
+        .collect();
+    assert!(mine.is_empty(), "cgroups leaked: {mine:?}");
+    drop(sup);
+}
+
+#[test]
+fn load_64_sandboxes_8_clients_2000_execs_without_errors() {
+    let env = Env::new();
+    let sup = Supervisor::start(
+        &env,
+        &[
+            "--max-sandboxes",
+            "64",
+            "--max-sandboxes-per-tenant",
+            "64",
+            "--max-execs",
+            "64",
+            "--max-execs-per-tenant",
+            "64",
+        ],
+    );
+    let mut ids = Vec::new();
+    for _ in 0..64 {
+        let (st, info) = sup.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"workspace": env.ws().display().to_string()})),
+        );
+        assert_eq!(st, 201, "{info}");
+        ids.push(info["id"].as_str().unwrap().to_string());
+    }
+    let ids = std::sync::Arc::new(ids);
+    let start = Instant::now();
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let ids = ids.clone();
+            let socket = sup.socket.clone();
+            std::thread::spawn(move || {
+                let mut errors = Vec::new();
+                for i in 0..250 {
+                    let id = &ids[(w * 250 + i) % ids.len()];
+                    let (st, r) = http::call(
+                        &socket,
+                        "POST",
+                        &format!("/v1/sandboxes/{id}/exec"),
+                        Some(&json!({"argv": ["/bin/echo", format!("{w}-{i}")]})),
+                    );
+                    if st != 200 || r["stdout"]["text"] != format!("{w}-{i}\n") {
+                        errors.push(format!("{st} {r}"));
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    let errors: Vec<String> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let took = start.elapsed();
+    eprintln!("2000 execs over 64 sandboxes from 8 clients in {took:?}");
+    assert!(errors.is_empty(), "{} errors, first: {}", errors.len(), errors[0]);
+    for id in ids.iter() {
+        let (st, _) = sup.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert!(st == 204 || st == 200, "{st}");
+    }
+}
