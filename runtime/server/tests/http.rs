@@ -994,3 +994,43 @@ async fn metrics_are_prometheus_text() {
     assert!(text.contains("le=\"+Inf\"} 2\n"));
     assert!(text.contains("taskbox_exec_duration_seconds_count 2\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_left_keeps_its_place_until_the_command_ends() {
+    let s = start(Limits {
+        max_execs_per_tenant: 1,
+        ..Limits::default()
+    })
+    .await;
+    let a = s.sandbox(ALICE).await;
+    let mut r = s
+        .client
+        .post(s.url(&format!("/v1/sandboxes/{a}/exec")))
+        .bearer_auth(ALICE)
+        .header("accept", "text/event-stream")
+        .json(&json!({"argv": ["sleep", "900"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("event: started"));
+    drop(r);
+    let r = s
+        .post(
+            ALICE,
+            &format!("/v1/sandboxes/{a}/exec"),
+            json!({"argv": ["true"]}),
+        )
+        .await;
+    expect_error(r, 429, "limit_exceeded").await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let r = s
+        .post(
+            ALICE,
+            &format!("/v1/sandboxes/{a}/exec"),
+            json!({"argv": ["true"]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+}
