@@ -9,8 +9,9 @@
 #            `git status --porcelain` on the same tree; ratio git/taskbox (target >= 10x).
 #   memory   peak RSS (`/usr/bin/time -v`) and throughput of `taskbox run` (and `--json`) while the
 #            command writes 1 GiB to stdout (target < 64 MiB).
-#   profile  where taskbox's start-up time goes: off-CPU time of its processes by kernel wait site
-#            (perf, sched:sched_switch with call graphs), mean per run.
+#   profile  where taskbox's time goes, mean per run of `run -- true` (perf, system-wide): off-CPU
+#            time of its processes by kernel wait site (sched:sched_switch with call graphs) and
+#            CPU time by syscall (cpu-clock); with `diff`, the off-CPU time of `run --diff` too.
 #   all      startup profile diff memory (the profile is skipped when perf is not usable).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
@@ -21,6 +22,7 @@
 #   BENCH_TARGET_DIR  cargo target dir for the release build (default: target/bench, separate from
 #                     the usual target/ so a benchmark build never waits on a development build)
 #   BENCH_NO_BUILD=1  use the binaries already in $BENCH_TARGET_DIR/release
+#   BENCH_REV=COMMIT  benchmark that commit (git archive + build) instead of the working tree
 #   TASKBOX_BIN       benchmark this taskbox binary (taskbox-init beside it); skips the build
 #   BENCH_ROUNDS      hyperfine rounds per figure (default 3)
 #   BENCH_RUNS        runs per command per round (default 15; rounds x runs must be >= 30)
@@ -66,7 +68,8 @@ if [ $((ROUNDS * RUNS)) -lt 30 ]; then
   exit 2
 fi
 
-log() { printf '\n== %s\n' "$*" >&2; }
+START=$SECONDS
+log() { printf '\n== %s  [+%ds]\n' "$*" $((SECONDS - START)) >&2; }
 die() { echo "bench.sh: $*" >&2; exit 1; }
 
 # ---- tools -----------------------------------------------------------------------------------
@@ -84,25 +87,10 @@ if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   apt_install "${need[@]}" || die "missing ${need[*]} (run as root to install them with apt-get)"
 fi
-for t in cargo git python3; do
-  command -v "$t" >/dev/null || [ "$t" = cargo -a -n "${TASKBOX_BIN:-}" ] || die "$t not found"
+for t in git python3 bc; do
+  command -v "$t" >/dev/null || apt_install "$t" || die "$t not found"
 done
-
-# ---- binaries --------------------------------------------------------------------------------
-if [ -n "${TASKBOX_BIN:-}" ]; then
-  TASKBOX=$(readlink -f "$TASKBOX_BIN")
-else
-  target_dir=${BENCH_TARGET_DIR:-target/bench}
-  mkdir -p "$target_dir"
-  target_dir=$(cd "$target_dir" && pwd)
-  if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
-    log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
-    CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init
-  fi
-  TASKBOX=$target_dir/release/taskbox
-fi
-[ -x "$TASKBOX" ] || die "no taskbox binary at $TASKBOX"
-[ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
+[ -n "${TASKBOX_BIN:-}" ] || command -v cargo >/dev/null || die "cargo not found"
 
 # ---- scratch space ---------------------------------------------------------------------------
 SCRATCH=$(mktemp -d "${TMPDIR:-/var/tmp}/taskbox-bench.XXXXXX")
@@ -117,7 +105,7 @@ trap cleanup EXIT
 export TASKBOX_STATE_DIR=$SCRATCH/state
 mkdir -p "$TASKBOX_STATE_DIR" "$SCRATCH/ws"
 echo "hello" > "$SCRATCH/ws/README"
-ROWS=$SCRATCH/rows.tsv
+ROWS=$SCRATCH/rows.md
 : > "$ROWS"
 SHM_STATE=
 if [ "$(stat -f -c %T /dev/shm 2>/dev/null || true)" = tmpfs ]; then
@@ -125,9 +113,41 @@ if [ "$(stat -f -c %T /dev/shm 2>/dev/null || true)" = tmpfs ]; then
   trap 'rm -rf "$SHM_STATE"; cleanup' EXIT
 fi
 
+# ---- binaries --------------------------------------------------------------------------------
+# BENCH_REV: build that commit (exported with git archive, so uncommitted changes in the working
+# tree do not leak in) instead of the working tree.
+source_desc=
+if [ -n "${TASKBOX_BIN:-}" ]; then
+  TASKBOX=$(readlink -f "$TASKBOX_BIN")
+  source_desc="TASKBOX_BIN (built elsewhere)"
+else
+  target_dir=${BENCH_TARGET_DIR:-target/bench}
+  mkdir -p "$target_dir"
+  target_dir=$(cd "$target_dir" && pwd)
+  src=$repo
+  if [ -n "${BENCH_REV:-}" ]; then
+    src=$SCRATCH/src
+    mkdir -p "$src"
+    git -C "$repo" archive "$BENCH_REV" | tar -x -C "$src"
+    source_desc="$(git -C "$repo" rev-parse --short "$BENCH_REV") (release build of that commit)"
+  else
+    source_desc="$(git -C "$repo" describe --always --dirty 2>/dev/null || echo '?') (release build of the working tree)"
+  fi
+  if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+    log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
+    (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
+  fi
+  TASKBOX=$target_dir/release/taskbox
+fi
+[ -x "$TASKBOX" ] || die "no taskbox binary at $TASKBOX"
+[ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
+
 # The Python helpers: hyperfine aggregation, /usr/bin/time parsing, the off-CPU profile.
 cat > "$SCRATCH/helpers.py" <<'PY'
 import json, re, statistics, sys, collections
+
+def md_row(cells):
+    return "| " + " | ".join(cells) + " |\n"
 
 def hf(args):
     """hf ROWS LABEL SUBJECT BASE DIRECTION TARGET FILES...: aggregate hyperfine exports (rounds);
@@ -159,16 +179,19 @@ def hf(args):
     print(f"  ratio {rtext}: {r:.2f}x ± {err:.2f} (of means), {rmed:.2f}x (of medians); "
           f"target {ttext}: {'met' if ok else 'NOT met'}")
     with open(rows, "a") as out:
-        out.write("\t".join([label, f"{sm:.1f} ± {ss:.1f} ms (median {smed:.1f})",
+        out.write(md_row([label, f"{sm:.1f} ± {ss:.1f} ms (median {smed:.1f})",
                              f"{base}: {bm:.1f} ± {bs:.1f} ms (median {bmed:.1f})",
                              f"{r:.2f}x ± {err:.2f} (medians {rmed:.2f}x)", ttext,
-                             "yes" if ok else "**no**"]) + "\n")
+                             "yes" if ok else "**no**"]))
+    # The other commands: a taskbox variant against the base ('sb'), or a baseline variant
+    # against taskbox ('bs').
     for name, (m, s, med, _, _) in st.items():
         if name not in (subject, base):
+            rr, what = (m / bm, f"{name}/{base}") if direction == "sb" else (m / sm, f"{name}/{subject}")
+            cols = ([f"{m:.1f} ± {s:.1f} ms (median {med:.1f})", ""] if direction == "sb"
+                    else ["", f"{name}: {m:.1f} ± {s:.1f} ms (median {med:.1f})"])
             with open(rows, "a") as out:
-                rr = m / bm if direction == "sb" else bm / m
-                out.write("\t".join([f"  {label}, {name}", f"{m:.1f} ± {s:.1f} ms (median {med:.1f})",
-                                     "", f"{rr:.2f}x", "", ""]) + "\n")
+                out.write(md_row([f"{label}: {name}", *cols, f"{what}: {rr:.2f}x", "", ""]))
 
 def timev(args):
     """timev FILE: prints 'seconds max_rss_kib exit_status' from `/usr/bin/time -v` output."""
@@ -201,44 +224,105 @@ SKIP = re.compile(r"^(__schedule|schedule|schedule_timeout|schedule_preempt_disa
                   r"synchronize_rcu.*|rcu_sync_enter|wait_rcu_gp|__wait_rcu_gp|exit_to_user_mode_loop|"
                   r"irqentry_exit_to_user_mode|do_syscall_64|entry_SYSCALL_64_after_hwframe|asm_.*|"
                   r"x64_sys_call|__x64_sys_.*|\[unknown\]|folio_wait_bit.*|__folio_lock.*)$")
+HEAD = re.compile(r"^\s*(.+?)\s+(\d+)/(\d+)\s+(\d+\.\d+):\s+(\d+)\s+(\S+):\s*(.*)$")
+SWITCH = re.compile(r"prev_comm=(.*?) prev_pid=(\d+) prev_prio=\d+ prev_state=(\S+) ==> "
+                    r"next_comm=(.*?) next_pid=(\d+)")
+FORK = re.compile(r"pid=(\d+) child_comm=.*? child_pid=(\d+)")
+
+def perf_events(root):
+    """Events of `perf script -F comm,pid,tid,time,event,period,trace,ip,sym` on stdin, each with
+    a flag saying whether its task descends from pid `root` (followed through fork events), so
+    that processes of the same name elsewhere on the machine are not counted."""
+    ours, ev = set(), None
+    def done(e):
+        if e is None:
+            return None
+        if "sched_process_fork" in e["event"]:
+            m = FORK.search(e["trace"])
+            if m and (int(m.group(1)) in ours or int(m.group(1)) == root):
+                ours.add(int(m.group(2)))
+        e["ours"] = e["tid"] in ours
+        return e
+    for line in sys.stdin:
+        m = HEAD.match(line)
+        if m:
+            if done(ev):
+                yield ev
+            ev = dict(comm=m.group(1), tid=int(m.group(3)), t=float(m.group(4)),
+                      period=int(m.group(5)), event=m.group(6), trace=m.group(7), stack=[])
+            ev["ours_set"] = ours
+        elif ev is not None and line.strip():
+            parts = line.split(None, 1)
+            sym = parts[1].strip().split("+")[0] if len(parts) > 1 else "?"
+            ev["stack"].append((parts[0].startswith("ffffffff"), sym))
+    if done(ev):
+        yield ev
 
 def offcpu(args):
-    """offcpu RUNS COMMS: from `perf script` of sched:sched_switch -g on stdin, the time each of the
-    named processes spent off-CPU, grouped by the kernel frames it blocked in, per run."""
-    runs, comms = int(args[0]), set(args[1].split(","))
-    evs, ev = [], None
-    pat = re.compile(r"\s(\d+\.\d+):\s+sched:sched_switch:\s+prev_comm=(.*?) prev_pid=(\d+) "
-                     r"prev_prio=\d+ prev_state=(\S+) ==> next_comm=(.*?) next_pid=(\d+)")
-    for line in sys.stdin:
-        m = pat.search(line)
-        if m:
-            ev = dict(t=float(m.group(1)), pc=m.group(2), pp=int(m.group(3)), st=m.group(4),
-                      np=int(m.group(6)), stack=[])
-            evs.append(ev)
-        elif ev is not None and line.strip():
-            parts = line.split()
-            if len(parts) >= 2:
-                ev["stack"].append(parts[1])
+    """offcpu RUNS ROOT_PID: the time the benchmarked processes spent off-CPU, grouped by the
+    kernel frames they blocked in, per run (from sched:sched_switch with call graphs)."""
+    runs, root = int(args[0]), int(args[1])
     away, total, count = {}, collections.defaultdict(float), collections.Counter()
-    for e in evs:
-        if e["np"] in away:
-            t0, key = away.pop(e["np"])
+    for e in perf_events(root):
+        if "sched_switch" not in e["event"]:
+            continue
+        m = SWITCH.search(e["trace"])
+        prev, state, nxt = int(m.group(2)), m.group(3), int(m.group(5))
+        if nxt in away:
+            t0, key = away.pop(nxt)
             total[key] += e["t"] - t0
             count[key] += 1
-        if e["pc"] in comms:
-            if e["st"].startswith("R"):
+        if prev in e["ours_set"]:
+            if state.startswith("R"):
                 why = "runnable, waiting for a CPU (preempted)"
             else:
-                frames = [f for f in e["stack"] if not SKIP.match(f)]
-                call = next((f for f in e["stack"] if f.startswith("__x64_sys_")), "")
+                frames = [f for k, f in e["stack"] if k and not SKIP.match(f)]
+                call = next((f for k, f in e["stack"] if f.startswith("__x64_sys_")), "")
                 why = " < ".join(frames[:3]) + (f"  [{call[len('__x64_sys_'):]}]" if call else "")
-                why = f"{e['st'][0]} {why}"
-            away[e["pp"]] = (e["t"], (e["pc"], why))
-    print(f"  off-CPU ms/run  times/run  process        blocked in (innermost frames < callers  [syscall])")
+                why = f"{state[0]} {why}"
+            away[prev] = (e["t"], (m.group(1), why))
+    print("  off-CPU ms/run  times/run  process        blocked in (innermost frames < callers  [syscall])")
     for key, v in sorted(total.items(), key=lambda kv: -kv[1])[:18]:
         print(f"  {v / runs * 1000:13.2f}  {count[key] / runs:9.1f}  {key[0]:<14} {key[1]}")
     print("  (a parent's poll/wait4 rows are time spent waiting for its child: they overlap the"
           " child's rows)")
+
+def oncpu(args):
+    """oncpu RUNS ROOT_PID: the CPU time of the benchmarked processes by outermost syscall (or page
+    faults, or user space), per run (from cpu-clock samples with call graphs)."""
+    runs, root = int(args[0]), int(args[1])
+    total, per_comm = collections.defaultdict(int), collections.defaultdict(int)
+    for e in perf_events(root):
+        if not e["ours"] or not e["event"].startswith("cpu-clock"):
+            continue
+        frames, cat = e["stack"], None
+        for i, (kern, f) in enumerate(frames):  # innermost first
+            m = re.match(r"__(?:x64|do)_sys_(\w+)$", f)
+            if m:
+                cat = "syscall " + m.group(1)
+            elif f == "asm_exc_page_fault":
+                cat = "page faults"
+            elif f == "entry_SYSCALL_64_after_hwframe" and cat is None:
+                # the wrapper was inlined: name the call by its libc function
+                outer = [g for k, g in frames[i + 1:] if not k and g != "[unknown]"]
+                inner = [g for k, g in frames[:i] if k and g != "do_syscall_64"]
+                name = outer[0] if outer and outer[0] != "syscall" else inner[-1] if inner else "?"
+                cat = "syscall " + name
+        if cat is None:
+            kframes = [f for k, f in frames if k]
+            if any(f.startswith("ret_from_fork") for f in kframes):
+                cat = "new process start (ret_from_fork)"
+            elif kframes:
+                cat = "kernel, other: " + kframes[-1]
+            else:
+                cat = "user space"
+        total[(e["comm"], cat)] += e["period"]
+        per_comm[e["comm"]] += e["period"]
+    print("  on-CPU ms/run by process: " + ", ".join(
+        f"{c} {v / runs / 1e6:.2f}" for c, v in sorted(per_comm.items(), key=lambda kv: -kv[1])))
+    print("  on-CPU ms/run  process        where (outermost syscall, page faults, or user space)")
+    for key, v in sorted(total.items(), key=lambda kv: -kv[1])[:18]:
+        print(f"  {v / runs / 1e6:13.2f}  {key[0]:<14} {key[1]}")
 
 getattr(sys.modules[__name__], sys.argv[1])(sys.argv[2:])
 PY
@@ -284,7 +368,7 @@ machine_notes() {
     "$("$TASKBOX" run --json --workspace "$SCRATCH/ws" -- true | py jsonfield /dev/stdin enforcement.limits)"
   echo "load:      $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
   echo "tools:     $(hyperfine --version), bwrap $(bwrap --version | awk '{print $2}'), $(git --version)"
-  echo "taskbox:   $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?') (release build)"
+  echo "taskbox:   $source_desc"
 }
 log "machine"
 machine_notes | tee "$SCRATCH/machine.txt"
@@ -310,25 +394,56 @@ bench_startup() {
 }
 
 # ---- profile ---------------------------------------------------------------------------------
-bench_profile() {
-  log "profile: where the start-up time goes (perf sched:sched_switch -g, $PROFILE_RUNS runs)"
-  if ! command -v perf >/dev/null; then
-    apt_install linux-perf || true
+perf_ok=
+perf_usable() {
+  if [ -z "$perf_ok" ]; then
+    perf_ok=no
+    command -v perf >/dev/null || apt_install linux-perf || true
+    if command -v perf >/dev/null; then
+      local events
+      events=$(perf list 2>/dev/null || true)
+      case "$events" in *sched:sched_switch*) perf_ok=yes ;; esac
+    fi
+    [ $perf_ok = yes ] || echo "  perf with the sched:sched_switch tracepoint is not usable here; profile skipped" >&2
   fi
-  if ! command -v perf >/dev/null || ! perf list 2>/dev/null | grep -q 'sched:sched_switch'; then
-    echo "  perf with the sched:sched_switch tracepoint is not available here; skipped" >&2
-    return 0
-  fi
-  local ws=$SCRATCH/ws data=$SCRATCH/offcpu.perf t0 t1
-  t0=$(date +%s.%N)
-  perf record -q -o "$data" -a -g -e sched:sched_switch -- \
-    bash -c 'for ((i = 0; i < $1; i++)); do "$2" run --workspace "$3" -- true; done' \
-    _ "$PROFILE_RUNS" "$TASKBOX" "$ws" >/dev/null 2>"$SCRATCH/perf.err" \
+  [ $perf_ok = yes ]
+}
+
+# perf_profile KIND NAME RUNS CMD...: records RUNS runs of CMD system-wide and prints, per run,
+# for CMD's process tree only: KIND=off, the off-CPU time by kernel wait site (sched:sched_switch
+# with call graphs); KIND=on, the CPU time by syscall (cpu-clock, 10 kHz, with call graphs).
+perf_profile() {
+  local kind=$1 name=$2 runs=$3
+  shift 3
+  local data=$SCRATCH/$name.perf event=(-e sched:sched_switch)
+  [ "$kind" = on ] && event=(-e cpu-clock/period=100000/)
+  perf record -q -o "$data" -a -g "${event[@]}" -e sched:sched_process_fork -- \
+    bash -c 'echo $$ > "$2.root"; s=$(date +%s%N); n=$1; o=$2; shift 2
+             for ((i = 0; i < n; i++)); do "$@" >/dev/null; done
+             echo $(( ($(date +%s%N) - s) / n / 1000 )) > "$o.wall"' _ "$runs" "$SCRATCH/$name" "$@" \
+    2>"$SCRATCH/perf.err" \
     || { echo "  perf record failed: $(tail -1 "$SCRATCH/perf.err")" >&2; return 0; }
-  t1=$(date +%s.%N)
-  echo "  wall per run while recording: $(echo "($t1 - $t0) * 1000 / $PROFILE_RUNS" | bc -l | xargs printf '%.1f') ms"
-  perf script -i "$data" -F comm,pid,tid,time,event,trace,ip,sym 2>/dev/null \
-    | py offcpu "$PROFILE_RUNS" taskbox,taskbox-init,true | tee "$SCRATCH/profile.txt"
+  echo "  wall per run while recording: $(echo "$(cat "$SCRATCH/$name.wall") / 1000" | bc -l | xargs printf '%.1f') ms"
+  perf script -i "$data" -F comm,pid,tid,time,event,period,trace,ip,sym 2>/dev/null \
+    | py "${kind}cpu" "$runs" "$(cat "$SCRATCH/$name.root")" | tee "$SCRATCH/$name.txt"
+}
+
+bench_profile() {
+  log "profile: where the start-up time goes (perf, $PROFILE_RUNS runs of run -- true; off-CPU, then on-CPU)"
+  perf_usable || return 0
+  local cpu_tb cpu_bw
+  cpu_tb=$(perf stat -x, -r "$PROFILE_RUNS" -e task-clock -- "$TASKBOX" run --workspace "$SCRATCH/ws" -- true \
+    2>&1 >/dev/null | awk -F, '/task-clock/ {printf "%.1f", $1}' || true)
+  cpu_bw=$(perf stat -x, -r "$PROFILE_RUNS" -e task-clock -- bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc true \
+    2>&1 >/dev/null | awk -F, '/task-clock/ {printf "%.1f", $1}' || true)
+  echo "  CPU time per run, whole process tree (perf stat task-clock): taskbox ${cpu_tb:-?} ms, bwrap ${cpu_bw:-?} ms"
+  perf_profile off profile-startup-off "$PROFILE_RUNS" \
+    "$TASKBOX" run --workspace "$SCRATCH/ws" -- true
+  perf_profile on profile-startup-on "$PROFILE_RUNS" \
+    "$TASKBOX" run --workspace "$SCRATCH/ws" -- true
+  echo "  for comparison, bwrap:"
+  perf_profile on profile-bwrap-on "$PROFILE_RUNS" \
+    bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc true
 }
 
 # ---- diff ------------------------------------------------------------------------------------
@@ -347,6 +462,10 @@ for d in range(dirs):
             fh.write(f"file {d}/{f}\n")
 PY
   git -C "$ws" init -q
+  # No automatic gc/maintenance: `git commit` would otherwise start a detached repack of the 100k
+  # new loose objects that runs during the measurements.
+  git -C "$ws" config gc.auto 0
+  git -C "$ws" config maintenance.auto false
   git -C "$ws" add -A
   git -C "$ws" -c user.name=bench -c user.email=bench@example.invalid commit -qm workspace
   # The same one-file change, applied to the tree itself so that git has something to find;
@@ -364,55 +483,64 @@ PY
   # shellcheck disable=SC2046
   py hf "$ROWS" "diff: 1 change in $FILES files" taskbox "git status" bs 10 $(hf_files diff) \
     | tee "$SCRATCH/diff.txt"
+  if [ $want_profile = 1 ] && perf_usable; then
+    log "profile: where the time of run --diff goes ($PROFILE_RUNS runs)"
+    perf_profile off profile-diff "$PROFILE_RUNS" \
+      "$TASKBOX" run --diff --workspace "$ws" -- sh -c 'echo x >> d0/f0.txt'
+  fi
 }
 
 # ---- memory ----------------------------------------------------------------------------------
 bench_memory() {
-  log "memory: peak RSS while the command writes 1 GiB to stdout ($MEM_RUNS runs per variant)"
-  local ws=$SCRATCH/ws gib=1073741824 i mode secs rss code all_secs all_rss
+  log "memory: peak RSS while the command writes 1 GiB to stdout ($MEM_RUNS runs per variant, interleaved)"
+  local ws=$SCRATCH/ws gib=1073741824 i mode secs rss code
   local cmd=(sh -c "head -c $gib /dev/zero")
-  echo "  variant                          wall s (median)  GiB/s   max RSS (max of runs)"
-  for mode in plain json baseline; do
-    all_secs=() all_rss=()
-    for ((i = 0; i < MEM_RUNS; i++)); do
+  local -A all_secs=() all_rss=() mib=() gibs=()
+  sync
+  for ((i = 0; i < MEM_RUNS; i++)); do
+    for mode in plain json pipe; do
       case $mode in
         plain) /usr/bin/time -v -o "$SCRATCH/time.txt" "$TASKBOX" run --workspace "$ws" -- "${cmd[@]}" >/dev/null ;;
         json) /usr/bin/time -v -o "$SCRATCH/time.txt" "$TASKBOX" run --json --workspace "$ws" -- "${cmd[@]}" >"$SCRATCH/mem.json"
               [ "$(py jsonfield "$SCRATCH/mem.json" stdout.bytes)" = "$gib" ] || die "--json did not count 1 GiB" ;;
-        baseline) /usr/bin/time -v -o "$SCRATCH/time.txt" sh -c "head -c $gib /dev/zero | cat >/dev/null" ;;
+        pipe) /usr/bin/time -v -o "$SCRATCH/time.txt" sh -c "head -c $gib /dev/zero | cat >/dev/null" ;;
       esac
       rm -f "$TASKBOX_STATE_DIR"/spill/*
+      sync  # start each run without the previous run's writeback in flight
       read -r secs rss code < <(py timev "$SCRATCH/time.txt")
       [ "$code" = 0 ] || die "memory run ($mode) exited $code"
-      all_secs+=("$secs") all_rss+=("$rss")
+      all_secs[$mode]+=" $secs" all_rss[$mode]+=" $rss"
     done
-    read -r secs _ < <(py stats "${all_secs[@]}")
-    read -r _ rss < <(py stats "${all_rss[@]}")
-    local mib gibs
-    mib=$(echo "$rss / 1024" | bc -l | xargs printf '%.1f')
-    gibs=$(echo "1 / $secs" | bc -l | xargs printf '%.2f')
-    eval "mem_${mode}_mib=$mib mem_${mode}_gibs=$gibs mem_${mode}_secs=$secs"
-    printf '  %-32s %15s %7s %9s MiB\n' "$mode" "$secs" "$gibs" "$mib"
   done
-  local cg
-  cg=$(py jsonfield "$SCRATCH/mem.json" resources.max_rss_bytes)
-  echo "  (--json run: the ExecResult reports max_rss_bytes=$cg for the sandbox itself)"
-  local ok
+  echo "  variant                                        wall s (median)  GiB/s  max RSS (max of runs)"
+  for mode in plain json pipe; do
+    # shellcheck disable=SC2086
+    read -r secs _ < <(py stats ${all_secs[$mode]})
+    # shellcheck disable=SC2086
+    read -r _ rss < <(py stats ${all_rss[$mode]})
+    mib[$mode]=$(echo "$rss / 1024" | bc -l | xargs printf '%.1f')
+    gibs[$mode]=$(echo "1 / $secs" | bc -l | xargs printf '%.2f')
+    case $mode in
+      plain) label="taskbox run -- sh -c 'head -c 1GiB /dev/zero'" ;;
+      json) label="taskbox run --json -- ..." ;;
+      pipe) label="head -c 1GiB /dev/zero | cat (no sandbox)" ;;
+    esac
+    printf '  %-46s %15s %6s %9s MiB   (runs: %s s)\n' "$label" "$secs" "${gibs[$mode]}" "${mib[$mode]}" "${all_secs[$mode]# }"
+  done
+  echo "  (the --json ExecResult reports max_rss_bytes=$(py jsonfield "$SCRATCH/mem.json" resources.max_rss_bytes) for the sandbox's own processes)"
+  local ok label
   for mode in plain json; do
-    local m g
-    eval "m=\$mem_${mode}_mib g=\$mem_${mode}_gibs"
-    ok=$(echo "$m < 64" | bc)
-    local label="peak RSS, 1 GiB to stdout"
+    ok=$(echo "${mib[$mode]} < 64" | bc)
+    label="peak RSS, 1 GiB to stdout"
     [ $mode = json ] && label="$label, --json"
-    printf '%s\t%s MiB max RSS; %s GiB/s\t%s\t%s\t%s\t%s\n' "$label" "$m" "$g" \
-      "pipe head|cat: $mem_baseline_gibs GiB/s" \
-      "$(echo "$g / $mem_baseline_gibs" | bc -l | xargs printf '%.2f')x of pipe throughput" \
+    printf '| %s | %s MiB max RSS; %s GiB/s | %s | %s | %s | %s |\n' "$label" "${mib[$mode]}" "${gibs[$mode]}" \
+      "pipe head to cat: ${gibs[pipe]} GiB/s" \
+      "throughput $(echo "${gibs[$mode]} / ${gibs[pipe]}" | bc -l | xargs printf '%.2f')x of the pipe's" \
       "< 64 MiB" "$([ "$ok" = 1 ] && echo yes || echo '**no**')" >> "$ROWS"
   done
 }
 
 # ---- run -------------------------------------------------------------------------------------
-command -v bc >/dev/null || apt_install bc || die "bc not found"
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
 [ $want_diff = 1 ] && bench_diff
@@ -422,9 +550,7 @@ log "results"
 {
   echo "| figure | taskbox | baseline | ratio | target | met |"
   echo "|---|---|---|---|---|---|"
-  while IFS=$'\t' read -r a b c d e f; do
-    echo "| $a | $b | $c | $d | $e | $f |"
-  done < "$ROWS"
+  cat "$ROWS"
 } | tee "$SCRATCH/results.md"
 if [ -n "${BENCH_OUT:-}" ]; then
   { cat "$SCRATCH/machine.txt"; echo; cat "$SCRATCH/results.md"; } > "$BENCH_OUT"
