@@ -226,7 +226,9 @@ pub mod http {
     /// Sends one request; returns the status and the JSON body (Null when empty).
     pub fn call(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
         let mut s = UnixStream::connect(socket).expect("connect to the supervisor");
-        let payload = body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
+        let payload = body
+            .map(|b| serde_json::to_vec(b).unwrap())
+            .unwrap_or_default();
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
         if body.is_some() {
             head.push_str(&format!(
@@ -282,7 +284,8 @@ pub mod http {
         let body = if raw.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&raw).unwrap_or(Value::String(String::from_utf8_lossy(&raw).into()))
+            serde_json::from_slice(&raw)
+                .unwrap_or(Value::String(String::from_utf8_lossy(&raw).into()))
         };
         (status, body)
     }

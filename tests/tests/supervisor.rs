@@ -19,7 +19,7 @@ struct Supervisor {
 impl Supervisor {
     fn start(env: &Env, extra: &[&str]) -> Supervisor {
         let socket = env.state().join("test.sock");
-        let child = Command::new(taskbox())
+        let mut child = Command::new(taskbox())
             .args(["serve", "--socket"])
             .arg(&socket)
             .arg("--state-dir")
@@ -38,6 +38,8 @@ impl Supervisor {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("the supervisor did not come up");
     }
 
@@ -82,12 +84,27 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     env.write("src/lib.rs", "pub fn one() -> u32 { 1 }\n");
     let sup = Supervisor::start(&env, &[]);
     let s = sup.socket.clone();
-    let o = cli(&env, &s, &["create", "--workspace", env.ws().to_str().unwrap()]);
+    let o = cli(
+        &env,
+        &s,
+        &["create", "--workspace", env.ws().to_str().unwrap()],
+    );
     assert!(o.status.success(), "{o:?}");
     let id = text(&o).trim().to_string();
     assert!(id.starts_with("sb-"), "{id}");
 
-    let o = cli(&env, &s, &["exec", &id, "--", "sh", "-c", "echo hello; echo warn >&2; exit 3"]);
+    let o = cli(
+        &env,
+        &s,
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo hello; echo warn >&2; exit 3",
+        ],
+    );
     assert_eq!(o.status.code(), Some(3));
     assert_eq!(text(&o), "hello\n");
     assert!(String::from_utf8_lossy(&o.stderr).contains("warn"));
@@ -95,10 +112,22 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     let o = cli(
         &env,
         &s,
-        &["edit", &id, "src/lib.rs", "--old", "{ 1 }", "--new", "{ 2 }"],
+        &[
+            "edit",
+            &id,
+            "src/lib.rs",
+            "--old",
+            "{ 1 }",
+            "--new",
+            "{ 2 }",
+        ],
     );
     assert!(o.status.success(), "{o:?}");
-    assert!(text(&o).contains("+pub fn one() -> u32 { 2 }"), "{}", text(&o));
+    assert!(
+        text(&o).contains("+pub fn one() -> u32 { 2 }"),
+        "{}",
+        text(&o)
+    );
     let o = cli(&env, &s, &["read", &id, "src/lib.rs"]);
     assert_eq!(text(&o), "pub fn one() -> u32 { 2 }\n");
     let o = cli(&env, &s, &["search", &id, "fn one"]);
@@ -113,7 +142,11 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     let o = cli(&env, &s, &["restore", &id, "edited"]);
     assert!(o.status.success(), "{o:?}");
     let o = cli(&env, &s, &["diff", &id]);
-    assert!(text(&o).contains("+pub fn one() -> u32 { 2 }"), "{}", text(&o));
+    assert!(
+        text(&o).contains("+pub fn one() -> u32 { 2 }"),
+        "{}",
+        text(&o)
+    );
     // The host copy is untouched until export --apply.
     assert_eq!(
         std::fs::read_to_string(env.ws().join("src/lib.rs")).unwrap(),
@@ -131,14 +164,21 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     assert!(o.status.success(), "{o:?}");
     let o = cli(&env, &s, &["read", &id, "src/lib.rs"]);
     assert_eq!(o.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not_found"), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not_found"),
+        "{o:?}"
+    );
 }
 
 #[test]
 fn a_verb_starts_a_supervisor_when_none_runs() {
     let env = Env::new();
     let socket = env.state().join("auto.sock");
-    let o = cli(&env, &socket, &["create", "--workspace", env.ws().to_str().unwrap()]);
+    let o = cli(
+        &env,
+        &socket,
+        &["create", "--workspace", env.ws().to_str().unwrap()],
+    );
     assert!(o.status.success(), "{o:?}");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("started one in the background"),
@@ -208,7 +248,10 @@ fn a_supervisor_killed_mid_exec_leaves_nothing_and_restarts_clean() {
     while host_processes_with(&marker).len() < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(host_processes_with(&marker).len() >= 2, "both execs should run");
+    assert!(
+        host_processes_with(&marker).len() >= 2,
+        "both execs should run"
+    );
     sup.kill9();
     let _ = fg.join();
     // The sandboxes die with their supervisor.
@@ -216,7 +259,10 @@ fn a_supervisor_killed_mid_exec_leaves_nothing_and_restarts_clean() {
     while !host_processes_with(&marker).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(host_processes_with(&marker).is_empty(), "sandbox processes outlived the supervisor");
+    assert!(
+        host_processes_with(&marker).is_empty(),
+        "sandbox processes outlived the supervisor"
+    );
     // A new supervisor removes what the old one left.
     let sup = Supervisor::start(&env, &[]);
     let (st, list) = sup.call("GET", "/v1/sandboxes", None);
@@ -294,10 +340,18 @@ fn load_64_sandboxes_8_clients_2000_execs_without_errors() {
             })
         })
         .collect();
-    let errors: Vec<String> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let errors: Vec<String> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
     let took = start.elapsed();
     eprintln!("2000 execs over 64 sandboxes from 8 clients in {took:?}");
-    assert!(errors.is_empty(), "{} errors, first: {}", errors.len(), errors[0]);
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {}",
+        errors.len(),
+        errors[0]
+    );
     for id in ids.iter() {
         let (st, _) = sup.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
         assert!(st == 204 || st == 200, "{st}");

@@ -116,9 +116,8 @@ impl Client {
         let body = if raw.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&raw).unwrap_or(Value::String(
-                String::from_utf8_lossy(&raw).into_owned(),
-            ))
+            serde_json::from_slice(&raw)
+                .unwrap_or(Value::String(String::from_utf8_lossy(&raw).into_owned()))
         };
         Ok(Response { status, body })
     }

@@ -257,11 +257,12 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
         Verb::Create(a) => {
             let workspace = match a.workspace {
                 Some(w) => w,
-                None => std::env::current_dir().context("cannot determine the current directory")?,
+                None => {
+                    std::env::current_dir().context("cannot determine the current directory")?
+                }
             };
-            let workspace = std::fs::canonicalize(&workspace).with_context(|| {
-                format!("workspace {} does not exist", workspace.display())
-            })?;
+            let workspace = std::fs::canonicalize(&workspace)
+                .with_context(|| format!("workspace {} does not exist", workspace.display()))?;
             let mut body = json!({
                 "workspace": workspace.display().to_string(),
                 "env": kv_map(&a.env),
@@ -331,7 +332,8 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
             let mut content = Vec::new();
             match &a.from {
                 Some(f) => {
-                    content = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?
+                    content =
+                        std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?
                 }
                 None => {
                     std::io::stdin().read_to_end(&mut content)?;
@@ -350,7 +352,11 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 "taskbox: wrote {} bytes to {}{}",
                 r["bytes_written"],
                 a.path,
-                if r["created"] == true { " (new file)" } else { "" }
+                if r["created"] == true {
+                    " (new file)"
+                } else {
+                    ""
+                }
             );
             Ok(0)
         }
@@ -376,7 +382,11 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 }
             };
             let r = client
-                .request("POST", &sandbox_path(&a.id, "/patch")?, Some(&json!({"patch": patch})))?
+                .request(
+                    "POST",
+                    &sandbox_path(&a.id, "/patch")?,
+                    Some(&json!({"patch": patch})),
+                )?
                 .ok()?;
             for f in r["files"].as_array().into_iter().flatten() {
                 println!(
@@ -530,7 +540,10 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 .cloned()
                 .or_else(|| r["sandboxes"].as_array().cloned())
                 .unwrap_or_default();
-            println!("{:<20} {:<8} {:<12} {:<8} WORKSPACE", "ID", "STATE", "POLICY", "LEASE");
+            println!(
+                "{:<20} {:<8} {:<12} {:<8} WORKSPACE",
+                "ID", "STATE", "POLICY", "LEASE"
+            );
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)

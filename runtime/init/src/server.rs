@@ -68,12 +68,15 @@ pub fn serve(config: &InitConfig) -> ! {
             Ok(Some(r)) => r,
             // The runtime is gone: so is the sandbox.
             Ok(None) => std::process::exit(0),
-            Err(e) => {
+            // A message that does not parse is answered; a broken socket ends the sandbox
+            // (spinning on it would only burn CPU).
+            Err(e) if e.kind() == std::io::ErrorKind::Other => {
                 emit(&Event::Error {
                     message: format!("bad control message: {e}"),
                 });
                 continue;
             }
+            Err(_) => std::process::exit(125),
         };
         match request {
             Request::Exec { id, argv, cwd, env } => {
