@@ -29,7 +29,8 @@
 //! is the last line. `seq` is the order in which observations were recorded: concurrent calls on
 //! one sandbox are recorded as they finish, and `started_at_ms` says when each began. `list` and
 //! `info` only report on sandboxes and are not recorded; nor is a call on a sandbox the backend
-//! does not know (it has no trace to go to), nor one that finishes after a racing destroy.
+//! does not know (it has no trace to go to; a failed create included), nor one that finishes
+//! after a racing destroy.
 //!
 //! # Durability
 //!
@@ -1201,7 +1202,10 @@ pub fn render_text(trace: &Trace) -> String {
     for op in &trace.ops {
         busy_ms += op.duration_ms;
         end_ms = end_ms.max(op.started_at_ms + op.duration_ms);
-        let offset = op.started_at_ms.saturating_sub(base_ms) as f64 / 1000.0;
+        let offset = format!(
+            "+{:.1}s",
+            op.started_at_ms.saturating_sub(base_ms) as f64 / 1000.0
+        );
         let status = match &op.outcome {
             Outcome::Ok(v) if op.op == "exec" => {
                 execs += 1;
@@ -1223,18 +1227,21 @@ pub fn render_text(trace: &Trace) -> String {
                     execs += 1;
                 }
                 failed += 1;
-                format!("failed: {}: {}", e.code, one_line(&e.message, 100))
+                format!("failed: {}", e.code)
             }
         };
         let detail = op_detail(op);
         let mut line = format!(
-            "#{:<4} +{offset:>7.1}s  {:<10} {status}  {}ms",
+            "#{:<4} {offset:>8}  {:<10} {status}  {}ms",
             op.seq, op.op, op.duration_ms
         );
         if !detail.is_empty() {
             let _ = write!(line, "  {detail}");
         }
         let _ = writeln!(out, "{}", line.trim_end());
+        if let Outcome::Error(e) = &op.outcome {
+            let _ = writeln!(out, "        {}", one_line(&e.message, 160));
+        }
         if let Outcome::Ok(v) = &op.outcome {
             let vs = v
                 .get("violations")
@@ -1764,10 +1771,14 @@ mod tests {
         );
         assert!(text.contains("edit       ok  12ms  src/lib.rs"), "{text}");
         assert!(
-            text.contains("patch      failed: patch_failed: hunk 1 of src/lib.rs does not apply"),
+            text.contains("patch      failed: patch_failed  12ms"),
             "{text}"
         );
-        assert!(text.contains("#2    +    1.0s"), "{text}");
+        assert!(
+            text.contains("\n        hunk 1 of src/lib.rs does not apply\n"),
+            "{text}"
+        );
+        assert!(text.contains("#2       +1.0s  exec"), "{text}");
         assert!(
             text.contains("5 ops, 2 execs (1 not exit 0), 1 failed, 1 violations"),
             "{text}"
