@@ -393,3 +393,67 @@ fn calls_on_unknown_sandboxes_leave_no_trace() {
     assert_eq!(e.code(), "not_found");
     assert!(!api.trace_path(&id).exists());
 }
+
+#[test]
+fn background_processes_and_streams_are_recorded_by_their_results() {
+    let f = fixture(BTreeMap::new());
+    let bg = match f
+        .api
+        .exec(
+            &f.id,
+            ExecRequest {
+                argv: Some(vec!["/bin/cat".into()]),
+                background: true,
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Background(p) => p,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(last(&f.trace)["outcome"]["ok"]["exec_id"], bg.exec_id);
+    f.api
+        .write_stdin(&f.id, bg.exec_id, b"hello\n", true)
+        .unwrap();
+    let op = last(&f.trace);
+    assert_eq!(op["op"], "stdin");
+    assert_eq!(op["request"]["data"], "hello\n");
+    assert_eq!(op["request"]["close"], true);
+    let p = f
+        .api
+        .wait(&f.id, bg.exec_id, std::time::Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(p.result.unwrap().stdout.text, "hello\n");
+    let op = last(&f.trace);
+    assert_eq!(op["op"], "wait");
+    assert_eq!(op["request"]["timeout_ms"], 5000);
+    assert_eq!(
+        op["outcome"]["ok"]["result"]["stdout_sha256"],
+        sha256("hello\n")
+    );
+
+    // A streamed exec: the events reach the caller; the trace holds one op with the result.
+    let mut chunks = 0;
+    let mut sink = |e: ExecEvent| {
+        if matches!(e, ExecEvent::Stdout { .. }) {
+            chunks += 1;
+        }
+    };
+    f.api
+        .exec(
+            &f.id,
+            ExecRequest {
+                shell: Some("echo a; echo b".into()),
+                ..ExecRequest::default()
+            },
+            Some(&mut sink),
+        )
+        .unwrap();
+    assert!(chunks >= 1);
+    let l = lines(&f.trace);
+    assert_eq!(l.len(), 1 + 5, "header, create, exec, stdin, wait, exec");
+    assert_eq!(l[5]["outcome"]["ok"]["stdout"]["text"], "a\nb\n");
+    f.api.destroy(&f.id).unwrap();
+}
