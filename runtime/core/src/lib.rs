@@ -17,3 +17,4 @@ pub mod result;
 pub mod sandbox;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod trace;
