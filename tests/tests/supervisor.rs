@@ -281,6 +281,15 @@ fn a_supervisor_killed_mid_exec_leaves_nothing_and_restarts_clean() {
     let state = env.state().display().to_string();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&state), "a mount of the state dir leaked");
+    // The trace holds everything that was acknowledged before the kill.
+    let trace_path = env
+        .state()
+        .join("traces")
+        .join(format!("{}.jsonl", info["id"].as_str().unwrap()));
+    let trace = taskbox_core::trace::read_trace(&trace_path).unwrap();
+    let ops: Vec<&str> = trace.ops.iter().map(|o| o.op.as_str()).collect();
+    assert_eq!(&ops[..2], ["create", "exec"], "{ops:?}");
+    assert_eq!(trace.header.sandbox.as_str(), info["id"].as_str().unwrap());
     let leaf = format!("taskbox-sb-{}", info["id"].as_str().unwrap());
     let mine: Vec<String> = leftover_cgroups()
         .into_iter()

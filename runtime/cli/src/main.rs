@@ -44,11 +44,26 @@ enum Command {
     /// Check and explain policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Show recorded traces.
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Serve the HTTP API (the supervisor): on a Unix socket (default STATE/taskbox.sock) and/or
     /// a TCP address. The CLI verbs talk to it; they start one when none runs.
     Serve(ServeArgs),
     #[command(flatten)]
     Verb(verbs::Verb),
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Print a trace readably: its header, one line per operation, and a summary.
+    Show {
+        /// A trace file, or a sandbox id (looked up in STATE/traces).
+        trace: String,
+        /// Print the parsed trace as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -185,6 +200,25 @@ fn dispatch(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Verb(v) => verbs::run(v, &cli.conn),
         Command::Serve(args) => serve(args, &cli.conn),
+        Command::Trace(TraceCommand::Show { trace, json }) => {
+            let path = if std::path::Path::new(&trace).exists() {
+                PathBuf::from(&trace)
+            } else {
+                taskbox_core::api::SandboxId::parse(&trace)
+                    .map_err(|_| anyhow!("{trace}: no such trace file, and not a sandbox id"))?;
+                cli.conn
+                    .state_dir()
+                    .join("traces")
+                    .join(format!("{trace}.jsonl"))
+            };
+            let t = taskbox_core::trace::read_trace(&path)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                print!("{}", taskbox_core::trace::render_text(&t));
+            }
+            Ok(0)
+        }
         Command::Run(args) => run(args, cli.conn.state_dir()),
         Command::Policy(PolicyCommand::Check { policy }) => {
             let (p, source) = policy::resolve(&policy)?;
@@ -232,8 +266,11 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     if args.max_ttl.is_some() {
         l.max_ttl = args.max_ttl;
     }
-    let backend = taskbox_core::sandbox::NativeBackend::new(state_dir).map_err(|e| anyhow!(e))?;
-    let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(backend);
+    let native =
+        taskbox_core::sandbox::NativeBackend::new(state_dir.clone()).map_err(|e| anyhow!(e))?;
+    // Every operation of every surface is recorded in STATE/traces/ID.jsonl.
+    let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
+    let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

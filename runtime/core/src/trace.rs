@@ -205,7 +205,7 @@ enum Line {
 }
 
 /// A trace read back.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Trace {
     pub header: TraceHeader,
     pub ops: Vec<TraceOp>,
