@@ -237,8 +237,10 @@ pub mod http {
             ));
         }
         head.push_str("\r\n");
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(&payload).unwrap();
+        let mut message = head.into_bytes();
+        message.extend_from_slice(&payload);
+        // The server may answer early and close before reading the body; read the answer.
+        let _ = s.write_all(&message);
         let mut r = BufReader::new(s);
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
