@@ -168,15 +168,19 @@ pub(crate) fn write(r: &WriteResult) -> String {
 }
 
 pub(crate) fn edit(r: &EditResult) -> String {
-    let plural = if r.replacements == 1 { "" } else { "s" };
     format!(
-        "edited {}: {} replacement{plural}\n{}",
-        r.path, r.replacements, r.diff
+        "edited {}: {}\n{}",
+        r.path,
+        counted(r.replacements as usize, "replacement", "replacements"),
+        r.diff
     )
 }
 
 pub(crate) fn patch(r: &PatchResult) -> String {
-    let mut s = format!("patch applied to {} file(s):\n", r.files.len());
+    let mut s = format!(
+        "patch applied: {}\n",
+        counted(r.files.len(), "file", "files")
+    );
     changes(&mut s, &r.files);
     s
 }
@@ -214,12 +218,11 @@ pub(crate) fn search(r: &SearchResult) -> String {
     for m in &r.matches {
         let _ = writeln!(s, "{}:{}: {}", m.path, m.line_number, m.line.trim_end());
     }
-    let plural = if r.matches.len() == 1 { "" } else { "es" };
     let _ = write!(
         s,
-        "{} match{plural} in {} files searched",
-        r.matches.len(),
-        r.files_searched
+        "{} in {} searched",
+        counted(r.matches.len(), "match", "matches"),
+        counted(r.files_searched as usize, "file", "files")
     );
     if r.truncated {
         s.push_str(" (cut at max_matches; narrow the pattern, path or glob)");
@@ -233,8 +236,10 @@ pub(crate) fn diff(r: &DiffResult) -> String {
         return "no changes\n".to_string();
     }
     let mut s = format!(
-        "{} file(s) changed, {} insertion(s)(+), {} deletion(s)(-)\n",
-        r.stats.files, r.stats.insertions, r.stats.deletions
+        "{}, {}(+), {}(-)\n",
+        counted(r.stats.files, "file changed", "files changed"),
+        counted(r.stats.insertions, "insertion", "insertions"),
+        counted(r.stats.deletions, "deletion", "deletions"),
     );
     for f in &r.files {
         let binary = if f.binary { " (binary)" } else { "" };
@@ -243,6 +248,11 @@ pub(crate) fn diff(r: &DiffResult) -> String {
     s.push('\n');
     s.push_str(&r.diff);
     s
+}
+
+/// `1 file`, `2 files`.
+fn counted(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 #[cfg(test)]
