@@ -230,6 +230,15 @@ pub(crate) fn tool_list() -> Vec<Tool> {
         for field in EXEC_HIDDEN_FIELDS {
             props.remove(field);
         }
+        // The API's doc of stdin also speaks of background execs, which MCP does not offer.
+        if let Some(Value::Object(stdin)) = props.get_mut("stdin") {
+            stdin.insert(
+                "description".into(),
+                Value::String(
+                    "Text given on standard input (then closed); without it stdin is empty.".into(),
+                ),
+            );
+        }
     }
     vec![
         Tool::new(
@@ -386,6 +395,8 @@ mod tests {
             assert!(exec.get(field).is_some(), "exec lacks {field}");
         }
         assert!(exec.get("background").is_none());
+        let stdin_doc = exec["stdin"]["description"].as_str().unwrap();
+        assert!(!stdin_doc.contains("background"), "{stdin_doc}");
         assert_eq!(
             tools[3].input_schema["required"],
             serde_json::json!(["path", "old", "new"])
