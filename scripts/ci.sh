@@ -16,6 +16,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
+# The MCP client test (runtime/mcp) uses the Python MCP SDK under the python3 on PATH (which may
+# be another interpreter than /usr/bin/python3): give that one pip if needed, then `mcp`.
+python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }; python3 -m pip install --quiet mcp || python3 -m pip install --quiet --break-system-packages mcp; }
 
 echo "== kernel $(uname -r); cgroups: $(stat -fc %T /sys/fs/cgroup)"
 cargo --version
