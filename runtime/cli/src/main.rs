@@ -44,6 +44,9 @@ enum Command {
     /// Check and explain policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Serve one sandbox to an MCP client over stdin/stdout (tools: exec, read_file, write_file,
+    /// edit_file, apply_patch, list, search, diff). The sandbox is destroyed when the client leaves.
+    Mcp(McpArgs),
     /// Show recorded traces.
     #[command(subcommand)]
     Trace(TraceCommand),
@@ -52,6 +55,19 @@ enum Command {
     Serve(ServeArgs),
     #[command(flatten)]
     Verb(verbs::Verb),
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// The workspace directory (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// A policy name or file.
+    #[arg(long, value_name = "NAME|FILE", default_value = "default")]
+    policy: String,
+    /// Variables set in every exec.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
 }
 
 #[derive(Subcommand)]
@@ -200,6 +216,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Verb(v) => verbs::run(v, &cli.conn),
         Command::Serve(args) => serve(args, &cli.conn),
+        Command::Mcp(args) => mcp(args, &cli.conn),
         Command::Trace(TraceCommand::Show { trace, json }) => {
             let path = if std::path::Path::new(&trace).exists() {
                 PathBuf::from(&trace)
@@ -237,6 +254,43 @@ fn dispatch(cli: Cli) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {
+    let workspace = match args.workspace {
+        Some(w) => w,
+        None => std::env::current_dir().context("cannot determine the current directory")?,
+    };
+    let workspace = std::fs::canonicalize(&workspace)
+        .with_context(|| format!("workspace {} does not exist", workspace.display()))?;
+    let policy = if std::path::Path::new(&args.policy).exists() {
+        std::fs::canonicalize(&args.policy)?.display().to_string()
+    } else {
+        args.policy
+    };
+    let state_dir = conn.state_dir();
+    // Each MCP session has a backend of its own (a supervisor may own STATE/sandboxes); its
+    // trace goes with the others into STATE/traces.
+    let session_dir = state_dir.join("mcp").join(std::process::id().to_string());
+    let native =
+        taskbox_core::sandbox::NativeBackend::new(session_dir.clone()).map_err(|e| anyhow!(e))?;
+    let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
+    let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
+    let create = taskbox_core::api::CreateRequest {
+        workspace: workspace.display().to_string(),
+        policy: Some(policy),
+        env: args.env.into_iter().collect(),
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let served = runtime.block_on(taskbox_mcp::serve_stdio(backend, create));
+    drop(runtime);
+    native::remove_tree(&session_dir);
+    served?;
+    Ok(0)
 }
 
 fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
