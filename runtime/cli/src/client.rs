@@ -205,12 +205,11 @@ fn send(
     message.extend_from_slice(&payload);
     // The server may answer (e.g. 404) and close before reading a body: a failed write is not
     // the answer, the response that follows is.
-    if let Err(e) = stream.write_all(&message).and_then(|()| stream.flush()) {
-        if e.kind() != std::io::ErrorKind::BrokenPipe
-            && e.kind() != std::io::ErrorKind::ConnectionReset
-        {
-            return Err(e.into());
-        }
+    if let Err(e) = stream.write_all(&message).and_then(|()| stream.flush())
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+        && e.kind() != std::io::ErrorKind::ConnectionReset
+    {
+        return Err(e.into());
     }
     Ok(())
 }
