@@ -237,8 +237,14 @@ fn a_python_mcp_client_drives_a_sandbox() {
         "the server or the sandbox's processes outlived the session"
     );
     let sandboxes = env.state().join("sandboxes");
+    // The backend's lock file (`.lock`) stays; no sandbox directory may.
     let left: Vec<_> = std::fs::read_dir(&sandboxes)
-        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name())
+                .filter(|n| !n.to_string_lossy().starts_with('.'))
+                .collect()
+        })
         .unwrap_or_default();
     assert!(
         left.is_empty(),
