@@ -360,6 +360,7 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         cwd: args.cwd,
         stdin: StdinSource::Inherit,
         echo: !args.json,
+        detach_cleanup: true,
         want_diff: args.diff,
         state_dir,
     };

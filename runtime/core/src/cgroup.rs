@@ -165,19 +165,18 @@ impl Cgroup {
             mkdir(&pids)?;
             made.push(pids.clone());
             write(&pids.join("pids.max"), &limits.pids.to_string())?;
-            if let Some(cpu) = dir_for("cpu") {
+            // Each v1 controller joined costs the caller a cgroup migration (an RCU grace
+            // period): CPU bandwidth is only set up when it limits anything.
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            if limits.cpu_cores < cpus
+                && let Some(cpu) = dir_for("cpu")
+            {
                 mkdir(&cpu)?;
                 made.push(cpu.clone());
                 let period = 100_000u64;
                 let quota = ((limits.cpu_cores * period as f64) as u64).max(1000);
                 write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
                 write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
-            }
-            if let Some(acct) = dir_for("cpuacct")
-                && !made.contains(&acct)
-            {
-                mkdir(&acct)?;
-                made.push(acct);
             }
             Ok(())
         })();

@@ -92,6 +92,9 @@ pub struct RunRequest {
     pub stdin: StdinSource,
     /// Also copy the command's output to this process's stdout/stderr as it arrives.
     pub echo: bool,
+    /// Remove the run's scratch directory and cgroup in a detached process, off the caller's
+    /// critical path. Only for single-threaded callers (it forks); the CLI sets it.
+    pub detach_cleanup: bool,
     /// Compute the unified diff of the workspace changes.
     pub want_diff: bool,
     pub state_dir: PathBuf,
@@ -680,11 +683,45 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
             exec_failed,
         })
     });
-    if let Some(cg) = &cgroup {
-        cg.remove();
+    if !(req.detach_cleanup && cleanup_detached(&run_dir, cgroup.as_ref())) {
+        if let Some(cg) = &cgroup {
+            cg.remove();
+        }
+        drop(run_dir);
+    } else {
+        std::mem::forget(run_dir);
     }
-    drop(run_dir);
     outcome
+}
+
+/// Removes the scratch directory and cgroup of a finished run in a detached grandchild, so the
+/// caller returns at once (removing directories on a disk mounted with `discard` waits for each
+/// freed block; removing a cgroup waits for the kernel to release it). Returns false when it
+/// could not fork; the caller then cleans up itself.
+fn cleanup_detached(run_dir: &RunDir, cgroup: Option<&Cgroup>) -> bool {
+    use nix::unistd::{ForkResult, fork};
+    // SAFETY: the caller is single-threaded (see `RunRequest::detach_cleanup`), so the children
+    // may allocate and use the file system after fork.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            let _ = nix::unistd::setsid();
+            // SAFETY: as above.
+            if let Ok(ForkResult::Child) = unsafe { fork() } {
+                if let Some(cg) = cgroup {
+                    cg.kill_all(Duration::from_secs(5));
+                    cg.remove();
+                }
+                remove_tree(&run_dir.dir);
+            }
+            // SAFETY: _exit skips destructors and atexit handlers, which belong to the parent.
+            unsafe { libc::_exit(0) }
+        }
+        Ok(ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 type Supervised = (ExecResult, Option<(i32, String)>);
@@ -738,7 +775,14 @@ fn supervise(
     let mut echo_out = io::stdout();
     let mut echo_err = io::stderr();
 
+    let mut exited_seen = false;
     while open.iter().any(|o| *o) {
+        // Done once the output has ended and pid 1 has reported the command's status: the
+        // status pipe stays open until the namespaces are torn down, which need not be waited
+        // for (the helper is killed below; the kernel finishes the teardown on its own).
+        if !open[0] && !open[1] && exited_seen {
+            break;
+        }
         let now = Instant::now();
         if !timed_out && now >= deadline {
             timed_out = true;
@@ -821,7 +865,12 @@ fn supervise(
                         let _ = echo_err.write_all(data);
                     }
                 }
-                _ => status_buf.extend_from_slice(data),
+                _ => {
+                    status_buf.extend_from_slice(data);
+                    exited_seen = parse_status(&status_buf)
+                        .iter()
+                        .any(|s| matches!(s, Status::Exited { .. }));
+                }
             }
         }
     }
@@ -843,11 +892,18 @@ fn supervise(
     let mut landlock = "none".to_string();
     let mut seccomp = false;
     let mut exec_failed = None;
+    let mut command_usage = None;
     for s in statuses {
         match s {
-            Status::Exited { code, signal: sig } => {
+            Status::Exited {
+                code,
+                signal: sig,
+                cpu_ms,
+                max_rss_bytes,
+            } => {
                 exit_code = code;
                 signal = sig;
+                command_usage = Some((cpu_ms, max_rss_bytes));
             }
             Status::Landlock { status } => landlock = status,
             Status::Seccomp { installed } => seccomp = installed,
@@ -896,8 +952,8 @@ fn supervise(
         changes: Vec::new(),
         violations,
         resources: Resources {
-            cpu_ms: rusage_cpu_ms,
-            max_rss_bytes: rusage_rss,
+            cpu_ms: command_usage.map_or(rusage_cpu_ms, |u| u.0),
+            max_rss_bytes: command_usage.map_or(rusage_rss, |u| u.1),
             oom_killed: false,
         },
         enforcement: Enforcement {

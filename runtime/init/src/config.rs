@@ -150,6 +150,12 @@ pub enum Status {
     Exited {
         code: Option<i32>,
         signal: Option<i32>,
+        /// CPU time of the command and the descendants it waited for, in milliseconds.
+        #[serde(default)]
+        cpu_ms: u64,
+        /// Peak resident memory of the largest of them, in bytes.
+        #[serde(default)]
+        max_rss_bytes: u64,
     },
 }
 

@@ -144,7 +144,10 @@ pub fn apply(new_root: &Path, op: &MountOp) -> Result<(), MountError> {
         } => {
             let target = inside(new_root, dst);
             let data = format!(
-                "lowerdir={},upperdir={},workdir={},userxattr",
+                // volatile: the upper layer belongs to one sandbox and never outlives a crash
+                // of it, so overlayfs need not sync it (no fsync per copy-up, no syncfs at
+                // unmount); a work directory is never reused after a volatile mount.
+                "lowerdir={},upperdir={},workdir={},userxattr,volatile",
                 lower.display(),
                 upper.display(),
                 work.display()

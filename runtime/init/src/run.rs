@@ -9,8 +9,8 @@ use std::path::Path;
 
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::signal::{SigHandler, Signal, signal};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{ForkResult, Pid, fork, sethostname, setsid};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, fork, sethostname, setsid};
 
 use crate::config::{InitConfig, RlimitResource, STATUS_FD, Status};
 use crate::{landlock_rules, mounts, seccomp, sys};
@@ -151,27 +151,56 @@ fn sandbox_init(config: &InitConfig) -> ! {
         Ok(ForkResult::Child) => exec_command(config),
         Ok(ForkResult::Parent { child }) => child,
     };
+    // pid 1 keeps no copy of the command's output: its end of the pipes closes when the command
+    // and what it started are gone, not when the namespaces are torn down after pid 1 exits.
+    release_stdio();
     // Signals sent to pid 1 from inside the sandbox are dropped by the kernel unless handled;
     // SIGTERM from outside cannot reach us (only SIGKILL via the helper's death), so reaping is
     // all there is to do.
     loop {
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::Exited(pid, code)) if pid == command => {
-                report(&Status::Exited {
-                    code: Some(code),
-                    signal: None,
-                });
-                std::process::exit(0)
+        let mut status = 0;
+        // SAFETY: rusage is plain old data; all-zero is valid.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `status` and `usage` are valid for writes for the duration of the call.
+        let pid = unsafe { libc::wait4(-1, &mut status, libc::__WALL, &mut usage) };
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
             }
-            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == command => {
-                report(&Status::Exited {
-                    code: None,
-                    signal: Some(sig as i32),
-                });
-                std::process::exit(0)
-            }
-            Ok(_) | Err(nix::Error::EINTR) => continue,
-            Err(e) => fail("wait", e),
+            fail("wait", e);
+        }
+        if pid != command.as_raw() {
+            continue;
+        }
+        let ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
+        let (code, signal) = if libc::WIFEXITED(status) {
+            (Some(libc::WEXITSTATUS(status)), None)
+        } else if libc::WIFSIGNALED(status) {
+            (None, Some(libc::WTERMSIG(status)))
+        } else {
+            continue;
+        };
+        report(&Status::Exited {
+            code,
+            signal,
+            cpu_ms: ms(usage.ru_utime) + ms(usage.ru_stime),
+            max_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        });
+        std::process::exit(0)
+    }
+}
+
+/// Points stdin, stdout and stderr at /dev/null: the helper and pid 1 need none of them, and
+/// holding the output pipes would delay their end.
+fn release_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            let _ = nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd);
         }
     }
 }
