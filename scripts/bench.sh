@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile]...      (no argument: all)
+#   scripts/bench.sh [all|startup|diff|memory|profile|api]...      (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
 #            true` with hyperfine; reports mean ± stddev and the ratio taskbox/bwrap (target <= 2x).
@@ -12,7 +12,15 @@
 #   profile  where taskbox's time goes, mean per run of `run -- true` (perf, system-wide): off-CPU
 #            time of its processes by kernel wait site (sched:sched_switch with call graphs) and
 #            CPU time by syscall (cpu-clock); with `diff`, the off-CPU time of `run --diff` too.
-#   all      startup profile diff memory (the profile is skipped when perf is not usable).
+#   api      long-lived sandboxes through the narrow API, measured by the bench client
+#            `taskbox-bench` (crate bench/) against `taskbox serve` on a Unix socket: the round trip
+#            of `exec /bin/true` (p50 < 5 ms) beside a one-shot `taskbox run -- true` (and `docker
+#            exec CONTAINER true` when `docker info` works); `diff` after one change in the
+#            100,000-file workspace (p50 < 10 ms) beside `git status --porcelain`; checkpoint and
+#            restore with 10 changed files (p50 < 20 ms each); the supervisor's VmRSS with 64
+#            idle sandboxes (< 100 MiB). Each also through the library in the client's process
+#            (with and without the trace recorder the supervisor adds), to attribute the time.
+#   all      startup profile diff memory api (the profile is skipped when perf is not usable).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
 # the commands of a figure alternating between rounds), so a burst of noise on a shared machine
@@ -29,6 +37,13 @@
 #   BENCH_FILES       files in the diff workspace (default 100000, 100 per directory)
 #   BENCH_MEM_RUNS    runs per memory variant (default 3)
 #   BENCH_PROFILE_RUNS  runs recorded by the profile (default 20)
+#   BENCH_API_ROUNDS  rounds of the api figures (default 4)
+#   BENCH_API_RUNS    exec round trips measured per series (default 2000, at least 1000)
+#   BENCH_API_DIFF_RUNS  diffs measured per series, and git status runs (default 60, at least 50)
+#   BENCH_API_CYCLES  checkpoint/change/restore cycles per series (default 40, at least 30)
+#   BENCH_API_IDLE    idle sandboxes for the memory figure (default 64)
+#   BENCH_DOCKER_IMAGE  image of the container for `docker exec` (default debian:stable-slim;
+#                     only used when `docker info` works)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -44,15 +59,16 @@ repo=$(pwd)
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
-want_startup=0 want_diff=0 want_memory=0 want_profile=0
+want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
-    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 ;;
+    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 ;;
     startup) want_startup=1 ;;
     diff) want_diff=1 ;;
     memory) want_memory=1 ;;
     profile) want_profile=1 ;;
+    api) want_api=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -63,8 +79,17 @@ RUNS=${BENCH_RUNS:-15}
 FILES=${BENCH_FILES:-100000}
 MEM_RUNS=${BENCH_MEM_RUNS:-3}
 PROFILE_RUNS=${BENCH_PROFILE_RUNS:-20}
+API_ROUNDS=${BENCH_API_ROUNDS:-4}
+API_RUNS=${BENCH_API_RUNS:-2000}
+API_DIFF_RUNS=${BENCH_API_DIFF_RUNS:-60}
+API_CYCLES=${BENCH_API_CYCLES:-40}
+API_IDLE=${BENCH_API_IDLE:-64}
 if [ $((ROUNDS * RUNS)) -lt 30 ]; then
   echo "bench.sh: BENCH_ROUNDS x BENCH_RUNS must be at least 30" >&2
+  exit 2
+fi
+if [ "$API_RUNS" -lt 1000 ] || [ "$API_DIFF_RUNS" -lt 50 ] || [ "$API_CYCLES" -lt 30 ]; then
+  echo "bench.sh: BENCH_API_RUNS >= 1000, BENCH_API_DIFF_RUNS >= 50 and BENCH_API_CYCLES >= 30" >&2
   exit 2
 fi
 
@@ -94,7 +119,13 @@ done
 
 # ---- scratch space ---------------------------------------------------------------------------
 SCRATCH=$(mktemp -d "${TMPDIR:-/var/tmp}/taskbox-bench.XXXXXX")
+SERVE_PID= DOCKER_CID=
 cleanup() {
+  if [ -n "$SERVE_PID" ]; then
+    kill -TERM "$SERVE_PID" 2>/dev/null || true
+    wait "$SERVE_PID" 2>/dev/null || true
+  fi
+  [ -z "$DOCKER_CID" ] || docker rm -f "$DOCKER_CID" >/dev/null 2>&1 || true
   if [ "${BENCH_KEEP:-0}" = 1 ]; then
     echo "bench.sh: kept $SCRATCH" >&2
   else
@@ -136,11 +167,21 @@ else
   if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
+    if [ $want_api = 1 ]; then
+      # A separate build, so the client's dependencies cannot change the runtime's features.
+      [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
+      (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
+    fi
   fi
   TASKBOX=$target_dir/release/taskbox
 fi
 [ -x "$TASKBOX" ] || die "no taskbox binary at $TASKBOX"
 [ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
+# The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
+BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
+if [ $want_api = 1 ] && [ ! -x "$BENCH_CLIENT" ]; then
+  die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
+fi
 
 # The Python helpers: hyperfine aggregation, /usr/bin/time parsing, the off-CPU profile.
 cat > "$SCRATCH/helpers.py" <<'PY'
@@ -324,6 +365,106 @@ def oncpu(args):
     for key, v in sorted(total.items(), key=lambda kv: -kv[1])[:18]:
         print(f"  {v / runs / 1e6:13.2f}  {key[0]:<14} {key[1]}")
 
+def api(args):
+    """api ROWS DIR DOCKER_NOTE WORKLOAD_RSS_KIB WORKLOAD_REQUESTS FILES: the api figures from
+    the JSON of taskbox-bench in DIR (api-exec.json, api-diff.json, api-checkpoint.json,
+    api-idle.json); prints them and appends the results rows to ROWS."""
+    rows, d, docker_note, wl_rss, wl_reqs, files = args
+    figs = {}
+    for f in ("exec", "diff", "checkpoint", "idle"):
+        try:
+            figs[f] = json.load(open(f"{d}/api-{f}.json"))
+        except FileNotFoundError:
+            pass
+    def series(fig):
+        return {s["name"]: s for s in figs[fig]["series"]}
+    def pr(fig):
+        print(f"  {fig}: {'series':<34} {'n':>5} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8} {'mean':>8}  (ms)")
+        for s in figs[fig]["series"]:
+            print(f"  {'':<{len(fig)}}  {s['name']:<34} {s['n']:5d} {s['p50_ms']:8.2f} {s['p90_ms']:8.2f}"
+                  f" {s['p99_ms']:8.2f} {s['max_ms']:8.2f} {s['mean_ms']:8.2f}")
+        conns = figs[fig].get("http_connections")
+        if conns:
+            print(f"  {'':<{len(fig)}}  HTTP connections opened: {conns} (1 = keep-alive held throughout)")
+    def pp(s, p99=True):
+        t = f"p50 {s['p50_ms']:.2f} ms"
+        return t + (f", p99 {s['p99_ms']:.2f} ms" if p99 else "") + f" (n={s['n']})"
+    def met(ok):
+        return "yes" if ok else "**no**"
+    out = []
+    if "exec" in figs:
+        pr("exec")
+        s = series("exec")
+        h = s["http"]
+        base = [f"`taskbox run -- true` (one-shot): {pp(s['taskbox run -- true'])}"]
+        ratio = [f"one-shot/exec p50 {s['taskbox run -- true']['p50_ms'] / h['p50_ms']:.1f}x"]
+        if "docker exec" in s:
+            base.append(f"`docker exec CONTAINER true`: {pp(s['docker exec'])}")
+            ratio.append(f"docker exec/exec p50 {s['docker exec']['p50_ms'] / h['p50_ms']:.1f}x")
+        else:
+            base.append(f"`docker exec`: {docker_note}")
+        out.append(md_row(["`exec` argv `/bin/true` in a live sandbox, HTTP on the Unix socket",
+                           pp(h), "; ".join(base), "; ".join(ratio), "p50 < 5 ms",
+                           met(h["p50_ms"] < 5)]))
+        if "lib" in s:
+            lib = [f"{n}: {pp(s[n])}" for n in ("lib", "lib+trace") if n in s]
+            out.append(md_row(["same, through the library (diagnostic)", "; ".join(lib), "",
+                               f"http/lib p50 {h['p50_ms'] / s['lib']['p50_ms']:.2f}x", "", ""]))
+    if "diff" in figs:
+        pr("diff")
+        s = series("diff")
+        h, g = s["http"], s["git status --porcelain"]
+        out.append(md_row([f"`diff` after 1 change in {int(files):,} files, HTTP", pp(h),
+                           f"`git status --porcelain`: {pp(g)}",
+                           f"git/diff p50 {g['p50_ms'] / h['p50_ms']:.0f}x", "p50 < 10 ms",
+                           met(h["p50_ms"] < 10)]))
+        if "lib" in s:
+            lib = [f"{n}: {pp(s[n])}" for n in ("lib", "lib+trace") if n in s]
+            out.append(md_row(["same, through the library (diagnostic)", "; ".join(lib), "", "", "", ""]))
+    if "checkpoint" in figs:
+        pr("checkpoint")
+        s = series("checkpoint")
+        for op in ("checkpoint", "restore"):
+            h = s[f"http {op}"]
+            out.append(md_row([f"{op}, {int(files):,}-file workspace with 10 changed files, HTTP",
+                               pp(h), "", "", "p50 < 20 ms", met(h["p50_ms"] < 20)]))
+            lib = [f"{n}: {pp(s[f'{n} {op}'])}" for n in ("lib", "lib+trace") if f"{n} {op}" in s]
+            if lib:
+                out.append(md_row([f"{op}, through the library (diagnostic)", "; ".join(lib),
+                                   "", "", "", ""]))
+    if "idle" in figs:
+        pr("idle")
+        f = figs["idle"]
+        n = f["count"]
+        w, b, a = f["with_sandboxes"], f["before"], f["after_destroy"]
+        helpers = {k["comm"]: k for k in w["descendants"]}
+        print(f"  idle: supervisor VmRSS {b['rss_mib']:.1f} MiB with no sandbox, {w['rss_mib']:.1f} MiB with"
+              f" {n} (PSS {w['pss_mib']:.1f}, {w['threads']} threads), {a['rss_mib']:.1f} MiB after destroying"
+              f" them (VmHWM {a['hwm_mib']:.1f})")
+        for k in w["descendants"]:
+            print(f"  idle: descendants {k['comm']}: {k['count']} processes, RSS {k['rss_mib']:.1f} MiB"
+                  f" ({k['rss_mib'] / n:.2f} per sandbox), PSS {k['pss_mib']:.1f} MiB"
+                  f" ({k['pss_mib'] / n:.2f} per sandbox)")
+        hl = helpers.get("taskbox-init")
+        htext = (f"helpers: {hl['count']} `taskbox-init` processes, RSS {hl['rss_mib'] / n:.2f} MiB"
+                 f" per sandbox (PSS {hl['pss_mib'] / n:.2f})" if hl else "helpers: none found")
+        out.append(md_row([f"supervisor VmRSS with {n} idle sandboxes",
+                           f"{w['rss_mib']:.1f} MiB ({b['rss_mib']:.1f} with none,"
+                           f" {a['rss_mib']:.1f} after destroying them)",
+                           htext, f"{(w['rss_mib'] - b['rss_mib']) / n * 1024:.0f} KiB per sandbox"
+                           " in the supervisor", "< 100 MiB", met(w["rss_mib"] < 100)]))
+        cs = {s["name"]: s for s in f["series"]}
+        out.append(md_row([f"create / destroy, {n} sandboxes in a row (context)",
+                           f"create {pp(cs['create'], False)}; destroy {pp(cs['destroy'], False)}",
+                           "", "", "", ""]))
+    if wl_rss:
+        print(f"  supervisor VmRSS after the exec, diff and checkpoint figures ({wl_reqs} requests):"
+              f" {int(wl_rss) / 1024:.1f} MiB")
+        out.append(md_row([f"supervisor VmRSS after the figures above ({wl_reqs} requests; context)",
+                           f"{int(wl_rss) / 1024:.1f} MiB", "", "", "", ""]))
+    with open(rows, "a") as fh:
+        fh.writelines(out)
+
 getattr(sys.modules[__name__], sys.argv[1])(sys.argv[2:])
 PY
 py() { python3 "$SCRATCH/helpers.py" "$@"; }
@@ -447,9 +588,12 @@ bench_profile() {
 }
 
 # ---- diff ------------------------------------------------------------------------------------
-bench_diff() {
+# The FILES-file git workspace $SCRATCH/repo (d0/f0.txt ... d999/f99.txt, committed), with one
+# change in the tree itself: d0/f0.txt has one more line. Made once, for diff and api.
+make_repo() {
   local ws=$SCRATCH/repo dirs=$((FILES / 100))
-  log "diff: building a $FILES-file git workspace ($dirs directories)"
+  [ -d "$ws" ] && return 0
+  log "building a $FILES-file git workspace ($dirs directories)"
   python3 - "$ws" "$dirs" "$FILES" <<'PY'
 import os, sys
 root, dirs, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -472,6 +616,11 @@ PY
   # taskbox's command then changes the same file again inside its overlay.
   echo x >> "$ws/d0/f0.txt"
   [ "$(git -C "$ws" status --porcelain)" = " M d0/f0.txt" ] || die "unexpected git status"
+}
+
+bench_diff() {
+  local ws=$SCRATCH/repo
+  make_repo
   "$TASKBOX" run --diff --workspace "$ws" -- sh -c 'echo x >> d0/f0.txt' > "$SCRATCH/diff.out"
   grep -q '^+++ b/d0/f0.txt' "$SCRATCH/diff.out" || die "taskbox --diff did not report the change"
   log "diff: taskbox run --diff vs git status (hyperfine, $ROUNDS rounds x $RUNS runs)"
@@ -540,11 +689,82 @@ bench_memory() {
   done
 }
 
+# ---- api -------------------------------------------------------------------------------------
+# serve_start NAME: starts `taskbox serve` on $SCRATCH/NAME.sock with state $SCRATCH/NAME-state
+# (stderr to $SCRATCH/NAME.log) and waits for its socket; sets SERVE_PID and SERVE_SOCK.
+serve_start() {
+  local i
+  SERVE_SOCK=$SCRATCH/$1.sock
+  "$TASKBOX" --state-dir "$SCRATCH/$1-state" --socket "$SERVE_SOCK" serve \
+    --max-sandboxes "$API_IDLE" --max-sandboxes-per-tenant "$API_IDLE" 2>"$SCRATCH/$1.log" &
+  SERVE_PID=$!
+  for ((i = 0; i < 100; i++)); do
+    [ -S "$SERVE_SOCK" ] && return 0
+    kill -0 "$SERVE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  die "taskbox serve did not start: $(tail -3 "$SCRATCH/$1.log")"
+}
+serve_stop() {
+  [ -n "$SERVE_PID" ] || return 0
+  kill -TERM "$SERVE_PID" 2>/dev/null || true
+  wait "$SERVE_PID" 2>/dev/null || true
+  SERVE_PID=
+}
+
+bench_api() {
+  make_repo
+  local ws=$SCRATCH/ws repo=$SCRATCH/repo client=("$BENCH_CLIENT")
+  local lib=(--lib-state-dir "$SCRATCH/api-lib" --lib-traced)
+  local compare=(--compare "taskbox run -- true=$TASKBOX run --workspace $ws -- true")
+  local docker_note="not measured: \`docker info\` failed (no Docker daemon is running here)"
+  if ! command -v docker >/dev/null; then
+    docker_note="not measured: no docker client installed"
+  elif docker info >/dev/null 2>&1; then
+    local image=${BENCH_DOCKER_IMAGE:-debian:stable-slim}
+    if DOCKER_CID=$(docker run -d --rm --network none "$image" sleep infinity 2>"$SCRATCH/docker.err"); then
+      compare+=(--compare "docker exec=docker exec $DOCKER_CID true")
+      docker_note=
+    else
+      DOCKER_CID=
+      docker_note="not measured: docker run $image failed: $(tail -1 "$SCRATCH/docker.err")"
+    fi
+  fi
+  [ -z "$docker_note" ] || echo "  docker exec: $docker_note" >&2
+  serve_start api
+  log "api: exec /bin/true round trips ($API_ROUNDS rounds; $API_RUNS per series) beside one-shot runs"
+  "${client[@]}" exec --socket "$SERVE_SOCK" "${lib[@]}" --workspace "$ws" --runs "$API_RUNS" \
+    --warmup 100 --rounds "$API_ROUNDS" "${compare[@]}" --compare-runs $((API_ROUNDS * 15)) \
+    >"$SCRATCH/api-exec.json"
+  log "api: diff after 1 change in $FILES files ($API_DIFF_RUNS per series) beside git status"
+  "${client[@]}" diff --socket "$SERVE_SOCK" "${lib[@]}" --workspace "$repo" --change d0/f0.txt \
+    --runs "$API_DIFF_RUNS" --warmup 3 --rounds "$API_ROUNDS" \
+    --compare "git status --porcelain=git -C $repo status --porcelain" \
+    --compare-runs "$API_DIFF_RUNS" --compare-warmup 1 >"$SCRATCH/api-diff.json"
+  log "api: checkpoint, change, restore with 10 changed files ($API_CYCLES cycles per series)"
+  "${client[@]}" checkpoint --socket "$SERVE_SOCK" "${lib[@]}" --workspace "$repo" --changed 10 \
+    --runs "$API_CYCLES" --warmup 1 --rounds "$API_ROUNDS" >"$SCRATCH/api-checkpoint.json"
+  local wl_rss wl_reqs="?"
+  wl_rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$SERVE_PID/status")
+  if command -v curl >/dev/null; then
+    wl_reqs=$(curl -sf --unix-socket "$SERVE_SOCK" http://localhost/metrics \
+      | awk '/^taskbox_http_requests_total/ {n += $NF} END {print n}' || echo "?")
+  fi
+  serve_stop
+  log "api: supervisor memory with $API_IDLE idle sandboxes (a fresh supervisor)"
+  serve_start idle
+  "${client[@]}" idle --socket "$SERVE_SOCK" --pid "$SERVE_PID" --workspace "$repo" \
+    --count "$API_IDLE" >"$SCRATCH/api-idle.json"
+  serve_stop
+  py api "$ROWS" "$SCRATCH" "$docker_note" "$wl_rss" "$wl_reqs" "$FILES" | tee "$SCRATCH/api.txt"
+}
+
 # ---- run -------------------------------------------------------------------------------------
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
 [ $want_diff = 1 ] && bench_diff
 [ $want_memory = 1 ] && bench_memory
+[ $want_api = 1 ] && bench_api
 
 log "results"
 {
