@@ -19,7 +19,8 @@
 #            100,000-file workspace (p50 < 10 ms) beside `git status --porcelain`; checkpoint and
 #            restore with 10 changed files (p50 < 20 ms each); the supervisor's VmRSS with 64
 #            idle sandboxes (< 100 MiB). Each also through the library in the client's process
-#            (with and without the trace recorder the supervisor adds), to attribute the time.
+#            (with and without the trace recorder the supervisor adds, and with its state on
+#            tmpfs), to attribute the time.
 #   all      startup profile diff memory api (the profile is skipped when perf is not usable).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
@@ -407,7 +408,7 @@ def api(args):
                            pp(h), "; ".join(base), "; ".join(ratio), "p50 < 5 ms",
                            met(h["p50_ms"] < 5)]))
         if "lib" in s:
-            lib = [f"{n}: {pp(s[n])}" for n in ("lib", "lib+trace") if n in s]
+            lib = [f"{n}: {pp(s[n])}" for n in ("lib", "lib+trace", "lib, state on tmpfs") if n in s]
             out.append(md_row(["same, through the library (diagnostic)", "; ".join(lib), "",
                                f"http/lib p50 {h['p50_ms'] / s['lib']['p50_ms']:.2f}x", "", ""]))
     if "diff" in figs:
@@ -419,7 +420,7 @@ def api(args):
                            f"git/diff p50 {g['p50_ms'] / h['p50_ms']:.0f}x", "p50 < 10 ms",
                            met(h["p50_ms"] < 10)]))
         if "lib" in s:
-            lib = [f"{n}: {pp(s[n])}" for n in ("lib", "lib+trace") if n in s]
+            lib = [f"{n}: {pp(s[n])}" for n in ("lib", "lib+trace", "lib, state on tmpfs") if n in s]
             out.append(md_row(["same, through the library (diagnostic)", "; ".join(lib), "", "", "", ""]))
     if "checkpoint" in figs:
         pr("checkpoint")
@@ -428,7 +429,7 @@ def api(args):
             h = s[f"http {op}"]
             out.append(md_row([f"{op}, {int(files):,}-file workspace with 10 changed files, HTTP",
                                pp(h), "", "", "p50 < 20 ms", met(h["p50_ms"] < 20)]))
-            lib = [f"{n}: {pp(s[f'{n} {op}'])}" for n in ("lib", "lib+trace") if f"{n} {op}" in s]
+            lib = [f"{n}: {pp(s[f'{n} {op}'])}" for n in ("lib", "lib+trace", "lib, state on tmpfs") if f"{n} {op}" in s]
             if lib:
                 out.append(md_row([f"{op}, through the library (diagnostic)", "; ".join(lib),
                                    "", "", "", ""]))
@@ -716,6 +717,7 @@ bench_api() {
   make_repo
   local ws=$SCRATCH/ws repo=$SCRATCH/repo client=("$BENCH_CLIENT")
   local lib=(--lib-state-dir "$SCRATCH/api-lib" --lib-traced)
+  [ -z "$SHM_STATE" ] || lib+=(--lib-tmpfs-state-dir "$SHM_STATE/api-lib")
   local compare=(--compare "taskbox run -- true=$TASKBOX run --workspace $ws -- true")
   local docker_note="not measured: \`docker info\` failed (no Docker daemon is running here)"
   if ! command -v docker >/dev/null; then

@@ -1,0 +1,51 @@
+//! Percentiles of a series of durations.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Nearest-rank percentile of sorted values.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// `{name, n, min, p50, p90, p99, max, mean}` in milliseconds.
+pub fn summary(name: &str, samples: &[Duration]) -> Value {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    let mean = if ms.is_empty() {
+        f64::NAN
+    } else {
+        ms.iter().sum::<f64>() / ms.len() as f64
+    };
+    let r = |v: f64| (v * 1000.0).round() / 1000.0;
+    json!({
+        "name": name,
+        "n": ms.len(),
+        "min_ms": r(pct(&ms, 0.0)),
+        "p50_ms": r(pct(&ms, 50.0)),
+        "p90_ms": r(pct(&ms, 90.0)),
+        "p99_ms": r(pct(&ms, 99.0)),
+        "max_ms": r(pct(&ms, 100.0)),
+        "mean_ms": r(mean),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(pct(&v, 50.0), 50.0);
+        assert_eq!(pct(&v, 99.0), 99.0);
+        assert_eq!(pct(&v, 100.0), 100.0);
+        assert_eq!(pct(&v, 0.0), 1.0);
+        assert_eq!(pct(&[3.0], 99.0), 3.0);
+    }
+}
