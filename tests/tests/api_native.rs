@@ -527,3 +527,93 @@ fn the_sandbox_cannot_reach_pid1s_private_state_or_descriptors() {
     // pid 1 is alive: the next exec works.
     assert_eq!(sh(&f, "echo ok").stdout.text, "ok\n");
 }
+
+#[test]
+fn protected_git_paths_read_through_the_api_but_never_write() {
+    let f_env = Env::new();
+    f_env.write(".git/config", "[core]\n");
+    f_env.write(".git/hooks/README", "hooks\n");
+    let backend = NativeBackend::new(f_env.state()).unwrap();
+    let id = backend
+        .create(CreateRequest {
+            workspace: f_env.ws().display().to_string(),
+            ..CreateRequest::default()
+        })
+        .unwrap()
+        .id;
+    let r = backend
+        .read(
+            &id,
+            ReadRequest {
+                path: ".git/config".into(),
+                ..ReadRequest::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(r.content, "[core]\n");
+    let w = backend.write(
+        &id,
+        WriteRequest {
+            path: ".git/hooks/pre-commit".into(),
+            content: "evil".into(),
+            ..WriteRequest::default()
+        },
+    );
+    assert!(w.is_err(), "{w:?}");
+    let e = backend.edit(
+        &id,
+        EditRequest {
+            path: ".git/config".into(),
+            old: "[core]".into(),
+            new: "[core]\nhooksPath = /tmp".into(),
+            expected_count: None,
+        },
+    );
+    assert!(matches!(e, Err(ApiError::PathRefused(_))), "{e:?}");
+    let p = backend.patch(
+        &id,
+        PatchRequest {
+            patch: "--- /dev/null\n+++ b/.git/hooks/post-checkout\n@@ -0,0 +1 @@\n+evil\n".into(),
+        },
+    );
+    assert!(matches!(p, Err(ApiError::PathRefused(_))), "{p:?}");
+    for r in [
+        backend.remove(
+            &id,
+            RemoveRequest {
+                path: ".git".into(),
+                recursive: true,
+            },
+        ),
+        backend.rename(
+            &id,
+            MoveRequest {
+                from: ".git/config".into(),
+                to: "config".into(),
+                overwrite: false,
+            },
+        ),
+    ] {
+        assert!(matches!(r, Err(ApiError::PathRefused(_))), "{r:?}");
+    }
+    // Inside, the protection still holds.
+    let r = match backend
+        .exec(
+            &id,
+            ExecRequest {
+                shell: Some("echo x >> .git/config || echo refused".into()),
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.stdout.text, "refused\n");
+    assert_eq!(
+        std::fs::read_to_string(f_env.ws().join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+}

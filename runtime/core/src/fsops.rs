@@ -2,7 +2,7 @@
 //!
 //! [`WorkspaceFs`] holds an `O_PATH` directory fd of the workspace root (for a live sandbox,
 //! opened through `/proc/PID/root/WORKSPACE`) and resolves every request path beneath it with
-//! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`. What the sandbox may
+//! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`. What the sandbox may
 //! have planted cannot make the supervisor read, write or block outside the workspace:
 //!
 //! - absolute symlinks and `..` resolve inside the root (a link to `/etc/shadow` names
@@ -70,15 +70,14 @@ const MAX_GITIGNORE_BYTES: u64 = 1024 * 1024;
 const SEARCH_HEAP_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Resolution of a request path from the root: symlinks and `..` stay inside it.
-const RESOLVE_ROOT: u64 =
-    libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_XDEV;
+/// Mount points inside the workspace are crossed: only the trusted plan makes them (read-only
+/// protected paths, masks); the sandbox cannot mount.
+const RESOLVE_ROOT: u64 = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
 /// As [`RESOLVE_ROOT`], following no symlink at all (the walks).
 const RESOLVE_ROOT_NOFOLLOW: u64 = RESOLVE_ROOT | libc::RESOLVE_NO_SYMLINKS;
 /// One name beneath a directory fd, following nothing.
-const RESOLVE_CHILD: u64 = libc::RESOLVE_BENEATH
-    | libc::RESOLVE_NO_SYMLINKS
-    | libc::RESOLVE_NO_MAGICLINKS
-    | libc::RESOLVE_NO_XDEV;
+const RESOLVE_CHILD: u64 =
+    libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
 
 /// Raw syscalls that nix does not wrap.
 mod sys {
@@ -352,6 +351,9 @@ struct Prepared {
 pub struct WorkspaceFs {
     root: OwnedFd,
     mount_path: Option<PathBuf>,
+    /// Paths no operation may change, create, remove or move (the policy's protected paths):
+    /// the read-only mounts that guard them inside the sandbox do not bind a writer outside it.
+    protected: Vec<RelPath>,
     /// Serialises read-modify-write operations (edit, patch) made through this handle, so
     /// concurrent edits of one file by API callers do not lose each other's changes.
     update: Mutex<()>,
@@ -395,7 +397,31 @@ impl WorkspaceFs {
         WorkspaceFs {
             root,
             mount_path: None,
+            protected: Vec::new(),
             update: Mutex::new(()),
+        }
+    }
+
+    /// Protects these workspace-relative paths (and everything beneath them) from changes.
+    pub fn with_protected(mut self, paths: &[String]) -> WorkspaceFs {
+        self.protected = paths
+            .iter()
+            .filter_map(|p| self.rel("protect", p).ok())
+            .collect();
+        self
+    }
+
+    /// Refuses a change at `rel` when it is, lies beneath, or contains a protected path.
+    fn guard(&self, op: &str, rel: &RelPath) -> Result<(), ApiError> {
+        match self
+            .protected
+            .iter()
+            .find(|p| rel.starts_with(p) || p.starts_with(rel))
+        {
+            Some(p) => Err(ApiError::PathRefused(format!(
+                "{op}: {rel} is protected by the policy ({p} is read-only)"
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -607,6 +633,7 @@ impl WorkspaceFs {
         force_mode: bool,
         create_parents: bool,
     ) -> Result<Prepared, ApiError> {
+        self.guard(op, rel)?;
         let Some((parent_rel, name)) = rel.split_last() else {
             return Err(ApiError::PathRefused(format!(
                 "{op}: refusing to write the workspace root itself"
@@ -904,6 +931,10 @@ impl WorkspaceFs {
                 .as_deref()
                 .map(|p| self.rel_entry(op, p))
                 .transpose()?;
+            // Checked before anything is written: the patch stays all or nothing.
+            for rel in old.iter().chain(new.iter()) {
+                self.guard(op, rel)?;
+            }
             let base: Vec<u8> = match (&old, &new) {
                 (None, None) => {
                     return Err(ApiError::invalid("patch: a file section names no file"));
@@ -1183,6 +1214,7 @@ impl WorkspaceFs {
     pub fn remove(&self, req: &RemoveRequest) -> Result<(), ApiError> {
         let op = "remove";
         let rel = self.rel_entry(op, &req.path)?;
+        self.guard(op, &rel)?;
         let (parent, name) = self.parent_of(op, &rel)?;
         let st = lstat_at(&parent, name)
             .map_err(|e| sys_err(op, &rel, e))?
@@ -1216,6 +1248,8 @@ impl WorkspaceFs {
         let op = "rename";
         let from = self.rel_entry(op, &req.from)?;
         let to = self.rel_entry(op, &req.to)?;
+        self.guard(op, &from)?;
+        self.guard(op, &to)?;
         if to.starts_with(&from) && to != from {
             return Err(ApiError::invalid(format!(
                 "rename: cannot move {from} into itself ({to})"

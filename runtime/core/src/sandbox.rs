@@ -1439,7 +1439,9 @@ impl Sandbox {
         }
         let rel = self.workspace.strip_prefix("/").unwrap_or(&self.workspace);
         let root = PathBuf::from(format!("/proc/{}/root", self.init_pid)).join(rel);
-        Ok(WorkspaceFs::open(&root)?.with_mount_path(self.workspace.clone()))
+        Ok(WorkspaceFs::open(&root)?
+            .with_mount_path(self.workspace.clone())
+            .with_protected(&self.policy.filesystem.protected))
     }
 
     /// Reads a workspace file, or an exec's spill file under [`SPILL_MOUNT`].
