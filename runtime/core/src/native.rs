@@ -485,6 +485,41 @@ pub(crate) fn workspace_guard_ops(policy: &Policy, workspace: &Path, empty: &Pat
     ops
 }
 
+/// The rlimits of a sandbox's commands: file size, open files and no core dumps always; memory
+/// (address space) and processes when no cgroup holds them.
+pub(crate) fn rlimits_for(policy: &Policy, have_cgroup: bool) -> Vec<Rlimit> {
+    let limits = &policy.limits;
+    let mut rlimits = vec![
+        Rlimit {
+            resource: RlimitResource::FileSize,
+            limit: limits.file_size_bytes,
+        },
+        Rlimit {
+            resource: RlimitResource::OpenFiles,
+            limit: limits.open_files,
+        },
+        Rlimit {
+            resource: RlimitResource::CoreSize,
+            limit: 0,
+        },
+    ];
+    if !have_cgroup {
+        rlimits.push(Rlimit {
+            resource: RlimitResource::AddressSpace,
+            limit: limits.memory_bytes,
+        });
+        // RLIMIT_NPROC counts every process of the uid on the host; for root that is the whole
+        // system, so it is only a usable fallback for unprivileged callers.
+        if !nix::unistd::geteuid().is_root() {
+            rlimits.push(Rlimit {
+                resource: RlimitResource::Processes,
+                limit: limits.pids,
+            });
+        }
+    }
+    rlimits
+}
+
 /// Runs one command in a fresh native sandbox and returns its observation.
 pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
     if req.argv.is_empty() {
@@ -567,34 +602,7 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
         },
     )?;
     let is_root = nix::unistd::geteuid().is_root();
-    let mut rlimits = vec![
-        Rlimit {
-            resource: RlimitResource::FileSize,
-            limit: limits.file_size_bytes,
-        },
-        Rlimit {
-            resource: RlimitResource::OpenFiles,
-            limit: limits.open_files,
-        },
-        Rlimit {
-            resource: RlimitResource::CoreSize,
-            limit: 0,
-        },
-    ];
-    if cgroup.is_none() {
-        rlimits.push(Rlimit {
-            resource: RlimitResource::AddressSpace,
-            limit: limits.memory_bytes,
-        });
-        // RLIMIT_NPROC counts every process of the uid on the host; for root that is the whole
-        // system, so it is only a usable fallback for unprivileged callers.
-        if !is_root {
-            rlimits.push(Rlimit {
-                resource: RlimitResource::Processes,
-                limit: limits.pids,
-            });
-        }
-    }
+    let rlimits = rlimits_for(&req.policy, cgroup.is_some());
 
     let (mounts, write_paths) = plan_mounts(&req.policy, &workspace, &run_dir, req.write_through);
     let cwd = req.cwd.clone().unwrap_or_else(|| workspace.clone());

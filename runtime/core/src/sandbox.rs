@@ -24,9 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-use taskbox_init::config::{
-    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, STATUS_FD, Status,
-};
+use taskbox_init::config::{InitConfig, LandlockPlan, MountOp, STATUS_FD, Status};
 use taskbox_init::control::{self, CONTROL_FD, Event, Request};
 
 use crate::api::*;
@@ -149,6 +147,21 @@ impl NativeBackend {
             let _ = self.destroy(id);
         }
         expired
+    }
+
+    /// Runs a file operation on a sandbox's workspace, shared with execs and excluded from
+    /// checkpoint and restore.
+    fn with_fs<T>(
+        &self,
+        id: &SandboxId,
+        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let sb = self.get(id)?;
+        let _g = sb
+            .layers_lock
+            .read()
+            .map_err(|_| ApiError::internal("poisoned"))?;
+        op(&sb.fs()?)
     }
 
     /// Extends (or sets) a sandbox's lease to `ttl` from now.
@@ -459,32 +472,7 @@ impl NativeBackend {
         )
         .map_err(|e| ApiError::internal(e.to_string()))?;
         let is_root = nix::unistd::geteuid().is_root();
-        let mut rlimits = vec![
-            Rlimit {
-                resource: RlimitResource::FileSize,
-                limit: limits.file_size_bytes,
-            },
-            Rlimit {
-                resource: RlimitResource::OpenFiles,
-                limit: limits.open_files,
-            },
-            Rlimit {
-                resource: RlimitResource::CoreSize,
-                limit: 0,
-            },
-        ];
-        if cgroup.is_none() {
-            rlimits.push(Rlimit {
-                resource: RlimitResource::AddressSpace,
-                limit: limits.memory_bytes,
-            });
-            if !is_root {
-                rlimits.push(Rlimit {
-                    resource: RlimitResource::Processes,
-                    limit: limits.pids,
-                });
-            }
-        }
+        let rlimits = native::rlimits_for(&policy, cgroup.is_some());
         let (mut mounts, write_paths) = native::plan_mounts(&policy, &workspace, &dirs, false);
         // pid 1's private view of the sandbox's state and of the host workspace, needed to
         // remount the overlay on restore (overlayfs takes its layers only from mounts of the
@@ -1295,75 +1283,35 @@ impl SandboxApi for NativeBackend {
     }
 
     fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.write(&req)
+        self.with_fs(id, |fs| fs.write(&req))
     }
 
     fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.edit(&req)
+        self.with_fs(id, |fs| fs.edit(&req))
     }
 
     fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.patch(&req)
+        self.with_fs(id, |fs| fs.patch(&req))
     }
 
     fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.list(&req)
+        self.with_fs(id, |fs| fs.list(&req))
     }
 
     fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.search(&req)
+        self.with_fs(id, |fs| fs.search(&req))
     }
 
     fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.stat(&req)
+        self.with_fs(id, |fs| fs.stat(&req))
     }
 
     fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.remove(&req)
+        self.with_fs(id, |fs| fs.remove(&req))
     }
 
     fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
-        let _g = sb
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        sb.fs()?.rename(&req)
+        self.with_fs(id, |fs| fs.rename(&req))
     }
 
     fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
