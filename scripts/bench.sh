@@ -186,7 +186,7 @@ fi
 
 # The Python helpers: hyperfine aggregation, /usr/bin/time parsing, the off-CPU profile.
 cat > "$SCRATCH/helpers.py" <<'PY'
-import json, re, statistics, sys, collections
+import json, os, re, statistics, sys, collections
 
 def md_row(cells):
     return "| " + " | ".join(cells) + " |\n"
@@ -274,8 +274,9 @@ FORK = re.compile(r"pid=(\d+) child_comm=.*? child_pid=(\d+)")
 def perf_events(root):
     """Events of `perf script -F comm,pid,tid,time,event,period,trace,ip,sym` on stdin, each with
     a flag saying whether its task descends from pid `root` (followed through fork events), so
-    that processes of the same name elsewhere on the machine are not counted."""
-    ours, ev = set(), None
+    that processes of the same name elsewhere on the machine are not counted. The thread ids in
+    $PERF_SEED count too (and what they fork): a server started before the recording."""
+    ours, ev = set(int(t) for t in os.environ.get("PERF_SEED", "").split()), None
     def done(e):
         if e is None:
             return None
@@ -554,8 +555,10 @@ perf_usable() {
 # perf_profile KIND NAME RUNS CMD...: records RUNS runs of CMD system-wide and prints, per run,
 # for CMD's process tree only: KIND=off, the off-CPU time by kernel wait site (sched:sched_switch
 # with call graphs); KIND=on, the CPU time by syscall (cpu-clock, 10 kHz, with call graphs).
+# PERF_PER=N: each run of CMD does N operations, and the figures are per operation instead.
+# PERF_SEED="TID...": these threads (and what they fork) count as CMD's too.
 perf_profile() {
-  local kind=$1 name=$2 runs=$3
+  local kind=$1 name=$2 runs=$3 per=${PERF_PER:-1}
   shift 3
   local data=$SCRATCH/$name.perf event=(-e sched:sched_switch)
   [ "$kind" = on ] && event=(-e cpu-clock/period=100000/)
@@ -565,9 +568,9 @@ perf_profile() {
              echo $(( ($(date +%s%N) - s) / n / 1000 )) > "$o.wall"' _ "$runs" "$SCRATCH/$name" "$@" \
     2>"$SCRATCH/perf.err" \
     || { echo "  perf record failed: $(tail -1 "$SCRATCH/perf.err")" >&2; return 0; }
-  echo "  wall per run while recording: $(echo "$(cat "$SCRATCH/$name.wall") / 1000" | bc -l | xargs printf '%.1f') ms"
+  echo "  wall per run while recording: $(echo "$(cat "$SCRATCH/$name.wall") / 1000 / $per" | bc -l | xargs printf '%.2f') ms"
   perf script -i "$data" -F comm,pid,tid,time,event,period,trace,ip,sym 2>/dev/null \
-    | py "${kind}cpu" "$runs" "$(cat "$SCRATCH/$name.root")" | tee "$SCRATCH/$name.txt"
+    | py "${kind}cpu" "$((runs * per))" "$(cat "$SCRATCH/$name.root")" | tee "$SCRATCH/$name.txt"
 }
 
 bench_profile() {
@@ -706,6 +709,12 @@ serve_start() {
   done
   die "taskbox serve did not start: $(tail -3 "$SCRATCH/$1.log")"
 }
+# The thread ids of PID and of all its descendants.
+tree_tids() {
+  local c
+  ls "/proc/$1/task" 2>/dev/null | tr '\n' ' ' || true
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree_tids "$c"; done
+}
 serve_stop() {
   [ -n "$SERVE_PID" ] || return 0
   kill -TERM "$SERVE_PID" 2>/dev/null || true
@@ -746,6 +755,18 @@ bench_api() {
   log "api: checkpoint, change, restore with 10 changed files ($API_CYCLES cycles per series)"
   "${client[@]}" checkpoint --socket "$SERVE_SOCK" "${lib[@]}" --workspace "$repo" --changed 10 \
     --runs "$API_CYCLES" --warmup 1 --rounds "$API_ROUNDS" >"$SCRATCH/api-checkpoint.json"
+  if [ $want_profile = 1 ] && perf_usable; then
+    local n=500 m=30 seed
+    seed=$(tree_tids "$SERVE_PID")
+    log "profile: where an exec round trip goes (perf, $n execs over HTTP; the supervisor, its sandbox and the client; per exec)"
+    PERF_PER=$n PERF_SEED=$seed perf_profile off profile-api-exec-off 1 \
+      "$BENCH_CLIENT" exec --socket "$SERVE_SOCK" --workspace "$ws" --runs $n --warmup 0 --rounds 1
+    PERF_PER=$n PERF_SEED=$seed perf_profile on profile-api-exec-on 1 \
+      "$BENCH_CLIENT" exec --socket "$SERVE_SOCK" --workspace "$ws" --runs $n --warmup 0 --rounds 1
+    log "profile: where a cycle of checkpoint, 10 writes and restore goes (perf, $m cycles over HTTP; per cycle)"
+    PERF_PER=$m PERF_SEED=$seed perf_profile off profile-api-checkpoint-off 1 \
+      "$BENCH_CLIENT" checkpoint --socket "$SERVE_SOCK" --workspace "$repo" --runs $m --warmup 0 --rounds 1
+  fi
   local wl_rss wl_reqs="?"
   wl_rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$SERVE_PID/status")
   if command -v curl >/dev/null; then
