@@ -766,6 +766,8 @@ bench_api() {
     log "profile: where a cycle of checkpoint, 10 writes and restore goes (perf, $m cycles over HTTP; per cycle)"
     PERF_PER=$m PERF_SEED=$seed perf_profile off profile-api-checkpoint-off 1 \
       "$BENCH_CLIENT" checkpoint --socket "$SERVE_SOCK" --workspace "$repo" --runs $m --warmup 0 --rounds 1
+    PERF_PER=$m PERF_SEED=$seed perf_profile on profile-api-checkpoint-on 1 \
+      "$BENCH_CLIENT" checkpoint --socket "$SERVE_SOCK" --workspace "$repo" --runs $m --warmup 0 --rounds 1
   fi
   local wl_rss wl_reqs="?"
   wl_rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$SERVE_PID/status")
