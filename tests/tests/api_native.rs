@@ -617,3 +617,21 @@ fn protected_git_paths_read_through_the_api_but_never_write() {
         "[core]\n"
     );
 }
+
+#[test]
+fn diff_reports_binary_files_and_mode_changes() {
+    let f = fixture();
+    f.env.write("run.sh", "echo hi\n");
+    sh(&f, "chmod 755 run.sh; printf 'a\\000b' > blob.bin");
+    let d = f.backend.diff(&f.id, DiffRequest::default()).unwrap();
+    let run = d.files.iter().find(|x| x.path == "run.sh").unwrap();
+    assert_eq!(
+        run.mode_change.as_deref(),
+        Some("100644 -> 100755"),
+        "{d:?}"
+    );
+    assert!(!run.binary);
+    let blob = d.files.iter().find(|x| x.path == "blob.bin").unwrap();
+    assert!(blob.binary, "{d:?}");
+    assert_eq!(blob.mode_change, None);
+}

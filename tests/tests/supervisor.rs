@@ -366,3 +366,59 @@ fn load_64_sandboxes_8_clients_2000_execs_without_errors() {
         assert!(st == 204 || st == 200, "{st}");
     }
 }
+
+#[test]
+fn malformed_requests_get_clear_4xx_answers() {
+    use std::io::{Read, Write};
+    let env = Env::new();
+    let sup = Supervisor::start(&env, &[]);
+    let (st, info) = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"workspace": env.ws().display().to_string()})),
+    );
+    assert_eq!(st, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    // A path that is not UTF-8 cannot be JSON: the body is refused, nothing is written.
+    let mut body = br#"{"path":"bad"#.to_vec();
+    body.extend_from_slice(&[0xff, 0xfe]);
+    body.extend_from_slice(br#"","content":"x"}"#);
+    let mut s = std::os::unix::net::UnixStream::connect(&sup.socket).unwrap();
+    let head = format!(
+        "POST /v1/sandboxes/{id}/write HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("invalid_argument"), "{answer}");
+    for (path, body) in [
+        ("write", json!({"path": "x", "content": "y", "bogus": 1})),
+        ("exec", json!({"argv": "not-a-list"})),
+        (
+            "edit",
+            json!({"path": "missing.txt", "old": "a", "new": "b"}),
+        ),
+        (
+            "patch",
+            json!({"patch": "--- a/nope\n+++ b/nope\n@@ -1 +1 @@\n-a\n+b\n"}),
+        ),
+        ("read", json!({"path": "../../etc/passwd"})),
+    ] {
+        let (st, r) = sup.call("POST", &format!("/v1/sandboxes/{id}/{path}"), Some(body));
+        assert!((400..500).contains(&st), "{path}: {st} {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{path}: {r}"
+        );
+    }
+    assert!(
+        std::fs::read_dir(env.ws()).unwrap().next().is_none(),
+        "something was written"
+    );
+}

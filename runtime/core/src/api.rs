@@ -425,6 +425,8 @@ pub struct FileDiff {
     pub path: String,
     pub status: ChangeKind,
     pub binary: bool,
+    /// The permission change of a modified file, as `"100644 -> 100755"`.
+    pub mode_change: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -1347,6 +1347,40 @@ impl SandboxApi for NativeBackend {
     }
 }
 
+/// What a git-style diff says about one file beyond its status.
+#[derive(Default)]
+struct Section {
+    binary: bool,
+    mode_change: Option<String>,
+}
+
+/// Reads the per-file facts of a git-style diff: binary or not, and mode changes. Sections start
+/// at `diff --git a/P b/P` lines (paths are written as the renderer writes them, unquoted).
+fn diff_sections(text: &str) -> BTreeMap<&str, Section> {
+    let mut out: BTreeMap<&str, Section> = BTreeMap::new();
+    let mut current: Option<&str> = None;
+    let mut old_mode: Option<&str> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("diff --git a/") {
+            current = rest.split(" b/").next();
+            old_mode = None;
+            if let Some(p) = current {
+                out.entry(p).or_default();
+            }
+            continue;
+        }
+        let Some(p) = current else { continue };
+        if let Some(m) = line.strip_prefix("old mode ") {
+            old_mode = Some(m);
+        } else if let (Some(m), Some(old)) = (line.strip_prefix("new mode "), old_mode) {
+            out.entry(p).or_default().mode_change = Some(format!("{old} -> {m}"));
+        } else if line.starts_with("Binary files ") {
+            out.entry(p).or_default().binary = true;
+        }
+    }
+    out
+}
+
 fn layers_err(e: layers::LayersError) -> ApiError {
     match e {
         layers::LayersError::Refused { .. } => ApiError::PathRefused(e.to_string()),
@@ -1453,20 +1487,16 @@ impl Sandbox {
                 (list, d)
             }
         };
+        let sections = diff_sections(&d.text);
         let files = list
             .into_iter()
             .map(|c| {
-                let binary = d
-                    .text
-                    .contains(&format!("Binary files a/{p} and b/{p} differ", p = c.path))
-                    || d.text
-                        .contains(&format!("Binary files /dev/null and b/{} differ", c.path))
-                    || d.text
-                        .contains(&format!("Binary files a/{} and /dev/null differ", c.path));
+                let section = sections.get(c.path.as_str());
                 FileDiff {
+                    binary: section.is_some_and(|s| s.binary),
+                    mode_change: section.and_then(|s| s.mode_change.clone()),
                     path: c.path,
                     status: c.kind,
-                    binary,
                 }
             })
             .collect();
