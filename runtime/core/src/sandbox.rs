@@ -259,6 +259,9 @@ struct Sandbox {
     lost: AtomicBool,
     /// Execs and file operations hold it shared; restore holds it exclusively.
     layers_lock: RwLock<()>,
+    /// pid 1's answer to the last remount request (`Some(error)` when it failed), until taken.
+    remounted: Mutex<Option<Option<String>>>,
+    remount_cond: Condvar,
 }
 
 impl Sandbox {
@@ -364,10 +367,8 @@ impl Sandbox {
                 self.update_slot(id, |st| st.exited = Some(exited));
             }
             Event::Remounted { error } => {
-                if let Ok(mut r) = REMOUNT.lock() {
-                    r.insert(self.id.clone(), error);
-                }
-                REMOUNT_COND.notify_all();
+                *lock(&self.remounted) = Some(error);
+                self.remount_cond.notify_all();
             }
             Event::Ready => {}
             Event::Error { message } => {
@@ -383,9 +384,6 @@ impl Sandbox {
         }
     }
 }
-
-static REMOUNT: Mutex<BTreeMap<SandboxId, Option<String>>> = Mutex::new(BTreeMap::new());
-static REMOUNT_COND: Condvar = Condvar::new();
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
@@ -640,6 +638,8 @@ impl NativeBackend {
             cgroup,
             lost: AtomicBool::new(false),
             layers_lock: RwLock::new(()),
+            remounted: Mutex::new(None),
+            remount_cond: Condvar::new(),
         });
         let weak = Arc::downgrade(&sandbox);
         std::thread::Builder::new()
@@ -1598,9 +1598,7 @@ impl Sandbox {
                 ops.push(op);
             }
         }
-        if let Ok(mut r) = REMOUNT.lock() {
-            r.remove(&self.id);
-        }
+        *lock(&self.remounted) = None;
         self.send(
             &Request::Remount {
                 path: self.workspace.display().to_string(),
@@ -1609,16 +1607,19 @@ impl Sandbox {
             &[],
         )?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut r = lock(&REMOUNT);
+        let mut r = lock(&self.remounted);
         let outcome = loop {
-            if let Some(outcome) = r.remove(&self.id) {
+            if let Some(outcome) = r.take() {
                 break outcome;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || self.lost.load(Ordering::SeqCst) {
                 break Some("the sandbox did not answer the remount".to_string());
             }
-            r = match REMOUNT_COND.wait_timeout(r, left.min(Duration::from_millis(200))) {
+            r = match self
+                .remount_cond
+                .wait_timeout(r, left.min(Duration::from_millis(200)))
+            {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
