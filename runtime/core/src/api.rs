@@ -514,6 +514,9 @@ pub enum ApiError {
     /// the backend failed
     #[error("{0}")]
     Internal(String),
+    /// the backend cannot be reached now (e.g. the Docker daemon is down or restarting)
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -541,6 +544,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::LimitExceeded(_) => "limit_exceeded",
             ApiError::Internal(_) => "internal",
+            ApiError::Unavailable(_) => "unavailable",
         }
     }
 
@@ -556,6 +560,7 @@ impl ApiError {
             ApiError::Conflict(_) => 409,
             ApiError::LimitExceeded(_) => 429,
             ApiError::Internal(_) => 500,
+            ApiError::Unavailable(_) => 503,
         }
     }
 }

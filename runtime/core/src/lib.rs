@@ -10,6 +10,7 @@ pub mod capture;
 pub mod cgroup;
 pub mod changes;
 pub mod fsops;
+pub mod image;
 pub mod layers;
 pub mod native;
 pub mod policy;
