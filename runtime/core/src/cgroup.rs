@@ -236,6 +236,18 @@ impl Cgroup {
     }
 
     /// The `cgroup.procs` files a process writes its pid to in order to join.
+    /// The files a process writes `0` to in order to move itself into this cgroup: v1's per-thread
+    /// `tasks` (the helper that joins is single-threaded, so its one thread is the whole process;
+    /// moving a single thread spares the kernel's global threadgroup lock, whose first writer
+    /// waits a whole RCU grace period), v2's `cgroup.procs`.
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        let name = match self {
+            Cgroup::V2 { .. } => "cgroup.procs",
+            Cgroup::V1 { .. } => "tasks",
+        };
+        self.dirs().into_iter().map(|d| d.join(name)).collect()
+    }
+
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs()
             .into_iter()

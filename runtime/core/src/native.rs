@@ -632,7 +632,7 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
         },
         seccomp: req.policy.security.seccomp,
         rlimits,
-        cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
+        cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
         control: false,
     };
     let plan_path = run_dir.dir.join("plan.json");

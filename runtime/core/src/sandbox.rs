@@ -544,7 +544,7 @@ impl NativeBackend {
             },
             seccomp: policy.security.seccomp,
             rlimits,
-            cgroup_procs: cgroup.as_ref().map(Cgroup::procs_files).unwrap_or_default(),
+            cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
             control: true,
         };
         let plan_path = dirs.dir.join("plan.json");

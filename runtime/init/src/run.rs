@@ -46,8 +46,10 @@ pub fn run(config: &InitConfig) -> ! {
     {
         fail("parent-death signal", e);
     }
+    // "0" is the writer itself. This process has one thread, so on v1 writing it to `tasks` moves
+    // the whole process without the global threadgroup lock (see Cgroup::join_files).
     for procs in &config.cgroup_procs {
-        if let Err(e) = std::fs::write(procs, std::process::id().to_string()) {
+        if let Err(e) = std::fs::write(procs, "0") {
             fail("cgroup", format!("cannot join {}: {e}", procs.display()));
         }
     }
