@@ -874,7 +874,7 @@ fn build_step(
 fn user_entries(
     def: &ImageDef,
     u: &UserItem,
-    layers: &[(PathBuf, String)],
+    layers: &[crate::unpack::LayerFile],
     label: &str,
 ) -> Result<Vec<Entry>, ImageError> {
     let fail = |message: String| ImageError::StepFailed {

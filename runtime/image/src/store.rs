@@ -34,6 +34,7 @@ use crate::oci::{
     Index, MEDIA_MANIFEST, Manifest,
 };
 use crate::sys::{FileLock, LockMode};
+use crate::unpack::LayerFile;
 use crate::{ImageError, chain_id, digest_hex, io_err, sha256_digest};
 
 /// The shortest digest prefix (hex characters) accepted as a name.
@@ -473,12 +474,12 @@ impl Store {
         Ok(out)
     }
 
-    /// The paths of an image's layer blobs with a label each (for errors).
+    /// An image's layer blobs, each with a label for errors and its digest to check.
     pub fn layer_files(
         &self,
         diff_ids: &[String],
         labels: &[String],
-    ) -> Result<Vec<(PathBuf, String)>, ImageError> {
+    ) -> Result<Vec<LayerFile>, ImageError> {
         diff_ids
             .iter()
             .enumerate()
@@ -490,7 +491,11 @@ impl Store {
                     short(d),
                     labels.get(i).map(String::as_str).unwrap_or("?")
                 );
-                Ok((self.blob_path(d)?, label))
+                Ok(LayerFile {
+                    path: self.blob_path(d)?,
+                    label,
+                    digest: Some(d.clone()),
+                })
             })
             .collect()
     }

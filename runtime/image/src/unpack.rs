@@ -379,10 +379,45 @@ pub fn apply_layer<R: Read>(root: &Path, layer: R, label: &str) -> Result<(), Un
     state.finish()
 }
 
+/// A layer on disk, as the unpacker takes it.
+#[derive(Debug, Clone)]
+pub struct LayerFile {
+    pub path: PathBuf,
+    /// Names the layer in errors.
+    pub label: String,
+    /// When set, the file must hash to this (`sha256:<hex>`), checked while it is read.
+    pub digest: Option<String>,
+}
+
+impl LayerFile {
+    pub fn new(path: impl Into<PathBuf>, label: impl Into<String>) -> LayerFile {
+        LayerFile {
+            path: path.into(),
+            label: label.into(),
+            digest: None,
+        }
+    }
+}
+
+/// A reader that hashes what passes through it.
+struct HashingReader<R> {
+    inner: R,
+    hasher: sha2::Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use sha2::Digest;
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
 /// Unpacks `layers` (tar files, bottom first) into `dest`, which must not exist: first into a
 /// sibling temporary directory, renamed into place when complete, so a reader never sees half a
 /// tree. Returns false when another process finished the same tree first (its copy is kept).
-pub fn unpack_layers(layers: &[(PathBuf, String)], dest: &Path) -> Result<bool, UnpackError> {
+pub fn unpack_layers(layers: &[LayerFile], dest: &Path) -> Result<bool, UnpackError> {
     let parent = dest.parent().unwrap_or(Path::new("/"));
     let name = dest
         .file_name()
@@ -406,14 +441,40 @@ pub fn unpack_layers(layers: &[(PathBuf, String)], dest: &Path) -> Result<bool, 
         .create(&tmp)
         .map_err(io_fail("create the temporary directory"))?;
     let result = (|| {
-        for (path, label) in layers {
-            let file = File::open(path).map_err(|source| UnpackError::Io {
-                layer: label.clone(),
-                entry: "-".into(),
-                op: "open the layer",
-                source,
-            })?;
-            apply_layer(&tmp, io::BufReader::with_capacity(1 << 20, file), label)?;
+        for layer in layers {
+            let io_fail = |op: &'static str| {
+                let label = layer.label.clone();
+                move |source| UnpackError::Io {
+                    layer: label,
+                    entry: "-".into(),
+                    op,
+                    source,
+                }
+            };
+            let file = File::open(&layer.path).map_err(io_fail("open the layer"))?;
+            let mut reader = HashingReader {
+                inner: io::BufReader::with_capacity(1 << 20, file),
+                hasher: <sha2::Sha256 as sha2::Digest>::new(),
+            };
+            apply_layer(&tmp, &mut reader, &layer.label)?;
+            if let Some(want) = &layer.digest {
+                // The rest of the file (the end-of-archive blocks) counts too.
+                io::copy(&mut reader, &mut io::sink()).map_err(io_fail("read the layer"))?;
+                let got = format!(
+                    "sha256:{}",
+                    crate::hex(&sha2::Digest::finalize(reader.hasher))
+                );
+                if &got != want {
+                    return Err(UnpackError::Refused {
+                        layer: layer.label.clone(),
+                        entry: "-".into(),
+                        why: format!(
+                            "the layer file hashes to {got}, not {want}: it was modified or \
+                             corrupted"
+                        ),
+                    });
+                }
+            }
         }
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
             .map_err(io_fail("set the root's mode"))
@@ -453,7 +514,7 @@ pub struct FoundFile {
 /// first) shows it: the topmost layer that names it wins; a whiteout of it or of a parent, or an
 /// opaque parent, in a higher layer hides lower ones. Symlinked parents are not followed.
 pub fn read_from_layers(
-    layers: &[(PathBuf, String)],
+    layers: &[LayerFile],
     path: &str,
 ) -> Result<Option<FoundFile>, UnpackError> {
     let want: Vec<&[u8]> =
@@ -462,12 +523,13 @@ pub fn read_from_layers(
             entry: path.to_owned(),
             why,
         })?;
-    for (layer, label) in layers.iter().rev() {
+    for lf in layers.iter().rev() {
+        let label = &lf.label;
         let tar_err = |source| UnpackError::Tar {
             layer: label.clone(),
             source,
         };
-        let file = File::open(layer).map_err(tar_err)?;
+        let file = File::open(&lf.path).map_err(tar_err)?;
         let mut archive = tar::Archive::new(io::BufReader::new(file));
         let mut found: Option<FoundFile> = None;
         let mut hidden = false;
@@ -528,10 +590,7 @@ pub fn read_from_layers(
         if let Some(target) = link_to {
             let target: Vec<u8> = target.join(&b'/');
             let target = String::from_utf8_lossy(&target).into_owned();
-            return read_from_layers(
-                std::slice::from_ref(&(layer.clone(), label.clone())),
-                &target,
-            );
+            return read_from_layers(std::slice::from_ref(lf), &target);
         }
         if found.is_some() {
             return Ok(found);
@@ -736,14 +795,22 @@ mod tests {
         let bad = t.path().join("bad.tar");
         fs::write(&bad, raw_tar(&[("../x", tar::EntryType::Regular, "")])).unwrap();
         let dest = t.path().join("store/rootfs/abc");
-        let layers = vec![(good.clone(), "1".to_string()), (bad, "2".to_string())];
+        let layers = vec![LayerFile::new(&good, "1"), LayerFile::new(bad, "2")];
         assert!(unpack_layers(&layers, &dest).is_err());
         assert!(!dest.exists());
         assert_eq!(
             fs::read_dir(t.path().join("store/rootfs")).unwrap().count(),
             0
         );
-        assert!(unpack_layers(&[(good, "1".into())], &dest).unwrap());
+        // A layer that does not hash to its digest is refused.
+        let mut wrong = LayerFile::new(&good, "1");
+        wrong.digest = Some(format!("sha256:{}", "0".repeat(64)));
+        let err = unpack_layers(&[wrong], &dest).unwrap_err().to_string();
+        assert!(err.contains("modified or corrupted"), "{err}");
+        assert!(!dest.exists());
+        let mut right = LayerFile::new(&good, "1");
+        right.digest = Some(crate::sha256_digest(&fs::read(&good).unwrap()));
+        assert!(unpack_layers(&[right], &dest).unwrap());
         assert!(dest.join("f").is_file());
     }
 
@@ -772,10 +839,14 @@ mod tests {
             write_tar(&[file("etc/.wh.passwd", "")], Vec::new()).unwrap(),
         )
         .unwrap();
-        let two = vec![(l1.clone(), "1".into()), (l2.clone(), "2".into())];
+        let two = vec![LayerFile::new(&l1, "1"), LayerFile::new(&l2, "2")];
         let f = read_from_layers(&two, "etc/passwd").unwrap().unwrap();
         assert_eq!(f.data, b"root\n");
-        let three = vec![(l1, "1".into()), (l2, "2".into()), (l3, "3".into())];
+        let three = vec![
+            LayerFile::new(l1, "1"),
+            LayerFile::new(l2, "2"),
+            LayerFile::new(l3, "3"),
+        ];
         assert!(read_from_layers(&three, "etc/passwd").unwrap().is_none());
     }
 }
