@@ -12,6 +12,9 @@ missing=()
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v useradd >/dev/null || missing+=(passwd)
+# The image suites: the busybox image copies the static busybox; Debian bases need mmdebstrap.
+[ -x /bin/busybox ] || missing+=(busybox-static)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

@@ -113,6 +113,8 @@ pub fn run(cmd: ImageCommand, state_dir: PathBuf) -> Result<u8> {
             let opts = BuildOptions {
                 no_cache,
                 update_lock,
+                // A .deb cache shared between state directories (CI, several checkouts).
+                debs_dir: std::env::var_os("TASKBOX_DEB_CACHE").map(PathBuf::from),
                 ..BuildOptions::default()
             };
             let progress = Renderer::new();

@@ -866,7 +866,7 @@ fn build_step(
             return run_step(store, def, step, diff_ids, labels, index, progress);
         }
     };
-    Ok(store.put_layer(&entries)?)
+    store.put_layer(&entries)
 }
 
 /// /etc/passwd, /etc/group (and shadow files when the image has them) with the user appended,
@@ -1082,7 +1082,7 @@ fn run_step(
         }
         let entries = crate::layer::walk(&upper, WalkMode::OverlayUpper, def.epoch)?;
         tracing::debug!(entries = entries.len(), rootfs = %short(&crate::chain_id(diff_ids)), "run step layer");
-        Ok(store.put_layer(&entries)?)
+        store.put_layer(&entries)
     })();
     native::remove_tree(&scratch);
     result

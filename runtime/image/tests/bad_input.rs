@@ -143,8 +143,11 @@ fn a_run_step_layer_holds_its_writes_and_deletions() {
     assert!(again.layers.iter().all(|l| l.cached));
 }
 
+/// A tar member written raw: name, type, link target.
+type Member<'a> = (&'a str, tar::EntryType, &'a str);
+
 /// A tar holding these raw members (names the tar crate would refuse to write).
-fn raw_tar(members: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
+fn raw_tar(members: &[Member<'_>]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, kind, link) in members {
         let mut h = tar::Header::new_gnu();
@@ -170,7 +173,7 @@ fn raw_tar(members: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
 #[test]
 fn hostile_tar_entries_are_refused_by_the_unpacker() {
     use tar::EntryType::{Block, Char, Link, Regular, Symlink};
-    let cases: &[(&[(&str, tar::EntryType, &str)], &str)] = &[
+    let cases: &[(&[Member<'_>], &str)] = &[
         (&[("../../escaped", Regular, "")], "`..` component"),
         (&[("/etc/cron.d/evil", Regular, "")], "absolute path"),
         (

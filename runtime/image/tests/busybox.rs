@@ -217,7 +217,7 @@ fn rm_removes_the_image_and_what_only_it_used() {
     s.resolve("busybox").unwrap();
     let removed = s.remove(&["busybox".to_string()]).unwrap();
     assert_eq!(removed.names, ["busybox"]);
-    assert_eq!(removed.images, [built.digest.clone()]);
+    assert_eq!(removed.images, std::slice::from_ref(&built.digest));
     assert!(s.list().unwrap().is_empty());
     assert_eq!(
         fs::read_dir(s.dir().join("blobs/sha256")).unwrap().count(),
