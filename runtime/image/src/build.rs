@@ -34,7 +34,7 @@ use crate::unpack::read_from_layers;
 use crate::{ImageError, io_err, sha256_digest};
 
 /// The version of the layer format; part of every cache key, so a change to how layers are
-/// made never reuses layers made the old way.
+/// made (the tar rules, the Debian normalisation) never reuses layers made the old way.
 pub const LAYER_FORMAT: u32 = 1;
 
 /// How to build.
@@ -134,6 +134,7 @@ pub fn build(
     let span = tracing::info_span!("image_build", image = %def.name);
     let _enter = span.enter();
     let _gc = store.gc_lock(LockMode::Shared)?;
+    store.prune_scratch(std::time::Duration::from_secs(24 * 3600));
     let lock_path = lock::path_for(&def.path);
     let old_lock = lock::read(&lock_path)?;
     let pins = pins_from_lock(def, old_lock.as_ref(), opts, &lock_path)?;

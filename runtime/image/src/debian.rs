@@ -13,9 +13,10 @@
 //!
 //! Normalisation removes what differs between two builds or two machines and has no use in a
 //! sandbox: device nodes (the sandbox gets its own /dev), the host's resolv.conf and hostname
-//! (copied in by mmdebstrap), apt sources (they name a mirror) and the pin file, apt's lists and
-//! downloaded archives, machine-id, and apt's auto-installed marks (which differ between a pinned
-//! and an unpinned resolution). It also creates the default workdir.
+//! (copied in by mmdebstrap), apt sources (they name a mirror), the pin file and the build's own
+//! apt and dpkg options, apt's lists and downloaded archives, machine-id, and apt's
+//! auto-installed marks (which differ between a pinned and an unpinned resolution). It also
+//! creates the default workdir.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
@@ -40,6 +41,9 @@ const REMOVE: &[&str] = &[
     "etc/apt/sources.list",
     "etc/apt/sources.list.d/*",
     "etc/apt/preferences.d/taskbox-lock",
+    // The build's own apt and dpkg options (retries, unsafe io), not the image's.
+    "etc/apt/apt.conf.d/99mmdebstrap",
+    "etc/dpkg/dpkg.cfg.d/99mmdebstrap",
     "var/lib/apt/extended_states",
     "var/lib/apt/lists/*",
     "var/cache/apt/archives/*",
@@ -144,7 +148,9 @@ pub fn bootstrap(
         .arg(format!("--variant={variant}"))
         .arg("--skip=download/empty")
         .arg("--skip=essential/unlink")
-        .arg("--aptopt=Acquire::Retries \"3\"");
+        .arg("--aptopt=Acquire::Retries \"3\"")
+        // No fsync per unpacked file: a build that dies is thrown away anyway.
+        .arg("--dpkgopt=force-unsafe-io");
     if !b.spec.packages.is_empty() {
         cmd.arg(format!("--include={}", b.spec.packages.join(",")));
     }

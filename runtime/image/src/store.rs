@@ -522,6 +522,31 @@ impl Store {
         self.rootfs_of(&img.diff_ids(), &img.layer_labels())
     }
 
+    /// Removes build scratch and half-unpacked trees older than `age` (left by a build or an
+    /// unpack that was killed).
+    pub fn prune_scratch(&self, age: std::time::Duration) {
+        let now = std::time::SystemTime::now();
+        let old = |p: &Path| {
+            fs::symlink_metadata(p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).is_ok_and(|d| d > age))
+        };
+        if let Ok(rd) = fs::read_dir(self.tmp_dir()) {
+            for e in rd.flatten() {
+                if old(&e.path()) {
+                    taskbox_core::native::remove_tree(&e.path());
+                }
+            }
+        }
+        if let Ok(rd) = fs::read_dir(self.dir.join("rootfs")) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(".tmp-") && old(&e.path()) {
+                    taskbox_core::native::remove_tree(&e.path());
+                }
+            }
+        }
+    }
+
     /// A cached build result, if its layer is still stored.
     pub fn cached(&self, key: &str) -> Option<CacheEntry> {
         let hex = digest_hex(key)?;
