@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
 mod client;
+mod image;
 mod verbs;
 use taskbox_core::native::{self, RunRequest, StdinSource};
 use taskbox_core::policy;
@@ -53,6 +54,9 @@ enum Command {
     /// Serve the HTTP API (the supervisor): on a Unix socket (default STATE/taskbox.sock) and/or
     /// a TCP address. The CLI verbs talk to it; they start one when none runs.
     Serve(ServeArgs),
+    /// Build, list, inspect, verify and remove reproducible images.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
     #[command(flatten)]
     Verb(verbs::Verb),
 }
@@ -237,6 +241,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Run(args) => run(args, cli.conn.state_dir()),
+        Command::Image(cmd) => image::run(cmd, cli.conn.state_dir()),
         Command::Policy(PolicyCommand::Check { policy }) => {
             let (p, source) = policy::resolve(&policy)?;
             println!("{}: ok (hash {})", source, p.hash());
@@ -363,6 +368,8 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         detach_cleanup: true,
         want_diff: args.diff,
         state_dir,
+        image: None,
+        root_upper: None,
     };
     let outcome = native::run(&req).map_err(|e| anyhow!(e))?;
     let result = &outcome.result;

@@ -98,6 +98,12 @@ pub struct RunRequest {
     /// Compute the unified diff of the workspace changes.
     pub want_diff: bool,
     pub state_dir: PathBuf,
+    /// The sandbox's root: this image's rootfs (read-only) instead of the host view.
+    pub image: Option<crate::image::ImageRoot>,
+    /// Image-build mode (with `image`): the root is an overlay of the image's rootfs with this
+    /// upper directory, writable; what the command writes to the root lands here (with overlay
+    /// whiteouts for deletions).
+    pub root_upper: Option<PathBuf>,
 }
 
 /// What a run produced.
@@ -522,6 +528,11 @@ pub(crate) fn rlimits_for(policy: &Policy, have_cgroup: bool) -> Vec<Rlimit> {
 
 /// Runs one command in a fresh native sandbox and returns its observation.
 pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
+    if req.image.is_some() || req.root_upper.is_some() {
+        return Err(NativeError::Invalid(
+            "image roots are not supported by this native backend yet".into(),
+        ));
+    }
     if req.argv.is_empty() {
         return Err(NativeError::Invalid(
             "no command given (put it after `--`)".into(),
