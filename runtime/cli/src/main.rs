@@ -363,6 +363,8 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         detach_cleanup: true,
         want_diff: args.diff,
         state_dir,
+        image: None,
+        root_upper: None,
     };
     let outcome = native::run(&req).map_err(|e| anyhow!(e))?;
     let result = &outcome.result;

@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod changes;
 pub mod fsops;
 pub mod image;
+pub mod image_view;
 pub mod layers;
 pub mod native;
 pub mod policy;

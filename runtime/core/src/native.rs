@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use taskbox_init::config::{
-    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, STATUS_FD, Status,
+    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, RootPlan, STATUS_FD, Status,
 };
 
 use crate::capture::Capture;
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
+use crate::image::ImageRoot;
+use crate::image_view::{Identity, ImageView, ImageViewError, check_option_path};
 use crate::policy::{
     BUILTIN_DENY_READ, CREDENTIAL_STORES, HomeMode, LandlockMode, NetworkMode, Policy,
     WorkspaceMode,
@@ -55,6 +57,9 @@ pub enum NativeError {
     /// computing the workspace changes failed
     #[error(transparent)]
     Changes(#[from] changes::ChangesError),
+    /// the image cannot be the sandbox's root
+    #[error(transparent)]
+    Image(#[from] ImageViewError),
     /// an I/O error while supervising the run
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
@@ -98,6 +103,18 @@ pub struct RunRequest {
     /// Compute the unified diff of the workspace changes.
     pub want_diff: bool,
     pub state_dir: PathBuf,
+    /// The sandbox's root: this image (read-only, shared, never written) instead of the host
+    /// view. The workspace appears at the image's workdir, and a relative `cwd` is taken from
+    /// there.
+    pub image: Option<ImageRoot>,
+    /// Build mode (the image builder's `run` steps; needs `image`): the root is writable, an
+    /// overlay with the image's rootfs below and this directory (created when missing) as its
+    /// upper layer, so what the command changes outside the workspace and the private mounts
+    /// lands here as a normal overlay upper layer: new and modified files, deletions as
+    /// whiteouts (character devices 0/0), replaced directories marked opaque with the
+    /// `user.overlay.opaque` attribute (the overlay uses `userxattr`, root or not). Its work
+    /// directory is created beside it (`.NAME.work-RUNID`) and removed after the run.
+    pub root_upper: Option<PathBuf>,
 }
 
 /// What a run produced.
@@ -218,6 +235,18 @@ fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
 /// Computes the environment of the command: the policy's allowlist of host variables, then the
 /// policy's own variables, then the request's.
 pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, String)> {
+    compose_env(policy, None, extra)
+}
+
+/// As [`sandbox_env`], with an image's variables (`image`) between the host's and the policy's.
+/// With an image, host variables that name host paths (`PATH`, `HOME`, any value starting with
+/// `/`) are left out: the image root has none of those paths, and the image sets its own; and no
+/// host variable overrides one the image sets.
+pub(crate) fn compose_env(
+    policy: &Policy,
+    image: Option<&[(String, String)]>,
+    extra: &[(String, String)],
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: &str| {
         env.retain(|(ek, _)| ek != k);
@@ -231,9 +260,13 @@ pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, 
             Some(prefix) => k.starts_with(prefix),
             None => p == k,
         });
-        if allowed {
+        let host_path = k == "PATH" || k == "HOME" || v.starts_with('/');
+        if allowed && !(image.is_some() && host_path) {
             set(k, v);
         }
+    }
+    for (k, v) in image.unwrap_or_default() {
+        set(k, v);
     }
     let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
     policy_vars.sort();
@@ -252,35 +285,121 @@ pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, 
     env
 }
 
-/// The mount plan and the Landlock write set for a sandbox of `policy` around `workspace`.
+/// Where a sandbox's workspace is: on the host (the overlay's lower layer, where changes are
+/// read) and inside the sandbox (the host path itself with the host view, the image's workdir
+/// with an image).
+#[derive(Debug, Clone)]
+pub(crate) struct WorkspacePaths {
+    pub(crate) host: PathBuf,
+    pub(crate) inside: PathBuf,
+}
+
+/// The sandbox's root: the host view, or an image (writable into an upper layer in build mode).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RootView<'a> {
+    Host,
+    Image { view: &'a ImageView, build: bool },
+}
+
+/// The mount plan and the Landlock write set for a sandbox of `policy` around `ws`.
 pub(crate) fn plan_mounts(
     policy: &Policy,
-    workspace: &Path,
+    ws: &WorkspacePaths,
     run: &RunDir,
     write_through: bool,
+    root: RootView<'_>,
 ) -> (Vec<MountOp>, Vec<PathBuf>) {
     let mut ops = Vec::new();
-    let mut writable = vec![
-        PathBuf::from("/tmp"),
-        PathBuf::from("/var/tmp"),
-        PathBuf::from("/dev"),
-    ];
+    let mut writable = vec![PathBuf::from("/tmp"), PathBuf::from("/dev")];
     let tmpfs = |dst: &str, mode: u32| MountOp::Tmpfs {
         dst: dst.into(),
         mode,
         size_bytes: None,
     };
+    let (has_var_tmp, has_run) = match root {
+        RootView::Host => (Path::new("/var/tmp").is_dir(), Path::new("/run").is_dir()),
+        // The scaffold provides /run; /var/tmp only where the image has it.
+        RootView::Image { view, .. } => (view.has_var_tmp(), true),
+    };
     // Private scratch space: nothing written there reaches the host.
     ops.push(tmpfs("/tmp", 0o1777));
-    if Path::new("/var/tmp").is_dir() {
+    if has_var_tmp {
         ops.push(tmpfs("/var/tmp", 0o1777));
+        writable.push(PathBuf::from("/var/tmp"));
     }
-    // /run holds the sockets of host daemons (Docker, D-Bus, systemd): none is reachable.
-    if Path::new("/run").is_dir() {
+    // /run holds the sockets of host daemons (Docker, D-Bus, systemd): none is reachable. An
+    // image's /run is private as well (pid 1 keeps its private mounts there).
+    if has_run {
         ops.push(tmpfs("/run", 0o755));
     }
-    // A minimal /dev: the harmless devices bound from the host, a private pty instance and shm.
-    ops.push(tmpfs("/dev", 0o755));
+    ops.extend(dev_ops());
+
+    if let RootView::Image { build, .. } = root {
+        // The host is out of sight: no host path to mask, no home to hide. In build mode the
+        // whole root is writable (its changes land in the build's upper layer).
+        if build {
+            writable.push(PathBuf::from("/"));
+        }
+    } else {
+        ops.extend(host_masks(policy, run, &mut writable));
+    }
+
+    // The workspace: an overlay whose upper layer belongs to the run, so the host copy stays
+    // untouched; or the host directory itself with --write-through; or read-only.
+    ops.push(MountOp::Dir {
+        dst: ws.inside.clone(),
+        mode: 0o755,
+    });
+    match (write_through, &policy.filesystem.workspace) {
+        (true, _) => {
+            ops.push(MountOp::Bind {
+                src: ws.host.clone(),
+                dst: ws.inside.clone(),
+                readonly: false,
+            });
+            writable.push(ws.inside.clone());
+        }
+        (false, WorkspaceMode::Overlay) => {
+            ops.push(MountOp::Overlay {
+                lower: ws.host.clone(),
+                upper: run.upper(),
+                work: run.work(),
+                dst: ws.inside.clone(),
+            });
+            writable.push(ws.inside.clone());
+        }
+        (false, WorkspaceMode::ReadOnly) => {
+            ops.push(MountOp::Bind {
+                src: ws.host.clone(),
+                dst: ws.inside.clone(),
+                readonly: true,
+            });
+        }
+    }
+
+    ops.extend(workspace_guard_ops(
+        policy,
+        ws,
+        &run.empty_file(),
+        matches!(root, RootView::Host),
+    ));
+
+    ops.push(MountOp::Proc {
+        dst: "/proc".into(),
+    });
+    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
+    }
+    (ops, writable)
+}
+
+/// A minimal /dev: the harmless devices bound from the host, a private pty instance and shm.
+fn dev_ops() -> Vec<MountOp> {
+    let mut ops = vec![MountOp::Tmpfs {
+        dst: "/dev".into(),
+        mode: 0o755,
+        size_bytes: None,
+    }];
     for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
         let host = Path::new("/dev").join(dev);
         if host.exists() {
@@ -318,8 +437,18 @@ pub(crate) fn plan_mounts(
         dst: "/dev/shm".into(),
         mode: 0o1777,
     });
-    ops.push(tmpfs("/dev/shm", 0o1777));
+    ops.push(MountOp::Tmpfs {
+        dst: "/dev/shm".into(),
+        mode: 0o1777,
+        size_bytes: None,
+    });
+    ops
+}
 
+/// The host view's masks: the deny list, and home directories hidden or read-only as the
+/// policy says (a private home is added to `writable`).
+fn host_masks(policy: &Policy, run: &RunDir, writable: &mut Vec<PathBuf>) -> Vec<MountOp> {
+    let mut ops = Vec::new();
     // Paths no policy may open: masked with an empty file or an empty read-only directory.
     for p in BUILTIN_DENY_READ
         .iter()
@@ -407,57 +536,21 @@ pub(crate) fn plan_mounts(
             readonly: true,
         });
     }
-
-    // The workspace: an overlay whose upper layer belongs to the run, so the host copy stays
-    // untouched; or the host directory itself with --write-through; or read-only.
-    ops.push(MountOp::Dir {
-        dst: workspace.to_path_buf(),
-        mode: 0o755,
-    });
-    match (write_through, &policy.filesystem.workspace) {
-        (true, _) => {
-            ops.push(MountOp::Bind {
-                src: workspace.to_path_buf(),
-                dst: workspace.to_path_buf(),
-                readonly: false,
-            });
-            writable.push(workspace.to_path_buf());
-        }
-        (false, WorkspaceMode::Overlay) => {
-            ops.push(MountOp::Overlay {
-                lower: workspace.to_path_buf(),
-                upper: run.upper(),
-                work: run.work(),
-                dst: workspace.to_path_buf(),
-            });
-            writable.push(workspace.to_path_buf());
-        }
-        (false, WorkspaceMode::ReadOnly) => {
-            ops.push(MountOp::Bind {
-                src: workspace.to_path_buf(),
-                dst: workspace.to_path_buf(),
-                readonly: true,
-            });
-        }
-    }
-
-    ops.extend(workspace_guard_ops(policy, workspace, &run.empty_file()));
-
-    ops.push(MountOp::Proc {
-        dst: "/proc".into(),
-    });
-    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
-        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
-    }
-    (ops, writable)
+    ops
 }
 
 /// The mounts that guard paths inside the (mounted) workspace: credential stores masked wherever
-/// they would be visible (under a toolchain directory, a read-only home, or the workspace), and
-/// the policy's protected paths bound read-only. `empty` is the empty file masks bind.
-pub(crate) fn workspace_guard_ops(policy: &Policy, workspace: &Path, empty: &Path) -> Vec<MountOp> {
+/// they would be visible (under a toolchain directory or a read-only home with the host view,
+/// and in the workspace), and the policy's protected paths bound read-only. What exists is
+/// looked up on the host; the ops name the paths inside. `empty` is the empty file masks bind.
+pub(crate) fn workspace_guard_ops(
+    policy: &Policy,
+    ws: &WorkspacePaths,
+    empty: &Path,
+    host_view: bool,
+) -> Vec<MountOp> {
     let mut ops = Vec::new();
-    if let Some(h) = home_dir().and_then(|h| fs::canonicalize(h).ok()) {
+    if host_view && let Some(h) = home_dir().and_then(|h| fs::canonicalize(h).ok()) {
         for store in CREDENTIAL_STORES {
             let p = h.join(store);
             if fs::symlink_metadata(&p).is_ok() {
@@ -469,17 +562,16 @@ pub(crate) fn workspace_guard_ops(policy: &Policy, workspace: &Path, empty: &Pat
         }
     }
     for store in CREDENTIAL_STORES {
-        let p = workspace.join(store);
-        if fs::symlink_metadata(&p).is_ok() {
+        if fs::symlink_metadata(ws.host.join(store)).is_ok() {
             ops.push(MountOp::Mask {
-                dst: p,
+                dst: ws.inside.join(store),
                 empty: empty.to_path_buf(),
             });
         }
     }
     for rel in &policy.filesystem.protected {
         ops.push(MountOp::ProtectReadOnly {
-            dst: workspace.join(rel),
+            dst: ws.inside.join(rel),
         });
     }
     ops
@@ -565,6 +657,23 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
                 .into(),
         ));
     }
+    let is_root = nix::unistd::geteuid().is_root();
+    let view = req
+        .image
+        .as_ref()
+        .map(|image| ImageView::new(image, is_root))
+        .transpose()?;
+    if req.root_upper.is_some() && view.is_none() {
+        return Err(NativeError::Invalid(
+            "build mode (root_upper) needs an image to build on".into(),
+        ));
+    }
+    let ws = WorkspacePaths {
+        inside: view
+            .as_ref()
+            .map_or_else(|| workspace.clone(), |v| v.workdir.clone()),
+        host: workspace.clone(),
+    };
 
     let id = run_id();
     let runs = req.state_dir.join("runs");
@@ -601,27 +710,62 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
             cpu_cores: limits.cpu_cores,
         },
     )?;
-    let is_root = nix::unistd::geteuid().is_root();
     let rlimits = rlimits_for(&req.policy, cgroup.is_some());
 
-    let (mounts, write_paths) = plan_mounts(&req.policy, &workspace, &run_dir, req.write_through);
-    let cwd = req.cwd.clone().unwrap_or_else(|| workspace.clone());
+    // The root: the host view, or the image (with the build's upper layer in build mode).
+    let mut build_work = None;
+    let (root_plan, root_view, identity, env) = match &view {
+        None => (
+            RootPlan::Host,
+            RootView::Host,
+            Identity::host_view(is_root),
+            sandbox_env(&req.policy, &req.env),
+        ),
+        Some(v) => {
+            let scaffold = run_dir.dir.join("scaffold");
+            v.prepare_scaffold(&scaffold)?;
+            let build = match &req.root_upper {
+                Some(upper) => {
+                    let (upper, work) = prepare_build_layer(upper, &id)?;
+                    build_work = Some(RunDir { dir: work.clone() });
+                    Some((upper, work))
+                }
+                None => None,
+            };
+            let plan = v.root_plan(
+                &scaffold,
+                build.as_ref().map(|(u, w)| (u.as_path(), w.as_path())),
+            );
+            let env = compose_env(&req.policy, Some(&v.base_env()), &req.env);
+            let root = RootView::Image {
+                view: v,
+                build: build.is_some(),
+            };
+            (plan, root, v.identity, env)
+        }
+    };
+    let (mounts, write_paths) =
+        plan_mounts(&req.policy, &ws, &run_dir, req.write_through, root_view);
+    let cwd = req.cwd.clone().unwrap_or_else(|| ws.inside.clone());
     let cwd = if cwd.is_absolute() {
         cwd
     } else {
-        workspace.join(cwd)
+        ws.inside.join(cwd)
     };
     let isolate_network = req.policy.network.mode != NetworkMode::Host;
     let config = InitConfig {
         argv: req.argv.clone(),
         cwd,
-        env: sandbox_env(&req.policy, &req.env),
-        user_namespace: !is_root,
+        env,
+        user_namespace: identity.user_namespace,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        inner_uid: identity.inner_uid,
+        inner_gid: identity.inner_gid,
         isolate_network,
         hostname: "taskbox".into(),
         new_root: run_dir.root(),
+        root: root_plan,
         mounts,
         landlock: LandlockPlan {
             enabled: true,
@@ -699,7 +843,31 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
     } else {
         std::mem::forget(run_dir);
     }
+    drop(build_work);
     outcome
+}
+
+/// Build mode: creates the upper layer `upper` when missing and a fresh work directory beside
+/// it (overlayfs needs both on one file system); returns both, canonical.
+fn prepare_build_layer(upper: &Path, id: &str) -> Result<(PathBuf, PathBuf), NativeError> {
+    let state = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| NativeError::State { path, source }
+    };
+    fs::create_dir_all(upper).map_err(state(upper))?;
+    let upper = fs::canonicalize(upper).map_err(state(upper))?;
+    let (Some(parent), Some(name)) = (upper.parent(), upper.file_name()) else {
+        return Err(NativeError::Invalid(format!(
+            "root_upper {} cannot be the root directory",
+            upper.display()
+        )));
+    };
+    let work = parent.join(format!(".{}.work-{id}", name.to_string_lossy()));
+    for p in [&upper, &work] {
+        check_option_path("root_upper", p).map_err(NativeError::Invalid)?;
+    }
+    fs::create_dir(&work).map_err(state(&work))?;
+    Ok((upper, work))
 }
 
 /// Removes the scratch directory and cgroup of a finished run in a detached grandchild, so the
