@@ -1296,3 +1296,69 @@ fn images_need_an_image_store_and_a_usable_config() {
     .unwrap_err();
     assert!(e.to_string().contains("needs an image"), "{e}");
 }
+
+#[test]
+fn moving_the_directories_above_the_workspace_cannot_redirect_file_operations() {
+    // The scratch workspace lies under /tmp, which the sandbox may write: its parent can be
+    // moved away and replaced by a symlink to a host directory, or by a directory of its own.
+    let env = Env::new();
+    let parent = env.dir.path().join("p");
+    let ws = parent.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "workspace\n").unwrap();
+    let target = env.dir.path().join("host-target");
+    std::fs::create_dir_all(target.join("ws")).unwrap();
+    std::fs::write(target.join("ws/a.txt"), "host\n").unwrap();
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let id = backend
+        .create(CreateRequest {
+            workspace: ws.display().to_string(),
+            ..CreateRequest::default()
+        })
+        .unwrap()
+        .id;
+    let f = Fixture { env, backend, id };
+    assert_eq!(read(&f, "a.txt").unwrap(), "workspace\n");
+    let p = parent.display();
+    for attack in [
+        format!("mv {p} {p}.moved && ln -s {} {p}", target.display()),
+        format!("rm {p} && mkdir -p {p}/ws && echo fake > {p}/ws/a.txt"),
+    ] {
+        let r = match f
+            .backend
+            .exec(
+                &f.id,
+                ExecRequest {
+                    shell: Some(attack),
+                    cwd: Some("/".into()),
+                    ..ExecRequest::default()
+                },
+                None,
+            )
+            .unwrap()
+        {
+            ExecOutcome::Finished(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        let got = read(&f, "a.txt");
+        assert!(matches!(got, Err(ApiError::Conflict(_))), "{got:?}");
+        let w = f.backend.write(
+            &f.id,
+            WriteRequest {
+                path: "a.txt".into(),
+                content: "written\n".into(),
+                ..WriteRequest::default()
+            },
+        );
+        assert!(matches!(w, Err(ApiError::Conflict(_))), "{w:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(target.join("ws/a.txt")).unwrap(),
+        "host\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "workspace\n"
+    );
+}

@@ -249,8 +249,8 @@ pub(crate) fn check_option_path(what: &str, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// An image's workdir: absolute, normal (no `.`, `..`), not `/`, and not where the sandbox has
-/// its own file systems (`/proc`, `/dev`).
+/// An image's workdir, normalised: absolute, without `..`, not `/`, and on the image's own
+/// (read-only) root rather than on one of the sandbox's file systems.
 fn check_workdir(workdir: &str) -> Result<PathBuf, String> {
     let p = Path::new(workdir);
     let bad = |why: &str| Err(format!("workdir {workdir:?} {why}"));
@@ -265,14 +265,19 @@ fn check_workdir(workdir: &str) -> Result<PathBuf, String> {
         match c {
             Component::RootDir => {}
             Component::Normal(n) => clean.push(n),
-            _ => return bad("contains '.' or '..'"),
+            _ => return bad("contains '..'"),
         }
     }
     if clean == Path::new("/") {
         return bad("is the root; the workspace needs a directory of its own");
     }
-    if clean.starts_with("/proc") || clean.starts_with("/dev") {
-        return bad("lies in /proc or /dev");
+    // Beneath the read-only root, nothing in the sandbox can move the workdir's parents (and
+    // so redirect the supervisor's file operations or a restore's remount).
+    if ["/proc", "/dev", "/tmp", "/var/tmp", "/run"]
+        .iter()
+        .any(|p| clean.starts_with(p))
+    {
+        return bad("lies in /proc, /dev, /tmp, /var/tmp or /run, which the sandbox owns");
     }
     check_option_path("workdir", &clean)?;
     Ok(clean)
@@ -355,13 +360,17 @@ mod tests {
             Path::new("/workspace")
         );
         assert_eq!(check_workdir("/src//app/").unwrap(), Path::new("/src/app"));
+        assert_eq!(check_workdir("/./src/.").unwrap(), Path::new("/src"));
         for bad in [
             "workspace",
             "/",
+            "/a/..",
             "/a/../b",
-            "/./a",
             "/proc/x",
             "/dev",
+            "/tmp/work",
+            "/run/x",
+            "/var/tmp/x",
             "/a,b",
             "/a:b",
         ] {

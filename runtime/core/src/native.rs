@@ -1229,3 +1229,118 @@ pub fn prune_spill(state_dir: &Path, age: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::ImageConfig;
+
+    /// The host paths an op reads from (mount sources, layers, the mask file).
+    fn host_sources(op: &MountOp) -> Vec<&Path> {
+        match op {
+            MountOp::Bind { src, .. } => vec![src.as_path()],
+            MountOp::Overlay {
+                lower, upper, work, ..
+            } => vec![lower.as_path(), upper.as_path(), work.as_path()],
+            MountOp::Mask { empty, .. } => vec![empty.as_path()],
+            _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_image_plan_brings_no_host_path_but_devices_workspace_and_run_dirs() {
+        let scratch = tempfile::tempdir().unwrap();
+        let rootfs = scratch.path().join("rootfs");
+        fs::create_dir_all(rootfs.join("var/tmp")).unwrap();
+        let ws = scratch.path().join("ws");
+        fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        fs::write(ws.join(".netrc"), "machine x password y\n").unwrap();
+        let run = RunDir {
+            dir: scratch.path().join("run"),
+        };
+        let image = ImageRoot {
+            digest: format!("sha256:{}", "c".repeat(64)),
+            config_digest: format!("sha256:{}", "d".repeat(64)),
+            rootfs,
+            config: ImageConfig::default(),
+        };
+        let view = ImageView::new(&image, false).unwrap();
+        let paths = WorkspacePaths {
+            host: ws.clone(),
+            inside: view.workdir.clone(),
+        };
+        let policy = Policy::default();
+        let (ops, writable) = plan_mounts(
+            &policy,
+            &paths,
+            &run,
+            false,
+            RootView::Image {
+                view: &view,
+                build: false,
+            },
+        );
+        for op in &ops {
+            for src in host_sources(op) {
+                assert!(
+                    src.starts_with("/dev/") || src == ws || src.starts_with(&run.dir),
+                    "{op:?} brings in the host path {}",
+                    src.display()
+                );
+            }
+        }
+        assert_eq!(
+            writable,
+            ["/tmp", "/dev", "/var/tmp", "/workspace"].map(PathBuf::from)
+        );
+        // Guards sit at the workspace's inside path; the credential store found on the host
+        // is masked there.
+        assert!(ops.contains(&MountOp::ProtectReadOnly {
+            dst: "/workspace/.git/hooks".into()
+        }));
+        assert!(ops.contains(&MountOp::Mask {
+            dst: "/workspace/.netrc".into(),
+            empty: run.empty_file()
+        }));
+        // Build mode: the whole root is writable.
+        let (_, writable) = plan_mounts(
+            &policy,
+            &paths,
+            &run,
+            false,
+            RootView::Image {
+                view: &view,
+                build: true,
+            },
+        );
+        assert!(writable.contains(&PathBuf::from("/")));
+    }
+
+    #[test]
+    fn image_variables_replace_host_paths_but_not_the_policys() {
+        let mut policy = Policy::default();
+        policy.env.pass = vec!["HOME".into(), "PATH".into(), "LANG".into(), "TB_*".into()];
+        policy.env.set.insert("FROM_POLICY".into(), "policy".into());
+        let image = vec![
+            ("PATH".to_string(), "/image/bin".to_string()),
+            ("FROM_POLICY".to_string(), "image".to_string()),
+            ("HOME".to_string(), "/home/img".to_string()),
+        ];
+        // The host's PATH, HOME and LANG of the test process.
+        let env = compose_env(&policy, Some(&image), &[("X".into(), "1".into())]);
+        let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("PATH"), Some("/image/bin"));
+        assert_eq!(get("HOME"), Some("/home/img"));
+        assert_eq!(get("FROM_POLICY"), Some("policy"));
+        assert_eq!(get("X"), Some("1"));
+        assert_eq!(get("LANG"), std::env::var("LANG").ok().as_deref());
+        // Without an image nothing changes.
+        let host = compose_env(&policy, None, &[]);
+        assert_eq!(
+            host.iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.clone()),
+            std::env::var("PATH").ok()
+        );
+    }
+}

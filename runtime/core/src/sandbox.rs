@@ -265,6 +265,8 @@ struct Sandbox {
     base_env: Vec<(String, String)>,
     helper: Mutex<Option<Child>>,
     init_pid: i32,
+    /// The id of the workspace's mount inside the sandbox (it changes on restore).
+    ws_mount: Mutex<u64>,
     control: OwnedFd,
     send_lock: Mutex<()>,
     _status: OwnedFd,
@@ -398,6 +400,11 @@ impl Sandbox {
             slot.cond.notify_all();
         }
     }
+}
+
+/// The root of the sandbox whose pid 1 is `pid`, as this process reaches it.
+fn proc_root(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root"))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -647,8 +654,14 @@ impl NativeBackend {
 
         // Wait for pid 1 to report that the sandbox is built (or why it is not).
         let started = wait_ready(&status_read, &ours, Duration::from_secs(30));
-        let init_pid = match started {
-            Ok(pid) => pid,
+        // The workspace mount, as pid 1 built it and before any command could touch the tree:
+        // file operations check they reach this mount (see `Sandbox::fs`).
+        let started = started.and_then(|pid| {
+            let (_, mount) = WorkspaceFs::open_mounted(&proc_root(pid), &ws.inside)?;
+            Ok((pid, mount))
+        });
+        let (init_pid, ws_mount) = match started {
+            Ok(started) => started,
             Err(e) => {
                 let mut child = child;
                 let _ = child.kill();
@@ -695,6 +708,7 @@ impl NativeBackend {
             base_env,
             helper: Mutex::new(Some(child)),
             init_pid,
+            ws_mount: Mutex::new(ws_mount),
             control: ours,
             send_lock: Mutex::new(()),
             _status: status_read,
@@ -1487,11 +1501,17 @@ impl Sandbox {
                 self.id
             )));
         }
-        let inside = &self.ws.inside;
-        let rel = inside.strip_prefix("/").unwrap_or(inside);
-        let root = PathBuf::from(format!("/proc/{}/root", self.init_pid)).join(rel);
-        Ok(WorkspaceFs::open(&root)?
-            .with_mount_path(inside.clone())
+        let (fs, mount) = WorkspaceFs::open_mounted(&proc_root(self.init_pid), &self.ws.inside)?;
+        if mount != *lock(&self.ws_mount) {
+            return Err(ApiError::Conflict(format!(
+                "the workspace of sandbox {} is no longer mounted at {} (something in the \
+                 sandbox moved or replaced a directory on its path); destroy it",
+                self.id,
+                self.ws.inside.display()
+            )));
+        }
+        Ok(fs
+            .with_mount_path(self.ws.inside.clone())
             .with_protected(&self.policy.filesystem.protected))
     }
 
@@ -1701,6 +1721,9 @@ impl Sandbox {
                 req.name
             )));
         }
+        // File operations now go to the new mount (opened while no exec runs).
+        let (_, mount) = WorkspaceFs::open_mounted(&proc_root(self.init_pid), &self.ws.inside)?;
+        *lock(&self.ws_mount) = mount;
         // The new mount holds the new directories; the old ones are no longer used.
         let trash = self.dirs.dir.join("trash");
         native::remove_tree(&trash);
