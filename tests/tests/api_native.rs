@@ -1319,6 +1319,9 @@ fn moving_the_directories_above_the_workspace_cannot_redirect_file_operations() 
         .id;
     let f = Fixture { env, backend, id };
     assert_eq!(read(&f, "a.txt").unwrap(), "workspace\n");
+    f.backend
+        .checkpoint(&f.id, CheckpointRequest { name: "c".into() })
+        .unwrap();
     let p = parent.display();
     for attack in [
         format!("mv {p} {p}.moved && ln -s {} {p}", target.display()),
@@ -1353,6 +1356,19 @@ fn moving_the_directories_above_the_workspace_cannot_redirect_file_operations() 
         );
         assert!(matches!(w, Err(ApiError::Conflict(_))), "{w:?}");
     }
+    // Nor a restore: pid 1 refuses to detach what the path now leads to (a symlink to a
+    // mount of its own choosing, e.g. a mask).
+    sh(
+        &f,
+        &format!("cd / && rm -r {p} && mkdir {p} && ln -s /proc/sys {p}/ws"),
+    );
+    let r = f
+        .backend
+        .restore(&f.id, CheckpointRequest { name: "c".into() });
+    assert!(
+        matches!(&r, Err(ApiError::Internal(m)) if m.contains("cannot reach")),
+        "{r:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(target.join("ws/a.txt")).unwrap(),
         "host\n"
