@@ -726,6 +726,7 @@ fn an_image_run_sees_the_image_not_the_host_and_writes_only_the_workspace_and_tm
         touch /etc/new 2>/dev/null; echo "touch-etc=$?"
         mkdir /newdir 2>/dev/null; echo "mkdir-root=$?"
         touch /bin/busybox 2>/dev/null; echo "touch-busybox=$?"
+        touch /run/x 2>/dev/null; echo "touch-run=$?"
         echo t > /tmp/t && echo "tmp=$(cat /tmp/t)"
         echo new > new.txt; echo more >> a.txt; rm del.txt
         "#,
@@ -752,6 +753,8 @@ fn an_image_run_sees_the_image_not_the_host_and_writes_only_the_workspace_and_tm
             "touch-etc=1",
             "mkdir-root=1",
             "touch-busybox=1",
+            // A private tmpfs the command's uid may write, but Landlock does not allow.
+            "touch-run=1",
             "tmp=t",
         ],
         "{r:?}"

@@ -701,17 +701,6 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
     fs::write(run_dir.empty_file(), b"").map_err(io_err("cannot create the mask file"))?;
     let _ = fs::set_permissions(run_dir.empty_file(), fs::Permissions::from_mode(0o444));
 
-    let limits = &req.policy.limits;
-    let cgroup = Cgroup::create(
-        &id,
-        CgroupLimits {
-            memory_bytes: limits.memory_bytes,
-            pids: limits.pids,
-            cpu_cores: limits.cpu_cores,
-        },
-    )?;
-    let rlimits = rlimits_for(&req.policy, cgroup.is_some());
-
     // The root: the host view, or the image (with the build's upper layer in build mode).
     let mut build_work = None;
     let (root_plan, root_view, identity, env) = match &view {
@@ -744,6 +733,17 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
             (plan, root, v.identity, env)
         }
     };
+    let limits = &req.policy.limits;
+    let cgroup = Cgroup::create(
+        &id,
+        CgroupLimits {
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            cpu_cores: limits.cpu_cores,
+        },
+    )?;
+    let rlimits = rlimits_for(&req.policy, cgroup.is_some());
+
     let (mounts, write_paths) =
         plan_mounts(&req.policy, &ws, &run_dir, req.write_through, root_view);
     let cwd = req.cwd.clone().unwrap_or_else(|| ws.inside.clone());

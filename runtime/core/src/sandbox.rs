@@ -505,17 +505,6 @@ impl NativeBackend {
             .map_err(|e| ApiError::internal(format!("cannot create the mask file: {e}")))?;
         let _ = fs::set_permissions(dirs.empty_file(), fs::Permissions::from_mode(0o444));
 
-        let limits = &policy.limits;
-        let cgroup = Cgroup::create(
-            &format!("sb-{id}"),
-            CgroupLimits {
-                memory_bytes: limits.memory_bytes,
-                pids: limits.pids,
-                cpu_cores: limits.cpu_cores,
-            },
-        )
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-        let rlimits = native::rlimits_for(&policy, cgroup.is_some());
         let (root_plan, root_view, identity) = match &view {
             None => (
                 RootPlan::Host,
@@ -536,6 +525,17 @@ impl NativeBackend {
                 )
             }
         };
+        let limits = &policy.limits;
+        let cgroup = Cgroup::create(
+            &format!("sb-{id}"),
+            CgroupLimits {
+                memory_bytes: limits.memory_bytes,
+                pids: limits.pids,
+                cpu_cores: limits.cpu_cores,
+            },
+        )
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+        let rlimits = native::rlimits_for(&policy, cgroup.is_some());
         let (mut mounts, write_paths) = native::plan_mounts(&policy, &ws, &dirs, false, root_view);
         // pid 1's private view of the sandbox's state and of the host workspace, needed to
         // remount the overlay on restore (overlayfs takes its layers only from mounts of the
