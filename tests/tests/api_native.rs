@@ -1024,8 +1024,8 @@ fn an_image_sandbox_offers_the_whole_api_at_the_image_workdir() {
                 ("IMAGE_VAR".into(), "from-image".into()),
             ],
             workdir: "/src/app".into(),
+            user: Some("1000:1000".into()),
             shell: vec!["/bin/ash".into(), "-c".into()],
-            ..ImageConfig::default()
         },
     );
     let f = image_fixture(env, &img);
@@ -1035,14 +1035,15 @@ fn an_image_sandbox_offers_the_whole_api_at_the_image_workdir() {
         std::fs::canonicalize(f.env.ws()).unwrap()
     );
     assert_eq!(info.enforcement.landlock, "full");
-    let r = sh(&f, "pwd; echo $0; echo $IMAGE_VAR; echo $PATH");
+    let r = sh(&f, "pwd; echo $0; echo $IMAGE_VAR; echo $PATH; id -u");
     assert_eq!(
         lines(&r.stdout.text),
         [
             "/src/app",
             "/bin/ash",
             "from-image",
-            "/bin:/usr/bin:/sbin:/usr/sbin"
+            "/bin:/usr/bin:/sbin:/usr/sbin",
+            "1000"
         ],
         "{r:?}"
     );
