@@ -292,3 +292,143 @@ pub mod http {
         (status, body)
     }
 }
+
+/// Image roots for the native backend's image tests, built here from the host's static busybox
+/// (the image store is another crate; the backend only needs an [`ImageRoot`]).
+pub mod image {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::symlink;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    use taskbox_core::api::ApiError;
+    use taskbox_core::image::{ImageConfig, ImageResolver, ImageRoot};
+
+    /// The static busybox the test images are made of.
+    pub const BUSYBOX: &str = "/bin/busybox";
+
+    /// Whether the test images can be built (skips with a reason otherwise).
+    pub fn available() -> bool {
+        crate::require(
+            Path::new(BUSYBOX).is_file(),
+            "no static busybox at /bin/busybox to build a test image from (install busybox-static)",
+        )
+    }
+
+    /// Builds a busybox root filesystem in `dir`: `/bin/busybox` and its applet links, `/etc`
+    /// with `passwd`, `group` and `image-marker` (content "busybox-test-image"), `/tmp`,
+    /// `/var/tmp`, `/root`, `/home/dev` (owned by the caller, mode 0700). No `/workspace`,
+    /// `/proc` or `/dev`: the backend must provide its mount points itself.
+    pub fn busybox_rootfs(dir: &Path) -> PathBuf {
+        let root = dir.to_path_buf();
+        for d in [
+            "bin", "sbin", "usr/bin", "usr/sbin", "etc", "tmp", "var/tmp", "root",
+        ] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::copy(BUSYBOX, root.join("bin/busybox")).unwrap();
+        let out = std::process::Command::new(BUSYBOX)
+            .arg("--list-full")
+            .output()
+            .unwrap();
+        for applet in String::from_utf8_lossy(&out.stdout).lines() {
+            let link = root.join(applet);
+            if applet.is_empty() || link.exists() {
+                continue;
+            }
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            symlink("/bin/busybox", &link).unwrap();
+        }
+        std::fs::write(
+            root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\ndev:x:1000:1000:dev:/home/dev:/bin/sh\n\
+             nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("etc/group"),
+            "root:x:0:\ndev:x:1000:\nnogroup:x:65534:\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("etc/image-marker"), "busybox-test-image\n").unwrap();
+        std::fs::create_dir_all(root.join("home/dev")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))
+            .unwrap();
+        std::fs::set_permissions(
+            root.join("home/dev"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        root
+    }
+
+    /// An image root for `rootfs` with `config`; the digest is derived from `name`.
+    pub fn image_root(name: &str, rootfs: &Path, config: ImageConfig) -> ImageRoot {
+        use sha2::Digest;
+        let hex = format!("{:x}", sha2::Sha256::digest(name.as_bytes()));
+        ImageRoot {
+            digest: format!("sha256:{hex}"),
+            config_digest: format!("sha256:{:x}", sha2::Sha256::digest(hex.as_bytes())),
+            rootfs: rootfs.to_path_buf(),
+            config,
+        }
+    }
+
+    /// Every entry of a tree with its type, mode, size and mtime: equal before and after
+    /// means nothing in it was written.
+    pub fn tree_state(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, i64)> {
+        use std::os::unix::fs::MetadataExt;
+        let mut out = BTreeMap::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let md = std::fs::symlink_metadata(&dir).unwrap();
+            out.insert(
+                dir.clone(),
+                (md.mode(), md.size(), md.mtime(), md.mtime_nsec()),
+            );
+            if !md.is_dir() {
+                continue;
+            }
+            for e in std::fs::read_dir(&dir).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+        out
+    }
+
+    /// A resolver over a fixed set of images, by name or digest.
+    #[derive(Default)]
+    pub struct TestImages {
+        images: Mutex<BTreeMap<String, ImageRoot>>,
+    }
+
+    impl TestImages {
+        pub fn add(&self, name: &str, image: ImageRoot) {
+            self.images.lock().unwrap().insert(name.into(), image);
+        }
+    }
+
+    impl ImageResolver for TestImages {
+        fn resolve(&self, name_or_digest: &str) -> Result<ImageRoot, ApiError> {
+            let images = self.images.lock().unwrap();
+            images
+                .get(name_or_digest)
+                .or_else(|| images.values().find(|i| i.digest == name_or_digest))
+                .cloned()
+                .ok_or_else(|| {
+                    ApiError::not_found(format!("image {name_or_digest} is not built here"))
+                })
+        }
+
+        fn docker_archive(
+            &self,
+            digest: &str,
+            _out: &mut dyn std::io::Write,
+        ) -> Result<(), ApiError> {
+            Err(ApiError::Unavailable(format!(
+                "the test images are not exported ({digest})"
+            )))
+        }
+    }
+}

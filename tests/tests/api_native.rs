@@ -635,3 +635,750 @@ fn diff_reports_binary_files_and_mode_changes() {
     assert!(blob.binary, "{d:?}");
     assert_eq!(blob.mode_change, None);
 }
+
+// ---- Image roots -------------------------------------------------------------------------------
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use taskbox_core::image::{ImageConfig, ImageRoot};
+use taskbox_core::native::{RunOutcome, RunRequest, StdinSource};
+use taskbox_core::result::ChangeKind;
+use taskbox_tests::image::{self, TestImages};
+
+/// A one-shot run of `script` with `image` as the root (and `root_upper` for build mode).
+fn run_in_image(
+    env: &Env,
+    image: &ImageRoot,
+    root_upper: Option<PathBuf>,
+    script: &str,
+) -> RunOutcome {
+    taskbox_core::native::run(&RunRequest {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        workspace: env.ws(),
+        policy: taskbox_core::policy::Policy::default(),
+        timeout: Some(Duration::from_secs(60)),
+        write_through: false,
+        env: Vec::new(),
+        cwd: None,
+        stdin: StdinSource::Null,
+        echo: false,
+        detach_cleanup: false,
+        want_diff: true,
+        state_dir: env.state(),
+        image: Some(image.clone()),
+        root_upper,
+    })
+    .unwrap()
+}
+
+/// A busybox image in `env`'s scratch directory.
+fn busybox_image(env: &Env, config: ImageConfig) -> ImageRoot {
+    let rootfs = image::busybox_rootfs(&env.dir.path().join("rootfs"));
+    image::image_root("busybox-test", &rootfs, config)
+}
+
+/// A long-lived sandbox with `image` as its root, on a backend that knows only that image.
+fn image_fixture(env: Env, image: &ImageRoot) -> Fixture {
+    let images = Arc::new(TestImages::default());
+    images.add("busybox-test", image.clone());
+    let backend = NativeBackend::new(env.state()).unwrap().with_images(images);
+    let info = backend
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            image: Some("busybox-test".into()),
+            ..CreateRequest::default()
+        })
+        .unwrap();
+    assert_eq!(info.image, image.digest);
+    Fixture {
+        id: info.id,
+        env,
+        backend,
+    }
+}
+
+fn lines(text: &str) -> Vec<&str> {
+    text.lines().collect()
+}
+
+#[test]
+fn an_image_run_sees_the_image_not_the_host_and_writes_only_the_workspace_and_tmp() {
+    if !image::available() {
+        return;
+    }
+    let env = Env::new();
+    let img = busybox_image(&env, ImageConfig::default());
+    env.write("a.txt", "a\n");
+    env.write("del.txt", "gone\n");
+    let before = image::tree_state(&img.rootfs);
+    let exe = std::env::current_exe().unwrap();
+    let script = format!(
+        r#"
+        echo "pwd=$(pwd)"
+        echo "marker=$(cat /etc/image-marker)"
+        test -x /bin/busybox && echo busybox=yes
+        for p in {exe} {ws} {rootfs} /usr/bin/python3 /etc/hostname /etc/os-release; do
+          test -e "$p" && echo "visible=$p"
+        done
+        echo "path=$PATH"
+        echo "home=$HOME"
+        touch /etc/new 2>/dev/null; echo "touch-etc=$?"
+        mkdir /newdir 2>/dev/null; echo "mkdir-root=$?"
+        touch /bin/busybox 2>/dev/null; echo "touch-busybox=$?"
+        touch /run/x 2>/dev/null; echo "touch-run=$?"
+        echo t > /tmp/t && echo "tmp=$(cat /tmp/t)"
+        echo new > new.txt; echo more >> a.txt; rm del.txt
+        "#,
+        exe = exe.display(),
+        ws = env.ws().display(),
+        rootfs = img.rootfs.display(),
+    );
+    let out = run_in_image(&env, &img, None, &script);
+    let r = &out.result;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let home = if taskbox_tests::is_root() {
+        "/root"
+    } else {
+        "/"
+    };
+    assert_eq!(
+        lines(&r.stdout.text),
+        [
+            "pwd=/workspace",
+            "marker=busybox-test-image",
+            "busybox=yes",
+            "path=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            &format!("home={home}"),
+            "touch-etc=1",
+            "mkdir-root=1",
+            "touch-busybox=1",
+            // A private tmpfs the command's uid may write, but Landlock does not allow.
+            "touch-run=1",
+            "tmp=t",
+        ],
+        "{r:?}"
+    );
+    // Writes to the root fail as a read-only file system, not by accident.
+    let r2 = run_in_image(&env, &img, None, "touch /etc/new");
+    assert!(
+        r2.result.stderr.text.contains("Read-only file system"),
+        "{:?}",
+        r2.result
+    );
+    // The observation is the host view's: changes, diff, enforcement.
+    let mut changes: Vec<_> = r
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c.kind))
+        .collect();
+    changes.sort();
+    assert_eq!(
+        changes,
+        [
+            ("a.txt", ChangeKind::Modified),
+            ("del.txt", ChangeKind::Deleted),
+            ("new.txt", ChangeKind::Added)
+        ]
+    );
+    let diff = out.diff.unwrap();
+    assert!(diff.contains("+more") && diff.contains("-gone") && diff.contains("+new"));
+    assert_eq!(r.enforcement.landlock, "full");
+    assert!(r.enforcement.seccomp);
+    assert_eq!(r.enforcement.network, "none");
+    // Nothing reached the host workspace or the image.
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("a.txt")).unwrap(),
+        "a\n"
+    );
+    assert!(env.ws().join("del.txt").exists());
+    assert!(!env.ws().join("new.txt").exists());
+    assert_eq!(image::tree_state(&img.rootfs), before);
+}
+
+#[test]
+fn an_image_user_is_who_commands_are_and_the_workspace_stays_writable() {
+    if !image::available() {
+        return;
+    }
+    let env = Env::new();
+    let img = busybox_image(
+        &env,
+        ImageConfig {
+            user: Some("1000:1000".into()),
+            ..ImageConfig::default()
+        },
+    );
+    env.write("sub/a.txt", "a\n");
+    let out = run_in_image(
+        &env,
+        &img,
+        None,
+        "id -u; id -g; echo $HOME; echo b >> sub/a.txt && echo x > w.txt && echo wrote; \
+         stat -c %u w.txt",
+    );
+    let r = &out.result;
+    assert_eq!(
+        lines(&r.stdout.text),
+        ["1000", "1000", "/home/dev", "wrote", "1000"],
+        "{r:?}"
+    );
+    // A user given by uid alone takes its group from the image's /etc/passwd.
+    let img = ImageRoot {
+        config: ImageConfig {
+            user: Some("1000".into()),
+            ..ImageConfig::default()
+        },
+        ..img
+    };
+    let r = run_in_image(&env, &img, None, "id -g").result;
+    assert_eq!(r.stdout.text, "1000\n", "{r:?}");
+}
+
+#[test]
+fn build_mode_writes_the_steps_changes_into_root_upper_and_leaves_the_image_alone() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !image::available() {
+        return;
+    }
+    let env = Env::new();
+    let img = busybox_image(
+        &env,
+        ImageConfig {
+            user: Some("0:0".into()),
+            ..ImageConfig::default()
+        },
+    );
+    std::fs::write(img.rootfs.join("etc/to-delete"), "old\n").unwrap();
+    std::fs::write(img.rootfs.join("etc/to-modify"), "old\n").unwrap();
+    std::fs::create_dir_all(img.rootfs.join("opt/dir")).unwrap();
+    std::fs::write(img.rootfs.join("opt/dir/old-file"), "old\n").unwrap();
+    let before = image::tree_state(&img.rootfs);
+    let layer = env.dir.path().join("layer");
+    let upper = layer.join("upper");
+    let out = run_in_image(
+        &env,
+        &img,
+        Some(upper.clone()),
+        "set -e; id -u; echo created > /etc/created; rm /etc/to-delete; \
+         echo changed >> /etc/to-modify; rm -r /opt/dir; mkdir /opt/dir; echo fresh > /opt/dir/new; \
+         mkdir -p /usr/local/bin; busybox --install -s /usr/local/bin; \
+         test -L /usr/local/bin/vi && echo installed; echo ws > ws.txt",
+    );
+    let r = &out.result;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.stdout.text, "0\ninstalled\n", "{r:?}");
+    assert_eq!(r.enforcement.landlock, "full");
+    assert!(r.enforcement.seccomp);
+    // The step's changes are an overlay upper layer.
+    assert_eq!(
+        std::fs::read_to_string(upper.join("etc/created")).unwrap(),
+        "created\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(upper.join("etc/to-modify")).unwrap(),
+        "old\nchanged\n"
+    );
+    let wh = std::fs::symlink_metadata(upper.join("etc/to-delete")).unwrap();
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0, "{wh:?}");
+    assert_eq!(
+        xattr(&upper.join("opt/dir"), "user.overlay.opaque"),
+        Some(b"y".to_vec())
+    );
+    assert!(!upper.join("opt/dir/old-file").exists());
+    assert_eq!(
+        std::fs::read_link(upper.join("usr/local/bin/vi")).unwrap(),
+        Path::new("/bin/busybox")
+    );
+    // Mount points are not part of the layer, nor is the workspace.
+    for p in [
+        "proc",
+        "dev",
+        "tmp",
+        "run",
+        "workspace",
+        "ws.txt",
+        "workspace/ws.txt",
+    ] {
+        assert!(!upper.join(p).exists(), "{p} in the layer");
+    }
+    // The workspace still behaves as in any run.
+    assert_eq!(
+        r.changes
+            .iter()
+            .map(|c| c.path.as_str())
+            .collect::<Vec<_>>(),
+        ["ws.txt"]
+    );
+    assert!(!env.ws().join("ws.txt").exists());
+    // The image is untouched, and the overlay's work directory is gone.
+    assert_eq!(image::tree_state(&img.rootfs), before);
+    let left: Vec<_> = std::fs::read_dir(&layer)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["upper"]);
+    // A second step on the same layer sees the first one's changes.
+    let r = run_in_image(
+        &env,
+        &img,
+        Some(upper),
+        "cat /etc/created; ls /etc/to-delete 2>&1",
+    )
+    .result;
+    assert!(r.stdout.text.starts_with("created\n"), "{r:?}");
+    assert!(r.stdout.text.contains("No such file"), "{r:?}");
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated and live; `buf` is writable for its length.
+    let len =
+        unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if len < 0 {
+        return None;
+    }
+    buf.truncate(len as usize);
+    Some(buf)
+}
+
+#[test]
+fn sandboxes_share_one_read_only_image_root() {
+    if !image::available() {
+        return;
+    }
+    let env = Env::new();
+    let img = busybox_image(&env, ImageConfig::default());
+    let before = image::tree_state(&img.rootfs);
+    let images = Arc::new(TestImages::default());
+    images.add("busybox-test", img.clone());
+    let backend = NativeBackend::new(env.state()).unwrap().with_images(images);
+    let create = || {
+        backend
+            .create(CreateRequest {
+                workspace: env.ws().display().to_string(),
+                image: Some(img.digest.clone()),
+                ..CreateRequest::default()
+            })
+            .unwrap()
+    };
+    let (a, b) = (create(), create());
+    assert_eq!(
+        (a.image.as_str(), b.image.as_str()),
+        (img.digest.as_str(), img.digest.as_str())
+    );
+    let exec = |id: &SandboxId, script: &str| match backend
+        .exec(
+            id,
+            ExecRequest {
+                shell: Some(script.into()),
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    let r = exec(
+        &a.id,
+        "echo a > /tmp/mine; echo a > ws.txt; touch /etc/evil 2>/dev/null || echo ro",
+    );
+    assert_eq!(r.stdout.text, "ro\n", "{r:?}");
+    let r = exec(
+        &b.id,
+        "cat /tmp/mine ws.txt 2>/dev/null; echo b > /tmp/mine; touch /etc/evil 2>/dev/null || echo ro",
+    );
+    assert_eq!(r.stdout.text, "ro\n", "{r:?}");
+    assert_eq!(exec(&a.id, "cat /tmp/mine ws.txt").stdout.text, "a\na\n");
+    // The root is an overlay mounted read-only (and nosuid, nodev).
+    let r = exec(
+        &a.id,
+        r#"awk '$5 == "/" { for (i = 7; i <= NF; i++) if ($i == "-") print $(i+1), $6 }' /proc/self/mountinfo"#,
+    );
+    let root = r.stdout.text.trim();
+    assert!(root.starts_with("overlay ro,nosuid,nodev"), "{r:?}");
+    backend.destroy(&a.id).unwrap();
+    backend.destroy(&b.id).unwrap();
+    assert_eq!(image::tree_state(&img.rootfs), before);
+}
+
+#[test]
+fn an_image_sandbox_offers_the_whole_api_at_the_image_workdir() {
+    if !image::available() {
+        return;
+    }
+    let env = Env::new();
+    env.write("a.txt", "a\n");
+    env.write(".git/config", "[core]\n");
+    env.write(".git/hooks/README", "hooks\n");
+    let img = busybox_image(
+        &env,
+        ImageConfig {
+            env: vec![
+                ("PATH".into(), "/bin:/usr/bin:/sbin:/usr/sbin".into()),
+                ("IMAGE_VAR".into(), "from-image".into()),
+            ],
+            workdir: "/src/app".into(),
+            user: Some("1000:1000".into()),
+            shell: vec!["/bin/ash".into(), "-c".into()],
+        },
+    );
+    let f = image_fixture(env, &img);
+    let info = f.backend.info(&f.id).unwrap();
+    assert_eq!(
+        Path::new(&info.workspace),
+        std::fs::canonicalize(f.env.ws()).unwrap()
+    );
+    assert_eq!(info.enforcement.landlock, "full");
+    let r = sh(&f, "pwd; echo $0; echo $IMAGE_VAR; echo $PATH; id -u");
+    assert_eq!(
+        lines(&r.stdout.text),
+        [
+            "/src/app",
+            "/bin/ash",
+            "from-image",
+            "/bin:/usr/bin:/sbin:/usr/sbin",
+            "1000"
+        ],
+        "{r:?}"
+    );
+    // File operations and execs see one workspace; absolute paths are the sandbox's.
+    write(&f, "notes.txt", "one\n");
+    assert_eq!(sh(&f, "cat /src/app/notes.txt").stdout.text, "one\n");
+    assert_eq!(read(&f, "/src/app/notes.txt").unwrap(), "one\n");
+    assert!(matches!(
+        read(&f, "/etc/image-marker"),
+        Err(ApiError::PathRefused(_))
+    ));
+    let r = sh(
+        &f,
+        "mkdir sub && echo b > sub/b.txt && ln -s /etc/image-marker link",
+    );
+    assert_eq!(
+        r.changes
+            .iter()
+            .map(|c| c.path.as_str())
+            .collect::<Vec<_>>(),
+        ["link", "sub/b.txt"]
+    );
+    // A planted absolute symlink resolves inside the workspace for the supervisor.
+    assert!(read(&f, "link").is_err());
+    let r = match f
+        .backend
+        .exec(
+            &f.id,
+            ExecRequest {
+                argv: Some(vec!["pwd".into()]),
+                cwd: Some("sub".into()),
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.stdout.text, "/src/app/sub\n");
+    // Diff, checkpoint, restore.
+    let d = f.backend.diff(&f.id, DiffRequest::default()).unwrap();
+    let files: Vec<_> = d.files.iter().map(|x| x.path.as_str()).collect();
+    assert_eq!(files, ["link", "notes.txt", "sub/b.txt"], "{d:?}");
+    f.backend
+        .checkpoint(&f.id, CheckpointRequest { name: "one".into() })
+        .unwrap();
+    sh(&f, "rm a.txt notes.txt; echo late > late.txt");
+    f.backend
+        .restore(&f.id, CheckpointRequest { name: "one".into() })
+        .unwrap();
+    assert_eq!(sh(&f, "cat a.txt notes.txt").stdout.text, "a\none\n");
+    assert!(read(&f, "late.txt").is_err());
+    assert_eq!(sh(&f, "pwd").stdout.text, "/src/app\n");
+    // Protected paths hold at the workdir, before and after a restore.
+    assert_eq!(
+        sh(&f, "echo x >> .git/config || echo refused").stdout.text,
+        "refused\n"
+    );
+    let w = f.backend.write(
+        &f.id,
+        WriteRequest {
+            path: ".git/hooks/pre-commit".into(),
+            content: "evil".into(),
+            ..WriteRequest::default()
+        },
+    );
+    assert!(matches!(w, Err(ApiError::PathRefused(_))), "{w:?}");
+    // Export, then apply to the host.
+    let e = f.backend.export(&f.id, ExportRequest::default()).unwrap();
+    assert!(e.patch.unwrap().contains("+one"));
+    let e = f
+        .backend
+        .export(
+            &f.id,
+            ExportRequest {
+                format: ExportFormat::Patch,
+                apply: true,
+            },
+        )
+        .unwrap();
+    assert!(e.applied);
+    assert_eq!(
+        std::fs::read_to_string(f.env.ws().join("sub/b.txt")).unwrap(),
+        "b\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.env.ws().join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+}
+
+#[test]
+fn nothing_of_the_host_is_reachable_from_an_image_root() {
+    use std::os::unix::fs::symlink;
+    if !image::available() {
+        return;
+    }
+    let env = Env::new();
+    let img = busybox_image(&env, ImageConfig::default());
+    let exe = std::env::current_exe().unwrap();
+    let host_file = env.ws().join("host-secret");
+    std::fs::write(&host_file, "secret\n").unwrap();
+    // Symlinks in the image that name host paths, absolute and climbing.
+    let etc = img.rootfs.join("etc");
+    symlink("/etc/hostname", etc.join("host-hostname")).unwrap();
+    symlink(&exe, etc.join("host-exe")).unwrap();
+    symlink(&host_file, etc.join("host-secret")).unwrap();
+    symlink("../../../../../../../../../etc/hostname", etc.join("climb")).unwrap();
+    symlink("/", etc.join("slash")).unwrap();
+    let targets = [
+        "/etc/host-hostname".to_string(),
+        "/etc/host-exe".into(),
+        "/etc/host-secret".into(),
+        "/etc/climb".into(),
+        "/etc/slash/etc/hostname".into(),
+        "/proc/1/root/etc/hostname".into(),
+        "/proc/self/root/etc/hostname".into(),
+        format!("/proc/1/root{}", exe.display()),
+        format!("/proc/self/root{}", exe.display()),
+        format!("/proc/self/cwd/../../..{}", host_file.display()),
+        exe.display().to_string(),
+        host_file.display().to_string(),
+        img.rootfs.join("etc/image-marker").display().to_string(),
+    ];
+    let script = format!(
+        r#"
+        for p in {}; do
+          if cat "$p" >/dev/null 2>&1; then echo "LEAK $p"; fi
+        done
+        cd /; cd ../../..; echo "top=$(pwd)"
+        echo "root=$(ls / | tr '\n' ' ')"
+        echo "up=$(ls ../../.. | tr '\n' ' ')"
+        echo "self=$(ls /proc/self/root/ | tr '\n' ' ')"
+        cat /etc/slash/etc/image-marker
+        "#,
+        targets.join(" ")
+    );
+    let r = run_in_image(&env, &img, None, &script).result;
+    // The image's own top level, and the mount points the sandbox adds.
+    let mut top: Vec<String> = std::fs::read_dir(&img.rootfs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .chain(["dev", "proc", "run", "workspace"].map(String::from))
+        .collect();
+    top.sort();
+    top.dedup();
+    let image_top = format!("{} ", top.join(" "));
+    assert_eq!(
+        lines(&r.stdout.text),
+        [
+            "top=/",
+            &format!("root={image_top}"),
+            &format!("up={image_top}"),
+            &format!("self={image_top}"),
+            "busybox-test-image",
+        ],
+        "{r:?}"
+    );
+    // The same from a long-lived sandbox, whose pid 1 keeps capabilities.
+    let f = image_fixture(env, &img);
+    let r = sh(&f, &script);
+    assert_eq!(r.stdout.text.lines().next(), Some("top=/"), "{r:?}");
+    assert!(!r.stdout.text.contains("LEAK"), "{r:?}");
+}
+
+#[test]
+fn images_need_an_image_store_and_a_usable_config() {
+    let env = Env::new();
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let e = backend
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            image: Some("busybox".into()),
+            ..CreateRequest::default()
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&e, ApiError::InvalidArgument(m) if m.contains("image store")),
+        "{e:?}"
+    );
+    // "host" is the host view, as SandboxInfo and traces name it.
+    let info = backend
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            image: Some("host".into()),
+            ..CreateRequest::default()
+        })
+        .unwrap();
+    assert_eq!(info.image, "host");
+    backend.destroy(&info.id).unwrap();
+    drop(backend);
+
+    if !image::available() {
+        return;
+    }
+    let img = busybox_image(&env, ImageConfig::default());
+    let images = Arc::new(TestImages::default());
+    images.add("busybox-test", img.clone());
+    images.add(
+        "bad-workdir",
+        ImageRoot {
+            config: ImageConfig {
+                workdir: "/proc/x".into(),
+                ..ImageConfig::default()
+            },
+            ..img.clone()
+        },
+    );
+    images.add(
+        "bad-user",
+        ImageRoot {
+            config: ImageConfig {
+                user: Some("dev".into()),
+                ..ImageConfig::default()
+            },
+            ..img.clone()
+        },
+    );
+    let backend = NativeBackend::new(env.state()).unwrap().with_images(images);
+    let create = |image: &str| {
+        backend.create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            image: Some(image.into()),
+            ..CreateRequest::default()
+        })
+    };
+    assert!(matches!(create("missing"), Err(ApiError::NotFound(_))));
+    for bad in ["bad-workdir", "bad-user"] {
+        let e = create(bad).unwrap_err();
+        assert!(
+            matches!(&e, ApiError::InvalidArgument(m) if m.contains(&img.digest)),
+            "{e:?}"
+        );
+    }
+    // A one-shot build step needs an image.
+    let e = taskbox_core::native::run(&RunRequest {
+        argv: vec!["true".into()],
+        workspace: env.ws(),
+        policy: taskbox_core::policy::Policy::default(),
+        timeout: None,
+        write_through: false,
+        env: Vec::new(),
+        cwd: None,
+        stdin: StdinSource::Null,
+        echo: false,
+        detach_cleanup: false,
+        want_diff: false,
+        state_dir: env.state(),
+        image: None,
+        root_upper: Some(env.dir.path().join("upper")),
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("needs an image"), "{e}");
+}
+
+#[test]
+fn moving_the_directories_above_the_workspace_cannot_redirect_file_operations() {
+    // The scratch workspace lies under /tmp, which the sandbox may write: its parent can be
+    // moved away and replaced by a symlink to a host directory, or by a directory of its own.
+    let env = Env::new();
+    let parent = env.dir.path().join("p");
+    let ws = parent.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "workspace\n").unwrap();
+    let target = env.dir.path().join("host-target");
+    std::fs::create_dir_all(target.join("ws")).unwrap();
+    std::fs::write(target.join("ws/a.txt"), "host\n").unwrap();
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let id = backend
+        .create(CreateRequest {
+            workspace: ws.display().to_string(),
+            ..CreateRequest::default()
+        })
+        .unwrap()
+        .id;
+    let f = Fixture { env, backend, id };
+    assert_eq!(read(&f, "a.txt").unwrap(), "workspace\n");
+    f.backend
+        .checkpoint(&f.id, CheckpointRequest { name: "c".into() })
+        .unwrap();
+    let p = parent.display();
+    for attack in [
+        format!("mv {p} {p}.moved && ln -s {} {p}", target.display()),
+        format!("rm {p} && mkdir -p {p}/ws && echo fake > {p}/ws/a.txt"),
+    ] {
+        let r = match f
+            .backend
+            .exec(
+                &f.id,
+                ExecRequest {
+                    shell: Some(attack),
+                    cwd: Some("/".into()),
+                    ..ExecRequest::default()
+                },
+                None,
+            )
+            .unwrap()
+        {
+            ExecOutcome::Finished(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        let got = read(&f, "a.txt");
+        assert!(matches!(got, Err(ApiError::Conflict(_))), "{got:?}");
+        let w = f.backend.write(
+            &f.id,
+            WriteRequest {
+                path: "a.txt".into(),
+                content: "written\n".into(),
+                ..WriteRequest::default()
+            },
+        );
+        assert!(matches!(w, Err(ApiError::Conflict(_))), "{w:?}");
+    }
+    // Nor a restore: pid 1 refuses to detach what the path now leads to (a symlink to a
+    // mount of its own choosing, e.g. a mask).
+    sh(
+        &f,
+        &format!("cd / && rm -r {p} && mkdir {p} && ln -s /proc/sys {p}/ws"),
+    );
+    let r = f
+        .backend
+        .restore(&f.id, CheckpointRequest { name: "c".into() });
+    assert!(
+        matches!(&r, Err(ApiError::Internal(m)) if m.contains("cannot reach")),
+        "{r:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("ws/a.txt")).unwrap(),
+        "host\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "workspace\n"
+    );
+}

@@ -95,6 +95,37 @@ mod sys {
         }
     }
 
+    /// The id of the mount `fd` lies on (the never-reused one where the kernel has it), and
+    /// whether `fd` is that mount's root.
+    pub(super) fn mount_of(fd: &OwnedFd) -> Result<(u64, bool), Errno> {
+        // SAFETY: statx is plain old data; all-zero is valid.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        let empty = c"";
+        // SAFETY: `empty` is a NUL-terminated string and `stx` a writable statx, both live for
+        // the call; with AT_EMPTY_PATH the kernel describes `fd` itself.
+        let rc = unsafe {
+            libc::statx(
+                fd.as_raw_fd(),
+                empty.as_ptr(),
+                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                libc::STATX_MNT_ID | libc::STATX_MNT_ID_UNIQUE,
+                &mut stx,
+            )
+        };
+        if rc != 0 {
+            return Err(Errno::last());
+        }
+        if stx.stx_mask & (libc::STATX_MNT_ID | libc::STATX_MNT_ID_UNIQUE) == 0
+            || stx.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 == 0
+        {
+            return Err(Errno::ENOSYS);
+        }
+        Ok((
+            stx.stx_mnt_id,
+            stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0,
+        ))
+    }
+
     /// The kernel's `struct open_how` (libc's is non-exhaustive).
     #[repr(C)]
     struct OpenHow {
@@ -390,6 +421,56 @@ impl WorkspaceFs {
             },
         )?;
         Ok(WorkspaceFs::from_fd(fd))
+    }
+
+    /// Opens the workspace of a live sandbox: `inside`, its absolute path as the sandbox sees
+    /// it, beneath `root`, the sandbox's root as the supervisor reaches it (`/proc/PID/root`,
+    /// a trusted path). Nothing on the way may be a symlink and `..` stays beneath `root`, so
+    /// whatever the sandbox did to the directories above its workspace (move one away, put a
+    /// symlink to a host path in its place) cannot lead the supervisor anywhere else. Returns
+    /// the handle and the id of the mount whose root the directory is (the caller compares it
+    /// with the workspace mount's, since the sandbox could also put a directory of its own
+    /// there); a directory that is no mount's root is refused.
+    pub fn open_mounted(root: &Path, inside: &Path) -> Result<(WorkspaceFs, u64), ApiError> {
+        let cstr = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| ApiError::invalid(format!("path {} contains a NUL byte", p.display())))
+        };
+        let root_fd = sys::openat2(
+            &sys::Cwd,
+            &cstr(root)?,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+            0,
+        )
+        .map_err(|e| ApiError::internal(format!("cannot open {}: {e}", root.display())))?;
+        let rel = inside.strip_prefix("/").unwrap_or(inside);
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let moved = |why: String| {
+            ApiError::Conflict(format!(
+                "the workspace is no longer at {} inside the sandbox ({why}): something in the \
+                 sandbox moved or replaced a directory on its path; destroy the sandbox",
+                inside.display()
+            ))
+        };
+        let fd = sys::openat2(
+            &root_fd,
+            &cstr(rel)?,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+            libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+        )
+        .map_err(|e| moved(e.desc().to_lowercase()))?;
+        let (mount_id, is_mount_root) =
+            sys::mount_of(&fd).map_err(|e| ApiError::internal(format!("statx: {e}")))?;
+        if !is_mount_root {
+            return Err(moved("it is not the workspace mount".into()));
+        }
+        Ok((WorkspaceFs::from_fd(fd), mount_id))
     }
 
     /// Uses `root`, a directory fd (`O_PATH` is enough), as the workspace root.

@@ -3,7 +3,8 @@
 //! It owns the policy model ([`policy`]), the observations agents see ([`result`]), bounded output
 //! capture ([`capture`]), the workspace overlay and its changes and diffs ([`changes`]), resource
 //! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
-//! plan to the synchronous `taskbox-init` helper.
+//! plan to the synchronous `taskbox-init` helper, with the host view or an image as the root
+//! ([`image`], [`image_view`]).
 
 pub mod api;
 pub mod capture;
@@ -11,6 +12,7 @@ pub mod cgroup;
 pub mod changes;
 pub mod fsops;
 pub mod image;
+pub mod image_view;
 pub mod layers;
 pub mod native;
 pub mod policy;

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use taskbox_init::config::{
-    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, STATUS_FD, Status,
+    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, RootPlan, STATUS_FD, Status,
 };
 
 use crate::capture::Capture;
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
+use crate::image::ImageRoot;
+use crate::image_view::{Identity, ImageView, ImageViewError, check_option_path};
 use crate::policy::{
     BUILTIN_DENY_READ, CREDENTIAL_STORES, HomeMode, LandlockMode, NetworkMode, Policy,
     WorkspaceMode,
@@ -55,6 +57,9 @@ pub enum NativeError {
     /// computing the workspace changes failed
     #[error(transparent)]
     Changes(#[from] changes::ChangesError),
+    /// the image cannot be the sandbox's root
+    #[error(transparent)]
+    Image(#[from] ImageViewError),
     /// an I/O error while supervising the run
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
@@ -98,11 +103,17 @@ pub struct RunRequest {
     /// Compute the unified diff of the workspace changes.
     pub want_diff: bool,
     pub state_dir: PathBuf,
-    /// The sandbox's root: this image's rootfs (read-only) instead of the host view.
-    pub image: Option<crate::image::ImageRoot>,
-    /// Image-build mode (with `image`): the root is an overlay of the image's rootfs with this
-    /// upper directory, writable; what the command writes to the root lands here (with overlay
-    /// whiteouts for deletions).
+    /// The sandbox's root: this image (read-only, shared, never written) instead of the host
+    /// view. The workspace appears at the image's workdir, and a relative `cwd` is taken from
+    /// there.
+    pub image: Option<ImageRoot>,
+    /// Build mode (the image builder's `run` steps; needs `image`): the root is writable, an
+    /// overlay with the image's rootfs below and this directory (created when missing) as its
+    /// upper layer, so what the command changes outside the workspace and the private mounts
+    /// lands here as a normal overlay upper layer: new and modified files, deletions as
+    /// whiteouts (character devices 0/0), replaced directories marked opaque with the
+    /// `user.overlay.opaque` attribute (the overlay uses `userxattr`, root or not). Its work
+    /// directory is created beside it (`.NAME.work-RUNID`) and removed after the run.
     pub root_upper: Option<PathBuf>,
 }
 
@@ -224,6 +235,18 @@ fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
 /// Computes the environment of the command: the policy's allowlist of host variables, then the
 /// policy's own variables, then the request's.
 pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, String)> {
+    compose_env(policy, None, extra)
+}
+
+/// As [`sandbox_env`], with an image's variables (`image`) between the host's and the policy's.
+/// With an image, host variables that name host paths (`PATH`, `HOME`, any value starting with
+/// `/`) are left out: the image root has none of those paths, and the image sets its own; and no
+/// host variable overrides one the image sets.
+pub(crate) fn compose_env(
+    policy: &Policy,
+    image: Option<&[(String, String)]>,
+    extra: &[(String, String)],
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: &str| {
         env.retain(|(ek, _)| ek != k);
@@ -237,9 +260,13 @@ pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, 
             Some(prefix) => k.starts_with(prefix),
             None => p == k,
         });
-        if allowed {
+        let host_path = k == "PATH" || k == "HOME" || v.starts_with('/');
+        if allowed && !(image.is_some() && host_path) {
             set(k, v);
         }
+    }
+    for (k, v) in image.unwrap_or_default() {
+        set(k, v);
     }
     let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
     policy_vars.sort();
@@ -258,35 +285,121 @@ pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, 
     env
 }
 
-/// The mount plan and the Landlock write set for a sandbox of `policy` around `workspace`.
+/// Where a sandbox's workspace is: on the host (the overlay's lower layer, where changes are
+/// read) and inside the sandbox (the host path itself with the host view, the image's workdir
+/// with an image).
+#[derive(Debug, Clone)]
+pub(crate) struct WorkspacePaths {
+    pub(crate) host: PathBuf,
+    pub(crate) inside: PathBuf,
+}
+
+/// The sandbox's root: the host view, or an image (writable into an upper layer in build mode).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RootView<'a> {
+    Host,
+    Image { view: &'a ImageView, build: bool },
+}
+
+/// The mount plan and the Landlock write set for a sandbox of `policy` around `ws`.
 pub(crate) fn plan_mounts(
     policy: &Policy,
-    workspace: &Path,
+    ws: &WorkspacePaths,
     run: &RunDir,
     write_through: bool,
+    root: RootView<'_>,
 ) -> (Vec<MountOp>, Vec<PathBuf>) {
     let mut ops = Vec::new();
-    let mut writable = vec![
-        PathBuf::from("/tmp"),
-        PathBuf::from("/var/tmp"),
-        PathBuf::from("/dev"),
-    ];
+    let mut writable = vec![PathBuf::from("/tmp"), PathBuf::from("/dev")];
     let tmpfs = |dst: &str, mode: u32| MountOp::Tmpfs {
         dst: dst.into(),
         mode,
         size_bytes: None,
     };
+    let (has_var_tmp, has_run) = match root {
+        RootView::Host => (Path::new("/var/tmp").is_dir(), Path::new("/run").is_dir()),
+        // The scaffold provides /run; /var/tmp only where the image has it.
+        RootView::Image { view, .. } => (view.has_var_tmp(), true),
+    };
     // Private scratch space: nothing written there reaches the host.
     ops.push(tmpfs("/tmp", 0o1777));
-    if Path::new("/var/tmp").is_dir() {
+    if has_var_tmp {
         ops.push(tmpfs("/var/tmp", 0o1777));
+        writable.push(PathBuf::from("/var/tmp"));
     }
-    // /run holds the sockets of host daemons (Docker, D-Bus, systemd): none is reachable.
-    if Path::new("/run").is_dir() {
+    // /run holds the sockets of host daemons (Docker, D-Bus, systemd): none is reachable. An
+    // image's /run is private as well (pid 1 keeps its private mounts there).
+    if has_run {
         ops.push(tmpfs("/run", 0o755));
     }
-    // A minimal /dev: the harmless devices bound from the host, a private pty instance and shm.
-    ops.push(tmpfs("/dev", 0o755));
+    ops.extend(dev_ops());
+
+    if let RootView::Image { build, .. } = root {
+        // The host is out of sight: no host path to mask, no home to hide. In build mode the
+        // whole root is writable (its changes land in the build's upper layer).
+        if build {
+            writable.push(PathBuf::from("/"));
+        }
+    } else {
+        ops.extend(host_masks(policy, run, &mut writable));
+    }
+
+    // The workspace: an overlay whose upper layer belongs to the run, so the host copy stays
+    // untouched; or the host directory itself with --write-through; or read-only.
+    ops.push(MountOp::Dir {
+        dst: ws.inside.clone(),
+        mode: 0o755,
+    });
+    match (write_through, &policy.filesystem.workspace) {
+        (true, _) => {
+            ops.push(MountOp::Bind {
+                src: ws.host.clone(),
+                dst: ws.inside.clone(),
+                readonly: false,
+            });
+            writable.push(ws.inside.clone());
+        }
+        (false, WorkspaceMode::Overlay) => {
+            ops.push(MountOp::Overlay {
+                lower: ws.host.clone(),
+                upper: run.upper(),
+                work: run.work(),
+                dst: ws.inside.clone(),
+            });
+            writable.push(ws.inside.clone());
+        }
+        (false, WorkspaceMode::ReadOnly) => {
+            ops.push(MountOp::Bind {
+                src: ws.host.clone(),
+                dst: ws.inside.clone(),
+                readonly: true,
+            });
+        }
+    }
+
+    ops.extend(workspace_guard_ops(
+        policy,
+        ws,
+        &run.empty_file(),
+        matches!(root, RootView::Host),
+    ));
+
+    ops.push(MountOp::Proc {
+        dst: "/proc".into(),
+    });
+    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
+    }
+    (ops, writable)
+}
+
+/// A minimal /dev: the harmless devices bound from the host, a private pty instance and shm.
+fn dev_ops() -> Vec<MountOp> {
+    let mut ops = vec![MountOp::Tmpfs {
+        dst: "/dev".into(),
+        mode: 0o755,
+        size_bytes: None,
+    }];
     for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
         let host = Path::new("/dev").join(dev);
         if host.exists() {
@@ -324,8 +437,18 @@ pub(crate) fn plan_mounts(
         dst: "/dev/shm".into(),
         mode: 0o1777,
     });
-    ops.push(tmpfs("/dev/shm", 0o1777));
+    ops.push(MountOp::Tmpfs {
+        dst: "/dev/shm".into(),
+        mode: 0o1777,
+        size_bytes: None,
+    });
+    ops
+}
 
+/// The host view's masks: the deny list, and home directories hidden or read-only as the
+/// policy says (a private home is added to `writable`).
+fn host_masks(policy: &Policy, run: &RunDir, writable: &mut Vec<PathBuf>) -> Vec<MountOp> {
+    let mut ops = Vec::new();
     // Paths no policy may open: masked with an empty file or an empty read-only directory.
     for p in BUILTIN_DENY_READ
         .iter()
@@ -413,57 +536,21 @@ pub(crate) fn plan_mounts(
             readonly: true,
         });
     }
-
-    // The workspace: an overlay whose upper layer belongs to the run, so the host copy stays
-    // untouched; or the host directory itself with --write-through; or read-only.
-    ops.push(MountOp::Dir {
-        dst: workspace.to_path_buf(),
-        mode: 0o755,
-    });
-    match (write_through, &policy.filesystem.workspace) {
-        (true, _) => {
-            ops.push(MountOp::Bind {
-                src: workspace.to_path_buf(),
-                dst: workspace.to_path_buf(),
-                readonly: false,
-            });
-            writable.push(workspace.to_path_buf());
-        }
-        (false, WorkspaceMode::Overlay) => {
-            ops.push(MountOp::Overlay {
-                lower: workspace.to_path_buf(),
-                upper: run.upper(),
-                work: run.work(),
-                dst: workspace.to_path_buf(),
-            });
-            writable.push(workspace.to_path_buf());
-        }
-        (false, WorkspaceMode::ReadOnly) => {
-            ops.push(MountOp::Bind {
-                src: workspace.to_path_buf(),
-                dst: workspace.to_path_buf(),
-                readonly: true,
-            });
-        }
-    }
-
-    ops.extend(workspace_guard_ops(policy, workspace, &run.empty_file()));
-
-    ops.push(MountOp::Proc {
-        dst: "/proc".into(),
-    });
-    for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
-        ops.push(MountOp::ProtectReadOnly { dst: p.into() });
-    }
-    (ops, writable)
+    ops
 }
 
 /// The mounts that guard paths inside the (mounted) workspace: credential stores masked wherever
-/// they would be visible (under a toolchain directory, a read-only home, or the workspace), and
-/// the policy's protected paths bound read-only. `empty` is the empty file masks bind.
-pub(crate) fn workspace_guard_ops(policy: &Policy, workspace: &Path, empty: &Path) -> Vec<MountOp> {
+/// they would be visible (under a toolchain directory or a read-only home with the host view,
+/// and in the workspace), and the policy's protected paths bound read-only. What exists is
+/// looked up on the host; the ops name the paths inside. `empty` is the empty file masks bind.
+pub(crate) fn workspace_guard_ops(
+    policy: &Policy,
+    ws: &WorkspacePaths,
+    empty: &Path,
+    host_view: bool,
+) -> Vec<MountOp> {
     let mut ops = Vec::new();
-    if let Some(h) = home_dir().and_then(|h| fs::canonicalize(h).ok()) {
+    if host_view && let Some(h) = home_dir().and_then(|h| fs::canonicalize(h).ok()) {
         for store in CREDENTIAL_STORES {
             let p = h.join(store);
             if fs::symlink_metadata(&p).is_ok() {
@@ -475,17 +562,16 @@ pub(crate) fn workspace_guard_ops(policy: &Policy, workspace: &Path, empty: &Pat
         }
     }
     for store in CREDENTIAL_STORES {
-        let p = workspace.join(store);
-        if fs::symlink_metadata(&p).is_ok() {
+        if fs::symlink_metadata(ws.host.join(store)).is_ok() {
             ops.push(MountOp::Mask {
-                dst: p,
+                dst: ws.inside.join(store),
                 empty: empty.to_path_buf(),
             });
         }
     }
     for rel in &policy.filesystem.protected {
         ops.push(MountOp::ProtectReadOnly {
-            dst: workspace.join(rel),
+            dst: ws.inside.join(rel),
         });
     }
     ops
@@ -528,11 +614,6 @@ pub(crate) fn rlimits_for(policy: &Policy, have_cgroup: bool) -> Vec<Rlimit> {
 
 /// Runs one command in a fresh native sandbox and returns its observation.
 pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
-    if req.image.is_some() || req.root_upper.is_some() {
-        return Err(NativeError::Invalid(
-            "image roots are not supported by this native backend yet".into(),
-        ));
-    }
     if req.argv.is_empty() {
         return Err(NativeError::Invalid(
             "no command given (put it after `--`)".into(),
@@ -576,6 +657,23 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
                 .into(),
         ));
     }
+    let is_root = nix::unistd::geteuid().is_root();
+    let view = req
+        .image
+        .as_ref()
+        .map(|image| ImageView::new(image, is_root))
+        .transpose()?;
+    if req.root_upper.is_some() && view.is_none() {
+        return Err(NativeError::Invalid(
+            "build mode (root_upper) needs an image to build on".into(),
+        ));
+    }
+    let ws = WorkspacePaths {
+        inside: view
+            .as_ref()
+            .map_or_else(|| workspace.clone(), |v| v.workdir.clone()),
+        host: workspace.clone(),
+    };
 
     let id = run_id();
     let runs = req.state_dir.join("runs");
@@ -603,6 +701,38 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
     fs::write(run_dir.empty_file(), b"").map_err(io_err("cannot create the mask file"))?;
     let _ = fs::set_permissions(run_dir.empty_file(), fs::Permissions::from_mode(0o444));
 
+    // The root: the host view, or the image (with the build's upper layer in build mode).
+    let mut build_work = None;
+    let (root_plan, root_view, identity, env) = match &view {
+        None => (
+            RootPlan::Host,
+            RootView::Host,
+            Identity::host_view(is_root),
+            sandbox_env(&req.policy, &req.env),
+        ),
+        Some(v) => {
+            let scaffold = run_dir.dir.join("scaffold");
+            v.prepare_scaffold(&scaffold)?;
+            let build = match &req.root_upper {
+                Some(upper) => {
+                    let (upper, work) = prepare_build_layer(upper, &id)?;
+                    build_work = Some(RunDir { dir: work.clone() });
+                    Some((upper, work))
+                }
+                None => None,
+            };
+            let plan = v.root_plan(
+                &scaffold,
+                build.as_ref().map(|(u, w)| (u.as_path(), w.as_path())),
+            );
+            let env = compose_env(&req.policy, Some(&v.base_env()), &req.env);
+            let root = RootView::Image {
+                view: v,
+                build: build.is_some(),
+            };
+            (plan, root, v.identity, env)
+        }
+    };
     let limits = &req.policy.limits;
     let cgroup = Cgroup::create(
         &id,
@@ -612,27 +742,30 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
             cpu_cores: limits.cpu_cores,
         },
     )?;
-    let is_root = nix::unistd::geteuid().is_root();
     let rlimits = rlimits_for(&req.policy, cgroup.is_some());
 
-    let (mounts, write_paths) = plan_mounts(&req.policy, &workspace, &run_dir, req.write_through);
-    let cwd = req.cwd.clone().unwrap_or_else(|| workspace.clone());
+    let (mounts, write_paths) =
+        plan_mounts(&req.policy, &ws, &run_dir, req.write_through, root_view);
+    let cwd = req.cwd.clone().unwrap_or_else(|| ws.inside.clone());
     let cwd = if cwd.is_absolute() {
         cwd
     } else {
-        workspace.join(cwd)
+        ws.inside.join(cwd)
     };
     let isolate_network = req.policy.network.mode != NetworkMode::Host;
     let config = InitConfig {
         argv: req.argv.clone(),
         cwd,
-        env: sandbox_env(&req.policy, &req.env),
-        user_namespace: !is_root,
+        env,
+        user_namespace: identity.user_namespace,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        inner_uid: identity.inner_uid,
+        inner_gid: identity.inner_gid,
         isolate_network,
         hostname: "taskbox".into(),
         new_root: run_dir.root(),
+        root: root_plan,
         mounts,
         landlock: LandlockPlan {
             enabled: true,
@@ -710,7 +843,31 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
     } else {
         std::mem::forget(run_dir);
     }
+    drop(build_work);
     outcome
+}
+
+/// Build mode: creates the upper layer `upper` when missing and a fresh work directory beside
+/// it (overlayfs needs both on one file system); returns both, canonical.
+fn prepare_build_layer(upper: &Path, id: &str) -> Result<(PathBuf, PathBuf), NativeError> {
+    let state = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| NativeError::State { path, source }
+    };
+    fs::create_dir_all(upper).map_err(state(upper))?;
+    let upper = fs::canonicalize(upper).map_err(state(upper))?;
+    let (Some(parent), Some(name)) = (upper.parent(), upper.file_name()) else {
+        return Err(NativeError::Invalid(format!(
+            "root_upper {} cannot be the root directory",
+            upper.display()
+        )));
+    };
+    let work = parent.join(format!(".{}.work-{id}", name.to_string_lossy()));
+    for p in [&upper, &work] {
+        check_option_path("root_upper", p).map_err(NativeError::Invalid)?;
+    }
+    fs::create_dir(&work).map_err(state(&work))?;
+    Ok((upper, work))
 }
 
 /// Removes the scratch directory and cgroup of a finished run in a detached grandchild, so the
@@ -1070,5 +1227,120 @@ pub fn prune_spill(state_dir: &Path, age: Duration) {
         if old {
             let _ = fs::remove_file(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::ImageConfig;
+
+    /// The host paths an op reads from (mount sources, layers, the mask file).
+    fn host_sources(op: &MountOp) -> Vec<&Path> {
+        match op {
+            MountOp::Bind { src, .. } => vec![src.as_path()],
+            MountOp::Overlay {
+                lower, upper, work, ..
+            } => vec![lower.as_path(), upper.as_path(), work.as_path()],
+            MountOp::Mask { empty, .. } => vec![empty.as_path()],
+            _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_image_plan_brings_no_host_path_but_devices_workspace_and_run_dirs() {
+        let scratch = tempfile::tempdir().unwrap();
+        let rootfs = scratch.path().join("rootfs");
+        fs::create_dir_all(rootfs.join("var/tmp")).unwrap();
+        let ws = scratch.path().join("ws");
+        fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        fs::write(ws.join(".netrc"), "machine x password y\n").unwrap();
+        let run = RunDir {
+            dir: scratch.path().join("run"),
+        };
+        let image = ImageRoot {
+            digest: format!("sha256:{}", "c".repeat(64)),
+            config_digest: format!("sha256:{}", "d".repeat(64)),
+            rootfs,
+            config: ImageConfig::default(),
+        };
+        let view = ImageView::new(&image, false).unwrap();
+        let paths = WorkspacePaths {
+            host: ws.clone(),
+            inside: view.workdir.clone(),
+        };
+        let policy = Policy::default();
+        let (ops, writable) = plan_mounts(
+            &policy,
+            &paths,
+            &run,
+            false,
+            RootView::Image {
+                view: &view,
+                build: false,
+            },
+        );
+        for op in &ops {
+            for src in host_sources(op) {
+                assert!(
+                    src.starts_with("/dev/") || src == ws || src.starts_with(&run.dir),
+                    "{op:?} brings in the host path {}",
+                    src.display()
+                );
+            }
+        }
+        assert_eq!(
+            writable,
+            ["/tmp", "/dev", "/var/tmp", "/workspace"].map(PathBuf::from)
+        );
+        // Guards sit at the workspace's inside path; the credential store found on the host
+        // is masked there.
+        assert!(ops.contains(&MountOp::ProtectReadOnly {
+            dst: "/workspace/.git/hooks".into()
+        }));
+        assert!(ops.contains(&MountOp::Mask {
+            dst: "/workspace/.netrc".into(),
+            empty: run.empty_file()
+        }));
+        // Build mode: the whole root is writable.
+        let (_, writable) = plan_mounts(
+            &policy,
+            &paths,
+            &run,
+            false,
+            RootView::Image {
+                view: &view,
+                build: true,
+            },
+        );
+        assert!(writable.contains(&PathBuf::from("/")));
+    }
+
+    #[test]
+    fn image_variables_replace_host_paths_but_not_the_policys() {
+        let mut policy = Policy::default();
+        policy.env.pass = vec!["HOME".into(), "PATH".into(), "LANG".into(), "TB_*".into()];
+        policy.env.set.insert("FROM_POLICY".into(), "policy".into());
+        let image = vec![
+            ("PATH".to_string(), "/image/bin".to_string()),
+            ("FROM_POLICY".to_string(), "image".to_string()),
+            ("HOME".to_string(), "/home/img".to_string()),
+        ];
+        // The host's PATH, HOME and LANG of the test process.
+        let env = compose_env(&policy, Some(&image), &[("X".into(), "1".into())]);
+        let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("PATH"), Some("/image/bin"));
+        assert_eq!(get("HOME"), Some("/home/img"));
+        assert_eq!(get("FROM_POLICY"), Some("policy"));
+        assert_eq!(get("X"), Some("1"));
+        assert_eq!(get("LANG"), std::env::var("LANG").ok().as_deref());
+        // Without an image nothing changes.
+        let host = compose_env(&policy, None, &[]);
+        assert_eq!(
+            host.iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.clone()),
+            std::env::var("PATH").ok()
+        );
     }
 }

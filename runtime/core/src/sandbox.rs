@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-use taskbox_init::config::{InitConfig, LandlockPlan, MountOp, STATUS_FD, Status};
+use taskbox_init::config::{InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status};
 use taskbox_init::control::{self, CONTROL_FD, Event, Request};
 
 use crate::api::*;
@@ -32,6 +32,8 @@ use crate::capture::Capture;
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
 use crate::fsops::WorkspaceFs;
+use crate::image::ImageResolver;
+use crate::image_view::{Identity, ImageView, ImageViewError};
 use crate::layers;
 use crate::native::{self, RunDir};
 use crate::policy::{self, LandlockMode, NetworkMode, Policy, WorkspaceMode};
@@ -54,6 +56,8 @@ fn now_ms() -> u64 {
 pub struct NativeBackend {
     state_dir: PathBuf,
     sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
+    /// The image store, which resolves `CreateRequest.image`; without it only the host view.
+    images: Option<Arc<dyn ImageResolver>>,
     /// An exclusive lock on `STATE/sandboxes/.lock`: one backend per state directory, so the
     /// start-up sweep never removes what a live backend owns.
     _lock: fs::File,
@@ -94,10 +98,18 @@ impl NativeBackend {
         let backend = NativeBackend {
             state_dir,
             sandboxes: RwLock::new(HashMap::new()),
+            images: None,
             _lock: lock,
         };
         backend.sweep();
         Ok(backend)
+    }
+
+    /// Gives the backend an image store: sandboxes may then have an image as their root
+    /// (`CreateRequest.image`, a name or digest the store resolves).
+    pub fn with_images(mut self, images: Arc<dyn ImageResolver>) -> NativeBackend {
+        self.images = Some(images);
+        self
     }
 
     /// The state directory.
@@ -245,11 +257,16 @@ struct Sandbox {
     id: SandboxId,
     info: Mutex<SandboxInfo>,
     dirs: RunDir,
-    workspace: PathBuf,
+    /// The workspace on the host (the overlay's lower layer) and inside the sandbox.
+    ws: native::WorkspacePaths,
+    /// The image's shell for `shell` execs (`None`: the host view's `/bin/sh -c`).
+    shell: Option<Vec<String>>,
     policy: Policy,
     base_env: Vec<(String, String)>,
     helper: Mutex<Option<Child>>,
     init_pid: i32,
+    /// The id of the workspace's mount inside the sandbox (it changes on restore).
+    ws_mount: Mutex<u64>,
     control: OwnedFd,
     send_lock: Mutex<()>,
     _status: OwnedFd,
@@ -385,6 +402,11 @@ impl Sandbox {
     }
 }
 
+/// The root of the sandbox whose pid 1 is `pid`, as this process reaches it.
+fn proc_root(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root"))
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
@@ -406,11 +428,28 @@ impl NativeBackend {
                 "backend {b:?} is not available here; use \"native\""
             )));
         }
-        if req.image.is_some() {
-            return Err(ApiError::invalid(
-                "images are not supported by this version yet; leave image unset for the host view",
-            ));
-        }
+        // "host" names the host view, as `SandboxInfo.image` (and a trace's header) do.
+        let image = match req.image.as_deref() {
+            None | Some("host") => None,
+            Some(name) => {
+                let Some(images) = &self.images else {
+                    return Err(ApiError::invalid(format!(
+                        "image {name:?}: images need the image store, and this native backend \
+                         was started without one; leave image unset for the host view"
+                    )));
+                };
+                Some(images.resolve(name)?)
+            }
+        };
+        let is_root = nix::unistd::geteuid().is_root();
+        let view = image
+            .as_ref()
+            .map(|i| ImageView::new(i, is_root))
+            .transpose()
+            .map_err(|e| match e {
+                ImageViewError::Invalid { .. } => ApiError::invalid(e.to_string()),
+                other => ApiError::internal(other),
+            })?;
         let policy_name = req.policy.clone().unwrap_or_else(|| "default".into());
         let (policy, _) =
             policy::resolve(&policy_name).map_err(|e| ApiError::invalid(e.to_string()))?;
@@ -441,6 +480,13 @@ impl NativeBackend {
             )));
         }
 
+        let ws = native::WorkspacePaths {
+            inside: view
+                .as_ref()
+                .map_or_else(|| workspace.clone(), |v| v.workdir.clone()),
+            host: workspace.clone(),
+        };
+
         let id = SandboxId::generate();
         let dirs = RunDir {
             dir: self.state_dir.join("sandboxes").join(id.as_str()),
@@ -459,6 +505,26 @@ impl NativeBackend {
             .map_err(|e| ApiError::internal(format!("cannot create the mask file: {e}")))?;
         let _ = fs::set_permissions(dirs.empty_file(), fs::Permissions::from_mode(0o444));
 
+        let (root_plan, root_view, identity) = match &view {
+            None => (
+                RootPlan::Host,
+                native::RootView::Host,
+                Identity::host_view(is_root),
+            ),
+            Some(v) => {
+                let scaffold = dirs.dir.join("scaffold");
+                v.prepare_scaffold(&scaffold)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                (
+                    v.root_plan(&scaffold, None),
+                    native::RootView::Image {
+                        view: v,
+                        build: false,
+                    },
+                    v.identity,
+                )
+            }
+        };
         let limits = &policy.limits;
         let cgroup = Cgroup::create(
             &format!("sb-{id}"),
@@ -469,9 +535,8 @@ impl NativeBackend {
             },
         )
         .map_err(|e| ApiError::internal(e.to_string()))?;
-        let is_root = nix::unistd::geteuid().is_root();
         let rlimits = native::rlimits_for(&policy, cgroup.is_some());
-        let (mut mounts, write_paths) = native::plan_mounts(&policy, &workspace, &dirs, false);
+        let (mut mounts, write_paths) = native::plan_mounts(&policy, &ws, &dirs, false, root_view);
         // pid 1's private view of the sandbox's state and of the host workspace, needed to
         // remount the overlay on restore (overlayfs takes its layers only from mounts of the
         // caller's own namespace). The directory is mode 000 on a read-only tmpfs: the
@@ -519,21 +584,25 @@ impl NativeBackend {
             readonly: true,
         });
         let isolate_network = policy.network.mode != NetworkMode::Host;
-        let mut base_env = native::sandbox_env(&policy, &[]);
+        let mut base_env =
+            native::compose_env(&policy, view.as_ref().map(|v| v.base_env()).as_deref(), &[]);
         for (k, v) in &req.env {
             base_env.retain(|(ek, _)| ek != k);
             base_env.push((k.clone(), v.clone()));
         }
         let config = InitConfig {
             argv: Vec::new(),
-            cwd: workspace.clone(),
+            cwd: ws.inside.clone(),
             env: base_env.clone(),
-            user_namespace: !is_root,
+            user_namespace: identity.user_namespace,
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
+            inner_uid: identity.inner_uid,
+            inner_gid: identity.inner_gid,
             isolate_network,
             hostname: "taskbox".into(),
             new_root: dirs.root(),
+            root: root_plan,
             mounts,
             landlock: LandlockPlan {
                 enabled: true,
@@ -585,8 +654,14 @@ impl NativeBackend {
 
         // Wait for pid 1 to report that the sandbox is built (or why it is not).
         let started = wait_ready(&status_read, &ours, Duration::from_secs(30));
-        let init_pid = match started {
-            Ok(pid) => pid,
+        // The workspace mount, as pid 1 built it and before any command could touch the tree:
+        // file operations check they reach this mount (see `Sandbox::fs`).
+        let started = started.and_then(|pid| {
+            let (_, mount) = WorkspaceFs::open_mounted(&proc_root(pid), &ws.inside)?;
+            Ok((pid, mount))
+        });
+        let (init_pid, ws_mount) = match started {
+            Ok(started) => started,
             Err(e) => {
                 let mut child = child;
                 let _ = child.kill();
@@ -605,7 +680,9 @@ impl NativeBackend {
             workspace: workspace.display().to_string(),
             policy: policy_name,
             policy_hash: policy.hash(),
-            image: "host".into(),
+            image: view
+                .as_ref()
+                .map_or_else(|| "host".into(), |v| v.image.digest.clone()),
             enforcement: Enforcement {
                 landlock: "unknown".into(),
                 seccomp: policy.security.seccomp,
@@ -625,11 +702,13 @@ impl NativeBackend {
             id,
             info: Mutex::new(info),
             dirs,
-            workspace,
+            ws,
+            shell: view.map(|v| v.shell().to_vec()),
             policy,
             base_env,
             helper: Mutex::new(Some(child)),
             init_pid,
+            ws_mount: Mutex::new(ws_mount),
             control: ours,
             send_lock: Mutex::new(()),
             _status: status_read,
@@ -747,7 +826,10 @@ impl Sandbox {
                 self.id
             )));
         }
-        let argv = req.resolved_argv()?;
+        let mut argv = req.resolved_argv()?;
+        if let (Some(line), Some(shell)) = (&req.shell, &self.shell) {
+            argv = shell.iter().cloned().chain([line.clone()]).collect();
+        }
         if argv.iter().any(|a| a.contains('\0')) {
             return Err(ApiError::invalid("an argument contains a NUL byte"));
         }
@@ -756,9 +838,9 @@ impl Sandbox {
             return Err(ApiError::invalid("timeout_ms must be greater than zero"));
         }
         let cwd = match &req.cwd {
-            None => self.workspace.clone(),
+            None => self.ws.inside.clone(),
             Some(c) if c.starts_with('/') => PathBuf::from(c),
-            Some(c) => self.workspace.join(c),
+            Some(c) => self.ws.inside.join(c),
         };
         let mut env = self.base_env.clone();
         for (k, v) in &req.env {
@@ -1064,7 +1146,7 @@ impl Sandbox {
     fn changes_since(&self, before: &layers::Fingerprint) -> Result<Vec<Change>, ApiError> {
         let upper = self.dirs.upper();
         let after = layers::fingerprint(&upper).map_err(layers_err)?;
-        layers::exec_changes(before, &after, &upper, &self.workspace).map_err(layers_err)
+        layers::exec_changes(before, &after, &upper, &self.ws.host).map_err(layers_err)
     }
 
     fn exec(
@@ -1419,10 +1501,17 @@ impl Sandbox {
                 self.id
             )));
         }
-        let rel = self.workspace.strip_prefix("/").unwrap_or(&self.workspace);
-        let root = PathBuf::from(format!("/proc/{}/root", self.init_pid)).join(rel);
-        Ok(WorkspaceFs::open(&root)?
-            .with_mount_path(self.workspace.clone())
+        let (fs, mount) = WorkspaceFs::open_mounted(&proc_root(self.init_pid), &self.ws.inside)?;
+        if mount != *lock(&self.ws_mount) {
+            return Err(ApiError::Conflict(format!(
+                "the workspace of sandbox {} is no longer mounted at {} (something in the \
+                 sandbox moved or replaced a directory on its path); destroy it",
+                self.id,
+                self.ws.inside.display()
+            )));
+        }
+        Ok(fs
+            .with_mount_path(self.ws.inside.clone())
             .with_protected(&self.policy.filesystem.protected))
     }
 
@@ -1469,8 +1558,8 @@ impl Sandbox {
         let upper = self.dirs.upper();
         let (list, d) = match &req.since {
             None => {
-                let list = changes::scan(&upper, &self.workspace).map_err(changes_err)?;
-                let d = changes::diff(&upper, &self.workspace, &list).map_err(changes_err)?;
+                let list = changes::scan(&upper, &self.ws.host).map_err(changes_err)?;
+                let d = changes::diff(&upper, &self.ws.host, &list).map_err(changes_err)?;
                 (list, d)
             }
             Some(name) => {
@@ -1481,8 +1570,8 @@ impl Sandbox {
                     )));
                 }
                 let list =
-                    layers::scan_between(&self.workspace, &base, &upper).map_err(layers_err)?;
-                let d = layers::diff_between(&self.workspace, &base, &upper, &list)
+                    layers::scan_between(&self.ws.host, &base, &upper).map_err(layers_err)?;
+                let d = layers::diff_between(&self.ws.host, &base, &upper, &list)
                     .map_err(layers_err)?;
                 (list, d)
             }
@@ -1529,7 +1618,7 @@ impl Sandbox {
             native::remove_tree(&dir);
             return Err(layers_err(e));
         }
-        let files = changes::scan(&self.dirs.upper(), &self.workspace)
+        let files = changes::scan(&self.dirs.upper(), &self.ws.host)
             .map_err(changes_err)?
             .len() as u64;
         lock(&self.info).checkpoints.push(req.name.clone());
@@ -1584,13 +1673,13 @@ impl Sandbox {
             lower: private.join("lower"),
             upper: private.join("state/upper.next"),
             work: private.join("state/work.next"),
-            dst: self.workspace.clone(),
+            dst: self.ws.inside.clone(),
         }];
         let empty = private.join("state/empty");
-        for op in native::workspace_guard_ops(&self.policy, &self.workspace, &empty) {
+        for op in native::workspace_guard_ops(&self.policy, &self.ws, &empty, false) {
             let inside = match &op {
                 MountOp::Mask { dst, .. } | MountOp::ProtectReadOnly { dst } => {
-                    dst.starts_with(&self.workspace)
+                    dst.starts_with(&self.ws.inside)
                 }
                 _ => false,
             };
@@ -1601,7 +1690,7 @@ impl Sandbox {
         *lock(&self.remounted) = None;
         self.send(
             &Request::Remount {
-                path: self.workspace.display().to_string(),
+                path: self.ws.inside.display().to_string(),
                 ops,
             },
             &[],
@@ -1632,6 +1721,9 @@ impl Sandbox {
                 req.name
             )));
         }
+        // File operations now go to the new mount (opened while no exec runs).
+        let (_, mount) = WorkspaceFs::open_mounted(&proc_root(self.init_pid), &self.ws.inside)?;
+        *lock(&self.ws_mount) = mount;
         // The new mount holds the new directories; the old ones are no longer used.
         let trash = self.dirs.dir.join("trash");
         native::remove_tree(&trash);
@@ -1661,14 +1753,13 @@ impl Sandbox {
             .read()
             .map_err(|_| ApiError::internal("poisoned"))?;
         let upper = self.dirs.upper();
-        let list = changes::scan(&upper, &self.workspace).map_err(changes_err)?;
+        let list = changes::scan(&upper, &self.ws.host).map_err(changes_err)?;
         let mut patch = None;
         let mut tar_path = None;
         match req.format {
             ExportFormat::Patch => {
-                patch = Some(
-                    changes::unified_diff(&upper, &self.workspace, &list).map_err(changes_err)?,
-                );
+                patch =
+                    Some(changes::unified_diff(&upper, &self.ws.host, &list).map_err(changes_err)?);
             }
             ExportFormat::Tar => {
                 let dir = self
@@ -1685,7 +1776,7 @@ impl Sandbox {
                 let mut f = std::io::BufWriter::new(fs::File::create(&path).map_err(|e| {
                     ApiError::internal(format!("cannot create {}: {e}", path.display()))
                 })?);
-                layers::export_tar(&upper, &self.workspace, &list, &mut f).map_err(layers_err)?;
+                layers::export_tar(&upper, &self.ws.host, &list, &mut f).map_err(layers_err)?;
                 f.flush().map_err(|e| {
                     ApiError::internal(format!("cannot write {}: {e}", path.display()))
                 })?;
@@ -1694,7 +1785,7 @@ impl Sandbox {
         }
         let mut applied = false;
         if req.apply {
-            layers::apply_to_host(&upper, &self.workspace, &list).map_err(layers_err)?;
+            layers::apply_to_host(&upper, &self.ws.host, &list).map_err(layers_err)?;
             applied = true;
         }
         Ok(ExportResult {

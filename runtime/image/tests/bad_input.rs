@@ -12,7 +12,7 @@ use std::path::Path;
 use common::*;
 use taskbox_core::image::ImageResolver;
 use taskbox_image::unpack::{LayerFile, unpack_layers};
-use taskbox_image::{ImageError, def};
+use taskbox_image::def;
 
 #[test]
 fn unknown_keys_and_missing_files_are_named() {
@@ -73,16 +73,6 @@ fn with_run_step(dir: &Path, step: &str) -> std::path::PathBuf {
     )
 }
 
-/// Whether the native backend can run a build step in an image root; prints why not.
-fn run_steps_unavailable(err: &ImageError) -> bool {
-    let msg = err.to_string();
-    if msg.contains("not supported") {
-        require(false, &format!("native image root not available: {msg}"));
-        return true;
-    }
-    false
-}
-
 #[test]
 fn a_failing_run_step_shows_its_output_and_caches_nothing() {
     if !have_busybox() {
@@ -95,9 +85,6 @@ fn a_failing_run_step_shows_its_output_and_caches_nothing() {
         "run = \"echo about to fail; echo oops >&2; exit 3\"",
     );
     let err = try_build(&s, &def_path).unwrap_err();
-    if run_steps_unavailable(&err) {
-        return;
-    }
     let msg = err.to_string();
     assert!(msg.contains("step[1]"), "{msg}");
     assert!(msg.contains("exited with status 3"), "{msg}");
@@ -123,11 +110,7 @@ fn a_run_step_layer_holds_its_writes_and_deletions() {
         &t.path().join("ctx"),
         "run = \"echo built > /etc/motd && rm /bin/ls && mkdir -p /opt/tool\"",
     );
-    let built = match try_build(&s, &def_path) {
-        Ok(b) => b,
-        Err(e) if run_steps_unavailable(&e) => return,
-        Err(e) => panic!("{e}"),
-    };
+    let built = try_build(&s, &def_path).unwrap_or_else(|e| panic!("{e}"));
     let root = s.resolve("runner").unwrap();
     let r = &root.rootfs;
     assert_eq!(fs::read_to_string(r.join("etc/motd")).unwrap(), "built\n");

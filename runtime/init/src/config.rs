@@ -18,18 +18,29 @@ pub struct InitConfig {
     pub cwd: PathBuf,
     /// The complete environment of the command (nothing else is inherited).
     pub env: Vec<(String, String)>,
-    /// Create a user namespace (needed when not root). The caller's uid/gid are mapped to themselves.
+    /// Create a user namespace (needed when not root). Only the caller's uid and gid are mapped:
+    /// to themselves, or to `inner_uid` and `inner_gid`.
     pub user_namespace: bool,
     /// Host uid and gid of the caller (for the user namespace maps).
     pub uid: u32,
     /// See `uid`.
     pub gid: u32,
+    /// The uid the caller's uid appears as inside the user namespace (an image's user); `None`:
+    /// the caller's own.
+    #[serde(default)]
+    pub inner_uid: Option<u32>,
+    /// As `inner_uid`, for the gid.
+    #[serde(default)]
+    pub inner_gid: Option<u32>,
     /// Give the sandbox its own network namespace with only loopback.
     pub isolate_network: bool,
     /// Host name inside the sandbox's UTS namespace.
     pub hostname: String,
     /// An empty directory owned by the run, used as the mount point of the new root.
     pub new_root: PathBuf,
+    /// What is mounted on `new_root` before the ops: the host's tree or an image's layers.
+    #[serde(default)]
+    pub root: RootPlan,
     /// Mount operations on the new root, in order. Destinations are paths inside the sandbox.
     pub mounts: Vec<MountOp>,
     /// Landlock rules for the command.
@@ -44,6 +55,23 @@ pub struct InitConfig {
     /// socket ([`crate::control::CONTROL_FD`]) until it closes.
     #[serde(default)]
     pub control: bool,
+}
+
+/// The sandbox's root filesystem, mounted on the new root before the [`MountOp`]s run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RootPlan {
+    /// The host's `/`, bound recursively and made read-only.
+    #[default]
+    Host,
+    /// An overlay of host directories (`lower`, topmost first; e.g. the mount-point scaffold
+    /// above an image's rootfs). Read-only without `upper`; with `upper` and `work` (on one
+    /// filesystem) writes land in `upper`, a normal overlay upper layer.
+    Layers {
+        lower: Vec<PathBuf>,
+        upper: Option<PathBuf>,
+        work: Option<PathBuf>,
+    },
 }
 
 /// One mount operation. `dst` is always a path inside the sandbox (absolute).

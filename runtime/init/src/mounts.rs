@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
-use crate::config::MountOp;
+use crate::config::{MountOp, RootPlan};
 use crate::sys;
 
 /// A mount step that failed, with the path it failed on.
@@ -39,8 +39,9 @@ fn inside(new_root: &Path, dst: &Path) -> PathBuf {
     new_root.join(rel)
 }
 
-/// Builds the whole tree: the host's view read-only, then each op in order, then pivot_root.
-pub fn build(new_root: &Path, ops: &[MountOp]) -> Result<(), MountError> {
+/// Builds the whole tree: the root (the host's view read-only, or an image's layers), then each
+/// op in order, then pivot_root.
+pub fn build(new_root: &Path, root: &RootPlan, ops: &[MountOp]) -> Result<(), MountError> {
     // Nothing we do here may propagate back to the host's mount namespace.
     mount(
         None::<&str>,
@@ -50,21 +51,75 @@ pub fn build(new_root: &Path, ops: &[MountOp]) -> Result<(), MountError> {
         None::<&str>,
     )
     .map_err(nix_err("cannot make mounts private on", Path::new("/")))?;
-    mount(
-        Some("/"),
-        new_root,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(nix_err("cannot bind the host root on", new_root))?;
-    sys::make_tree_readonly(new_root, false).map_err(err("cannot make read-only", new_root))?;
+    match root {
+        RootPlan::Host => {
+            mount(
+                Some("/"),
+                new_root,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(nix_err("cannot bind the host root on", new_root))?;
+            sys::make_tree_readonly(new_root, false)
+                .map_err(err("cannot make read-only", new_root))?;
+        }
+        RootPlan::Layers { lower, upper, work } => mount_layers(new_root, lower, upper, work)?,
+    }
 
     for op in ops {
         apply(new_root, op)?;
     }
 
     pivot(new_root)
+}
+
+/// Mounts an image's layers on `new_root`: a read-only overlay of `lower`, or with `upper` and
+/// `work` a writable one whose changes land in `upper`.
+fn mount_layers(
+    new_root: &Path,
+    lower: &[PathBuf],
+    upper: &Option<PathBuf>,
+    work: &Option<PathBuf>,
+) -> Result<(), MountError> {
+    let invalid = |why: &str| MountError {
+        what: "invalid root layers for",
+        path: new_root.display().to_string(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, why.to_string()),
+    };
+    let lowers: Vec<String> = lower.iter().map(|l| l.display().to_string()).collect();
+    if lowers.is_empty() {
+        return Err(invalid("no lower layer"));
+    }
+    // userxattr: the overlay's own attributes (opaque directories, redirects) are `user.overlay.*`
+    // in every mode, as for the workspace overlay, so a layer means the same as root and rootless.
+    let mut data = format!("lowerdir={},userxattr", lowers.join(":"));
+    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    match (upper, work) {
+        (Some(upper), Some(work)) => {
+            // volatile: the upper layer of a build step is read right after the step or thrown
+            // away; a crash mid-step leaves no layer anybody uses.
+            data.push_str(&format!(
+                ",upperdir={},workdir={},volatile",
+                upper.display(),
+                work.display()
+            ));
+        }
+        (None, None) => flags |= MsFlags::MS_RDONLY,
+        _ => {
+            return Err(invalid(
+                "an upper layer needs a work directory and vice versa",
+            ));
+        }
+    }
+    mount(
+        Some("overlay"),
+        new_root,
+        Some("overlay"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(nix_err("cannot mount the image root on", new_root))
 }
 
 fn bind(src: &Path, dst: &Path, readonly: bool) -> Result<(), MountError> {

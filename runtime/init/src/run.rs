@@ -54,7 +54,10 @@ pub fn run(config: &InitConfig) -> ! {
         }
     }
     if config.user_namespace
-        && let Err(e) = enter_user_namespace(config.uid, config.gid)
+        && let Err(e) = enter_user_namespace(
+            (config.inner_uid.unwrap_or(config.uid), config.uid),
+            (config.inner_gid.unwrap_or(config.gid), config.gid),
+        )
     {
         fail("user namespace", e);
     }
@@ -119,13 +122,15 @@ pub fn run(config: &InitConfig) -> ! {
     }
 }
 
-fn enter_user_namespace(uid: u32, gid: u32) -> Result<(), String> {
+/// Enters a new user namespace in which exactly one uid and one gid exist: `(inside, host)`
+/// pairs, the host side being the caller's own ids.
+fn enter_user_namespace(uid: (u32, u32), gid: (u32, u32)) -> Result<(), String> {
     unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare(CLONE_NEWUSER): {e}"))?;
     std::fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("cannot write /proc/self/setgroups: {e}"))?;
-    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
+    std::fs::write("/proc/self/uid_map", format!("{} {} 1\n", uid.0, uid.1))
         .map_err(|e| format!("cannot write uid_map: {e}"))?;
-    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+    std::fs::write("/proc/self/gid_map", format!("{} {} 1\n", gid.0, gid.1))
         .map_err(|e| format!("cannot write gid_map: {e}"))?;
     Ok(())
 }
@@ -136,7 +141,7 @@ fn sandbox_init(config: &InitConfig) -> ! {
     if let Err(e) = sethostname(&config.hostname) {
         fail("hostname", e);
     }
-    if let Err(e) = mounts::build(&config.new_root, &config.mounts) {
+    if let Err(e) = mounts::build(&config.new_root, &config.root, &config.mounts) {
         fail("mounts", e);
     }
     if config.isolate_network

@@ -144,6 +144,14 @@ pub fn serve(config: &InitConfig) -> ! {
 }
 
 fn remount(path: &Path, ops: &[crate::config::MountOp]) -> Result<(), String> {
+    // What the sandbox did to the directories above the workspace (its processes are stopped
+    // now) must not make this detach another mount: the path must lead, through no symlink, to
+    // a mount's root.
+    match crate::sys::is_mount_root_nofollow(path) {
+        Ok(true) => {}
+        Ok(false) => return Err(format!("{} is no longer a mount", path.display())),
+        Err(e) => return Err(format!("cannot reach {}: {e}", path.display())),
+    }
     nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH)
         .map_err(|e| format!("cannot detach {}: {e}", path.display()))?;
     for op in ops {

@@ -2,6 +2,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -216,4 +217,56 @@ pub fn set_no_new_privs() -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// The kernel's `struct open_how`.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Checks that `path` (absolute) names a directory that is the root of a mount, reached
+/// without following any symlink.
+pub fn is_mount_root_nofollow(path: &Path) -> io::Result<bool> {
+    let c = cpath(path)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `c` is a NUL-terminated path and `how` a fully initialised `open_how`, both live
+    // for the call, whose size is passed; the kernel only reads them.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a non-negative return of openat2 is a new descriptor nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: statx is plain old data; all-zero is valid.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the empty path is NUL-terminated and `stx` writable, both live for the call; with
+    // AT_EMPTY_PATH the kernel describes `fd` itself.
+    let rc = unsafe {
+        libc::statx(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            0,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
 }
