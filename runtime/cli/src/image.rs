@@ -100,7 +100,7 @@ fn find_definition(image: &str) -> Result<PathBuf> {
 }
 
 pub fn run(cmd: ImageCommand, state_dir: PathBuf) -> Result<u8> {
-    let store = Store::open(&state_dir).map_err(|e| anyhow!(e))?;
+    let store = Store::open_default(&state_dir).map_err(|e| anyhow!(e))?;
     match cmd {
         ImageCommand::Build {
             image,

@@ -148,9 +148,22 @@ pub struct Removed {
 }
 
 impl Store {
-    /// Opens (creating) the store of `state_dir`.
+    /// Opens (creating) the store of `state_dir`: `STATE/images`.
     pub fn open(state_dir: &Path) -> Result<Store, ImageError> {
-        let dir = state_dir.join("images");
+        Store::open_in(state_dir, state_dir.join("images"))
+    }
+
+    /// Opens (creating) the store the command line uses: `$TASKBOX_IMAGE_DIR` when set (one
+    /// store shared by several state directories, e.g. a test suite's), else `STATE/images`.
+    pub fn open_default(state_dir: &Path) -> Result<Store, ImageError> {
+        match std::env::var_os("TASKBOX_IMAGE_DIR") {
+            Some(dir) if !dir.is_empty() => Store::open_in(state_dir, PathBuf::from(dir)),
+            _ => Store::open(state_dir),
+        }
+    }
+
+    /// Opens (creating) a store in `dir`; `state_dir` holds what its build steps need.
+    pub fn open_in(state_dir: &Path, dir: PathBuf) -> Result<Store, ImageError> {
         for d in ["blobs/sha256", "cache", "tmp", "debs"] {
             let p = dir.join(d);
             fs::create_dir_all(&p).map_err(io_err(format!("cannot create {}", p.display())))?;
