@@ -13,6 +13,7 @@ pub mod fsops;
 pub mod image;
 pub mod layers;
 pub mod native;
+pub mod netpattern;
 pub mod policy;
 pub mod result;
 pub mod sandbox;
