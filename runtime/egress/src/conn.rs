@@ -278,17 +278,17 @@ where
 }
 
 /// Appends what the stream has (up to `max` buffered bytes in all); returns the bytes read.
+/// Cancel-safe: `buf` only grows by bytes actually read.
 async fn read_more<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut Vec<u8>,
     max: usize,
 ) -> io::Result<usize> {
     let room = max.saturating_sub(buf.len()).clamp(1, 16 * 1024);
-    let start = buf.len();
-    buf.resize(start + room, 0);
-    let n = stream.read(&mut buf[start..]).await;
-    buf.truncate(start + *n.as_ref().unwrap_or(&0));
-    n
+    let mut chunk = vec![0u8; room];
+    let n = stream.read(&mut chunk).await?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
 }
 
 /// Why no connection was opened.

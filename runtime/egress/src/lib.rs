@@ -37,7 +37,7 @@ mod socks;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -110,6 +110,7 @@ pub(crate) struct Shared {
     pub(crate) limits: Limits,
     pub(crate) cancel: CancellationToken,
     next_id: AtomicU64,
+    active: AtomicUsize,
 }
 
 impl Shared {
@@ -180,6 +181,7 @@ impl ProxyBuilder {
                 limits: self.limits,
                 cancel: CancellationToken::new(),
                 next_id: AtomicU64::new(1),
+                active: AtomicUsize::new(0),
             }),
             tracker: TaskTracker::new(),
             slots: Arc::new(Semaphore::new(max)),
@@ -285,7 +287,7 @@ impl Proxy {
 
     /// Connections being served now.
     pub fn active_connections(&self) -> usize {
-        self.shared.limits.max_connections.max(1) - self.slots.available_permits()
+        self.shared.active.load(Ordering::Relaxed)
     }
 }
 
@@ -328,8 +330,10 @@ async fn accept_loop<S, F, Fut>(
         };
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let shared = shared.clone();
+        shared.active.fetch_add(1, Ordering::Relaxed);
         tracker.spawn(async move {
-            conn::serve(shared, id, client, stream).await;
+            conn::serve(shared.clone(), id, client, stream).await;
+            shared.active.fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
     }
