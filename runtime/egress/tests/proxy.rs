@@ -570,3 +570,59 @@ async fn idle_connections_are_closed_and_shutdown_ends_the_rest() {
     assert_eq!(ended.end.unwrap().error.as_deref(), Some("proxy shut down"));
     assert!(TcpStream::connect(proxy.addr).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_file_drives_the_proxy_and_bad_patterns_are_named() {
+    let server = FileServer::start(None).await;
+    let port = server.port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("net.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"*.pkg.test:{port}\"]\ndeny = [\"bad.pkg.test\"]\n\
+             [network.hosts]\n\"files.pkg.test\" = [\"127.0.0.1\"]\n\"bad.pkg.test\" = [\"127.0.0.1\"]\n"
+        ),
+    )
+    .unwrap();
+    let (policy, _) = taskbox_core::policy::resolve(path.to_str().unwrap()).unwrap();
+    let proxy = TestProxy::start(taskbox_egress::Rules::from_policy(&policy.network)).await;
+    let status = connect_status(&proxy, &format!("files.pkg.test:{port}")).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let status = connect_status(&proxy, &format!("bad.pkg.test:{port}")).await;
+    assert!(
+        status.contains("matches \"bad.pkg.test\" in network.deny"),
+        "{status}"
+    );
+
+    for (pattern, why) in [
+        (
+            "*.pkg.test:http",
+            "port \"http\" is not a number from 1 to 65535",
+        ),
+        (
+            "pkg.*.test",
+            "'*' may only be the whole first label, as in *.example.com",
+        ),
+        (
+            "10.0.0.1/8",
+            "host bits are set past the prefix; did you mean 10.0.0.0/8?",
+        ),
+    ] {
+        std::fs::write(
+            &path,
+            format!("[network]\nmode = \"proxy\"\nallow = [\"ok.test\", \"{pattern}\"]\n"),
+        )
+        .unwrap();
+        let err = taskbox_core::policy::resolve(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: network.allow[1]: invalid pattern \"{pattern}\": {why}",
+                path.display()
+            )
+        );
+    }
+}

@@ -84,6 +84,7 @@ async fn serve_file(mut stream: TcpStream, root: Option<&Path>) -> io::Result<()
         }
     };
     let path = path.split('?').next().unwrap_or("/").to_owned();
+    let mut content_type = "application/octet-stream";
     let body: Option<Vec<u8>> = if path == "/hello" {
         Some(b"hello from the test server\n".to_vec())
     } else if let Some(rest) = path.strip_prefix("/echo-head") {
@@ -98,6 +99,9 @@ async fn serve_file(mut stream: TcpStream, root: Option<&Path>) -> io::Result<()
             if file.is_dir() {
                 file = file.join("index.html");
             }
+            if file.extension().is_some_and(|e| e == "html") {
+                content_type = "text/html";
+            }
             std::fs::read(&file).ok()
         }
     } else {
@@ -108,7 +112,7 @@ async fn serve_file(mut stream: TcpStream, root: Option<&Path>) -> io::Result<()
         None => ("404 Not Found", b"not found\n".to_vec()),
     };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: keep-alive\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: {content_type}\r\nConnection: keep-alive\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
