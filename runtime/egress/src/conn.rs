@@ -12,14 +12,15 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 use crate::event::{ConnectionEnd, Decision, Outcome, Protocol};
-use crate::relay::{Down, Meter, relay};
+use crate::relay::{Copy, Down, Meter, relay};
 use crate::rules::{Verdict, decide};
+use crate::splice::Socket;
 use crate::{Shared, http, socks};
 
 /// Serves one client until its connection ends.
 pub(crate) async fn serve<S>(shared: Arc<Shared>, id: u64, client: String, mut stream: S)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Socket + Unpin,
 {
     let limits = &shared.limits;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
@@ -122,12 +123,16 @@ where
             },
             Protocol::Connect | Protocol::Socks5 => Down::Raw,
         };
+        let copy = Copy {
+            pipe_bytes: limits.pipe_bytes,
+            buffer_bytes: limits.buffer_bytes,
+        };
         result = relay(
-            stream,
-            upstream,
+            &stream,
+            &upstream,
             &prefix,
             down,
-            limits.buffer_bytes,
+            copy,
             limits.idle_timeout,
             &meter,
             &shared.cancel,

@@ -9,9 +9,8 @@
 
 use std::io;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-
-use crate::relay::CountingWriter;
+use crate::relay::Meter;
+use crate::splice::{self, Socket};
 
 /// Headers per request or response head, at most.
 const MAX_HEADERS: usize = 128;
@@ -171,7 +170,6 @@ fn connection_tokens(headers: &[httparse::Header<'_>]) -> Vec<String> {
         .filter(|h| h.name.eq_ignore_ascii_case("connection"))
         .flat_map(|h| {
             String::from_utf8_lossy(h.value)
-                .into_owned()
                 .split(',')
                 .map(|t| t.trim().to_ascii_lowercase())
                 .collect::<Vec<_>>()
@@ -212,15 +210,17 @@ fn forward_head(
 /// interim (1xx) heads unchanged, the final one without hop-by-hop headers and with
 /// `Connection: close`. Anything that does not parse as a response head within `max_head` bytes
 /// is passed on unchanged. Bytes after the head are written too.
-pub(crate) async fn relay_response_head<R, W>(
-    upstream: &mut R,
-    client: &mut CountingWriter<'_, W>,
+pub(crate) async fn relay_response_head<U: Socket, C: Socket>(
+    upstream: &U,
+    client: &C,
     max_head: usize,
-) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+    meter: &Meter,
+) -> io::Result<()> {
+    let send = |bytes: Vec<u8>| async move {
+        splice::write_all(client, &bytes).await?;
+        meter.add(&meter.down, bytes.len());
+        io::Result::Ok(())
+    };
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
@@ -230,12 +230,11 @@ where
             Ok(httparse::Status::Complete(len)) => {
                 let code = response.code.unwrap_or(0);
                 if (100..200).contains(&code) && code != 101 {
-                    client.write_all(&buf[..len]).await?;
-                    buf.drain(..len);
+                    send(buf.drain(..len).collect()).await?;
                     continue;
                 }
                 let status_end = buf.windows(2).position(|w| w == b"\r\n").unwrap_or(0);
-                let mut head = Vec::with_capacity(len + 32);
+                let mut head = Vec::with_capacity(buf.len() + 32);
                 head.extend_from_slice(&buf[..status_end]);
                 head.extend_from_slice(b"\r\n");
                 for header in kept(response.headers) {
@@ -245,16 +244,16 @@ where
                     head.extend_from_slice(b"\r\n");
                 }
                 head.extend_from_slice(b"Connection: close\r\n\r\n");
-                client.write_all(&head).await?;
-                return client.write_all(&buf[len..]).await;
+                head.extend_from_slice(&buf[len..]);
+                return send(head).await;
             }
             Ok(httparse::Status::Partial) if buf.len() < max_head => {}
             // Too large or not HTTP: not ours to fix; pass it on.
-            Ok(httparse::Status::Partial) | Err(_) => return client.write_all(&buf).await,
+            Ok(httparse::Status::Partial) | Err(_) => return send(buf).await,
         }
-        let n = upstream.read(&mut chunk).await?;
+        let n = splice::read(upstream, &mut chunk).await?;
         if n == 0 {
-            return client.write_all(&buf).await;
+            return send(buf).await;
         }
         buf.extend_from_slice(&chunk[..n]);
     }

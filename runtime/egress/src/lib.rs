@@ -33,6 +33,7 @@ mod http;
 mod relay;
 pub mod rules;
 mod socks;
+mod splice;
 
 use std::io;
 use std::net::SocketAddr;
@@ -62,7 +63,10 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Connections served at once; further clients wait to be accepted.
     pub max_connections: usize,
-    /// Copy buffer per direction of a connection.
+    /// Pipe per direction of a connection for zero-copy relaying with splice(2); 0 copies
+    /// through `buffer_bytes` of memory instead (also the fallback when a pipe cannot be had).
+    pub pipe_bytes: usize,
+    /// Copy buffer per direction when not splicing.
     pub buffer_bytes: usize,
 }
 
@@ -74,6 +78,7 @@ impl Default for Limits {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             max_connections: 256,
+            pipe_bytes: 256 * 1024,
             buffer_bytes: 64 * 1024,
         }
     }
@@ -303,7 +308,7 @@ async fn accept_loop<S, F, Fut>(
     tracker: &TaskTracker,
     accept: F,
 ) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + splice::Socket + Unpin + 'static,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = io::Result<(S, String)>>,
 {

@@ -1,14 +1,15 @@
-//! Copying bytes both ways between a client and its destination, metered, with an idle timeout.
+//! Moving bytes both ways between a client and its destination: metered, with an idle timeout,
+//! and zero-copy with splice(2) where the kernel allows (else through a buffer).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::http;
+use crate::splice::{self, Pipe, Socket};
 
 /// Byte counts and the time of the last transfer of one connection.
 #[derive(Debug)]
@@ -30,7 +31,8 @@ impl Meter {
         }
     }
 
-    fn touch(&self) {
+    pub(crate) fn add(&self, counter: &AtomicU64, bytes: usize) {
+        counter.fetch_add(bytes as u64, Ordering::Relaxed);
         let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last.store(now, Ordering::Relaxed);
     }
@@ -55,6 +57,15 @@ pub(crate) enum Down {
     HttpResponse { max_head: usize },
 }
 
+/// How a relay copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Copy {
+    /// Pipe size for splice; 0: never splice.
+    pub(crate) pipe_bytes: usize,
+    /// Buffer per direction when copying through memory.
+    pub(crate) buffer_bytes: usize,
+}
+
 /// Why a relay ended early.
 #[derive(Debug)]
 pub(crate) enum RelayEnd {
@@ -77,38 +88,28 @@ impl std::fmt::Display for RelayEnd {
 /// writes to the client, until both sides have closed, one fails, nothing moves for `idle`, or
 /// `cancel` fires. A side's end of stream is passed on as a write shutdown of the other.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn relay<C>(
-    client: C,
-    upstream: TcpStream,
+pub(crate) async fn relay<C: Socket>(
+    client: &C,
+    upstream: &TcpStream,
     prefix: &[u8],
     down_mode: Down,
-    buffer: usize,
+    copy: Copy,
     idle: Duration,
     meter: &Meter,
     cancel: &CancellationToken,
-) -> Result<(), RelayEnd>
-where
-    C: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut up_read, mut up_write) = upstream.into_split();
+) -> Result<(), RelayEnd> {
     let up = async {
         if !prefix.is_empty() {
-            up_write.write_all(prefix).await?;
-            meter.up.fetch_add(prefix.len() as u64, Ordering::Relaxed);
-            meter.touch();
+            splice::write_all(upstream, prefix).await?;
+            meter.add(&meter.up, prefix.len());
         }
-        pump(&mut client_read, &mut up_write, &meter.up, meter, buffer).await
+        pump(client, upstream, &meter.up, meter, copy).await
     };
     let down = async {
         if let Down::HttpResponse { max_head } = down_mode {
-            let mut counted = CountingWriter {
-                inner: &mut client_write,
-                meter,
-            };
-            http::relay_response_head(&mut up_read, &mut counted, max_head).await?;
+            http::relay_response_head(upstream, client, max_head, meter).await?;
         }
-        pump(&mut up_read, &mut client_write, &meter.down, meter, buffer).await
+        pump(upstream, client, &meter.down, meter, copy).await
     };
     let both = async { tokio::try_join!(up, down).map(|_| ()) };
     let watchdog = async {
@@ -127,44 +128,63 @@ where
     }
 }
 
-async fn pump<R, W>(
-    reader: &mut R,
-    writer: &mut W,
+/// One direction, until `from` ends (then `to` is shut down for writing) or fails.
+async fn pump<R: Socket, W: Socket>(
+    from: &R,
+    to: &W,
     counter: &AtomicU64,
     meter: &Meter,
-    buffer: usize,
-) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; buffer];
+    copy: Copy,
+) -> io::Result<()> {
+    if copy.pipe_bytes > 0 {
+        // Out of descriptors or an unsplicable socket: fall back to copying.
+        if let Ok(pipe) = Pipe::new(copy.pipe_bytes) {
+            match splice_pump(&pipe, from, to, counter, meter).await {
+                Err(err) if splice::unsupported(&err) => {}
+                result => return result,
+            }
+        }
+    }
+    let mut buf = vec![0u8; copy.buffer_bytes.max(1)];
     loop {
-        let n = reader.read(&mut buf).await?;
+        let n = splice::read(from, &mut buf).await?;
         if n == 0 {
-            // The peer may be gone already; its end of stream is passed on best-effort.
-            let _ = writer.shutdown().await;
+            splice::shutdown_write(to);
             return Ok(());
         }
-        writer.write_all(&buf[..n]).await?;
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-        meter.touch();
+        splice::write_all(to, &buf[..n]).await?;
+        meter.add(counter, n);
     }
 }
 
-/// Writes through to `inner`, counting the bytes as going down.
-pub(crate) struct CountingWriter<'a, W> {
-    inner: &'a mut W,
-    meter: &'a Meter,
-}
-
-impl<W: AsyncWrite + Unpin> CountingWriter<'_, W> {
-    pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.inner.write_all(bytes).await?;
-        self.meter
-            .down
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        self.meter.touch();
-        Ok(())
+async fn splice_pump<R: Socket, W: Socket>(
+    pipe: &Pipe,
+    from: &R,
+    to: &W,
+    counter: &AtomicU64,
+    meter: &Meter,
+) -> io::Result<()> {
+    let mut moved = false;
+    loop {
+        let step = async {
+            let n = pipe.fill(from).await?;
+            if n > 0 {
+                pipe.drain(to, n).await?;
+            }
+            io::Result::Ok(n)
+        };
+        match step.await {
+            Ok(0) => {
+                splice::shutdown_write(to);
+                return Ok(());
+            }
+            Ok(n) => {
+                moved = true;
+                meter.add(counter, n);
+            }
+            // Bytes may be in the pipe: too late to fall back to copying.
+            Err(err) if moved && splice::unsupported(&err) => return Err(io::Error::other(err)),
+            Err(err) => return Err(err),
+        }
     }
 }

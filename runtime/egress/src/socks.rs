@@ -66,34 +66,10 @@ pub(crate) fn parse_request(buf: &[u8]) -> Option<(Request, usize)> {
             buf.len(),
         ));
     }
-    let (addr_len, host): (usize, Box<dyn Fn(&[u8]) -> Result<String, String>>) = match buf[3] {
-        0x01 => (
-            4,
-            Box::new(|a: &[u8]| Ok(format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))),
-        ),
-        0x04 => (
-            16,
-            Box::new(|a: &[u8]| {
-                let mut octets = [0u8; 16];
-                octets.copy_from_slice(a);
-                Ok(format!("[{}]", std::net::Ipv6Addr::from(octets)))
-            }),
-        ),
-        0x03 => {
-            let len = usize::from(*buf.get(4)?);
-            (
-                1 + len,
-                Box::new(|a: &[u8]| {
-                    let name = &a[1..];
-                    if name.is_empty() {
-                        return Err("empty domain name".to_owned());
-                    }
-                    std::str::from_utf8(name)
-                        .map(str::to_owned)
-                        .map_err(|_| "the domain name is not UTF-8".to_owned())
-                }),
-            )
-        }
+    let addr_len = match buf[3] {
+        0x01 => 4,
+        0x04 => 16,
+        0x03 => 1 + usize::from(*buf.get(4)?),
         other => {
             return Some((
                 Request::Refuse {
@@ -124,8 +100,30 @@ pub(crate) fn parse_request(buf: &[u8]) -> Option<(Request, usize)> {
         ));
     }
     let port = u16::from_be_bytes([buf[total - 2], buf[total - 1]]);
-    let host = host(&buf[4..4 + addr_len]);
+    let host = decode_host(buf[3], &buf[4..4 + addr_len]);
     Some((Request::Connect { host, port }, total))
+}
+
+/// The host of a request's address field `addr` of type `atyp` (1, 3 or 4), as text.
+fn decode_host(atyp: u8, addr: &[u8]) -> Result<String, String> {
+    match (atyp, addr.len()) {
+        (0x01, 4) => Ok(format!("{}.{}.{}.{}", addr[0], addr[1], addr[2], addr[3])),
+        (0x04, 16) => {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(addr);
+            Ok(format!("[{}]", std::net::Ipv6Addr::from(octets)))
+        }
+        (0x03, _) => {
+            let name = addr.get(1..).unwrap_or_default();
+            if name.is_empty() {
+                return Err("empty domain name".to_owned());
+            }
+            std::str::from_utf8(name)
+                .map(str::to_owned)
+                .map_err(|_| "the domain name is not UTF-8".to_owned())
+        }
+        _ => Err("malformed address".to_owned()),
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The proxy against real servers on loopback and real clients: curl through HTTP forwarding,
 //! CONNECT and SOCKS5; what it refuses and why; the events it emits.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
 mod common;
 
 use std::process::Command;
@@ -624,5 +626,53 @@ async fn a_policy_file_drives_the_proxy_and_bad_patterns_are_named() {
                 path.display()
             )
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfers_are_intact_spliced_and_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = Vec::with_capacity(8 << 20);
+    let mut seed: u32 = 12345;
+    while data.len() < 8 << 20 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        data.extend_from_slice(&seed.to_le_bytes());
+    }
+    std::fs::write(dir.path().join("big.bin"), &data).unwrap();
+    let server = FileServer::start(Some(dir.path().to_owned())).await;
+    let port = server.port();
+    for pipe_bytes in [256 * 1024, 0] {
+        let limits = Limits {
+            pipe_bytes,
+            buffer_bytes: 8 * 1024,
+            ..Limits::default()
+        };
+        let proxy = TestProxy::start_with(
+            rules(&["app.test"], &[], &[("app.test", "127.0.0.1")]),
+            None,
+            limits,
+        )
+        .await;
+        for request in [
+            format!(
+                "CONNECT app.test:{port} HTTP/1.1\r\n\r\nGET /big.bin HTTP/1.1\r\nHost: app.test\r\n\r\n"
+            ),
+            format!("GET http://app.test:{port}/big.bin HTTP/1.1\r\n\r\n"),
+        ] {
+            let response = exchange(proxy.addr, request.as_bytes()).await;
+            // Heads first, the body last: compare the tail.
+            assert!(
+                response.len() >= data.len(),
+                "pipe {pipe_bytes}: {} bytes",
+                response.len()
+            );
+            assert!(
+                response[response.len() - data.len()..] == data[..],
+                "pipe {pipe_bytes}: body differs"
+            );
+        }
+        let ended = proxy.events.wait_for("end", |d| d.end.is_some()).await;
+        assert!(ended.end.unwrap().bytes_down >= data.len() as u64);
+        proxy.proxy.shutdown().await;
     }
 }
