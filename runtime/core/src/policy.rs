@@ -350,8 +350,9 @@ impl Network {
         }
         line(
             "  - Names are resolved by the proxy, and every address must pass: loopback, \
-             link-local, private, shared (100.64.0.0/10) and cloud-metadata addresses are \
-             refused unless an allowed address pattern covers them."
+             link-local, private and shared (100.64.0.0/10) addresses are refused unless an \
+             allowed address pattern covers them, cloud-metadata endpoints unless one names \
+             the exact address. An allowed name does not allow its addresses."
                 .to_owned(),
         );
         let unlocked: Vec<String> = self
