@@ -324,12 +324,20 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|");
     let gib = bytes as f64 / f64::from(1 << 30) * rounds as f64;
     for variant in &variants {
-        let base = if variant.starts_with("rust-") { "rust-direct" } else { "direct" };
+        let base = if variant.starts_with("rust-") {
+            "rust-direct"
+        } else {
+            "direct"
+        };
         let own_times = times.get(variant).cloned().context("missing runs")?;
         let base_times = times.get(base).cloned().context("missing direct runs")?;
         // Each round's ratio to the direct download of the same round: noise that hits a whole
         // round cancels out.
-        let mut ratios: Vec<f64> = own_times.iter().zip(&base_times).map(|(t, d)| d / t).collect();
+        let mut ratios: Vec<f64> = own_times
+            .iter()
+            .zip(&base_times)
+            .map(|(t, d)| d / t)
+            .collect();
         let best = own_times.iter().copied().fold(f64::INFINITY, f64::min);
         let best_base = base_times.iter().copied().fold(f64::INFINITY, f64::min);
         let t = median(&mut own_times.clone());
