@@ -27,10 +27,15 @@ pub fn skip(reason: &str) {
     eprintln!("skipped: {reason}");
 }
 
-/// Whether `tool --version` runs; otherwise skips with a reason.
+/// Whether `tool --version` (`openssl version`) runs; otherwise skips with a reason.
 pub fn have(tool: &str) -> bool {
+    let version = if tool == "openssl" {
+        "version"
+    } else {
+        "--version"
+    };
     let ok = Command::new(tool)
-        .arg("--version")
+        .arg(version)
         .output()
         .is_ok_and(|out| out.status.success());
     if !ok {
