@@ -1,6 +1,7 @@
 //! taskbox-core: the runtime's core.
 //!
-//! It owns the policy model ([`policy`]), the observations agents see ([`result`]), bounded output
+//! It owns the policy model ([`policy`], with the host patterns of its `[network]` rules in
+//! [`netpattern`]), the observations agents see ([`result`]), bounded output
 //! capture ([`capture`]), the workspace overlay and its changes and diffs ([`changes`]), resource
 //! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
 //! plan to the synchronous `taskbox-init` helper, with the host view or an image as the root
@@ -15,6 +16,7 @@ pub mod image;
 pub mod image_view;
 pub mod layers;
 pub mod native;
+pub mod netpattern;
 pub mod policy;
 pub mod result;
 pub mod sandbox;

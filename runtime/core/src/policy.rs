@@ -18,12 +18,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use sha2::{Digest, Sha256};
+
+use crate::netpattern::normalize_name;
+pub use crate::netpattern::{HostMatch, HostPattern};
 
 /// Host paths that are always unreadable inside a sandbox, whatever the policy says. A policy's
 /// `filesystem.deny_read` adds to this list. Paths that do not exist on a host are skipped.
@@ -228,19 +232,178 @@ pub enum HomeMode {
     ReadOnly,
 }
 
-/// Network access.
+/// Network access. `allow`, `deny` and `hosts` only apply with `mode = "proxy"`; the rules are
+/// documented in [`crate::netpattern`] and `docs/egress.md`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Network {
     pub mode: NetworkMode,
+    /// Hosts the egress proxy lets through. Empty: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<HostPattern>,
+    /// Hosts the egress proxy refuses even when `allow` matches them (deny wins).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<HostPattern>,
+    /// For tests: names the proxy resolves to these addresses instead of asking DNS. The addresses
+    /// count as named by the policy, so they may be loopback or private (see `docs/egress.md`).
+    #[serde(
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "de_hosts"
+    )]
+    pub hosts: BTreeMap<String, Vec<IpAddr>>,
 }
 
 impl Default for Network {
     fn default() -> Self {
         Network {
             mode: NetworkMode::None,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            hosts: BTreeMap::new(),
         }
     }
+}
+
+impl Network {
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.mode != NetworkMode::Proxy {
+            let mode = match self.mode {
+                NetworkMode::None => "none",
+                NetworkMode::Host => "host",
+                NetworkMode::Proxy => "proxy",
+            };
+            for (key, empty) in [
+                ("network.allow", self.allow.is_empty()),
+                ("network.deny", self.deny.is_empty()),
+                ("network.hosts", self.hosts.is_empty()),
+            ] {
+                if !empty {
+                    return Err(ValidationError::new(
+                        key,
+                        format!(
+                            "only applies with mode = \"proxy\", and mode is \"{mode}\"; \
+                             set mode = \"proxy\" or remove the rules"
+                        ),
+                    ));
+                }
+            }
+        }
+        for (index, pattern) in self.allow.iter().enumerate() {
+            if pattern.is_catch_all() {
+                return Err(ValidationError::new(
+                    format!("network.allow[{index}]"),
+                    format!(
+                        "\"{pattern}\" would allow every host; list the hosts (or use mode = \"host\")"
+                    ),
+                ));
+            }
+        }
+        for name in self.hosts.keys() {
+            let key = format!("network.hosts.{name}");
+            match normalize_name(name) {
+                Ok(normal) if normal == *name => {}
+                Ok(normal) => {
+                    return Err(ValidationError::new(
+                        key,
+                        format!("write the name as {normal:?} (lowercase, no trailing dot)"),
+                    ));
+                }
+                Err(reason) => return Err(ValidationError::new(key, reason)),
+            }
+            if self.hosts.get(name).is_some_and(Vec::is_empty) {
+                return Err(ValidationError::new(key, "lists no address"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Network {
+    /// The `Network` part of [`Policy::explain`] for `mode = "proxy"`.
+    fn explain_proxy(&self, line: &mut impl FnMut(String)) {
+        let list = |patterns: &[HostPattern]| {
+            patterns
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        line(
+            "  - Only through taskbox's egress proxy (HTTP, HTTPS via CONNECT, SOCKS5). Direct \
+             connections, UDP and DNS fail."
+                .to_owned(),
+        );
+        if self.allow.is_empty() {
+            line("  - No host is allowed: every connection is refused.".to_owned());
+        } else {
+            line(format!(
+                "  - Allowed: {}. *.NAME means subdomains of NAME, not NAME itself; a pattern \
+                 without :PORT allows every port.",
+                list(&self.allow)
+            ));
+        }
+        if !self.deny.is_empty() {
+            line(format!(
+                "  - Refused even when allowed above: {}.",
+                list(&self.deny)
+            ));
+        }
+        line(
+            "  - Names are resolved by the proxy, and every address must pass: loopback, \
+             link-local, private and shared (100.64.0.0/10) addresses are refused unless an \
+             allowed address pattern covers them, cloud-metadata endpoints unless one names \
+             the exact address. An allowed name does not allow its addresses."
+                .to_owned(),
+        );
+        let unlocked: Vec<String> = self
+            .allow
+            .iter()
+            .filter(|p| matches!(&p.host, HostMatch::Net(_)))
+            .map(ToString::to_string)
+            .collect();
+        if !unlocked.is_empty() {
+            line(format!(
+                "  - WARNING: these address patterns may reach this machine's or your local \
+                 network's services when they cover such addresses: {}.",
+                unlocked.join(", ")
+            ));
+        }
+        if !self.hosts.is_empty() {
+            let entries: Vec<String> = self
+                .hosts
+                .iter()
+                .map(|(name, addrs)| {
+                    let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+                    format!("{name} -> {}", addrs.join(" "))
+                })
+                .collect();
+            line(format!(
+                "  - WARNING: fixed addresses (for tests), used instead of DNS and allowed even \
+                 when loopback or private: {}.",
+                entries.join(", ")
+            ));
+        }
+    }
+}
+
+fn de_hosts<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, Vec<IpAddr>>, D::Error> {
+    let raw = BTreeMap::<String, Vec<String>>::deserialize(deserializer)?;
+    let mut hosts = BTreeMap::new();
+    for (name, addrs) in raw {
+        let mut parsed = Vec::with_capacity(addrs.len());
+        for addr in &addrs {
+            let ip = addr.parse::<IpAddr>().map_err(|_| {
+                de::Error::custom(format!(
+                    "{name:?}: invalid address {addr:?} (expected an IPv4 or IPv6 address)"
+                ))
+            })?;
+            parsed.push(crate::netpattern::canonical_ip(ip));
+        }
+        hosts.insert(name, parsed);
+    }
+    Ok(hosts)
 }
 
 /// How the sandbox reaches the network.
@@ -250,8 +413,7 @@ pub enum NetworkMode {
     /// Loopback only.
     #[default]
     None,
-    /// Only through taskbox's egress proxy. Parsed, but refused by [`Policy::validate`] until the
-    /// proxy exists.
+    /// Only through taskbox's egress proxy, which applies `allow` and `deny`.
     Proxy,
     /// The host's network, unfiltered.
     Host,
@@ -672,15 +834,10 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 impl Policy {
     /// Checks the values the TOML types alone cannot: non-zero limits, path shapes, variable
-    /// names, and features not available yet.
+    /// names, network rules that could not apply or would allow everything.
     pub fn validate(&self) -> Result<(), ValidationError> {
         self.filesystem.validate()?;
-        if self.network.mode == NetworkMode::Proxy {
-            return Err(ValidationError::new(
-                "network.mode",
-                "the egress proxy is not available yet; use mode = \"none\"",
-            ));
-        }
+        self.network.validate()?;
         self.limits.validate()?;
         self.env.validate()
     }
@@ -791,11 +948,7 @@ impl Policy {
                  be downloaded or sent out."
                     .to_owned(),
             ),
-            NetworkMode::Proxy => line(
-                "  - Only through taskbox's egress proxy. Not available yet: this policy is \
-                 refused."
-                    .to_owned(),
-            ),
+            NetworkMode::Proxy => self.network.explain_proxy(&mut line),
             NetworkMode::Host => {
                 line(
                     "  - WARNING: the sandbox shares the host's network. Commands can reach the \
@@ -1471,10 +1624,141 @@ mod tests {
     }
 
     #[test]
-    fn proxy_is_refused_for_now() {
+    fn proxy_mode_with_rules() {
+        let policy = parse(
+            "[network]\nmode = \"proxy\"\nallow = [\"Example.com.\", \"*.example.org:443\", \"10.1.0.0/16\"]\n\
+             deny = [\"bad.example.org\", \"*:25\"]\n[network.hosts]\n\"pkg.test\" = [\"127.0.0.1\", \"::1\"]\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(policy.network.mode, NetworkMode::Proxy);
+        let allow: Vec<String> = policy.network.allow.iter().map(|p| p.to_string()).collect();
+        assert_eq!(allow, ["example.com", "*.example.org:443", "10.1.0.0/16"]);
+        assert_eq!(policy.network.deny.len(), 2);
         assert_eq!(
-            error("[network]\nmode = \"proxy\"\n"),
-            "x.toml: network.mode: the egress proxy is not available yet; use mode = \"none\""
+            policy.network.hosts["pkg.test"],
+            [
+                "127.0.0.1".parse::<IpAddr>().unwrap(),
+                "::1".parse().unwrap()
+            ]
+        );
+        // Round trip through both serialisations.
+        let toml_text = toml::to_string(&policy).unwrap();
+        assert_eq!(parse(&toml_text, "y.toml").unwrap(), policy, "{toml_text}");
+        let json = serde_json::to_string(&policy).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), policy);
+
+        let text = policy.explain();
+        assert!(
+            text.contains("Allowed: example.com, *.example.org:443, 10.1.0.0/16."),
+            "{text}"
+        );
+        assert!(
+            text.contains("Refused even when allowed above: bad.example.org, *:25."),
+            "{text}"
+        );
+        assert!(text.contains("WARNING: these address patterns"), "{text}");
+        assert!(text.contains("pkg.test -> 127.0.0.1 ::1"), "{text}");
+    }
+
+    #[test]
+    fn proxy_without_rules_allows_nothing() {
+        let policy = parse("[network]\nmode = \"proxy\"\n", "x.toml").unwrap();
+        assert!(policy.explain().contains("No host is allowed"));
+        // No rules: the serialised form (and so the hash) of the other modes is unchanged.
+        let json = serde_json::to_value(&Policy::default().network).unwrap();
+        assert_eq!(json, serde_json::json!({"mode": "none"}));
+    }
+
+    #[test]
+    fn malformed_patterns_name_file_key_and_pattern() {
+        assert_eq!(
+            error("[network]\nmode = \"proxy\"\nallow = [\"example.com\", \"a.*.example.com\"]\n"),
+            "x.toml: network.allow[1]: invalid pattern \"a.*.example.com\": '*' may only be the whole \
+             first label, as in *.example.com"
+        );
+        assert_eq!(
+            error("[network]\nmode = \"proxy\"\ndeny = [\"example.com:99999\"]\n"),
+            "x.toml: network.deny[0]: invalid pattern \"example.com:99999\": port 99999 is not a \
+             number from 1 to 65535"
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\nallow = [\"10.0.0.1/8\"]\n",
+            "x.toml: network.allow[0]: invalid pattern \"10.0.0.1/8\": host bits are set",
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\nallow = [\"https://example.com/\"]\n",
+            "x.toml: network.allow[0]: invalid pattern \"https://example.com/\": give a host",
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\nallow = [1]\n",
+            "x.toml: network.allow[0]: invalid type",
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\nallow = \"example.com\"\n",
+            "x.toml: network.allow: invalid type",
+        );
+    }
+
+    #[test]
+    fn catch_all_is_refused_in_allow_only() {
+        for pattern in ["*", "*:443", "0.0.0.0/0", "::/0"] {
+            assert_error(
+                &format!("[network]\nmode = \"proxy\"\nallow = [\"x.example\", \"{pattern}\"]\n"),
+                &format!("x.toml: network.allow[1]: \"{pattern}\" would allow every host"),
+            );
+        }
+        let policy = parse(
+            "[network]\nmode = \"proxy\"\nallow = [\"x.example\"]\ndeny = [\"*\"]\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert!(policy.network.deny[0].is_catch_all());
+    }
+
+    #[test]
+    fn rules_need_proxy_mode() {
+        assert_eq!(
+            error("[network]\nallow = [\"example.com\"]\n"),
+            "x.toml: network.allow: only applies with mode = \"proxy\", and mode is \"none\"; set \
+             mode = \"proxy\" or remove the rules"
+        );
+        assert_error(
+            "[network]\nmode = \"host\"\ndeny = [\"example.com\"]\n",
+            "x.toml: network.deny: only applies with mode = \"proxy\", and mode is \"host\"",
+        );
+    }
+
+    #[test]
+    fn test_hosts_are_checked() {
+        assert_eq!(
+            error("[network]\nmode = \"proxy\"\n[network.hosts]\n\"a.test\" = [\"1.2.3\"]\n"),
+            "x.toml: network.hosts: \"a.test\": invalid address \"1.2.3\" (expected an IPv4 or IPv6 \
+             address)"
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\n[network.hosts]\n\"A.test\" = [\"127.0.0.1\"]\n",
+            "x.toml: network.hosts.A.test: write the name as \"a.test\"",
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\n[network.hosts]\n\"*.test\" = [\"127.0.0.1\"]\n",
+            "x.toml: network.hosts.*.test: \"*.test\" contains '*'",
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\n[network.hosts]\n\"a.test\" = []\n",
+            "x.toml: network.hosts.a.test: lists no address",
+        );
+        assert_error(
+            "[network]\nmode = \"proxy\"\nhosts = { \"a.test\" = \"127.0.0.1\" }\n",
+            "x.toml: network.hosts.a.test: invalid type",
+        );
+    }
+
+    #[test]
+    fn unknown_network_key() {
+        assert_error(
+            "[network]\nmode = \"proxy\"\nallowed = []\n",
+            "x.toml: network.allowed: unknown key (expected one of mode, allow, deny, hosts)",
         );
     }
 
