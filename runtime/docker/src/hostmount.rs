@@ -68,22 +68,7 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
 
 /// Binds `path` onto itself read-only (a protected path inside the workspace).
 pub fn protect_readonly(path: &Path) -> io::Result<()> {
-    mount(
-        Some(path),
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(nix_io("cannot bind", path))?;
-    mount(
-        None::<&str>,
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .map_err(nix_io("cannot make read-only", path))
+    bind_readonly(path, path)
 }
 
 /// Hides `path`: an empty, mode 000, read-only tmpfs over a directory; `empty` (an empty file)
@@ -103,22 +88,7 @@ pub fn mask(path: &Path, empty: &Path) -> io::Result<()> {
         )
         .map_err(nix_io("cannot mask", path))
     } else {
-        mount(
-            Some(empty),
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(nix_io("cannot mask", path))?;
-        mount(
-            None::<&str>,
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .map_err(nix_io("cannot make read-only", path))
+        bind_readonly(empty, path)
     }
 }
 
@@ -180,6 +150,7 @@ pub fn unmount_all_under(dir: &Path) -> Vec<PathBuf> {
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_EMPTY_PATH: libc::c_uint = 0x1000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
@@ -261,10 +232,23 @@ fn user_namespace(uid_map: &str, gid_map: &str) -> io::Result<OwnedFd> {
     result
 }
 
+/// Attaches at `dst` a read-only bind of `src` (and what is mounted beneath it). The mount is
+/// made read-only before it is attached, so the copies that propagate into the container are
+/// read-only too (a remount after attaching would not propagate).
+pub fn bind_readonly(src: &Path, dst: &Path) -> io::Result<()> {
+    attach_clone(src, dst, MOUNT_ATTR_RDONLY, None)
+}
+
 /// Attaches at `dst` a read-only bind of `src` in which uid `owner.0` appears as `to.0` (and the
 /// reverse), likewise for the gids.
 pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) -> io::Result<()> {
     let userns = user_namespace(&swap_map(owner.0, to.0), &swap_map(owner.1, to.1))?;
+    attach_clone(src, dst, MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, Some(&userns))
+}
+
+/// Clones the mount tree at `src`, sets `attrs` on it (with `userns` for an idmap), and
+/// attaches it at `dst`.
+fn attach_clone(src: &Path, dst: &Path, attrs: u64, userns: Option<&OwnedFd>) -> io::Result<()> {
     let csrc = cpath(src)?;
     // SAFETY: open_tree with a NUL-terminated path; returns a new descriptor or -1.
     let fd = unsafe {
@@ -272,7 +256,7 @@ pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) 
             libc::SYS_open_tree,
             libc::AT_FDCWD,
             csrc.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
         )
     };
     if fd < 0 {
@@ -285,10 +269,10 @@ pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) 
     // SAFETY: `fd` is a descriptor open_tree just returned and nothing else owns.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY,
+        attr_set: attrs,
         attr_clr: 0,
         propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd: userns.map(|u| u.as_raw_fd() as u64).unwrap_or(0),
     };
     // SAFETY: mount_setattr on our detached tree with an empty path and a valid mount_attr of
     // the size passed.
@@ -297,7 +281,7 @@ pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) 
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             c"".as_ptr(),
-            AT_EMPTY_PATH,
+            AT_EMPTY_PATH | if userns.is_some() { 0 } else { AT_RECURSIVE },
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
@@ -307,8 +291,8 @@ pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) 
         return Err(io::Error::new(
             e.kind(),
             format!(
-                "cannot make an idmapped mount of {} (the filesystem may not support idmapped \
-                 mounts): {e}",
+                "cannot set the attributes of a mount of {} (for an idmap: the filesystem may \
+                 not support idmapped mounts): {e}",
                 src.display()
             ),
         ));
@@ -329,7 +313,7 @@ pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) 
         let e = io::Error::last_os_error();
         return Err(io::Error::new(
             e.kind(),
-            format!("cannot attach the idmapped mount on {}: {e}", dst.display()),
+            format!("cannot attach a mount on {}: {e}", dst.display()),
         ));
     }
     Ok(())
