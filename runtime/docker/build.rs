@@ -12,7 +12,13 @@ fn main() {
         println!("cargo:rerun-if-changed={src}");
         let dst = Path::new(&out).join(format!("taskbox-{name}"));
         let status = Command::new(&rustc)
-            .args(["--edition", "2024", "-O", "-C", "target-feature=+crt-static"])
+            .args([
+                "--edition",
+                "2024",
+                "-O",
+                "-C",
+                "target-feature=+crt-static",
+            ])
             .args(["-C", "strip=symbols", "-C", "panic=abort", "--crate-name"])
             .arg(format!("taskbox_{name}"))
             .arg("-o")

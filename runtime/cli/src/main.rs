@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
 mod client;
+mod docker;
 mod verbs;
 use taskbox_core::native::{self, RunRequest, StdinSource};
 use taskbox_core::policy;
@@ -108,6 +109,8 @@ struct ServeArgs {
     /// Longest lease a client may ask for.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     max_ttl: Option<Duration>,
+    #[command(flatten)]
+    docker: docker::ServeDocker,
 }
 
 #[derive(Args)]
@@ -136,6 +139,12 @@ struct RunArgs {
     /// Working directory inside the sandbox (default: the workspace root).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
+    /// The backend: native (default) or docker.
+    #[arg(long, value_name = "native|docker")]
+    backend: Option<String>,
+    /// The image (name or digest) the sandbox runs; required by the docker backend.
+    #[arg(long, value_name = "NAME|DIGEST")]
+    image: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -323,7 +332,8 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     let native =
         taskbox_core::sandbox::NativeBackend::new(state_dir.clone()).map_err(|e| anyhow!(e))?;
     // Every operation of every surface is recorded in STATE/traces/ID.jsonl.
-    let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
+    let routed = docker::serve_backend(&args.docker, &state_dir, std::sync::Arc::new(native))?;
+    let traced = taskbox_core::trace::Traced::new(routed, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -348,6 +358,27 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
             "workspace {} does not exist (pass an existing directory with --workspace)",
             workspace.display()
         );
+    }
+    match args.backend.as_deref() {
+        None | Some("native") => {}
+        Some("docker") if args.write_through => {
+            bail!("--write-through is not supported by the docker backend")
+        }
+        Some("docker") => {
+            return docker::run(docker::RunDocker {
+                image: args.image,
+                policy: args.policy,
+                workspace,
+                timeout: args.timeout,
+                json: args.json,
+                diff: args.diff,
+                env: args.env,
+                cwd: args.cwd,
+                command: args.command,
+                state_dir,
+            });
+        }
+        Some(other) => bail!("unknown backend {other:?}: use native or docker"),
     }
     native::prune_spill(&state_dir, Duration::from_secs(24 * 3600));
     let req = RunRequest {

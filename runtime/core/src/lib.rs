@@ -15,6 +15,7 @@ pub mod layers;
 pub mod native;
 pub mod policy;
 pub mod result;
+pub mod router;
 pub mod sandbox;
 #[cfg(test)]
 pub(crate) mod testutil;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
-    CreateContainerOptions, InspectContainerOptions, ListContainersOptions,
-    RemoveContainerOptions, StartContainerOptions,
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StartContainerOptions,
 };
 use sha2::{Digest, Sha256};
 use taskbox_core::api::*;
@@ -469,7 +469,9 @@ impl Inner {
         labels.insert(LABEL_SANDBOX.to_string(), id.to_string());
         labels.insert(
             LABEL_LEASE.to_string(),
-            lease_ms.map(|l| l.to_string()).unwrap_or_else(|| "0".into()),
+            lease_ms
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "0".into()),
         );
         labels.insert(LABEL_IMAGE.to_string(), image.digest.clone());
         labels.insert(LABEL_POLICY.to_string(), policy.hash());
@@ -478,7 +480,11 @@ impl Inner {
             format!("{}:{INIT_PATH}:ro", self.wrapper.display()),
             format!("{}:{RUN_MOUNT}:rw", dirs.run().display()),
             format!("{}:{SPILL_MOUNT}:ro", dirs.out().display()),
-            format!("{}:{}:rw,rslave", dirs.mnt().display(), image.config.workdir),
+            format!(
+                "{}:{}:rw,rslave",
+                dirs.mnt().display(),
+                image.config.workdir
+            ),
         ];
         let mut tmpfs = HashMap::new();
         tmpfs.insert(
@@ -609,7 +615,9 @@ impl Inner {
                     .filter(|_| pid > 0)
                     .map(|p| (name.clone(), p))
                     .ok_or_else(|| {
-                        ApiError::internal(format!("the container {name} started but is not running"))
+                        ApiError::internal(format!(
+                            "the container {name} started but is not running"
+                        ))
                     })
             })
             .inspect_err(|_| self.discard_container(&name))
@@ -720,7 +728,8 @@ impl Inner {
             let lower = if owner == user {
                 workspace.clone()
             } else {
-                fs::create_dir_all(dirs.lower()).map_err(io_internal("cannot create", &dirs.lower()))?;
+                fs::create_dir_all(dirs.lower())
+                    .map_err(io_internal("cannot create", &dirs.lower()))?;
                 hostmount::idmapped_bind(&workspace, &dirs.lower(), owner, user).map_err(|e| {
                     ApiError::internal(format!(
                         "the workspace belongs to uid {} and the container user is uid {}: {e}",
@@ -922,9 +931,7 @@ fn pool_loop(weak: Weak<Inner>) {
             continue;
         }
         let pool = lock(&inner.pool);
-        let _ = inner
-            .pool_cond
-            .wait_timeout(pool, Duration::from_secs(2));
+        let _ = inner.pool_cond.wait_timeout(pool, Duration::from_secs(2));
     }
 }
 

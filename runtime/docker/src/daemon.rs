@@ -58,7 +58,9 @@ pub struct Daemon {
 
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Daemon").field("socket", &self.socket).finish()
+        f.debug_struct("Daemon")
+            .field("socket", &self.socket)
+            .finish()
     }
 }
 
@@ -164,10 +166,9 @@ impl Daemon {
         match tokio::time::timeout(limit, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.classify(what, e)),
-            Err(_) => Err(self.unavailable(format!(
-                "no answer to {what} within {}s",
-                limit.as_secs()
-            ))),
+            Err(_) => {
+                Err(self.unavailable(format!("no answer to {what} within {}s", limit.as_secs())))
+            }
         }
     }
 

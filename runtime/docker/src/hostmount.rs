@@ -30,14 +30,8 @@ fn cpath(p: &Path) -> io::Result<CString> {
 
 /// Binds `dir` onto itself and makes the mount shared (its own peer group).
 pub fn make_shared_mountpoint(dir: &Path) -> io::Result<()> {
-    mount(
-        Some(dir),
-        dir,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(nix_io("cannot bind", dir))?;
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(nix_io("cannot bind", dir))?;
     mount(
         None::<&str>,
         dir,
@@ -200,7 +194,11 @@ fn user_namespace(uid_map: &str, gid_map: &str) -> io::Result<OwnedFd> {
     if pid == 0 {
         // SAFETY: see above.
         unsafe {
-            let ok: u8 = if libc::unshare(libc::CLONE_NEWUSER) == 0 { 1 } else { 0 };
+            let ok: u8 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                1
+            } else {
+                0
+            };
             libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
             let mut b = 0u8;
             libc::read(done_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
@@ -213,7 +211,9 @@ fn user_namespace(uid_map: &str, gid_map: &str) -> io::Result<OwnedFd> {
         let mut ok = [0u8; 1];
         let n = nix::unistd::read(ready_r.as_raw_fd(), &mut ok)?;
         if n != 1 || ok[0] != 1 {
-            return Err(io::Error::other("cannot create a user namespace for the id mapping"));
+            return Err(io::Error::other(
+                "cannot create a user namespace for the id mapping",
+            ));
         }
         fs::write(format!("/proc/{pid}/uid_map"), uid_map)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot write uid_map: {e}")))?;
@@ -243,7 +243,12 @@ pub fn bind_readonly(src: &Path, dst: &Path) -> io::Result<()> {
 /// reverse), likewise for the gids.
 pub fn idmapped_bind(src: &Path, dst: &Path, owner: (u32, u32), to: (u32, u32)) -> io::Result<()> {
     let userns = user_namespace(&swap_map(owner.0, to.0), &swap_map(owner.1, to.1))?;
-    attach_clone(src, dst, MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, Some(&userns))
+    attach_clone(
+        src,
+        dst,
+        MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY,
+        Some(&userns),
+    )
 }
 
 /// Clones the mount tree at `src`, sets `attrs` on it (with `userns` for an idmap), and
@@ -325,7 +330,14 @@ mod tests {
 
     #[test]
     fn swap_maps_cover_every_id_once() {
-        for (a, b) in [(0, 1000), (1000, 0), (5, 6), (1000, 1000), (0, 1), (4294967293, 0)] {
+        for (a, b) in [
+            (0, 1000),
+            (1000, 0),
+            (5, 6),
+            (1000, 1000),
+            (0, 1),
+            (4294967293, 0),
+        ] {
             let map = swap_map(a, b);
             let mut total: u64 = 0;
             for line in map.lines() {

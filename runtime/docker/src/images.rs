@@ -33,10 +33,14 @@ pub fn ensure_image(
     tracing::info!(image = %image.digest, bytes = archive.len(), "loading the image into docker");
     let loaded: Result<(), DaemonError> = daemon.block_on(async {
         let body = bollard::body_full(archive.into());
-        let mut stream =
-            daemon
-                .docker
-                .import_image(ImportImageOptions { quiet: true, ..Default::default() }, body, None);
+        let mut stream = daemon.docker.import_image(
+            ImportImageOptions {
+                quiet: true,
+                ..Default::default()
+            },
+            body,
+            None,
+        );
         let drain = async {
             while let Some(item) = stream.next().await {
                 let info = item.map_err(|e| daemon.classify("load an image", e))?;

@@ -62,7 +62,10 @@ fn is_wrapper(pid: i32) -> bool {
 /// The children of `pid`.
 pub fn children(pid: i32) -> Vec<i32> {
     if let Ok(s) = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
-        return s.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        return s
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
     }
     let mut out = Vec::new();
     if let Ok(rd) = fs::read_dir("/proc") {

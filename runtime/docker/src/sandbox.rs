@@ -622,11 +622,8 @@ impl Sandbox {
         let d = &self.daemon;
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
-            let inspect = d.block_on(d.call(
-                "inspect an exec",
-                d.timeout,
-                d.docker.inspect_exec(&exec),
-            ));
+            let inspect =
+                d.block_on(d.call("inspect an exec", d.timeout, d.docker.inspect_exec(&exec)));
             match inspect {
                 Ok(i) => {
                     if let Some(pid) = i.pid.filter(|p| *p > 0) {
@@ -889,7 +886,9 @@ impl Sandbox {
             d.spawn(async move {
                 let res = sb.drive(&slot2, stream, timeout, start, None).await;
                 let res = res.and_then(|ended| {
-                    tokio::task::block_in_place(|| sb.result(&slot2, ended, timeout, start, &before, oom_before))
+                    tokio::task::block_in_place(|| {
+                        sb.result(&slot2, ended, timeout, start, &before, oom_before)
+                    })
                 });
                 slot2.finish(res);
             });

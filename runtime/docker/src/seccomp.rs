@@ -154,9 +154,7 @@ mod tests {
     use super::*;
 
     fn refused(v: u64) -> bool {
-        personality_rules()
-            .iter()
-            .any(|r| v & r.mask == r.value)
+        personality_rules().iter().any(|r| v & r.mask == r.value)
     }
 
     #[test]
@@ -167,7 +165,14 @@ mod tests {
             samples.push(LOW32 ^ (1 << bit));
             samples.push(0x8 | (1 << bit));
         }
-        samples.extend([0x0040000, 0x8004_0000, 0xdead_beef, 0xffff_ffff_0000_0008, 7, 9]);
+        samples.extend([
+            0x0040000,
+            0x8004_0000,
+            0xdead_beef,
+            0xffff_ffff_0000_0008,
+            7,
+            9,
+        ]);
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..10_000 {
             x ^= x << 13;
@@ -197,7 +202,15 @@ mod tests {
         for (name, _) in DENIED_SYSCALLS {
             assert!(names.contains(name), "{name}");
         }
-        for must in ["ptrace", "mount", "unshare", "setns", "keyctl", "bpf", "io_uring_setup"] {
+        for must in [
+            "ptrace",
+            "mount",
+            "unshare",
+            "setns",
+            "keyctl",
+            "bpf",
+            "io_uring_setup",
+        ] {
             assert!(names.contains(&must), "{must}");
         }
         let clone3 = entries.iter().find(|e| e["names"][0] == "clone3").unwrap();

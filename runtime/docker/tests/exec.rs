@@ -25,7 +25,11 @@ fn stdout_stderr_and_exit_codes_are_separate() {
     assert!(r.enforcement.limits.starts_with("cgroup"));
 
     let r = h.sh(&id, "exit 137");
-    assert_eq!((r.exit_code, r.signal), (Some(137), None), "a code, not a signal");
+    assert_eq!(
+        (r.exit_code, r.signal),
+        (Some(137), None),
+        "a code, not a signal"
+    );
     let r = h.sh(&id, "kill -TERM $$");
     assert_eq!((r.exit_code, r.signal), (None, Some(15)));
     assert_eq!(r.cli_exit_status(), 143);
@@ -55,7 +59,11 @@ fn missing_commands_and_directories_are_reported() {
         },
     );
     assert_eq!(r.exit_code, Some(127));
-    assert!(r.stderr.text.contains("command not found"), "{}", r.stderr.text);
+    assert!(
+        r.stderr.text.contains("command not found"),
+        "{}",
+        r.stderr.text
+    );
     let e = h
         .backend
         .exec(
@@ -115,15 +123,26 @@ fn a_timeout_kills_the_whole_tree_and_keeps_partial_output() {
     assert!(r.violations.iter().any(|v| v.kind == "timeout"));
     assert!(took < Duration::from_secs(10), "took {took:?}");
     // Nothing of the exec is left in the container: pid 1, and this check's own processes.
-    let ps = h.sh(&id, "ps -o pid,args | grep -v -e PID -e 'init exec' -e 'ps -o' -e grep");
-    assert_eq!(ps.stdout.text.trim(), "1 /.taskbox/init init", "{}", ps.stdout.text);
+    let ps = h.sh(
+        &id,
+        "ps -o pid,args | grep -v -e PID -e 'init exec' -e 'ps -o' -e grep",
+    );
+    assert_eq!(
+        ps.stdout.text.trim(),
+        "1 /.taskbox/init init",
+        "{}",
+        ps.stdout.text
+    );
 }
 
 #[test]
 fn what_an_exec_leaves_running_ends_with_it() {
     let Some(h) = Harness::new() else { return };
     let id = h.create();
-    let r = h.sh(&id, "(setsid sleep 1000 &); (nohup sleep 999 >/dev/null 2>&1 &); echo done");
+    let r = h.sh(
+        &id,
+        "(setsid sleep 1000 &); (nohup sleep 999 >/dev/null 2>&1 &); echo done",
+    );
     assert_eq!(r.exit_code, Some(0));
     assert_eq!(r.stdout.text, "done\n");
     let ps = h.sh(&id, "ps -o comm | grep -c sleep");
@@ -137,7 +156,11 @@ fn stdin_text_is_given_and_closed() {
     let r = h.exec(
         &id,
         ExecRequest {
-            argv: Some(vec!["sh".into(), "-c".into(), "tr a-z A-Z; echo end".into()]),
+            argv: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                "tr a-z A-Z; echo end".into(),
+            ]),
             stdin: Some("hello\n".into()),
             ..Default::default()
         },
@@ -164,7 +187,10 @@ fn long_output_is_cut_to_head_and_tail_and_spilled() {
     assert!(r.stdout.text.starts_with("line 0\n"));
     assert!(r.stdout.text.ends_with("line 1999\n"));
     let spill = r.stdout.spill_path.clone().unwrap();
-    assert!(spill.starts_with(taskbox_core::sandbox::SPILL_MOUNT), "{spill}");
+    assert!(
+        spill.starts_with(taskbox_core::sandbox::SPILL_MOUNT),
+        "{spill}"
+    );
     // The spill file is readable through the API and inside the sandbox.
     let read = h
         .backend
@@ -207,9 +233,16 @@ fn background_execs_can_be_fed_waited_for_and_killed() {
     // stdin through write_stdin.
     let p = bg("while read l; do echo got $l; done; echo eof");
     assert!(p.running);
-    h.backend.write_stdin(&id, p.exec_id, b"one\n", false).unwrap();
-    h.backend.write_stdin(&id, p.exec_id, b"two\n", true).unwrap();
-    let done = h.backend.wait(&id, p.exec_id, Duration::from_secs(20)).unwrap();
+    h.backend
+        .write_stdin(&id, p.exec_id, b"one\n", false)
+        .unwrap();
+    h.backend
+        .write_stdin(&id, p.exec_id, b"two\n", true)
+        .unwrap();
+    let done = h
+        .backend
+        .wait(&id, p.exec_id, Duration::from_secs(20))
+        .unwrap();
     assert!(!done.running);
     let r = done.result.unwrap();
     assert_eq!(r.stdout.text, "got one\ngot two\neof\n");
@@ -220,10 +253,16 @@ fn background_execs_can_be_fed_waited_for_and_killed() {
     assert!(wait_until(Duration::from_secs(10), || {
         h.backend.process(&id, p.exec_id).unwrap().stdout.text == "started\n"
     }));
-    let still = h.backend.wait(&id, p.exec_id, Duration::from_millis(200)).unwrap();
+    let still = h
+        .backend
+        .wait(&id, p.exec_id, Duration::from_millis(200))
+        .unwrap();
     assert!(still.running);
     h.backend.kill(&id, p.exec_id, 9).unwrap();
-    let killed = h.backend.wait(&id, p.exec_id, Duration::from_secs(20)).unwrap();
+    let killed = h
+        .backend
+        .wait(&id, p.exec_id, Duration::from_secs(20))
+        .unwrap();
     assert!(!killed.running);
     let r = killed.result.unwrap();
     assert_eq!(r.signal, Some(9));
@@ -245,7 +284,10 @@ fn background_execs_can_be_fed_waited_for_and_killed() {
         .unwrap();
     assert_eq!(r.exit_code, Some(7));
     assert!(r.stdout.text.contains("term"));
-    let e = h.backend.write_stdin(&id, p.exec_id, b"x", false).unwrap_err();
+    let e = h
+        .backend
+        .write_stdin(&id, p.exec_id, b"x", false)
+        .unwrap_err();
     assert_eq!(e.code(), "conflict");
     assert_eq!(h.backend.process(&id, 999).unwrap_err().code(), "not_found");
 }
@@ -277,5 +319,8 @@ fn streamed_events_arrive_in_order() {
             _ => None,
         })
         .collect();
-    assert!(text.contains("out:a\n") && text.contains("err:b\n"), "{text}");
+    assert!(
+        text.contains("out:a\n") && text.contains("err:b\n"),
+        "{text}"
+    );
 }

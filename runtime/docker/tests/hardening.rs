@@ -16,7 +16,11 @@ use taskbox_docker::*;
 fn docker_inspect_shows_the_hardening() {
     let Some(h) = Harness::new() else { return };
     let policy = h.dir.path().join("p.toml");
-    std::fs::write(&policy, "[limits]\nmemory = \"512MiB\"\npids = 77\ncpu = 1.5\n").unwrap();
+    std::fs::write(
+        &policy,
+        "[limits]\nmemory = \"512MiB\"\npids = 77\ncpu = 1.5\n",
+    )
+    .unwrap();
     let info = h
         .backend
         .create(CreateRequest {
@@ -60,8 +64,16 @@ fn docker_inspect_shows_the_hardening() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert!(binds.iter().any(|b| b.ends_with(":/workspace:rw,rslave")), "{binds:?}");
-    assert!(binds.iter().any(|b| b.ends_with(&format!(":{INIT_PATH}:ro"))), "{binds:?}");
+    assert!(
+        binds.iter().any(|b| b.ends_with(":/workspace:rw,rslave")),
+        "{binds:?}"
+    );
+    assert!(
+        binds
+            .iter()
+            .any(|b| b.ends_with(&format!(":{INIT_PATH}:ro"))),
+        "{binds:?}"
+    );
     assert!(!binds.iter().any(|b| b.contains("docker.sock")));
     let cfg = &c["Config"];
     assert_eq!(cfg["User"], "1000:1000");
@@ -105,7 +117,11 @@ fn docker_inspect_shows_the_hardening() {
 /// Copies the probe into the workspace and runs `probe CALL` in the sandbox.
 fn probe(h: &Harness, id: &SandboxId, call: &str) -> String {
     let r = h.sh(id, &format!("/workspace/.probe {call}"));
-    format!("{}{}", r.stdout.text.trim(), r.signal.map(|s| format!("signal {s}")).unwrap_or_default())
+    format!(
+        "{}{}",
+        r.stdout.text.trim(),
+        r.signal.map(|s| format!("signal {s}")).unwrap_or_default()
+    )
 }
 
 #[test]
@@ -153,8 +169,15 @@ fn escapes_are_refused_by_the_seccomp_profile() {
         assert_ne!(got, "ok", "{call}");
     }
     // And the shell tools agree.
-    let r = h.sh(&id, "unshare -U true 2>&1; mount -t tmpfs t /tmp 2>&1; echo end");
-    assert!(r.stdout.text.contains("Operation not permitted"), "{}", r.stdout.text);
+    let r = h.sh(
+        &id,
+        "unshare -U true 2>&1; mount -t tmpfs t /tmp 2>&1; echo end",
+    );
+    assert!(
+        r.stdout.text.contains("Operation not permitted"),
+        "{}",
+        r.stdout.text
+    );
 }
 
 #[test]
@@ -213,7 +236,10 @@ fn the_network_the_docker_socket_and_other_sandboxes_are_out_of_reach() {
     };
     std::thread::sleep(Duration::from_millis(300));
     let local = h.sh(&a, "nc -w 2 127.0.0.1 7777 </dev/null");
-    assert!(local.stdout.text.contains("hello-from-a"), "the listener works locally: {local:?}");
+    assert!(
+        local.stdout.text.contains("hello-from-a"),
+        "the listener works locally: {local:?}"
+    );
     let _ = h.backend.exec(
         &a,
         ExecRequest {

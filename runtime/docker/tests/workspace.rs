@@ -61,7 +61,10 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
             },
         )
         .unwrap();
-    let r = h.sh(&id, "stat -c %u api/new.rs api; echo appended >> api/new.rs");
+    let r = h.sh(
+        &id,
+        "stat -c %u api/new.rs api; echo appended >> api/new.rs",
+    );
     assert_eq!(r.stdout.text, "1000\n1000\n", "{r:?}");
     assert_eq!(r.exit_code, Some(0));
     let e = h
@@ -132,12 +135,19 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
             },
         )
         .unwrap_err();
-    assert!(matches!(outside.code(), "path_refused" | "not_found"), "{outside}");
+    assert!(
+        matches!(outside.code(), "path_refused" | "not_found"),
+        "{outside}"
+    );
 
     // Diff against the baseline, checkpoint, change, restore.
     let d = h.backend.diff(&id, DiffRequest::default()).unwrap();
     assert!(d.diff.contains("+MORE"), "{}", d.diff);
-    assert!(d.files.iter().any(|f| f.path == "src/lib.rs" && f.status == ChangeKind::Deleted));
+    assert!(
+        d.files
+            .iter()
+            .any(|f| f.path == "src/lib.rs" && f.status == ChangeKind::Deleted)
+    );
     h.backend
         .checkpoint(&id, CheckpointRequest { name: "c1".into() })
         .unwrap();
@@ -145,7 +155,12 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
     assert_eq!(r.exit_code, Some(0));
     let since = h
         .backend
-        .diff(&id, DiffRequest { since: Some("c1".into()) })
+        .diff(
+            &id,
+            DiffRequest {
+                since: Some("c1".into()),
+            },
+        )
         .unwrap();
     let mut paths: Vec<&str> = since.files.iter().map(|f| f.path.as_str()).collect();
     paths.sort();
@@ -154,24 +169,32 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
         .restore(&id, CheckpointRequest { name: "c1".into() })
         .unwrap();
     // The restored workspace is what the container sees, and it can keep working in it.
-    let r = h.sh(&id, "ls later.txt 2>&1; cat README; echo again > again.txt && stat -c %u again.txt");
+    let r = h.sh(
+        &id,
+        "ls later.txt 2>&1; cat README; echo again > again.txt && stat -c %u again.txt",
+    );
     assert!(r.stdout.text.contains("No such file"), "{}", r.stdout.text);
     assert!(r.stdout.text.contains("hello\nMORE\n"), "{}", r.stdout.text);
     assert!(r.stdout.text.ends_with("1000\n"), "{}", r.stdout.text);
     let e = h
         .backend
-        .restore(&id, CheckpointRequest { name: "nope".into() })
+        .restore(
+            &id,
+            CheckpointRequest {
+                name: "nope".into(),
+            },
+        )
         .unwrap_err();
     assert_eq!(e.code(), "not_found");
 
     // Export as a patch and as a tar; the host copy is untouched until --apply.
-    let ex = h
-        .backend
-        .export(&id, ExportRequest::default())
-        .unwrap();
+    let ex = h.backend.export(&id, ExportRequest::default()).unwrap();
     let patch = ex.patch.unwrap();
     assert!(patch.contains("again.txt"), "{patch}");
-    assert_eq!(std::fs::read_to_string(h.ws().join("README")).unwrap(), "hello\n");
+    assert_eq!(
+        std::fs::read_to_string(h.ws().join("README")).unwrap(),
+        "hello\n"
+    );
     assert!(h.ws().join("src/lib.rs").exists());
     assert!(!h.ws().join("again.txt").exists());
     let tar = h
@@ -197,7 +220,10 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
         )
         .unwrap();
     assert!(applied.applied);
-    assert_eq!(std::fs::read_to_string(h.ws().join("again.txt")).unwrap(), "again\n");
+    assert_eq!(
+        std::fs::read_to_string(h.ws().join("again.txt")).unwrap(),
+        "again\n"
+    );
     assert_eq!(
         std::fs::metadata(h.ws().join("again.txt")).unwrap().uid(),
         owner,
@@ -205,7 +231,11 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
     );
     assert!(!h.ws().join("src/lib.rs").exists());
     h.backend.destroy(&id).unwrap();
-    assert!(mounts_under(&h.state()).is_empty(), "{:?}", mounts_under(&h.state()));
+    assert!(
+        mounts_under(&h.state()).is_empty(),
+        "{:?}",
+        mounts_under(&h.state())
+    );
 }
 
 #[test]
@@ -243,21 +273,51 @@ fn another_image_user_gets_the_workspace_too() {
 fn bad_create_requests_are_refused_clearly() {
     let Some(h) = Harness::new() else { return };
     let cases = [
-        (CreateRequest { image: None, ..h.create_req() }, "needs an image"),
-        (CreateRequest { image: Some("nope".into()), ..h.create_req() }, "not built"),
-        (CreateRequest { workspace: "/no/such/dir".into(), ..h.create_req() }, "workspace"),
-        (CreateRequest { policy: Some("no-such-policy".into()), ..h.create_req() }, "policy"),
-        (CreateRequest { backend: Some("native".into()), ..h.create_req() }, "backend"),
+        (
+            CreateRequest {
+                image: None,
+                ..h.create_req()
+            },
+            "needs an image",
+        ),
+        (
+            CreateRequest {
+                image: Some("nope".into()),
+                ..h.create_req()
+            },
+            "not built",
+        ),
+        (
+            CreateRequest {
+                workspace: "/no/such/dir".into(),
+                ..h.create_req()
+            },
+            "workspace",
+        ),
+        (
+            CreateRequest {
+                policy: Some("no-such-policy".into()),
+                ..h.create_req()
+            },
+            "policy",
+        ),
+        (
+            CreateRequest {
+                backend: Some("native".into()),
+                ..h.create_req()
+            },
+            "backend",
+        ),
     ];
     for (req, want) in cases {
         let e = h.backend.create(req).unwrap_err();
-        assert!(
-            matches!(e.code(), "invalid_argument" | "not_found"),
-            "{e}"
-        );
+        assert!(matches!(e.code(), "invalid_argument" | "not_found"), "{e}");
         assert!(e.to_string().contains(want), "{e} (wanted {want:?})");
     }
     assert!(h.backend.list().is_empty());
-    let e = h.backend.info(&SandboxId::parse("sb-nope").unwrap()).unwrap_err();
+    let e = h
+        .backend
+        .info(&SandboxId::parse("sb-nope").unwrap())
+        .unwrap_err();
     assert_eq!(e.code(), "not_found");
 }

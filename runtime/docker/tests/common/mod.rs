@@ -94,7 +94,14 @@ pub struct TestImage {
     pub loads: AtomicUsize,
 }
 
-fn append(b: &mut tar::Builder<Vec<u8>>, path: &str, kind: tar::EntryType, mode: u32, data: &[u8], link: Option<&str>) {
+fn append(
+    b: &mut tar::Builder<Vec<u8>>,
+    path: &str,
+    kind: tar::EntryType,
+    mode: u32,
+    data: &[u8],
+    link: Option<&str>,
+) {
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(kind);
     h.set_mode(mode);
@@ -125,14 +132,42 @@ impl TestImage {
             let mode = if d == "tmp/" { 0o1777 } else { 0o755 };
             append(&mut b, d, tar::EntryType::Directory, mode, b"", None);
         }
-        append(&mut b, "bin/busybox", tar::EntryType::Regular, 0o755, &busybox, None);
+        append(
+            &mut b,
+            "bin/busybox",
+            tar::EntryType::Regular,
+            0o755,
+            &busybox,
+            None,
+        );
         for a in &applets {
-            append(&mut b, &format!("bin/{a}"), tar::EntryType::Symlink, 0o777, b"", Some("busybox"));
+            append(
+                &mut b,
+                &format!("bin/{a}"),
+                tar::EntryType::Symlink,
+                0o777,
+                b"",
+                Some("busybox"),
+            );
         }
         let passwd = b"root:x:0:0:root:/root:/bin/sh\nu:x:1000:1000:u:/home/u:/bin/sh\n";
         let group = b"root:x:0:\nu:x:1000:\n";
-        append(&mut b, "etc/passwd", tar::EntryType::Regular, 0o644, passwd, None);
-        append(&mut b, "etc/group", tar::EntryType::Regular, 0o644, group, None);
+        append(
+            &mut b,
+            "etc/passwd",
+            tar::EntryType::Regular,
+            0o644,
+            passwd,
+            None,
+        );
+        append(
+            &mut b,
+            "etc/group",
+            tar::EntryType::Regular,
+            0o644,
+            group,
+            None,
+        );
         let layer = b.into_inner().unwrap();
         let layer_hex = sha256_hex(&layer);
         let config = json!({
@@ -163,10 +198,38 @@ impl TestImage {
             "Layers": [format!("{layer_hex}/layer.tar")],
         }]);
         let mut a = tar::Builder::new(Vec::new());
-        append(&mut a, &format!("{config_hex}.json"), tar::EntryType::Regular, 0o644, &config_bytes, None);
-        append(&mut a, &format!("{layer_hex}/"), tar::EntryType::Directory, 0o755, b"", None);
-        append(&mut a, &format!("{layer_hex}/layer.tar"), tar::EntryType::Regular, 0o644, &layer, None);
-        append(&mut a, "manifest.json", tar::EntryType::Regular, 0o644, &serde_json::to_vec(&load_manifest).unwrap(), None);
+        append(
+            &mut a,
+            &format!("{config_hex}.json"),
+            tar::EntryType::Regular,
+            0o644,
+            &config_bytes,
+            None,
+        );
+        append(
+            &mut a,
+            &format!("{layer_hex}/"),
+            tar::EntryType::Directory,
+            0o755,
+            b"",
+            None,
+        );
+        append(
+            &mut a,
+            &format!("{layer_hex}/layer.tar"),
+            tar::EntryType::Regular,
+            0o644,
+            &layer,
+            None,
+        );
+        append(
+            &mut a,
+            "manifest.json",
+            tar::EntryType::Regular,
+            0o644,
+            &serde_json::to_vec(&load_manifest).unwrap(),
+            None,
+        );
         TestImage {
             digest: format!("sha256:{manifest_hex}"),
             config_digest: format!("sha256:{config_hex}"),
@@ -213,7 +276,10 @@ impl ImageResolver for TestImages {
             rootfs: img.rootfs.clone(),
             config: ImageConfig {
                 env: vec![
-                    ("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into()),
+                    (
+                        "PATH".into(),
+                        "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into(),
+                    ),
                     ("IMAGE_VAR".into(), "from-image".into()),
                 ],
                 workdir: "/workspace".into(),
@@ -266,7 +332,8 @@ impl Harness {
             std::fs::create_dir(dir.path().join(d)).unwrap();
         }
         let images = images();
-        let backend = DockerBackend::new(&dir.path().join("state"), images.clone(), config).unwrap();
+        let backend =
+            DockerBackend::new(&dir.path().join("state"), images.clone(), config).unwrap();
         Some(Harness {
             backend,
             dir,
@@ -322,8 +389,15 @@ impl Harness {
 
 /// `docker inspect NAME`, parsed.
 pub fn inspect(name: &str) -> Value {
-    let out = Command::new("docker").args(["inspect", name]).output().unwrap();
-    assert!(out.status.success(), "docker inspect {name}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("docker")
+        .args(["inspect", name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docker inspect {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v[0].clone()
 }
@@ -331,7 +405,14 @@ pub fn inspect(name: &str) -> Value {
 /// Names of the containers carrying label `k=v`.
 pub fn containers_with_label(k: &str, v: &str) -> Vec<String> {
     let out = Command::new("docker")
-        .args(["ps", "-a", "--filter", &format!("label={k}={v}"), "--format", "{{.Names}}"])
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={k}={v}"),
+            "--format",
+            "{{.Names}}",
+        ])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
