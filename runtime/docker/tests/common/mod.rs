@@ -323,7 +323,15 @@ impl Harness {
         if !docker_ready() {
             return None;
         }
-        let lock = test_lock(false);
+        Some(Self::build(config, test_lock(false)))
+    }
+
+    /// A harness holding `lock` (the caller checked that Docker is ready).
+    pub fn with_lock(lock: TestLock) -> Option<Harness> {
+        Some(Self::build(DockerConfig::default(), lock))
+    }
+
+    fn build(config: DockerConfig, lock: TestLock) -> Harness {
         let dir = tempfile::Builder::new()
             .prefix("taskbox-docker-test-")
             .tempdir()
@@ -334,12 +342,12 @@ impl Harness {
         let images = images();
         let backend =
             DockerBackend::new(&dir.path().join("state"), images.clone(), config).unwrap();
-        Some(Harness {
+        Harness {
             backend,
             dir,
             images,
             _lock: lock,
-        })
+        }
     }
 
     pub fn ws(&self) -> PathBuf {
