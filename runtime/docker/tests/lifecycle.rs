@@ -67,7 +67,12 @@ fn a_killed_supervisors_containers_and_mounts_are_removed_by_the_next() {
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
     std::fs::write(dir.path().join("ws/keep.txt"), "keep\n").unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "supervisor_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "supervisor_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, &state)
         .stdout(Stdio::piped())
         .spawn()
@@ -84,19 +89,33 @@ fn a_killed_supervisors_containers_and_mounts_are_removed_by_the_next() {
     // SIGKILL mid-exec: nothing of the supervisor runs its cleanup.
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(inspect(name)["State"]["Running"], true, "the orphan still runs");
-    assert!(!mounts_under(&state).is_empty(), "its workspace is still mounted");
+    assert_eq!(
+        inspect(name)["State"]["Running"],
+        true,
+        "the orphan still runs"
+    );
+    assert!(
+        !mounts_under(&state).is_empty(),
+        "its workspace is still mounted"
+    );
 
     // The next supervisor on the same state directory removes the orphan and its mounts.
     let backend = DockerBackend::new(&state, images(), DockerConfig::default()).unwrap();
     let owner = backend.owner().to_string();
     assert!(containers_with_label(LABEL_OWNER, &owner).is_empty());
-    assert!(mounts_under(&state).is_empty(), "{:?}", mounts_under(&state));
+    assert!(
+        mounts_under(&state).is_empty(),
+        "{:?}",
+        mounts_under(&state)
+    );
     let sandboxes = state.join("docker/sandboxes");
     assert_eq!(std::fs::read_dir(&sandboxes).unwrap().count(), 0);
     assert!(backend.info(&SandboxId::parse(id).unwrap()).is_err());
     // The host workspace was never touched.
-    assert_eq!(std::fs::read_to_string(dir.path().join("ws/keep.txt")).unwrap(), "keep\n");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ws/keep.txt")).unwrap(),
+        "keep\n"
+    );
     assert!(!dir.path().join("ws/inside.txt").exists());
 }
 
@@ -110,7 +129,10 @@ fn the_warm_pool_serves_creates_and_refills() {
         return;
     };
     assert!(
-        wait_until(Duration::from_secs(60), || h.backend.pooled("busybox", "default") == 2),
+        wait_until(Duration::from_secs(60), || h
+            .backend
+            .pooled("busybox", "default")
+            == 2),
         "the pool fills"
     );
     h.write("f.txt", "pooled\n");
@@ -123,13 +145,20 @@ fn the_warm_pool_serves_creates_and_refills() {
     assert!(first_exec < Duration::from_secs(2), "took {first_exec:?}");
     assert!(h.backend.pooled("busybox", "default") < 2);
     assert!(
-        wait_until(Duration::from_secs(60), || h.backend.pooled("busybox", "default") == 2),
+        wait_until(Duration::from_secs(60), || h
+            .backend
+            .pooled("busybox", "default")
+            == 2),
         "the pool refills"
     );
     // Pooled sandboxes are isolated from each other like any.
     let other = h.create();
     let r = h.sh(&other, "ls g.txt 2>&1");
-    assert!(r.stdout.text.contains("No such file"), "{:?}", r.stdout.text);
+    assert!(
+        r.stdout.text.contains("No such file"),
+        "{:?}",
+        r.stdout.text
+    );
     let owner = h.backend.owner().to_string();
     assert_eq!(containers_with_label(LABEL_OWNER, &owner).len(), 4);
     drop(h.backend);
@@ -166,8 +195,12 @@ fn stop_dockerd() -> Vec<String> {
     // SAFETY: kill has no memory arguments.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     assert!(
-        wait_until(Duration::from_secs(60), || !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))),
+        wait_until(Duration::from_secs(60), || !std::path::Path::new(&format!(
+            "/proc/{pid}"
+        ))
+        .exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z"))),
         "dockerd stops"
     );
     cmdline
@@ -229,8 +262,15 @@ fn a_dockerd_restart_is_reported_and_recovered_from() {
     assert!(e.to_string().contains("lost"), "{e}");
     let e = h.backend.create(h.create_req()).unwrap_err();
     assert_eq!(e.code(), "unavailable", "{e}");
-    assert!(e.to_string().contains("Docker daemon is not reachable"), "{e}");
-    assert!(start.elapsed() < Duration::from_secs(40), "no hang: {:?}", start.elapsed());
+    assert!(
+        e.to_string().contains("Docker daemon is not reachable"),
+        "{e}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(40),
+        "no hang: {:?}",
+        start.elapsed()
+    );
     // File operations of a lost sandbox are refused clearly too.
     let e = h
         .backend
