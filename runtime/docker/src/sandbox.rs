@@ -1125,7 +1125,7 @@ impl Sandbox {
                 detail: format!(
                     "the command ran longer than {} and its whole process tree was killed; \
                      narrow the command or raise timeout_ms",
-                    format_duration(timeout)
+                    humantime::format_duration(timeout)
                 ),
             });
         }
@@ -1178,15 +1178,6 @@ impl Sandbox {
             drop(st);
             slot.cond.notify_all();
         }
-    }
-}
-
-fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
     }
 }
 

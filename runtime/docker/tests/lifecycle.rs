@@ -207,21 +207,18 @@ fn stop_dockerd() -> Vec<String> {
 }
 
 fn start_dockerd(cmdline: &[String]) {
-    use std::os::unix::process::CommandExt;
-    let log = std::fs::File::create("/tmp/dockerd.log").unwrap();
-    let mut cmd = Command::new(&cmdline[0]);
-    cmd.args(&cmdline[1..])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    // SAFETY: setsid in the child before exec; async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    cmd.spawn().unwrap();
+    // Through a shell that backgrounds it in its own session and exits: dockerd is reparented
+    // to init and outlives this test.
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "setsid \"$@\" </dev/null >/tmp/dockerd.log 2>&1 &",
+            "sh",
+        ])
+        .args(cmdline)
+        .status()
+        .unwrap();
+    assert!(status.success());
     assert!(
         wait_until(Duration::from_secs(90), daemon_answers),
         "dockerd answers again"
