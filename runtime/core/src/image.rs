@@ -42,7 +42,10 @@ pub struct ImageConfig {
 impl Default for ImageConfig {
     fn default() -> ImageConfig {
         ImageConfig {
-            env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into())],
+            env: vec![(
+                "PATH".into(),
+                "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into(),
+            )],
             workdir: DEFAULT_WORKDIR.into(),
             user: None,
             shell: vec!["/bin/sh".into(), "-c".into()],

@@ -86,7 +86,8 @@ pub const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
 
 /// Socket families refused: vsock reaches the hypervisor host, AF_ALG is the kernel crypto API
 /// (a repeated source of kernel bugs), AF_PACKET is raw link-layer access.
-pub const DENIED_SOCKET_FAMILIES: [libc::c_int; 3] = [libc::AF_VSOCK, libc::AF_ALG, libc::AF_PACKET];
+pub const DENIED_SOCKET_FAMILIES: [libc::c_int; 3] =
+    [libc::AF_VSOCK, libc::AF_ALG, libc::AF_PACKET];
 
 /// Terminal ioctls that inject input into or control the terminal of someone else.
 pub const DENIED_IOCTLS: [u64; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
@@ -205,11 +206,10 @@ fn masked(arg: u8, mask: u64, value: u64) -> Result<SeccompRule, SeccompError> {
 
 fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     // An empty rule list refuses the syscall unconditionally.
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED_SYSCALLS
-            .iter()
-            .map(|&(_, nr)| (nr, Vec::new()))
-            .collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS
+        .iter()
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
 
     // Rules of one syscall are OR-ed: any namespace flag refuses the clone.
     let clone = CLONE_NAMESPACE_FLAGS
