@@ -20,6 +20,30 @@ fi
 # be another interpreter than /usr/bin/python3): give that one pip if needed, then `mcp`.
 python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }; python3 -m pip install --quiet mcp || python3 -m pip install --quiet --break-system-packages mcp; }
 
+# The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
+# (Debian's docker.io). A dockerd started here is stopped at the end.
+docker_missing=()
+[ -x /bin/busybox ] || docker_missing+=(busybox-static)
+command -v dockerd >/dev/null || docker_missing+=(docker.io)
+if [ ${#docker_missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${docker_missing[@]}"
+fi
+started_dockerd=
+if ! docker version >/dev/null 2>&1; then
+  setsid dockerd </dev/null >/tmp/dockerd.log 2>&1 &
+  started_dockerd=1
+  for _ in $(seq 1 120); do docker version >/dev/null 2>&1 && break; sleep 0.5; done
+  docker version >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/dockerd.log; exit 1; }
+fi
+stop_dockerd() {
+  [ -n "$started_dockerd" ] || return 0
+  local pid
+  pid=$(pidof dockerd || true)
+  [ -z "$pid" ] || { kill -TERM $pid; for _ in $(seq 1 60); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done; }
+}
+trap stop_dockerd EXIT
+
 echo "== kernel $(uname -r); cgroups: $(stat -fc %T /sys/fs/cgroup)"
 cargo --version
 cargo fmt --all -- --check
