@@ -737,7 +737,7 @@ bench_api() {
   local lib=(--lib-state-dir "$SCRATCH/api-lib" --lib-traced)
   [ -z "$SHM_STATE" ] || lib+=(--lib-tmpfs-state-dir "$SHM_STATE/api-lib")
   local compare=(--compare "taskbox run -- true=$TASKBOX run --workspace $ws -- true")
-  local docker_note="not measured: \`docker info\` failed (no Docker daemon is running here)"
+  local docker_note="not measured: `docker info` failed (no Docker daemon is running here)"
   if ! command -v docker >/dev/null; then
     docker_note="not measured: no docker client installed"
   elif docker info >/dev/null 2>&1; then
@@ -819,8 +819,8 @@ def ms(x): return f'{x["p50_ms"]:.1f} ms (p99 {x["p99_ms"]:.1f})'
 pool = s["create+first exec, warm pool (backend)"]; run = s["docker run --rm IMAGE true (cold, CLI)"]
 ex = s["exec true (backend)"]; cli = s["docker exec CONTAINER true (CLI)"]
 r1 = d["docker_run_over_pool_create_p50"]; r2 = d["backend_exec_over_docker_exec_p50"]
-print(f"| docker: create+first exec from the warm pool vs \`docker run --rm IMAGE true\` | {ms(pool)} | {ms(run)} | {r1:.1f}x faster | >= 5x | {'yes' if r1 >= 5 else 'no'} |")
-print(f"| docker: \`exec true\` via the backend vs \`docker exec CONTAINER true\` | {ms(ex)} | {ms(cli)} | {r2:.2f} | <= 1 | {'yes' if r2 <= 1 else 'no'} |")
+print(f"| docker: create+first exec from the warm pool vs `docker run --rm IMAGE true` | {ms(pool)} | {ms(run)} | {r1:.1f}x faster | >= 5x | {'yes' if r1 >= 5 else 'no'} |")
+print(f"| docker: `exec true` via the backend vs `docker exec CONTAINER true` | {ms(ex)} | {ms(cli)} | {r2:.2f} | <= 1 | {'yes' if r2 <= 1 else 'no'} |")
 PY
 }
 

@@ -102,9 +102,9 @@ pub fn run(a: &DockerArgs) -> Result<Value> {
     let cold =
         DockerBackend::new(&a.state_dir.join("cold"), images, config).map_err(|e| anyhow!(e))?;
     let wait_pool = |b: &DockerBackend| -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(120);
         while b.pooled(&a.image, "default") < a.pool {
-            ensure!(Instant::now() < deadline, "the pool did not fill in 60s");
+            ensure!(Instant::now() < deadline, "the pool did not fill in 120s");
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
