@@ -219,6 +219,34 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
     let (status, _) = sup.call("DELETE", &format!("/v1/sandboxes/{nid}"), None);
     assert_eq!(status, 204);
 
+    // The CLI verbs reach the docker backend too.
+    let verb = |args: &[&str]| {
+        let out = env
+            .command()
+            .arg("--socket")
+            .arg(&sup.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let vid = verb(&[
+        "create",
+        "--backend",
+        "docker",
+        "--image",
+        IMAGE,
+        "--workspace",
+        &ws,
+    ]);
+    assert_eq!(verb(&["exec", &vid, "--", "id", "-u"]), "1000");
+    verb(&["rm", &vid]);
+
     // Mid-exec, SIGKILL: the container and the host-side mounts are orphaned...
     let (status, bg) = sup.call(
         "POST",

@@ -82,8 +82,13 @@ impl SandboxApi for BackendRouter {
             .clone()
             .unwrap_or_else(|| DEFAULT_BACKEND.to_string());
         let backend = self.backends.get(&name).ok_or_else(|| {
+            let hint = if name == "docker" {
+                " (a supervisor serves docker when started with `taskbox serve --docker`)"
+            } else {
+                ""
+            };
             ApiError::invalid(format!(
-                "backend {name:?} is not available here; available: {}",
+                "backend {name:?} is not available here; available: {}{hint}",
                 self.names().join(", ")
             ))
         })?;

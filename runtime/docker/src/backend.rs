@@ -185,6 +185,13 @@ impl DockerBackend {
             ));
         }
         let root = state_dir.join("docker");
+        if root.to_string_lossy().contains([',', ':', '\\', '\n']) {
+            return Err(ApiError::invalid(format!(
+                "state directory {}: the path contains ',', ':' or '\\', which Docker bind and \
+                 overlay options cannot carry",
+                state_dir.display()
+            )));
+        }
         for d in [root.join("sandboxes"), root.join("bin")] {
             fs::create_dir_all(&d).map_err(io_internal("cannot create", &d))?;
         }

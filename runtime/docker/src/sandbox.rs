@@ -894,9 +894,25 @@ impl Sandbox {
             });
             return Ok(ExecOutcome::Background(slot.info()));
         }
-        let res = self
-            .daemon
-            .block_on(self.drive(&slot, stream, timeout, start, events))
+        // The driver runs on the backend's runtime; events come back over a channel and the
+        // callback runs on this thread, outside any async context (it may block).
+        let (ev_tx, ev_rx) = std::sync::mpsc::channel::<ExecEvent>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (sb, slot2) = (Arc::clone(self), slot.clone());
+        let ev_tx = events.is_some().then_some(ev_tx);
+        self.daemon.spawn(async move {
+            let r = sb.drive(&slot2, stream, timeout, start, ev_tx).await;
+            let _ = done_tx.send(r);
+        });
+        if let Some(cb) = events {
+            for ev in ev_rx {
+                cb(ev);
+            }
+        }
+        let res = done_rx
+            .recv()
+            .map_err(|_| ApiError::internal("the exec's driver ended without an answer"))
+            .and_then(|r| r)
             .and_then(|ended| self.result(&slot, ended, timeout, start, &before, oom_before));
         lock(&self.execs).remove(&id);
         drop(guard);
@@ -928,10 +944,10 @@ impl Sandbox {
         mut stream: Stream,
         timeout: Duration,
         start: Instant,
-        mut events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+        events: Option<std::sync::mpsc::Sender<ExecEvent>>,
     ) -> Result<Driven, ApiError> {
-        if let Some(ev) = events.as_mut() {
-            ev(ExecEvent::Started { exec_id: slot.id });
+        if let Some(ev) = &events {
+            let _ = ev.send(ExecEvent::Started { exec_id: slot.id });
         }
         let deadline = tokio::time::Instant::from_std(start + timeout);
         let mut timed_out = false;
@@ -948,10 +964,10 @@ impl Sandbox {
             tokio::select! {
                 item = stream.output.next() => match item {
                     Some(Ok(LogOutput::StdOut { message })) => {
-                        self.push(slot, true, &message, &mut events);
+                        self.push(slot, true, &message, &events);
                     }
                     Some(Ok(LogOutput::StdErr { message })) => {
-                        self.push(slot, false, &message, &mut events);
+                        self.push(slot, false, &message, &events);
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
@@ -1019,7 +1035,7 @@ impl Sandbox {
         slot: &ExecSlot,
         stdout: bool,
         data: &[u8],
-        events: &mut Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+        events: &Option<std::sync::mpsc::Sender<ExecEvent>>,
     ) {
         {
             let mut st = lock(&slot.state);
@@ -1032,9 +1048,9 @@ impl Sandbox {
                 c.push(data);
             }
         }
-        if let Some(ev) = events.as_mut() {
+        if let Some(ev) = events {
             let text = String::from_utf8_lossy(data).into_owned();
-            ev(if stdout {
+            let _ = ev.send(if stdout {
                 ExecEvent::Stdout { data: text }
             } else {
                 ExecEvent::Stderr { data: text }

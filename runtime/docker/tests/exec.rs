@@ -296,8 +296,12 @@ fn background_execs_can_be_fed_waited_for_and_killed() {
 fn streamed_events_arrive_in_order() {
     let Some(h) = Harness::new() else { return };
     let id = h.create();
-    let mut seen = Vec::new();
-    let mut cb = |e: ExecEvent| seen.push(e);
+    // As the server does: the callback blocks on a tokio channel (which panics inside an async
+    // context, so the backend must call it from a plain thread).
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<ExecEvent>(1024);
+    let mut cb = |e: ExecEvent| {
+        tx.blocking_send(e).unwrap();
+    };
     let out = h
         .backend
         .exec(
@@ -310,6 +314,10 @@ fn streamed_events_arrive_in_order() {
         )
         .unwrap();
     assert!(matches!(out, ExecOutcome::Finished(_)));
+    let mut seen = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        seen.push(e);
+    }
     assert!(matches!(seen.first(), Some(ExecEvent::Started { .. })));
     let text: String = seen
         .iter()
