@@ -136,6 +136,19 @@ impl Drop for Supervisor {
     }
 }
 
+/// When a test ends, also by a failure, a last supervisor on its state directory removes what
+/// the test's supervisors left (the start-up sweep) and stops cleanly.
+struct Sweep<'a>(&'a Env);
+
+impl Drop for Sweep<'_> {
+    fn drop(&mut self) {
+        let mut sup = Supervisor::start(self.0);
+        // SAFETY: kill has no memory arguments; the pid is our child's.
+        unsafe { libc::kill(sup.child.id() as i32, libc::SIGTERM) };
+        let _ = sup.child.wait();
+    }
+}
+
 fn container_exists(name: &str) -> bool {
     Command::new("docker")
         .args(["inspect", name])
@@ -162,6 +175,7 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
     }
     let _lock = docker_lock();
     let env = Env::new();
+    let _sweep = Sweep(&env);
     import_image(env.dir.path());
     env.write("hello.txt", "hello\n");
     let ws = env.ws().display().to_string();
@@ -261,11 +275,11 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
         container_exists(&name),
         "the orphan outlives its supervisor"
     );
-    assert!(mounts_under(&env.state()) > 0);
+    assert!(mounts_under(&env.state().join("docker/sandboxes")) > 0);
     // ...and the next supervisor removes them.
     let sup = Supervisor::start(&env);
     assert!(!container_exists(&name), "the orphaned container is gone");
-    assert_eq!(mounts_under(&env.state()), 0);
+    assert_eq!(mounts_under(&env.state().join("docker/sandboxes")), 0);
     let (status, _) = sup.call("GET", &format!("/v1/sandboxes/{did}"), None);
     assert_eq!(status, 404);
     assert_eq!(

@@ -211,6 +211,9 @@ impl DockerBackend {
                 root.display()
             )));
         }
+        // Sandbox mounts live under a private mount point: they reach the containers (as slaves of
+        // each sandbox's shared mount point) and nothing else.
+        hostmount::make_private_mountpoint(&root).map_err(|e| ApiError::internal(e.to_string()))?;
         let wrapper = install_wrapper(&root.join("bin"))?;
         let daemon = Arc::new(Daemon::new(&config.socket, config.call_timeout)?);
         let limits_kind = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
@@ -895,6 +898,14 @@ impl Inner {
     }
 
     fn shutdown(&self) {
+        self.shutdown_sandboxes();
+        // Only the private mount point itself is left (unless an unmount failed).
+        if hostmount::mounts_under(&self.root) == [self.root.clone()] {
+            let _ = hostmount::detach(&self.root);
+        }
+    }
+
+    fn shutdown_sandboxes(&self) {
         let pooled: Vec<Prepared> = {
             let mut pool = lock(&self.pool);
             pool.stop = true;

@@ -42,6 +42,26 @@ pub fn make_shared_mountpoint(dir: &Path) -> io::Result<()> {
     .map_err(nix_io("cannot make shared", dir))
 }
 
+/// Makes `dir` a private mount point (a bind onto itself), unless it is a mount point already,
+/// so the sandboxes' mounts beneath it do not propagate to the peers of the host's mounts (on
+/// hosts whose `/` is shared). Returns whether it made one.
+pub fn make_private_mountpoint(dir: &Path) -> io::Result<bool> {
+    if mounts_under(dir).iter().any(|p| p == dir) {
+        return Ok(false);
+    }
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(nix_io("cannot bind", dir))?;
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_io("cannot make private", dir))?;
+    Ok(true)
+}
+
 /// Mounts an overlay on `target`.
 pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> io::Result<()> {
     let opts = format!(

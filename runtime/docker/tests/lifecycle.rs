@@ -95,7 +95,7 @@ fn a_killed_supervisors_containers_and_mounts_are_removed_by_the_next() {
         "the orphan still runs"
     );
     assert!(
-        !mounts_under(&state).is_empty(),
+        !mounts_under(&state.join("docker/sandboxes")).is_empty(),
         "its workspace is still mounted"
     );
 
@@ -104,9 +104,9 @@ fn a_killed_supervisors_containers_and_mounts_are_removed_by_the_next() {
     let owner = backend.owner().to_string();
     assert!(containers_with_label(LABEL_OWNER, &owner).is_empty());
     assert!(
-        mounts_under(&state).is_empty(),
+        mounts_under(&state.join("docker/sandboxes")).is_empty(),
         "{:?}",
-        mounts_under(&state)
+        mounts_under(&state.join("docker/sandboxes"))
     );
     let sandboxes = state.join("docker/sandboxes");
     assert_eq!(std::fs::read_dir(&sandboxes).unwrap().count(), 0);
@@ -161,8 +161,14 @@ fn the_warm_pool_serves_creates_and_refills() {
     );
     let owner = h.backend.owner().to_string();
     assert_eq!(containers_with_label(LABEL_OWNER, &owner).len(), 4);
+    let state = h.state();
     drop(h.backend);
     assert!(containers_with_label(LABEL_OWNER, &owner).is_empty());
+    assert!(
+        mounts_under(&state).is_empty(),
+        "{:?}",
+        mounts_under(&state)
+    );
 }
 
 fn dockerd_pid() -> Option<i32> {
@@ -288,7 +294,7 @@ fn a_dockerd_restart_is_reported_and_recovered_from() {
     let id = h.create();
     assert_eq!(h.sh(&id, "cat f").stdout.text, "x\n");
     h.backend.destroy(&id).unwrap();
-    assert!(mounts_under(&h.state()).is_empty());
+    assert!(mounts_under(&h.state().join("docker/sandboxes")).is_empty());
 }
 
 /// Starts dockerd again when dropped (also when the test fails midway).

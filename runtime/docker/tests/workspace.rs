@@ -232,9 +232,9 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
     assert!(!h.ws().join("src/lib.rs").exists());
     h.backend.destroy(&id).unwrap();
     assert!(
-        mounts_under(&h.state()).is_empty(),
+        mounts_under(&h.state().join("docker/sandboxes")).is_empty(),
         "{:?}",
-        mounts_under(&h.state())
+        mounts_under(&h.state().join("docker/sandboxes"))
     );
 }
 
