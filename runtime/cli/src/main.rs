@@ -360,6 +360,9 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         );
     }
     match args.backend.as_deref() {
+        None | Some("native") if args.image.is_some() => {
+            bail!("--image needs --backend docker in this version")
+        }
         None | Some("native") => {}
         Some("docker") if args.write_through => {
             bail!("--write-through is not supported by the docker backend")
