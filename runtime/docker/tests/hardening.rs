@@ -255,3 +255,24 @@ fn the_network_the_docker_socket_and_other_sandboxes_are_out_of_reach() {
     let _ = h.backend.kill(&a, p.exec_id, 9);
     let _ = std::io::stdout().flush();
 }
+
+#[test]
+fn the_memory_limit_is_enforced_and_reported() {
+    let Some(h) = Harness::new() else { return };
+    let policy = h.dir.path().join("small.toml");
+    std::fs::write(&policy, "[limits]\nmemory = \"64MiB\"\n").unwrap();
+    let id = h
+        .backend
+        .create(CreateRequest {
+            policy: Some(policy.display().to_string()),
+            ..h.create_req()
+        })
+        .unwrap()
+        .id;
+    let r = h.sh(&id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived");
+    assert!(!r.stdout.text.contains("survived"), "{r:?}");
+    assert!(r.resources.oom_killed, "{r:?}");
+    assert!(r.violations.iter().any(|v| v.kind == "limit"), "{r:?}");
+    // The sandbox lives on.
+    assert_eq!(h.sh(&id, "echo ok").stdout.text, "ok\n");
+}
