@@ -269,7 +269,10 @@ fn the_memory_limit_is_enforced_and_reported() {
         })
         .unwrap()
         .id;
-    let r = h.sh(&id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived");
+    let r = h.sh(
+        &id,
+        "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived",
+    );
     assert!(!r.stdout.text.contains("survived"), "{r:?}");
     assert!(r.resources.oom_killed, "{r:?}");
     assert!(r.violations.iter().any(|v| v.kind == "limit"), "{r:?}");

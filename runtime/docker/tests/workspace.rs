@@ -321,3 +321,33 @@ fn bad_create_requests_are_refused_clearly() {
         .unwrap_err();
     assert_eq!(e.code(), "not_found");
 }
+
+#[test]
+fn a_missing_image_is_loaded_by_digest_once() {
+    let Some(h) = Harness::new() else { return };
+    let img = h.images.get("busybox-load");
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", "-f", &img.config_digest])
+        .output();
+    let before = img.loads.load(std::sync::atomic::Ordering::SeqCst);
+    let req = CreateRequest {
+        image: Some(img.digest.clone()),
+        ..h.create_req()
+    };
+    let a = h.backend.create(req.clone()).unwrap();
+    assert_eq!(a.image, img.digest);
+    assert_eq!(
+        img.loads.load(std::sync::atomic::Ordering::SeqCst),
+        before + 1
+    );
+    // Docker's image ID is the config digest.
+    let c = inspect(&h.backend.container_name(&a.id).unwrap());
+    assert_eq!(c["Image"], img.config_digest);
+    let b = h.backend.create(req).unwrap();
+    assert_eq!(
+        img.loads.load(std::sync::atomic::Ordering::SeqCst),
+        before + 1,
+        "loaded once"
+    );
+    assert_eq!(h.sh(&b.id, "id -u").stdout.text, "1002\n");
+}

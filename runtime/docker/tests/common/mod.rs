@@ -241,8 +241,8 @@ impl TestImage {
     }
 }
 
-/// A test-only [`ImageResolver`] over a few hand-made images: `busybox` (user 1000:1000) and
-/// `busybox-1001` (user 1001:1001).
+/// A test-only [`ImageResolver`] over a few hand-made images: `busybox` (user 1000:1000),
+/// `busybox-1001` (user 1001:1001) and `busybox-load` (user 1002:1002).
 pub struct TestImages {
     pub images: BTreeMap<String, TestImage>,
 }
@@ -252,6 +252,8 @@ impl TestImages {
         let mut images = BTreeMap::new();
         images.insert("busybox".to_string(), TestImage::build("1000:1000"));
         images.insert("busybox-1001".to_string(), TestImage::build("1001:1001"));
+        // Only for the test of loading (it removes this image from the daemon first).
+        images.insert("busybox-load".to_string(), TestImage::build("1002:1002"));
         TestImages { images }
     }
 
