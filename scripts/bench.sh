@@ -21,7 +21,13 @@
 #            idle sandboxes (< 100 MiB). Each also through the library in the client's process
 #            (with and without the trace recorder the supervisor adds, and with its state on
 #            tmpfs), to attribute the time.
-#   all      startup profile diff memory api (the profile is skipped when perf is not usable).
+#   docker   the Docker backend (as root, with a running dockerd), measured by `taskbox-bench docker`
+#            in one run: create-to-first-exec of a sandbox from the warm pool against a cold
+#            `docker run --rm IMAGE true` (target: pool >= 5x faster), and the `exec true` round
+#            trip through the backend against `docker exec CONTAINER true` (target: no slower);
+#            p50/p99 of each. The image is a busybox root file system imported into the daemon.
+#   all      startup profile diff memory api docker (the profile is skipped when perf is not
+#            usable, docker when no daemon answers).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
 # the commands of a figure alternating between rounds), so a burst of noise on a shared machine
@@ -45,6 +51,8 @@
 #   BENCH_API_IDLE    idle sandboxes for the memory figure (default 64)
 #   BENCH_DOCKER_IMAGE  image of the container for `docker exec` (default debian:stable-slim;
 #                     only used when `docker info` works)
+#   BENCH_DOCKER_CREATES  measured pool creates and cold docker runs (default 40)
+#   BENCH_DOCKER_EXECS    measured exec round trips of the backend (default 400; docker exec a quarter)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -60,16 +68,17 @@ repo=$(pwd)
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
-want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0
+want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
-    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 ;;
+    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 ;;
     startup) want_startup=1 ;;
     diff) want_diff=1 ;;
     memory) want_memory=1 ;;
     profile) want_profile=1 ;;
     api) want_api=1 ;;
+    docker) want_docker=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -168,7 +177,7 @@ else
   if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
-    if [ $want_api = 1 ]; then
+    if [ $want_api = 1 ] || [ $want_docker = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
@@ -180,7 +189,7 @@ fi
 [ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
 # The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
 BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
-if [ $want_api = 1 ] && [ ! -x "$BENCH_CLIENT" ]; then
+if { [ $want_api = 1 ] || [ $want_docker = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
   die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
 fi
 
@@ -728,7 +737,7 @@ bench_api() {
   local lib=(--lib-state-dir "$SCRATCH/api-lib" --lib-traced)
   [ -z "$SHM_STATE" ] || lib+=(--lib-tmpfs-state-dir "$SHM_STATE/api-lib")
   local compare=(--compare "taskbox run -- true=$TASKBOX run --workspace $ws -- true")
-  local docker_note="not measured: \`docker info\` failed (no Docker daemon is running here)"
+  local docker_note="not measured: `docker info` failed (no Docker daemon is running here)"
   if ! command -v docker >/dev/null; then
     docker_note="not measured: no docker client installed"
   elif docker info >/dev/null 2>&1; then
@@ -784,12 +793,44 @@ bench_api() {
   py api "$ROWS" "$SCRATCH" "$docker_note" "$wl_rss" "$wl_reqs" "$FILES" | tee "$SCRATCH/api.txt"
 }
 
+# ---- docker ----------------------------------------------------------------------------------
+bench_docker() {
+  if ! docker info >/dev/null 2>&1; then
+    echo "| docker backend | not measured: no Docker daemon answers | | | | |" >>"$ROWS"
+    return 0
+  fi
+  local root=$SCRATCH/docker-rootfs image=taskbox-bench/busybox:latest a
+  mkdir -p "$root/bin" "$root/etc" "$root/tmp" "$root/workspace" "$SCRATCH/docker-ws"
+  cp /bin/busybox "$root/bin/busybox"
+  for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -sf busybox "$root/bin/$a"; done
+  printf 'root:x:0:0::/root:/bin/sh\nu:x:1000:1000::/tmp:/bin/sh\n' >"$root/etc/passwd"
+  tar -C "$root" -c . | docker import -c 'USER 1000:1000' -c 'WORKDIR /workspace' \
+    -c 'ENV PATH=/bin' - "$image" >/dev/null
+  echo x >"$SCRATCH/docker-ws/f"
+  log "docker: warm-pool create-to-first-exec vs docker run --rm; exec true vs docker exec"
+  "$BENCH_CLIENT" docker --image "$image" --workspace "$SCRATCH/docker-ws" \
+    --state-dir "$SCRATCH/docker-state" --create-runs "${BENCH_DOCKER_CREATES:-40}" \
+    --exec-runs "${BENCH_DOCKER_EXECS:-400}" >"$SCRATCH/docker.json"
+  python3 - "$SCRATCH/docker.json" >>"$ROWS" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = {x["name"]: x for x in d["series"]}
+def ms(x): return f'{x["p50_ms"]:.1f} ms (p99 {x["p99_ms"]:.1f})'
+pool = s["create+first exec, warm pool (backend)"]; run = s["docker run --rm IMAGE true (cold, CLI)"]
+ex = s["exec true (backend)"]; cli = s["docker exec CONTAINER true (CLI)"]
+r1 = d["docker_run_over_pool_create_p50"]; r2 = d["backend_exec_over_docker_exec_p50"]
+print(f"| docker: create+first exec from the warm pool vs `docker run --rm IMAGE true` | {ms(pool)} | {ms(run)} | {r1:.1f}x faster | >= 5x | {'yes' if r1 >= 5 else 'no'} |")
+print(f"| docker: `exec true` via the backend vs `docker exec CONTAINER true` | {ms(ex)} | {ms(cli)} | {r2:.2f} | <= 1 | {'yes' if r2 <= 1 else 'no'} |")
+PY
+}
+
 # ---- run -------------------------------------------------------------------------------------
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
 [ $want_diff = 1 ] && bench_diff
 [ $want_memory = 1 ] && bench_memory
 [ $want_api = 1 ] && bench_api
+[ $want_docker = 1 ] && bench_docker
 
 log "results"
 {

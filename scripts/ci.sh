@@ -26,26 +26,29 @@ fi
 # be another interpreter than /usr/bin/python3): give that one pip if needed, then `mcp`.
 python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }; python3 -m pip install --quiet mcp || python3 -m pip install --quiet --break-system-packages mcp; }
 
-# The Docker daemon: started here when it is not running, stopped at the end if we started it.
+# The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
+# (Debian's docker.io). A dockerd started here is stopped at the end.
+docker_missing=()
+[ -x /bin/busybox ] || docker_missing+=(busybox-static)
+command -v dockerd >/dev/null || docker_missing+=(docker.io)
+if [ ${#docker_missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${docker_missing[@]}"
+fi
 started_dockerd=
+if ! docker version >/dev/null 2>&1; then
+  setsid dockerd </dev/null >/tmp/dockerd.log 2>&1 &
+  started_dockerd=1
+  for _ in $(seq 1 120); do docker version >/dev/null 2>&1 && break; sleep 0.5; done
+  docker version >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/dockerd.log; exit 1; }
+fi
 stop_dockerd() {
-  if [ -n "$started_dockerd" ]; then
-    kill -TERM "$started_dockerd" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 1; done
-  fi
+  [ -n "$started_dockerd" ] || return 0
+  local pid
+  pid=$(pidof dockerd || true)
+  [ -z "$pid" ] || { kill -TERM $pid; for _ in $(seq 1 60); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done; }
 }
 trap stop_dockerd EXIT
-if ! docker info >/dev/null 2>&1; then
-  dockerd >/tmp/taskbox-ci-dockerd.log 2>&1 &
-  started_dockerd=$!
-  for i in $(seq 1 60); do
-    docker info >/dev/null 2>&1 && break
-    kill -0 "$started_dockerd" 2>/dev/null || { cat /tmp/taskbox-ci-dockerd.log >&2; echo "dockerd exited" >&2; exit 1; }
-    [ "$i" = 60 ] && { tail -20 /tmp/taskbox-ci-dockerd.log >&2; echo "dockerd did not come up in 60 s" >&2; exit 1; }
-    sleep 1
-  done
-fi
-echo "== docker $(docker version --format '{{.Server.Version}}')"
 
 echo "== kernel $(uname -r); cgroups: $(stat -fc %T /sys/fs/cgroup)"
 cargo --version

@@ -5,6 +5,7 @@
 //! in rounds, the order of the series reversed every other round, so noise on a shared machine
 //! lands on all of them. Prints JSON on stdout (times in ms); progress goes to stderr.
 
+mod docker;
 mod http;
 mod procfs;
 mod stats;
@@ -56,6 +57,9 @@ enum Cmd {
     },
     /// Memory of the supervisor (PID) and of its sandbox helpers with COUNT idle sandboxes.
     Idle(IdleArgs),
+    /// The Docker backend beside the docker CLI: create-to-first-exec from the warm pool
+    /// against a cold `docker run --rm IMAGE true`, and `exec true` against `docker exec`.
+    Docker(docker::DockerArgs),
 }
 
 #[derive(Args)]
@@ -151,6 +155,7 @@ fn main() -> Result<()> {
             )?
         }
         Cmd::Idle(a) => idle(&a)?,
+        Cmd::Docker(a) => docker::run(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

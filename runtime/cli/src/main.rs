@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
 mod client;
+mod docker;
 mod image;
 mod verbs;
 use taskbox_core::native::{self, RunRequest, StdinSource};
@@ -112,6 +113,8 @@ struct ServeArgs {
     /// Longest lease a client may ask for.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     max_ttl: Option<Duration>,
+    #[command(flatten)]
+    docker: docker::ServeDocker,
 }
 
 #[derive(Args)]
@@ -140,6 +143,12 @@ struct RunArgs {
     /// Working directory inside the sandbox (default: the workspace root).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
+    /// The backend: native (default) or docker.
+    #[arg(long, value_name = "native|docker")]
+    backend: Option<String>,
+    /// The image (name or digest) the sandbox runs; required by the docker backend.
+    #[arg(long, value_name = "NAME|DIGEST")]
+    image: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -277,8 +286,9 @@ fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {
     // Each MCP session has a backend of its own (a supervisor may own STATE/sandboxes); its
     // trace goes with the others into STATE/traces.
     let session_dir = state_dir.join("mcp").join(std::process::id().to_string());
-    let native =
-        taskbox_core::sandbox::NativeBackend::new(session_dir.clone()).map_err(|e| anyhow!(e))?;
+    let native = taskbox_core::sandbox::NativeBackend::new(session_dir.clone())
+        .map_err(|e| anyhow!(e))?
+        .with_images(docker::image_resolver(&state_dir)?);
     let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let create = taskbox_core::api::CreateRequest {
@@ -325,10 +335,12 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     if args.max_ttl.is_some() {
         l.max_ttl = args.max_ttl;
     }
-    let native =
-        taskbox_core::sandbox::NativeBackend::new(state_dir.clone()).map_err(|e| anyhow!(e))?;
+    let native = taskbox_core::sandbox::NativeBackend::new(state_dir.clone())
+        .map_err(|e| anyhow!(e))?
+        .with_images(docker::image_resolver(&state_dir)?);
     // Every operation of every surface is recorded in STATE/traces/ID.jsonl.
-    let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
+    let routed = docker::serve_backend(&args.docker, &state_dir, std::sync::Arc::new(native))?;
+    let traced = taskbox_core::trace::Traced::new(routed, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -354,7 +366,36 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
             workspace.display()
         );
     }
+    match args.backend.as_deref() {
+        None | Some("native") => {}
+        Some("docker") if args.write_through => {
+            bail!("--write-through is not supported by the docker backend")
+        }
+        Some("docker") => {
+            return docker::run(docker::RunDocker {
+                image: args.image,
+                policy: args.policy,
+                workspace,
+                timeout: args.timeout,
+                json: args.json,
+                diff: args.diff,
+                env: args.env,
+                cwd: args.cwd,
+                command: args.command,
+                state_dir,
+            });
+        }
+        Some(other) => bail!("unknown backend {other:?}: use native or docker"),
+    }
     native::prune_spill(&state_dir, Duration::from_secs(24 * 3600));
+    let image = match &args.image {
+        Some(name) => Some(
+            docker::image_resolver(&state_dir)?
+                .resolve(name)
+                .map_err(|e| anyhow!(e))?,
+        ),
+        None => None,
+    };
     let req = RunRequest {
         argv: args.command,
         workspace,
@@ -368,7 +409,7 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         detach_cleanup: true,
         want_diff: args.diff,
         state_dir,
-        image: None,
+        image,
         root_upper: None,
     };
     let outcome = native::run(&req).map_err(|e| anyhow!(e))?;

@@ -93,6 +93,12 @@ pub struct CreateArgs {
     /// Labels kept with the sandbox.
     #[arg(long = "label", value_name = "K=V", value_parser = crate::parse_label)]
     labels: Vec<(String, String)>,
+    /// The backend: native (default) or docker (the supervisor must serve it: serve --docker).
+    #[arg(long, value_name = "native|docker")]
+    backend: Option<String>,
+    /// The image (name or digest) of the sandbox; required by the docker backend.
+    #[arg(long, value_name = "NAME|DIGEST")]
+    image: Option<String>,
     /// Print the sandbox's info as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -279,6 +285,12 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
             }
             if let Some(t) = a.ttl {
                 body["ttl_secs"] = json!(t.as_secs().max(1));
+            }
+            if let Some(b) = a.backend {
+                body["backend"] = json!(b);
+            }
+            if let Some(i) = a.image {
+                body["image"] = json!(i);
             }
             let info = client.request("POST", "/v1/sandboxes", Some(&body))?.ok()?;
             if a.json {

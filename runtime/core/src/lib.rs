@@ -19,6 +19,7 @@ pub mod native;
 pub mod netpattern;
 pub mod policy;
 pub mod result;
+pub mod router;
 pub mod sandbox;
 #[cfg(test)]
 pub(crate) mod testutil;

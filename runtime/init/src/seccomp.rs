@@ -12,7 +12,10 @@
 //! apply to it.
 //!
 //! The program is seccompiler's compiled deny list with a short hand-written prologue in front
-//! (see [`filter`]).
+//! (see [`filter`]). The rules themselves are public data ([`DENIED_SYSCALLS`],
+//! [`CLONE_NAMESPACE_FLAGS`], [`DENIED_SOCKET_FAMILIES`], [`DENIED_IOCTLS`],
+//! [`ALLOWED_PERSONALITIES`], and `clone3` answered `ENOSYS`), so the Docker backend renders the
+//! same rule set as a Docker seccomp profile.
 
 use std::collections::BTreeMap;
 
@@ -68,7 +71,7 @@ const SECCOMP_DATA_ARCH: u32 = 4;
 const DENY: SeccompAction = SeccompAction::Errno(libc::EPERM as u32);
 
 /// Namespace flags refused in `clone`'s flags.
-const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
+pub const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
     libc::CLONE_NEWNS,
     libc::CLONE_NEWUTS,
     libc::CLONE_NEWIPC,
@@ -83,82 +86,88 @@ const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
 
 /// Socket families refused: vsock reaches the hypervisor host, AF_ALG is the kernel crypto API
 /// (a repeated source of kernel bugs), AF_PACKET is raw link-layer access.
-const DENIED_SOCKET_FAMILIES: [libc::c_int; 3] = [libc::AF_VSOCK, libc::AF_ALG, libc::AF_PACKET];
+pub const DENIED_SOCKET_FAMILIES: [libc::c_int; 3] =
+    [libc::AF_VSOCK, libc::AF_ALG, libc::AF_PACKET];
 
 /// Terminal ioctls that inject input into or control the terminal of someone else.
-const DENIED_IOCTLS: [u64; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
+pub const DENIED_IOCTLS: [u64; 2] = [libc::TIOCSTI, libc::TIOCLINUX];
 
 /// `personality` values that are allowed: the default, 32-bit uname, the uname-2.6 hack, and the
 /// query value (0xffffffff) glibc uses to read the current one. Anything else (e.g. turning off
 /// address-space randomisation, READ_IMPLIES_EXEC) is refused.
-const ALLOWED_PERSONALITIES: [u64; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
+pub const ALLOWED_PERSONALITIES: [u64; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
-/// Syscalls refused whatever their arguments.
-const DENIED_SYSCALLS: &[libc::c_long] = &[
+/// The syscall answered `ENOSYS` instead of `EPERM`: its flags live in memory a filter cannot
+/// read, and `ENOSYS` makes libc fall back to `clone`, whose flags are checked.
+pub const CLONE3: (&str, libc::c_long) = ("clone3", libc::SYS_clone3);
+
+/// Syscalls refused whatever their arguments, by name (as libseccomp and Docker's seccomp
+/// profiles spell them) and native number.
+pub const DENIED_SYSCALLS: &[(&str, libc::c_long)] = &[
     // Tracing and reading other processes.
-    libc::SYS_ptrace,
-    libc::SYS_process_vm_readv,
-    libc::SYS_process_vm_writev,
-    libc::SYS_pidfd_getfd,
-    libc::SYS_process_madvise,
+    ("ptrace", libc::SYS_ptrace),
+    ("process_vm_readv", libc::SYS_process_vm_readv),
+    ("process_vm_writev", libc::SYS_process_vm_writev),
+    ("pidfd_getfd", libc::SYS_pidfd_getfd),
+    ("process_madvise", libc::SYS_process_madvise),
     // io_uring bypasses syscall filtering for the operations it performs.
-    libc::SYS_io_uring_setup,
-    libc::SYS_io_uring_enter,
-    libc::SYS_io_uring_register,
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
     // Kernel keyrings are not namespaced.
-    libc::SYS_keyctl,
-    libc::SYS_add_key,
-    libc::SYS_request_key,
+    ("keyctl", libc::SYS_keyctl),
+    ("add_key", libc::SYS_add_key),
+    ("request_key", libc::SYS_request_key),
     // eBPF, perf and userfaultfd: large kernel attack surface, used in exploits.
-    libc::SYS_bpf,
-    libc::SYS_perf_event_open,
-    libc::SYS_userfaultfd,
+    ("bpf", libc::SYS_bpf),
+    ("perf_event_open", libc::SYS_perf_event_open),
+    ("userfaultfd", libc::SYS_userfaultfd),
     // Namespaces.
-    libc::SYS_unshare,
-    libc::SYS_setns,
+    ("unshare", libc::SYS_unshare),
+    ("setns", libc::SYS_setns),
     // Mounts, old and new API, and changing the root.
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_fsopen,
-    libc::SYS_fsconfig,
-    libc::SYS_fsmount,
-    libc::SYS_fspick,
-    libc::SYS_move_mount,
-    libc::SYS_open_tree,
-    libc::SYS_mount_setattr,
-    libc::SYS_pivot_root,
-    libc::SYS_chroot,
+    ("mount", libc::SYS_mount),
+    ("umount2", libc::SYS_umount2),
+    ("fsopen", libc::SYS_fsopen),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("move_mount", libc::SYS_move_mount),
+    ("open_tree", libc::SYS_open_tree),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("chroot", libc::SYS_chroot),
     // Kernel code.
-    libc::SYS_kexec_load,
-    libc::SYS_kexec_file_load,
-    libc::SYS_init_module,
-    libc::SYS_finit_module,
-    libc::SYS_delete_module,
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
     // File handles open any file of a filesystem, bypassing path checks.
-    libc::SYS_open_by_handle_at,
-    libc::SYS_name_to_handle_at,
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
+    ("name_to_handle_at", libc::SYS_name_to_handle_at),
     // Host administration: accounting, swap, power, clocks, quotas, terminals, kernel log.
-    libc::SYS_acct,
-    libc::SYS_swapon,
-    libc::SYS_swapoff,
-    libc::SYS_reboot,
-    libc::SYS_settimeofday,
-    libc::SYS_clock_settime,
-    libc::SYS_adjtimex,
-    libc::SYS_clock_adjtime,
-    libc::SYS_lookup_dcookie,
-    libc::SYS_quotactl,
-    libc::SYS_quotactl_fd,
-    libc::SYS_vhangup,
-    libc::SYS_syslog,
-    libc::SYS_nfsservctl,
-    libc::SYS_fanotify_init,
+    ("acct", libc::SYS_acct),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("reboot", libc::SYS_reboot),
+    ("settimeofday", libc::SYS_settimeofday),
+    ("clock_settime", libc::SYS_clock_settime),
+    ("adjtimex", libc::SYS_adjtimex),
+    ("clock_adjtime", libc::SYS_clock_adjtime),
+    ("lookup_dcookie", libc::SYS_lookup_dcookie),
+    ("quotactl", libc::SYS_quotactl),
+    ("quotactl_fd", libc::SYS_quotactl_fd),
+    ("vhangup", libc::SYS_vhangup),
+    ("syslog", libc::SYS_syslog),
+    ("nfsservctl", libc::SYS_nfsservctl),
+    ("fanotify_init", libc::SYS_fanotify_init),
     #[cfg(target_arch = "x86_64")]
-    libc::SYS_iopl,
+    ("iopl", libc::SYS_iopl),
     #[cfg(target_arch = "x86_64")]
-    libc::SYS_ioperm,
+    ("ioperm", libc::SYS_ioperm),
     #[cfg(target_arch = "x86_64")]
-    libc::SYS_uselib,
+    ("uselib", libc::SYS_uselib),
 ];
 
 fn stmt(code: u16, k: u32) -> sock_filter {
@@ -197,8 +206,10 @@ fn masked(arg: u8, mask: u64, value: u64) -> Result<SeccompRule, SeccompError> {
 
 fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     // An empty rule list refuses the syscall unconditionally.
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED_SYSCALLS.iter().map(|&nr| (nr, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS
+        .iter()
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
 
     // Rules of one syscall are OR-ed: any namespace flag refuses the clone.
     let clone = CLONE_NAMESPACE_FLAGS
@@ -247,7 +258,7 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
 pub fn filter() -> Result<BpfProgram, SeccompError> {
     let kill = u32::from(SeccompAction::KillProcess);
     let enosys = u32::from(SeccompAction::Errno(libc::ENOSYS as u32));
-    let clone3 = libc::SYS_clone3 as u32;
+    let clone3 = CLONE3.1 as u32;
     let mut program = vec![
         stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARCH),
         jump(BPF_JMP_JEQ_K, AUDIT_ARCH_NATIVE, 1, 0),

@@ -1,0 +1,188 @@
+//! The Docker backend in the CLI: `serve --docker [--docker-pool N]` (one supervisor serving
+//! both backends through a [`BackendRouter`]) and `run --backend docker --image NAME|DIGEST`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use taskbox_core::api::{
+    CreateRequest, DiffRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi,
+};
+use taskbox_core::image::ImageResolver;
+use taskbox_core::router::BackendRouter;
+use taskbox_docker::{DockerBackend, DockerConfig};
+
+/// `serve`'s Docker options.
+#[derive(Args, Debug, Default)]
+pub struct ServeDocker {
+    /// Also serve the Docker backend (create requests with backend "docker"); needs root and a
+    /// running Docker daemon.
+    #[arg(long)]
+    pub docker: bool,
+    /// Pre-started Docker containers kept per (image, policy) asked for (implies --docker).
+    #[arg(long, value_name = "N")]
+    pub docker_pool: Option<usize>,
+}
+
+/// The images both backends use: the image store (`taskbox image build`), `$TASKBOX_IMAGE_DIR`
+/// or `STATE/images`. The Docker backend loads an image into the daemon by digest on first use.
+pub fn image_resolver(state_dir: &Path) -> Result<Arc<dyn ImageResolver>> {
+    Ok(Arc::new(
+        taskbox_image::Store::open_default(state_dir).map_err(|e| anyhow!(e))?,
+    ))
+}
+
+/// The backend `serve` hands to the server: native alone, or native and docker behind a router.
+pub fn serve_backend(
+    opts: &ServeDocker,
+    state_dir: &Path,
+    native: Arc<dyn SandboxApi>,
+) -> Result<BackendRouter> {
+    let mut router = BackendRouter::new().with("native", native);
+    if opts.docker || opts.docker_pool.is_some() {
+        let config = DockerConfig {
+            pool_size: opts.docker_pool.unwrap_or(0),
+            ..DockerConfig::default()
+        };
+        let images = image_resolver(state_dir)?;
+        let docker = DockerBackend::new(state_dir, images, config).map_err(|e| anyhow!(e))?;
+        router = router.with("docker", Arc::new(docker));
+    }
+    Ok(router)
+}
+
+/// What `run --backend docker` needs.
+#[derive(Debug)]
+pub struct RunDocker {
+    pub image: Option<String>,
+    pub policy: String,
+    pub workspace: PathBuf,
+    pub timeout: Option<Duration>,
+    pub json: bool,
+    pub diff: bool,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+    pub command: Vec<String>,
+    pub state_dir: PathBuf,
+}
+
+/// Removes what one-shot Docker runs that died left (their lock is free): containers, mounts
+/// and state.
+fn sweep_dead_runs(runs: &Path, images: &Arc<dyn ImageResolver>) {
+    let Ok(rd) = std::fs::read_dir(runs) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let dir = e.path();
+        if dir.join("docker/.lock").exists()
+            && let Ok(b) = DockerBackend::new(&dir, images.clone(), DockerConfig::default())
+        {
+            drop(b);
+            if taskbox_docker::hostmount::mounts_under(&dir).is_empty() {
+                taskbox_core::native::remove_tree(&dir);
+            }
+        }
+    }
+}
+
+/// `taskbox run --backend docker`: create a sandbox, run the command, report, destroy. The
+/// output and exit status follow `run`'s conventions; stdin is not forwarded.
+pub fn run(args: RunDocker) -> Result<u8> {
+    let image = args
+        .image
+        .clone()
+        .context("the docker backend needs an image: pass --image NAME|DIGEST")?;
+    let config = DockerConfig::default();
+    let images = image_resolver(&args.state_dir)?;
+    let runs = args.state_dir.join("docker-runs");
+    sweep_dead_runs(&runs, &images);
+    let own = runs.join(std::process::id().to_string());
+    std::fs::create_dir_all(&own).with_context(|| format!("cannot create {}", own.display()))?;
+    let outcome = (|| -> Result<u8> {
+        let backend = DockerBackend::new(&own, images, config).map_err(|e| anyhow!(e))?;
+        let policy = if Path::new(&args.policy).exists() {
+            std::fs::canonicalize(&args.policy)?.display().to_string()
+        } else {
+            args.policy.clone()
+        };
+        let info = backend
+            .create(CreateRequest {
+                workspace: args.workspace.display().to_string(),
+                policy: Some(policy),
+                backend: Some("docker".into()),
+                image: Some(image),
+                env: args.env.iter().cloned().collect(),
+                ..Default::default()
+            })
+            .map_err(|e| anyhow!(e))?;
+        let echo = !args.json;
+        let mut streamed_err = 0u64;
+        let mut on_event = |e: ExecEvent| match e {
+            ExecEvent::Stdout { data } if echo => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(data.as_bytes());
+                let _ = out.flush();
+            }
+            ExecEvent::Stderr { data } if echo => {
+                streamed_err += data.len() as u64;
+                let _ = std::io::stderr().write_all(data.as_bytes());
+            }
+            _ => {}
+        };
+        let req = ExecRequest {
+            argv: Some(args.command.clone()),
+            cwd: args.cwd.as_ref().map(|c| c.display().to_string()),
+            timeout_ms: args.timeout.map(|t| t.as_millis() as u64),
+            ..Default::default()
+        };
+        let outcome = backend.exec(&info.id, req, Some(&mut on_event));
+        let result = match outcome {
+            Ok(ExecOutcome::Finished(r)) => r,
+            Ok(ExecOutcome::Background(_)) => bail!("the exec did not run in the foreground"),
+            Err(e) => {
+                let _ = backend.destroy(&info.id);
+                return Err(anyhow!(e));
+            }
+        };
+        let diff = if args.diff {
+            Some(
+                backend
+                    .diff(&info.id, DiffRequest::default())
+                    .map_err(|e| anyhow!(e))?
+                    .diff,
+            )
+        } else {
+            None
+        };
+        let _ = backend.destroy(&info.id);
+        if args.json {
+            let mut value = serde_json::to_value(&result)?;
+            if let (Some(diff), Some(obj)) = (&diff, value.as_object_mut()) {
+                obj.insert("diff".into(), serde_json::Value::String(diff.clone()));
+            }
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        } else {
+            // What taskbox added to the stream (e.g. "command not found") was not streamed.
+            if !result.stderr.truncated && result.stderr.bytes > streamed_err {
+                let text = result.stderr.text.as_bytes();
+                let from = (streamed_err as usize).min(text.len());
+                let _ = std::io::stderr().write_all(&text[from..]);
+            }
+            for v in &result.violations {
+                eprintln!("taskbox: {}: {}", v.kind, v.detail);
+            }
+            if let Some(diff) = &diff {
+                print!("{diff}");
+            }
+        }
+        Ok(u8::try_from(result.cli_exit_status()).unwrap_or(125))
+    })();
+    // Nothing is mounted there any more unless an unmount failed: then leave it for the sweep.
+    if taskbox_docker::hostmount::mounts_under(&own).is_empty() {
+        taskbox_core::native::remove_tree(&own);
+    }
+    outcome
+}

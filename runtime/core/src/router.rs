@@ -1,0 +1,217 @@
+//! [`BackendRouter`]: one [`SandboxApi`] over several backends, so one supervisor serves them
+//! all. A create goes to the backend its request names (`backend`, default "native"); the
+//! router remembers which backend owns each sandbox and sends every later call there. `list`
+//! merges the backends' lists. (Its tests drive the real native and Docker backends, in the
+//! Docker backend's suite.)
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::api::*;
+
+/// The backend used when a create request names none.
+pub const DEFAULT_BACKEND: &str = "native";
+
+/// Routes the narrow API to backends by name.
+pub struct BackendRouter {
+    backends: BTreeMap<String, Arc<dyn SandboxApi>>,
+    owners: RwLock<HashMap<SandboxId, String>>,
+}
+
+impl std::fmt::Debug for BackendRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendRouter")
+            .field("backends", &self.backends.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Default for BackendRouter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BackendRouter {
+    pub fn new() -> BackendRouter {
+        BackendRouter {
+            backends: BTreeMap::new(),
+            owners: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Adds (or replaces) the backend called `name`.
+    pub fn with(mut self, name: impl Into<String>, backend: Arc<dyn SandboxApi>) -> Self {
+        self.backends.insert(name.into(), backend);
+        self
+    }
+
+    /// The names of the backends, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.backends.keys().map(String::as_str).collect()
+    }
+
+    fn remember(&self, id: &SandboxId, name: &str) {
+        if let Ok(mut m) = self.owners.write() {
+            m.insert(id.clone(), name.to_string());
+        }
+    }
+
+    /// The backend owning `id`: the one recorded at create, else the first that knows it (a
+    /// sandbox the router did not create, e.g. listed after a restart).
+    fn owner(&self, id: &SandboxId) -> Result<&Arc<dyn SandboxApi>, ApiError> {
+        let known = self.owners.read().ok().and_then(|m| m.get(id).cloned());
+        if let Some(b) = known.and_then(|name| self.backends.get(&name)) {
+            return Ok(b);
+        }
+        for (name, b) in &self.backends {
+            if b.info(id).is_ok() {
+                self.remember(id, name);
+                return Ok(b);
+            }
+        }
+        Err(ApiError::not_found(format!("sandbox {id} does not exist")))
+    }
+}
+
+impl SandboxApi for BackendRouter {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        let name = req
+            .backend
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BACKEND.to_string());
+        let backend = self.backends.get(&name).ok_or_else(|| {
+            let hint = if name == "docker" {
+                " (a supervisor serves docker when started with `taskbox serve --docker`)"
+            } else {
+                ""
+            };
+            ApiError::invalid(format!(
+                "backend {name:?} is not available here; available: {}{hint}",
+                self.names().join(", ")
+            ))
+        })?;
+        let info = backend.create(req)?;
+        self.remember(&info.id, &name);
+        Ok(info)
+    }
+
+    fn list(&self) -> Vec<SandboxInfo> {
+        let mut all = Vec::new();
+        for (name, b) in &self.backends {
+            for info in b.list() {
+                self.remember(&info.id, name);
+                all.push(info);
+            }
+        }
+        all.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
+        all
+    }
+
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        self.owner(id)?.info(id)
+    }
+
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        self.owner(id)?.exec(id, req, events)
+    }
+
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
+        self.owner(id)?.process(id, exec_id)
+    }
+
+    fn wait(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        timeout: Duration,
+    ) -> Result<ProcessInfo, ApiError> {
+        self.owner(id)?.wait(id, exec_id, timeout)
+    }
+
+    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
+        self.owner(id)?.kill(id, exec_id, signal)
+    }
+
+    fn write_stdin(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ApiError> {
+        self.owner(id)?.write_stdin(id, exec_id, data, close)
+    }
+
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
+        self.owner(id)?.read(id, req)
+    }
+
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
+        self.owner(id)?.write(id, req)
+    }
+
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
+        self.owner(id)?.edit(id, req)
+    }
+
+    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
+        self.owner(id)?.patch(id, req)
+    }
+
+    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
+        self.owner(id)?.list_dir(id, req)
+    }
+
+    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
+        self.owner(id)?.search(id, req)
+    }
+
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
+        self.owner(id)?.stat(id, req)
+    }
+
+    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
+        self.owner(id)?.remove(id, req)
+    }
+
+    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
+        self.owner(id)?.rename(id, req)
+    }
+
+    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
+        self.owner(id)?.diff(id, req)
+    }
+
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError> {
+        self.owner(id)?.checkpoint(id, req)
+    }
+
+    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
+        self.owner(id)?.restore(id, req)
+    }
+
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
+        self.owner(id)?.export(id, req)
+    }
+
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
+        let r = self.owner(id)?.destroy(id);
+        if r.is_ok()
+            && let Ok(mut m) = self.owners.write()
+        {
+            m.remove(id);
+        }
+        r
+    }
+}
