@@ -60,9 +60,109 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Where a suite's sandboxes run: the suites in `tests/` are one suite parametrised by backend
+/// (see [`backend_suite!`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The native backend with the host view (the default of `taskbox run`).
+    Native,
+    /// The native backend with an image as the root.
+    NativeImage,
+    /// The Docker backend (always with an image).
+    Docker,
+}
+
+/// The image the image-rooted variants run: Debian with python3, coreutils and a compiler, as
+/// the escape probes need.
+pub const SUITE_IMAGE: &str = "debian-dev";
+
+/// The image store shared by the suites (root only: unpacked images may hold setuid files, so
+/// the store is private to its owner). `scripts/test.sh` builds the images into it first;
+/// [`ensure_image`] builds what is missing.
+pub fn test_image_dir() -> PathBuf {
+    std::env::var_os("TASKBOX_TEST_IMAGE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/taskbox-test-images"))
+}
+
+/// Builds `name` into the shared test store unless it is there, one builder at a time (the
+/// suites run as parallel processes). Returns false, with the reason printed, when it cannot.
+pub fn ensure_image(name: &str) -> bool {
+    use std::os::fd::AsRawFd;
+    let dir = test_image_dir();
+    std::fs::create_dir_all(&dir).expect("create the test image store");
+    let lock = std::fs::File::create(dir.join(".suite.lock")).expect("lock file");
+    // SAFETY: flock on an fd we own; released when `lock` is dropped.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root");
+    let state = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(taskbox())
+        .args(["image", "build", name])
+        .env("TASKBOX_IMAGE_DIR", &dir)
+        .env("TASKBOX_STATE_DIR", state.path())
+        .current_dir(repo)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn taskbox image build");
+    require(
+        out.status.success(),
+        &format!(
+            "cannot build the suite image {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Whether a Docker daemon answers.
+pub fn docker_available() -> bool {
+    Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Declares a suite once and runs it on every backend: each `fn name(env: Env) { ... }` becomes
+/// `native::name`, `native_image::name` and `docker::name`. The image-rooted variants need root
+/// (the shared image store) and, for docker, a daemon; they skip with the reason otherwise.
+#[macro_export]
+macro_rules! backend_suite {
+    ($(fn $name:ident($env:ident: Env) $body:block)*) => {
+        mod native {
+            #[allow(unused_imports)]
+            use super::*;
+            $(#[test] fn $name() { let $env = $crate::Env::new(); $body })*
+        }
+        mod native_image {
+            #[allow(unused_imports)]
+            use super::*;
+            $(#[test] fn $name() {
+                let Some($env) = $crate::Env::for_backend($crate::Backend::NativeImage) else {
+                    return;
+                };
+                $body
+            })*
+        }
+        mod docker {
+            #[allow(unused_imports)]
+            use super::*;
+            $(#[test] fn $name() {
+                let Some($env) = $crate::Env::for_backend($crate::Backend::Docker) else {
+                    return;
+                };
+                $body
+            })*
+        }
+    };
+}
+
 /// A scratch environment for one test: a workspace, a state directory and a fake home.
 pub struct Env {
     pub dir: tempfile::TempDir,
+    pub backend: Backend,
 }
 
 impl Default for Env {
@@ -80,7 +180,49 @@ impl Env {
         for d in ["ws", "state", "home"] {
             std::fs::create_dir(dir.path().join(d)).expect("mkdir");
         }
-        Env { dir }
+        Env {
+            dir,
+            backend: Backend::Native,
+        }
+    }
+
+    /// An environment on `backend`, or None (with the reason printed; a failure under
+    /// `TASKBOX_REQUIRE_ALL=1`) when it cannot run here.
+    pub fn for_backend(backend: Backend) -> Option<Self> {
+        if backend != Backend::Native {
+            if !require(
+                is_root(),
+                "the image-rooted suites use the root-owned test image store",
+            ) || (backend == Backend::Docker
+                && !require(
+                    docker_available(),
+                    "no Docker daemon answers (start dockerd)",
+                ))
+                || !ensure_image(SUITE_IMAGE)
+            {
+                return None;
+            }
+        }
+        let mut env = Env::new();
+        env.backend = backend;
+        Some(env)
+    }
+
+    /// The workspace's path as commands in the sandbox see it.
+    pub fn inside_ws(&self) -> PathBuf {
+        match self.backend {
+            Backend::Native => std::fs::canonicalize(self.ws()).expect("canonical workspace"),
+            Backend::NativeImage | Backend::Docker => PathBuf::from("/workspace"),
+        }
+    }
+
+    /// The `run` flags that select this environment's backend.
+    pub fn backend_args(&self) -> Vec<&'static str> {
+        match self.backend {
+            Backend::Native => vec![],
+            Backend::NativeImage => vec!["--image", SUITE_IMAGE],
+            Backend::Docker => vec!["--backend", "docker", "--image", SUITE_IMAGE],
+        }
     }
 
     pub fn ws(&self) -> PathBuf {
@@ -109,13 +251,28 @@ impl Env {
             .env("HOME", self.home())
             .current_dir(self.ws())
             .stdin(Stdio::null());
+        if self.backend != Backend::Native {
+            c.env("TASKBOX_IMAGE_DIR", test_image_dir());
+        }
+        c
+    }
+
+    /// `taskbox run` with this environment's backend flags.
+    pub fn run_command(&self) -> Command {
+        let mut c = self.command();
+        c.arg("run").args(self.backend_args());
         c
     }
 
     /// `taskbox run --json [extra...] -- argv...`, parsed.
     pub fn run_json(&self, extra: &[&str], argv: &[&str]) -> Run {
         let mut c = self.command();
-        c.arg("run").arg("--json").args(extra).arg("--").args(argv);
+        c.arg("run")
+            .arg("--json")
+            .args(self.backend_args())
+            .args(extra)
+            .arg("--")
+            .args(argv);
         Run::from_output(c.output().expect("spawn taskbox"))
     }
 

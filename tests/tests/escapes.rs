@@ -1,5 +1,6 @@
-//! Escape attempts against the native sandbox: each is tried for real and must be refused.
-//! Runs as root and as an unprivileged user (scripts/test.sh runs the suite both ways).
+//! Escape attempts: each is tried for real and must be refused. The host-view ones run on the
+//! native backend; the rest run on every backend (`backend_suite!` at the end). The native
+//! variants also run as an unprivileged user (scripts/test.sh runs the suite both ways).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
@@ -20,35 +21,6 @@ fn py(env: &Env, code: &str) -> String {
         r.raw_stderr
     );
     format!("{}{}", r.stdout(), r.stderr())
-}
-
-#[test]
-fn writes_outside_the_workspace_and_tmp_are_refused() {
-    let env = Env::new();
-    for target in [
-        "/etc/taskbox-escape",
-        "/usr/taskbox-escape",
-        "/taskbox-escape",
-    ] {
-        let r = env.sh(&format!("echo x > {target}"));
-        assert_ne!(r.exit_code(), Some(0), "wrote {target}: {:#}", r.json);
-        assert!(
-            !std::path::Path::new(target).exists(),
-            "{target} reached the host"
-        );
-    }
-    // Beside the workspace lies the sandbox's private /tmp (the scratch dir is under /tmp):
-    // a write there may succeed, but must not reach the host.
-    let parent = env.dir.path().join("escape.txt");
-    let _ = env.sh(&format!("echo x > {}", parent.display()));
-    assert!(
-        !parent.exists(),
-        "a write beside the workspace reached the host"
-    );
-    // /tmp is writable but private.
-    let r = env.sh("echo x > /tmp/taskbox-private && cat /tmp/taskbox-private");
-    r.ok();
-    assert!(!std::path::Path::new("/tmp/taskbox-private").exists());
 }
 
 #[test]
@@ -142,182 +114,6 @@ fn home_is_hidden_except_toolchains_and_credential_stores_stay_hidden() {
 }
 
 #[test]
-fn the_host_workspace_cannot_be_modified_without_write_through() {
-    let env = Env::new();
-    env.write("src/main.rs", "fn main() {}\n");
-    let r = env.sh("echo hacked > src/main.rs; rm -rf src; echo new > x; ls");
-    r.ok();
-    assert_eq!(
-        std::fs::read_to_string(env.ws().join("src/main.rs")).unwrap(),
-        "fn main() {}\n"
-    );
-    assert!(!env.ws().join("x").exists());
-}
-
-#[test]
-fn git_hooks_and_config_are_read_only() {
-    let env = Env::new();
-    env.write(".git/hooks/README", "hooks\n");
-    env.write(".git/config", "[core]\n");
-    let r = env.sh("echo evil > .git/hooks/pre-commit");
-    assert_ne!(r.exit_code(), Some(0), "{:#}", r.json);
-    let r = env.sh("echo '[core] hooksPath=/tmp' >> .git/config");
-    assert_ne!(r.exit_code(), Some(0), "{:#}", r.json);
-    let r = env.sh("echo ok > .git/description && cat .git/description");
-    r.ok();
-}
-
-#[test]
-fn network_to_the_hosts_loopback_is_unreachable() {
-    let env = Env::new();
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    tcp.set_nonblocking(true).unwrap();
-    let port = tcp.local_addr().unwrap().port();
-    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-    udp.set_read_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
-    let uport = udp.local_addr().unwrap().port();
-    let tcp6 = TcpListener::bind("[::1]:0").ok();
-    let port6 = tcp6.as_ref().map(|l| l.local_addr().unwrap().port());
-    let code = format!(
-        r#"
-import socket
-def tcp(fam, addr):
-    s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(2)
-    try:
-        s.connect(addr); print("CONNECTED", addr)
-    except OSError as e: print("refused", addr, e.errno)
-tcp(socket.AF_INET, ("127.0.0.1", {port}))
-if {port6} > 0: tcp(socket.AF_INET6, ("::1", {port6}))
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-try: u.sendto(b"escape", ("127.0.0.1", {uport})); print("udp sent locally")
-except OSError as e: print("udp refused", e.errno)
-try:
-    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print("RAW OPENED")
-except OSError as e: print("raw refused", e.errno)
-try:
-    socket.getaddrinfo("example.com", 443); print("DNS RESOLVED")
-except OSError as e: print("dns failed", e)
-try:
-    d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); d.settimeout(1)
-    d.sendto(b"\x00"*12, ("8.8.8.8", 53)); d.recv(512); print("DNS ANSWERED")
-except OSError as e: print("dns udp failed", e)
-"#,
-        port6 = port6.unwrap_or(0)
-    );
-    let out = py(&env, &code);
-    assert!(!out.contains("CONNECTED"), "{out}");
-    assert!(!out.contains("RAW OPENED"), "{out}");
-    assert!(!out.contains("DNS RESOLVED"), "{out}");
-    assert!(!out.contains("DNS ANSWERED"), "{out}");
-    assert!(out.contains("refused ('127.0.0.1'"), "{out}");
-    assert!(
-        tcp.accept().is_err(),
-        "the host listener accepted a connection"
-    );
-    let mut buf = [0u8; 16];
-    assert!(
-        udp.recv_from(&mut buf).is_err(),
-        "a datagram reached the host"
-    );
-}
-
-#[test]
-fn host_processes_are_invisible_and_unsignalable() {
-    let env = Env::new();
-    let mut victim = std::process::Command::new("sleep")
-        .arg("300")
-        .spawn()
-        .unwrap();
-    let pid = victim.id();
-    let r = env.sh(&format!(
-        "ls /proc | grep -c '^[0-9]' ; kill -9 {pid} 2>&1; test -e /proc/{pid} && echo VISIBLE; true"
-    ));
-    let out = r.stdout();
-    let visible: u32 = out
-        .lines()
-        .next()
-        .unwrap_or("999")
-        .trim()
-        .parse()
-        .unwrap_or(999);
-    assert!(visible < 10, "the sandbox sees {visible} processes");
-    assert!(!out.contains("VISIBLE"), "{out}");
-    let code = format!(
-        r#"
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-rc = libc.ptrace(16, {pid}, 0, 0)  # PTRACE_ATTACH
-print("ptrace", rc, ctypes.get_errno())
-rc = libc.syscall(310, {pid}, 0, 1, 0, 1, 0)  # process_vm_readv
-print("vm_readv", rc)
-"#
-    );
-    let out = py(&env, &code);
-    assert!(out.contains("ptrace -1"), "{out}");
-    assert!(out.contains("vm_readv -1"), "{out}");
-    assert!(
-        victim.try_wait().unwrap().is_none(),
-        "the host process was killed"
-    );
-    victim.kill().unwrap();
-    victim.wait().unwrap();
-}
-
-#[test]
-fn mount_unshare_io_uring_keyctl_and_bpf_are_refused() {
-    let env = Env::new();
-    let code = r#"
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-def sc(name, nr, *args):
-    rc = libc.syscall(nr, *args)
-    print(name, rc, ctypes.get_errno())
-sc("mount", 165, b"none", b"/tmp", b"tmpfs", 0, 0)
-sc("unshare_user", 272, 0x10000000)
-sc("unshare_ns", 272, 0x00020000)
-sc("io_uring_setup", 425, 8, ctypes.create_string_buffer(256))
-sc("keyctl", 250, 0, 0, 0, 0, 0)
-sc("add_key", 248, b"user", b"x", b"y", 1, -4)
-sc("bpf", 321, 0, 0, 0)
-sc("perf_event_open", 298, 0, 0, -1, -1, 0)
-sc("userfaultfd", 323, 0)
-sc("pivot_root", 155, b"/tmp", b"/tmp")
-sc("fsopen", 430, b"tmpfs", 0)
-sc("open_tree", 428, -100, b"/", 0)
-sc("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
-"#;
-    let out = py(&env, code);
-    for line in out.lines().filter(|l| !l.is_empty()) {
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(parts.len(), 3, "unexpected line {line:?} in {out}");
-        assert_eq!(parts[1], "-1", "{} was not refused: {out}", parts[0]);
-    }
-    assert_eq!(out.lines().filter(|l| !l.is_empty()).count(), 13, "{out}");
-    let r = env.sh("unshare -U true 2>&1 && echo UNSHARED; mount -t tmpfs none /tmp 2>&1 && echo MOUNTED; true");
-    assert!(!r.stdout().contains("UNSHARED"), "{}", r.stdout());
-    assert!(!r.stdout().contains("MOUNTED"), "{}", r.stdout());
-}
-
-#[test]
-fn tiocsti_is_refused_also_with_high_bits_set() {
-    let env = Env::new();
-    let code = r#"
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-c = ctypes.c_char(b"x")
-for name, req in (("plain", 0x5412), ("high", 0x5412 | (1 << 32)), ("linux", 0x541C)):
-    rc = libc.syscall(16, 0, ctypes.c_ulong(req), ctypes.byref(c))
-    print(name, rc, ctypes.get_errno())
-"#;
-    let out = py(&env, code);
-    for name in ["plain", "high", "linux"] {
-        // EPERM (1) from seccomp, not ENOTTY (25) from the kernel: the filter saw the request.
-        assert!(out.contains(&format!("{name} -1 1\n")), "{name}: {out}");
-    }
-}
-
-#[test]
 fn setuid_binaries_grant_nothing() {
     let env = Env::new();
     let suid = "/usr/local/lib/taskbox-test/suid-cat";
@@ -367,64 +163,6 @@ fn limits_policy(env: &Env, memory: &str, pids: u64) -> String {
 }
 
 #[test]
-fn fork_bomb_is_held_by_the_pids_limit() {
-    let env = Env::new();
-    let policy = limits_policy(&env, "1GiB", 64);
-    let marker = format!("forkbomb{}", std::process::id());
-    let r = env.run_json(
-        &["--policy", &policy, "--timeout", "5s"],
-        &[
-            "/bin/bash",
-            "-c",
-            &format!("exec -a {marker} bash -c 'b(){{ b | b & }}; b; sleep 3; echo survived'"),
-        ],
-    );
-    // Held: the host is fine, the run ended on its own terms, nothing is left behind.
-    assert!(
-        r.exit_code().is_some() || r.json["timed_out"] == true,
-        "{:#}",
-        r.json
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        taskbox_tests::host_processes_with(&marker).is_empty(),
-        "fork bomb processes survived"
-    );
-    let stderr = r.stderr();
-    assert!(
-        stderr.contains("fork") || stderr.contains("Resource temporarily unavailable"),
-        "the limit never bit: {stderr}"
-    );
-}
-
-#[test]
-fn memory_bomb_is_held_and_reported() {
-    let env = Env::new();
-    let policy = limits_policy(&env, "256MiB", 256);
-    let r = env.run_json(
-        &["--policy", &policy],
-        &[
-            PYTHON,
-            "-c",
-            "x = []\nwhile True: x.append(bytearray(16 << 20))",
-        ],
-    );
-    assert_ne!(r.exit_code(), Some(0), "{:#}", r.json);
-    let limits = r.json["enforcement"]["limits"].as_str().unwrap();
-    if limits.starts_with("cgroup") {
-        assert_eq!(r.json["resources"]["oom_killed"], true, "{:#}", r.json);
-        assert_eq!(r.json["signal"], 9);
-        let v = r.json["violations"].as_array().unwrap();
-        assert!(v.iter().any(|v| v["kind"] == "limit"), "{v:?}");
-        let peak = r.json["resources"]["max_rss_bytes"].as_u64().unwrap();
-        assert!(peak <= 300 << 20, "peak {peak}");
-    } else {
-        // The address-space rlimit: the allocation fails inside the command.
-        assert!(r.stderr().contains("MemoryError"), "{:#}", r.json);
-    }
-}
-
-#[test]
 fn a_sandboxed_process_cannot_read_the_supervisors_pipes_or_fds() {
     let env = Env::new();
     let r = env.sh("ls /proc/self/fd | wc -l");
@@ -434,16 +172,254 @@ fn a_sandboxed_process_cannot_read_the_supervisors_pipes_or_fds() {
     assert!(n <= 4, "{n} descriptors leaked into the sandbox");
 }
 
-#[test]
-fn no_host_daemon_socket_is_reachable() {
-    let env = Env::new();
-    let r = env.sh(
-        "for s in /run/docker.sock /var/run/docker.sock /run/dbus/system_bus_socket /var/run/dbus/system_bus_socket; do \
-         test -S $s && echo SOCKET $s; done; ls /run | wc -l; true",
-    );
-    r.ok();
-    assert!(!r.stdout().contains("SOCKET"), "{}", r.stdout());
-    let mut leftover = String::new();
-    let _ =
-        std::fs::File::open("/proc/self/status").and_then(|mut f| f.read_to_string(&mut leftover));
+// The escapes every backend must refuse, tried on each (native host view, native with an
+// image root, docker). The ones above are about the host view itself.
+taskbox_tests::backend_suite! {
+    fn writes_outside_the_workspace_and_tmp_are_refused(env: Env) {
+        for target in [
+            "/etc/taskbox-escape",
+            "/usr/taskbox-escape",
+            "/taskbox-escape",
+        ] {
+            let r = env.sh(&format!("echo x > {target}"));
+            assert_ne!(r.exit_code(), Some(0), "wrote {target}: {:#}", r.json);
+            assert!(
+                !std::path::Path::new(target).exists(),
+                "{target} reached the host"
+            );
+        }
+        // Beside the workspace lies the sandbox's private /tmp (the scratch dir is under /tmp):
+        // a write there may succeed, but must not reach the host.
+        let parent = env.dir.path().join("escape.txt");
+        let _ = env.sh(&format!("echo x > {}", parent.display()));
+        assert!(
+            !parent.exists(),
+            "a write beside the workspace reached the host"
+        );
+        // /tmp is writable but private.
+        let r = env.sh("echo x > /tmp/taskbox-private && cat /tmp/taskbox-private");
+        r.ok();
+        assert!(!std::path::Path::new("/tmp/taskbox-private").exists());
+    }
+    fn the_host_workspace_cannot_be_modified_without_write_through(env: Env) {
+        env.write("src/main.rs", "fn main() {}\n");
+        let r = env.sh("echo hacked > src/main.rs; rm -rf src; echo new > x; ls");
+        r.ok();
+        assert_eq!(
+            std::fs::read_to_string(env.ws().join("src/main.rs")).unwrap(),
+            "fn main() {}\n"
+        );
+        assert!(!env.ws().join("x").exists());
+    }
+    fn git_hooks_and_config_are_read_only(env: Env) {
+        env.write(".git/hooks/README", "hooks\n");
+        env.write(".git/config", "[core]\n");
+        let r = env.sh("echo evil > .git/hooks/pre-commit");
+        assert_ne!(r.exit_code(), Some(0), "{:#}", r.json);
+        let r = env.sh("echo '[core] hooksPath=/tmp' >> .git/config");
+        assert_ne!(r.exit_code(), Some(0), "{:#}", r.json);
+        let r = env.sh("echo ok > .git/description && cat .git/description");
+        r.ok();
+    }
+    fn network_to_the_hosts_loopback_is_unreachable(env: Env) {
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let uport = udp.local_addr().unwrap().port();
+        let tcp6 = TcpListener::bind("[::1]:0").ok();
+        let port6 = tcp6.as_ref().map(|l| l.local_addr().unwrap().port());
+        let code = format!(
+            r#"
+import socket
+def tcp(fam, addr):
+    s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(2)
+    try:
+        s.connect(addr); print("CONNECTED", addr)
+    except OSError as e: print("refused", addr, e.errno)
+tcp(socket.AF_INET, ("127.0.0.1", {port}))
+if {port6} > 0: tcp(socket.AF_INET6, ("::1", {port6}))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try: u.sendto(b"escape", ("127.0.0.1", {uport})); print("udp sent locally")
+except OSError as e: print("udp refused", e.errno)
+try:
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print("RAW OPENED")
+except OSError as e: print("raw refused", e.errno)
+try:
+    socket.getaddrinfo("example.com", 443); print("DNS RESOLVED")
+except OSError as e: print("dns failed", e)
+try:
+    d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); d.settimeout(1)
+    d.sendto(b"\x00"*12, ("8.8.8.8", 53)); d.recv(512); print("DNS ANSWERED")
+except OSError as e: print("dns udp failed", e)
+"#,
+            port6 = port6.unwrap_or(0)
+        );
+        let out = py(&env, &code);
+        assert!(!out.contains("CONNECTED"), "{out}");
+        assert!(!out.contains("RAW OPENED"), "{out}");
+        assert!(!out.contains("DNS RESOLVED"), "{out}");
+        assert!(!out.contains("DNS ANSWERED"), "{out}");
+        assert!(out.contains("refused ('127.0.0.1'"), "{out}");
+        assert!(
+            tcp.accept().is_err(),
+            "the host listener accepted a connection"
+        );
+        let mut buf = [0u8; 16];
+        assert!(
+            udp.recv_from(&mut buf).is_err(),
+            "a datagram reached the host"
+        );
+    }
+    fn host_processes_are_invisible_and_unsignalable(env: Env) {
+        let mut victim = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .unwrap();
+        let pid = victim.id();
+        let r = env.sh(&format!(
+            "ls /proc | grep -c '^[0-9]' ; kill -9 {pid} 2>&1; test -e /proc/{pid} && echo VISIBLE; true"
+        ));
+        let out = r.stdout();
+        let visible: u32 = out
+            .lines()
+            .next()
+            .unwrap_or("999")
+            .trim()
+            .parse()
+            .unwrap_or(999);
+        assert!(visible < 10, "the sandbox sees {visible} processes");
+        assert!(!out.contains("VISIBLE"), "{out}");
+        let code = format!(
+            r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.ptrace(16, {pid}, 0, 0)  # PTRACE_ATTACH
+print("ptrace", rc, ctypes.get_errno())
+rc = libc.syscall(310, {pid}, 0, 1, 0, 1, 0)  # process_vm_readv
+print("vm_readv", rc)
+"#
+        );
+        let out = py(&env, &code);
+        assert!(out.contains("ptrace -1"), "{out}");
+        assert!(out.contains("vm_readv -1"), "{out}");
+        assert!(
+            victim.try_wait().unwrap().is_none(),
+            "the host process was killed"
+        );
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+    }
+    fn mount_unshare_io_uring_keyctl_and_bpf_are_refused(env: Env) {
+        let code = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(name, nr, *args):
+    rc = libc.syscall(nr, *args)
+    print(name, rc, ctypes.get_errno())
+sc("mount", 165, b"none", b"/tmp", b"tmpfs", 0, 0)
+sc("unshare_user", 272, 0x10000000)
+sc("unshare_ns", 272, 0x00020000)
+sc("io_uring_setup", 425, 8, ctypes.create_string_buffer(256))
+sc("keyctl", 250, 0, 0, 0, 0, 0)
+sc("add_key", 248, b"user", b"x", b"y", 1, -4)
+sc("bpf", 321, 0, 0, 0)
+sc("perf_event_open", 298, 0, 0, -1, -1, 0)
+sc("userfaultfd", 323, 0)
+sc("pivot_root", 155, b"/tmp", b"/tmp")
+sc("fsopen", 430, b"tmpfs", 0)
+sc("open_tree", 428, -100, b"/", 0)
+sc("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
+"#;
+        let out = py(&env, code);
+        for line in out.lines().filter(|l| !l.is_empty()) {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(parts.len(), 3, "unexpected line {line:?} in {out}");
+            assert_eq!(parts[1], "-1", "{} was not refused: {out}", parts[0]);
+        }
+        assert_eq!(out.lines().filter(|l| !l.is_empty()).count(), 13, "{out}");
+        let r = env.sh("unshare -U true 2>&1 && echo UNSHARED; mount -t tmpfs none /tmp 2>&1 && echo MOUNTED; true");
+        assert!(!r.stdout().contains("UNSHARED"), "{}", r.stdout());
+        assert!(!r.stdout().contains("MOUNTED"), "{}", r.stdout());
+    }
+    fn tiocsti_is_refused_also_with_high_bits_set(env: Env) {
+        let code = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+c = ctypes.c_char(b"x")
+for name, req in (("plain", 0x5412), ("high", 0x5412 | (1 << 32)), ("linux", 0x541C)):
+    rc = libc.syscall(16, 0, ctypes.c_ulong(req), ctypes.byref(c))
+    print(name, rc, ctypes.get_errno())
+"#;
+        let out = py(&env, code);
+        for name in ["plain", "high", "linux"] {
+            // EPERM (1) from seccomp, not ENOTTY (25) from the kernel: the filter saw the request.
+            assert!(out.contains(&format!("{name} -1 1\n")), "{name}: {out}");
+        }
+    }
+    fn fork_bomb_is_held_by_the_pids_limit(env: Env) {
+        let policy = limits_policy(&env, "1GiB", 64);
+        let marker = format!("forkbomb{}", std::process::id());
+        let r = env.run_json(
+            &["--policy", &policy, "--timeout", "5s"],
+            &[
+                "/bin/bash",
+                "-c",
+                &format!("exec -a {marker} bash -c 'b(){{ b | b & }}; b; sleep 3; echo survived'"),
+            ],
+        );
+        // Held: the host is fine, the run ended on its own terms, nothing is left behind.
+        assert!(
+            r.exit_code().is_some() || r.json["timed_out"] == true,
+            "{:#}",
+            r.json
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            taskbox_tests::host_processes_with(&marker).is_empty(),
+            "fork bomb processes survived"
+        );
+        let stderr = r.stderr();
+        assert!(
+            stderr.contains("fork") || stderr.contains("Resource temporarily unavailable"),
+            "the limit never bit: {stderr}"
+        );
+    }
+    fn memory_bomb_is_held_and_reported(env: Env) {
+        let policy = limits_policy(&env, "256MiB", 256);
+        let r = env.run_json(
+            &["--policy", &policy],
+            &[
+                PYTHON,
+                "-c",
+                "x = []\nwhile True: x.append(bytearray(16 << 20))",
+            ],
+        );
+        assert_ne!(r.exit_code(), Some(0), "{:#}", r.json);
+        let limits = r.json["enforcement"]["limits"].as_str().unwrap();
+        if limits.starts_with("cgroup") {
+            assert_eq!(r.json["resources"]["oom_killed"], true, "{:#}", r.json);
+            assert_eq!(r.json["signal"], 9);
+            let v = r.json["violations"].as_array().unwrap();
+            assert!(v.iter().any(|v| v["kind"] == "limit"), "{v:?}");
+            let peak = r.json["resources"]["max_rss_bytes"].as_u64().unwrap();
+            assert!(peak <= 300 << 20, "peak {peak}");
+        } else {
+            // The address-space rlimit: the allocation fails inside the command.
+            assert!(r.stderr().contains("MemoryError"), "{:#}", r.json);
+        }
+    }
+    fn no_host_daemon_socket_is_reachable(env: Env) {
+        let r = env.sh(
+            "for s in /run/docker.sock /var/run/docker.sock /run/dbus/system_bus_socket /var/run/dbus/system_bus_socket; do \
+             test -S $s && echo SOCKET $s; done; ls /run | wc -l; true",
+        );
+        r.ok();
+        assert!(!r.stdout().contains("SOCKET"), "{}", r.stdout());
+        let mut leftover = String::new();
+        let _ =
+            std::fs::File::open("/proc/self/status").and_then(|mut f| f.read_to_string(&mut leftover));
+    }
 }

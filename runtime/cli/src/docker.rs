@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use taskbox_core::api::{
-    CreateRequest, DiffRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi,
+    ApiError, CreateRequest, DiffRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi,
 };
 use taskbox_core::image::ImageResolver;
 use taskbox_core::router::BackendRouter;
@@ -29,10 +29,38 @@ pub struct ServeDocker {
 
 /// The images both backends use: the image store (`taskbox image build`), `$TASKBOX_IMAGE_DIR`
 /// or `STATE/images`. The Docker backend loads an image into the daemon by digest on first use.
+/// The store is opened on first use, so a supervisor that never sees an image never needs it.
 pub fn image_resolver(state_dir: &Path) -> Result<Arc<dyn ImageResolver>> {
-    Ok(Arc::new(
-        taskbox_image::Store::open_default(state_dir).map_err(|e| anyhow!(e))?,
-    ))
+    Ok(Arc::new(LazyStore {
+        state_dir: state_dir.to_path_buf(),
+        store: std::sync::OnceLock::new(),
+    }))
+}
+
+struct LazyStore {
+    state_dir: PathBuf,
+    store: std::sync::OnceLock<taskbox_image::Store>,
+}
+
+impl LazyStore {
+    fn store(&self) -> Result<&taskbox_image::Store, ApiError> {
+        if let Some(s) = self.store.get() {
+            return Ok(s);
+        }
+        let s = taskbox_image::Store::open_default(&self.state_dir)
+            .map_err(|e| ApiError::Internal(format!("cannot open the image store: {e}")))?;
+        Ok(self.store.get_or_init(|| s))
+    }
+}
+
+impl ImageResolver for LazyStore {
+    fn resolve(&self, name_or_digest: &str) -> Result<taskbox_core::image::ImageRoot, ApiError> {
+        self.store()?.resolve(name_or_digest)
+    }
+
+    fn docker_archive(&self, digest: &str, out: &mut dyn Write) -> Result<(), ApiError> {
+        self.store()?.docker_archive(digest, out)
+    }
 }
 
 /// The backend `serve` hands to the server: native alone, or native and docker behind a router.
@@ -89,7 +117,8 @@ fn sweep_dead_runs(runs: &Path, images: &Arc<dyn ImageResolver>) {
 }
 
 /// `taskbox run --backend docker`: create a sandbox, run the command, report, destroy. The
-/// output and exit status follow `run`'s conventions; stdin is not forwarded.
+/// output and exit status follow `run`'s conventions. Standard input, when it is not a terminal,
+/// is read whole (up to 64 MiB) and given to the command.
 pub fn run(args: RunDocker) -> Result<u8> {
     let image = args
         .image
@@ -132,7 +161,9 @@ pub fn run(args: RunDocker) -> Result<u8> {
             }
             _ => {}
         };
+        let stdin = read_stdin()?;
         let req = ExecRequest {
+            stdin,
             argv: Some(args.command.clone()),
             cwd: args.cwd.as_ref().map(|c| c.display().to_string()),
             timeout_ms: args.timeout.map(|t| t.as_millis() as u64),
@@ -185,4 +216,26 @@ pub fn run(args: RunDocker) -> Result<u8> {
         taskbox_core::native::remove_tree(&own);
     }
     outcome
+}
+
+/// Standard input for a one-shot Docker run: none from a terminal, else all of it (bounded).
+fn read_stdin() -> Result<Option<String>> {
+    use std::io::{IsTerminal, Read};
+    const MAX: u64 = 64 << 20;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut buf = Vec::new();
+    stdin
+        .lock()
+        .take(MAX + 1)
+        .read_to_end(&mut buf)
+        .context("cannot read standard input")?;
+    if buf.len() as u64 > MAX {
+        bail!("standard input is larger than 64 MiB; the docker backend takes it whole");
+    }
+    let text = String::from_utf8(buf)
+        .map_err(|_| anyhow!("standard input is not UTF-8; the docker backend takes text only"))?;
+    Ok(Some(text))
 }
