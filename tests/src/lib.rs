@@ -189,19 +189,18 @@ impl Env {
     /// An environment on `backend`, or None (with the reason printed; a failure under
     /// `TASKBOX_REQUIRE_ALL=1`) when it cannot run here.
     pub fn for_backend(backend: Backend) -> Option<Self> {
-        if backend != Backend::Native {
-            if !require(
+        let usable = backend == Backend::Native
+            || (require(
                 is_root(),
                 "the image-rooted suites use the root-owned test image store",
-            ) || (backend == Backend::Docker
-                && !require(
+            ) && (backend != Backend::Docker
+                || require(
                     docker_available(),
                     "no Docker daemon answers (start dockerd)",
                 ))
-                || !ensure_image(SUITE_IMAGE)
-            {
-                return None;
-            }
+                && ensure_image(SUITE_IMAGE));
+        if !usable {
+            return None;
         }
         let mut env = Env::new();
         env.backend = backend;
