@@ -141,32 +141,63 @@ impl<B: SandboxApi> CommandPolicy<B> {
     }
 }
 
-/// What the model reads when a command is forbidden.
-fn forbidden(check: &Check, policy: &str) -> String {
-    match &check.rule {
+/// Why a command was not run (see [`refusal_detail`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Refusal<'a> {
+    /// The rules forbid it; `policy` names the policy.
+    Forbidden { policy: &'a str },
+    /// It needed approval and a person (or the one-shot CLI, for want of one) denied it.
+    Denied {
+        reason: &'a str,
+        approval: Option<&'a ApprovalId>,
+    },
+    /// It needed approval and no one answered in time.
+    Expired {
+        after: Duration,
+        approval: Option<&'a ApprovalId>,
+    },
+}
+
+/// The detail of the `command` violation for a refused command: what, which rule, and what to
+/// do, in words a model can act on. The same text on every surface.
+pub fn refusal_detail(check: &Check, refusal: Refusal<'_>) -> String {
+    let asked = match &check.rule {
         Some(rule) => format!(
-            "`{}` is forbidden by the command policy (rule {rule} of policy {policy}); nothing \
-             was run. Do not retry it in another form; if it is needed, ask the user to run it or \
-             to change [commands] in the policy.",
+            "`{}` needs a person's approval (rule {rule})",
             check.command
         ),
         None => format!(
-            "{} (policy {policy}); nothing was run. Use an allowed command, or ask the user to \
-             allow this one in [commands] of the policy.",
-            check.reason
-        ),
-    }
-}
-
-fn needs_approval(check: &Check) -> String {
-    match &check.rule {
-        Some(_) => format!(
             "`{}` needs a person's approval ({})",
             check.command, check.reason
         ),
-        None => format!(
-            "`{}` needs a person's approval: {}",
-            check.command, check.reason
+    };
+    let which = |approval: Option<&ApprovalId>| match approval {
+        Some(id) => format!(" (approval {id})"),
+        None => String::new(),
+    };
+    match refusal {
+        Refusal::Forbidden { policy } => match &check.rule {
+            Some(rule) => format!(
+                "`{}` is forbidden by the command policy (rule {rule} of policy {policy}); \
+                 nothing was run. Do not retry it in another form; if it is needed, ask the user \
+                 to run it or to change [commands] in the policy.",
+                check.command
+            ),
+            None => format!(
+                "{} (policy {policy}); nothing was run. Use an allowed command, or ask the user \
+                 to allow this one in [commands] of the policy.",
+                check.reason
+            ),
+        },
+        Refusal::Denied { reason, approval } => format!(
+            "{asked} and was denied: {reason}. Nothing was run{}.",
+            which(approval)
+        ),
+        Refusal::Expired { after, approval } => format!(
+            "{asked} and no one answered within {}, so it was denied. Nothing was run{}; ask \
+             the user to approve it while it waits, or to run it themselves.",
+            humantime::format_duration(after),
+            which(approval)
         ),
     }
 }
@@ -215,7 +246,13 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
             Verdict::Allow => self.inner.exec(id, req, events),
             Verdict::Forbid => {
                 tracing::info!(sandbox = %id, command = %check.command, rule = ?check.rule, "command forbidden");
-                self.refuse(id, started, forbidden(&check, &rules.policy), events)
+                let detail = refusal_detail(
+                    &check,
+                    Refusal::Forbidden {
+                        policy: &rules.policy,
+                    },
+                );
+                self.refuse(id, started, detail, events)
             }
             Verdict::Ask => {
                 let timeout = rules.commands.ask_timeout;
@@ -246,20 +283,23 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                     }
                     Answer::Denied(reason) => {
                         tracing::info!(sandbox = %id, approval = %approval_id, reason = %reason, "denied");
-                        let detail = format!(
-                            "{} and was denied: {reason}. Nothing was run (approval {approval_id}).",
-                            needs_approval(&check)
+                        let detail = refusal_detail(
+                            &check,
+                            Refusal::Denied {
+                                reason: &reason,
+                                approval: Some(&approval_id),
+                            },
                         );
                         self.refuse(id, started, detail, events)
                     }
                     Answer::Expired => {
                         tracing::info!(sandbox = %id, approval = %approval_id, "no answer; denied");
-                        let detail = format!(
-                            "{} and no one answered within {}, so it was denied. Nothing was run \
-                             (approval {approval_id}); ask the user to approve it while it waits, \
-                             or to run it themselves.",
-                            needs_approval(&check),
-                            humantime::format_duration(timeout)
+                        let detail = refusal_detail(
+                            &check,
+                            Refusal::Expired {
+                                after: timeout,
+                                approval: Some(&approval_id),
+                            },
                         );
                         self.refuse(id, started, detail, events)
                     }
