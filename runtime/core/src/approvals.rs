@@ -161,16 +161,10 @@ pub enum Refusal<'a> {
 /// The detail of the `command` violation for a refused command: what, which rule, and what to
 /// do, in words a model can act on. The same text on every surface.
 pub fn refusal_detail(check: &Check, refusal: Refusal<'_>) -> String {
-    let asked = match &check.rule {
-        Some(rule) => format!(
-            "`{}` needs a person's approval (rule {rule})",
-            check.command
-        ),
-        None => format!(
-            "`{}` needs a person's approval ({})",
-            check.command, check.reason
-        ),
-    };
+    let asked = format!(
+        "`{}` needs a person's approval ({})",
+        check.command, check.reason
+    );
     let which = |approval: Option<&ApprovalId>| match approval {
         Some(id) => format!(" (approval {id})"),
         None => String::new(),
@@ -184,9 +178,9 @@ pub fn refusal_detail(check: &Check, refusal: Refusal<'_>) -> String {
                 check.command
             ),
             None => format!(
-                "{} (policy {policy}); nothing was run. Use an allowed command, or ask the user \
-                 to allow this one in [commands] of the policy.",
-                check.reason
+                "`{}` is not allowed: {} (policy {policy}); nothing was run. Use an allowed \
+                 command, or ask the user to allow this one in [commands] of the policy.",
+                check.command, check.reason
             ),
         },
         Refusal::Denied { reason, approval } => format!(

@@ -267,7 +267,7 @@ impl Commands {
                 rule: None,
                 reason: format!(
                     "taskbox cannot analyse the whole command ({}), so it cannot tell which \
-                     rules apply",
+                     rules apply to it",
                     analysis.unsure.join("; ")
                 ),
             };
@@ -277,7 +277,7 @@ impl Commands {
 
     fn default_check(&self, command: String) -> Check {
         let reason = format!(
-            "`{command}` matches no rule, and the policy's default for other commands is {}",
+            "it matches no rule, and the policy's default for other commands is {}",
             self.default
         );
         Check {
@@ -313,7 +313,7 @@ impl Commands {
                 Verdict::Forbid,
                 Verdict::Forbid,
                 p,
-                format!("`{command}` matches the rule forbid {:?}", p.to_string()),
+                format!("it matches the rule forbid {:?}", p.to_string()),
             ));
         }
         let maybe = |list: Verdict, p: &CommandPrefix| {
@@ -322,8 +322,8 @@ impl Commands {
                 list,
                 p,
                 format!(
-                    "`{command}` might match the rule {list} {:?}: part of it is only known when \
-                     it runs (a variable, a command substitution or a pattern)",
+                    "it might match the rule {list} {:?}: part of it is only known when it runs \
+                     (a variable, a command substitution or a pattern)",
                     p.to_string()
                 ),
             )
@@ -339,7 +339,7 @@ impl Commands {
                 Verdict::Ask,
                 Verdict::Ask,
                 p,
-                format!("`{command}` matches the rule ask {:?}", p.to_string()),
+                format!("it matches the rule ask {:?}", p.to_string()),
             ));
         }
         if let Some(p) = first(&self.allow, words, false, Hit::Yes) {
@@ -347,7 +347,7 @@ impl Commands {
                 Verdict::Allow,
                 Verdict::Allow,
                 p,
-                format!("`{command}` matches the rule allow {:?}", p.to_string()),
+                format!("it matches the rule allow {:?}", p.to_string()),
             ));
         }
         if inv.transparent {
@@ -1349,10 +1349,7 @@ mod tests {
         let r = c.check(&sh("cd repo && git push origin main"));
         assert_eq!(r.command, "git push origin main");
         assert_eq!(r.rule.as_deref(), Some("forbid \"git push\""));
-        assert_eq!(
-            r.reason,
-            "`git push origin main` matches the rule forbid \"git push\""
-        );
+        assert_eq!(r.reason, "it matches the rule forbid \"git push\"");
         let r = c.check(&sh("$(echo git) push"));
         assert_eq!(r.command, "<?> push");
         assert_eq!(display_argv(&argv(&["a b", "c"])), "'a b' c");

@@ -114,13 +114,10 @@ async fn ask(peer: &Peer<RoleServer>, approval: &Approval) -> Result<(), String>
         .unwrap_or_default(),
     )
     .map_err(|e| format!("cannot build the approval form: {e}"))?;
-    let why = match &approval.rule {
-        Some(rule) => format!("The command policy's rule {rule} asks first."),
-        None => format!("{}.", capitalized(&approval.reason)),
-    };
     let message = format!(
-        "The agent wants to run `{}` in its sandbox. {why} Let it run?",
-        approval.command
+        "The agent wants to run `{}` in its sandbox; the command policy asks first because {}. \
+         Let it run?",
+        approval.command, approval.reason
     );
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -154,13 +151,5 @@ async fn ask(peer: &Peer<RoleServer>, approval: &Approval) -> Result<(), String>
         ElicitationAction::Decline => Err("declined by the user".to_owned()),
         ElicitationAction::Cancel => Err("dismissed by the user".to_owned()),
         _ => Err("the MCP client gave an answer taskbox does not know".to_owned()),
-    }
-}
-
-fn capitalized(s: &str) -> String {
-    let mut chars = s.chars();
-    match chars.next() {
-        Some(c) => c.to_uppercase().chain(chars).collect(),
-        None => String::new(),
     }
 }
