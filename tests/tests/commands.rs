@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use taskbox_tests::{Env, http, taskbox};
+use taskbox_tests::{Env, http, require, taskbox};
 
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-0123456789abcdef01";
@@ -628,4 +628,69 @@ fn run_refuses_forbidden_commands_and_has_no_one_to_ask_without_a_terminal() {
     // Allowed commands run.
     let r = env.run_json(&["--policy", p], &["sh", "-c", "echo fine"]);
     assert_eq!(r.status, 0, "{}", r.raw_stderr);
+}
+
+/// `taskbox run` under a terminal (util-linux `script` gives it one) with `answer` typed after a
+/// moment; returns what the terminal showed.
+fn run_on_a_terminal(env: &Env, policy: &Path, file: &str, answer: Option<&str>) -> String {
+    use std::io::Write;
+    let inner = format!(
+        "{} run --write-through --policy {} -- touch {file}; echo rc=$?",
+        taskbox().display(),
+        policy.display()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("TASKBOX_STATE_DIR", env.state())
+        .env("HOME", env.home())
+        .current_dir(env.ws())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until the end: end of input would be an answer too.
+    let mut stdin = child.stdin.take().unwrap();
+    if let Some(answer) = answer {
+        std::thread::sleep(Duration::from_millis(1500));
+        writeln!(stdin, "{answer}").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    String::from_utf8_lossy(&out.stdout).replace('\r', "")
+}
+
+#[test]
+fn run_asks_at_the_terminal() {
+    let has_script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !require(
+        has_script,
+        "util-linux `script` is needed to give taskbox run a terminal",
+    ) {
+        return;
+    }
+    let env = Env::new();
+    let policy = env.policy("rules", &format!("{RULES}ask_timeout = \"3s\"\n"));
+
+    let shown = run_on_a_terminal(&env, &policy, "yes.txt", Some("y"));
+    assert!(
+        shown.contains("the command policy asks before running `touch yes.txt`"),
+        "{shown}"
+    );
+    assert!(shown.contains("run it? [y/N]"), "{shown}");
+    assert!(shown.contains("rc=0"), "{shown}");
+    assert!(env.ws().join("yes.txt").exists(), "{shown}");
+
+    let shown = run_on_a_terminal(&env, &policy, "no.txt", Some("not now, use make"));
+    assert!(shown.contains("was denied: not now, use make"), "{shown}");
+    assert!(shown.contains("rc=126"), "{shown}");
+    assert!(!env.ws().join("no.txt").exists());
+
+    let shown = run_on_a_terminal(&env, &policy, "late.txt", None);
+    assert!(shown.contains("no one answered within 3s"), "{shown}");
+    assert!(shown.contains("rc=126"), "{shown}");
+    assert!(!env.ws().join("late.txt").exists());
 }

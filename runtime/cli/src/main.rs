@@ -479,7 +479,7 @@ fn ask_terminal(check: &Check, timeout: Duration) -> Result<Option<String>> {
     let mut err = std::io::stderr();
     let _ = writeln!(
         err,
-        "taskbox: the command policy asks before running `{}`\ntaskbox:   {}",
+        "taskbox: the command policy asks before running `{}`,\ntaskbox: because {}.",
         check.command, check.reason
     );
     let _ = write!(

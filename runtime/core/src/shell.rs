@@ -1165,6 +1165,34 @@ mod tests {
         assert_eq!(script.unsure.len(), 1);
     }
 
+    /// Random scripts over the characters that matter to the reader: it must end, without a
+    /// panic, on anything (a cheap stand-in for a fuzz target).
+    #[test]
+    fn any_input_is_read_without_panicking() {
+        const ALPHABET: &[&str] = &[
+            " ", "\n", "\t", "'", "\"", "\\", "$", "(", ")", "{", "}", "[", "]", "`", ";", "&",
+            "|", "<", ">", "#", "=", "*", "?", "~", ",", ".", "-", "a", "git", "push", "if",
+            "then", "fi", "case", "in", "esac", ";;", "for", "do", "done", "<<", "EOF", "$(", "${",
+            "$((", "[[", "]]", "function", "x=", "2>", "{a,b}", "é",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) as usize
+        };
+        for _ in 0..20_000 {
+            let len = next() % 24;
+            let src: String = (0..len)
+                .map(|_| ALPHABET[next() % ALPHABET.len()])
+                .collect();
+            let script = parse(&src);
+            assert!(script.commands.len() <= src.len() + 1, "{src:?}");
+            let _ = split_words(&src);
+        }
+    }
+
     #[test]
     fn prefixes_split_like_the_shell() {
         assert_eq!(split_words("git push").unwrap(), ["git", "push"]);
