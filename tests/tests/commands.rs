@@ -339,6 +339,18 @@ fn ask_then_deny_returns_the_reason_to_the_caller() {
         deny["request"]["reason"],
         "write to the build directory instead"
     );
+    assert_eq!(deny["outcome"]["ok"]["state"], "denied");
+    let o = env.command().args(["trace", "show", &id]).output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        shown.contains("deny") && shown.contains("write to the build directory instead"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("violation command: `touch denied.txt` needs"),
+        "{shown}"
+    );
 }
 
 #[test]

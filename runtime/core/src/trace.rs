@@ -1350,6 +1350,8 @@ fn op_detail(op: &TraceOp) -> String {
             None => "since baseline".into(),
         },
         "checkpoint" | "restore" => s("name"),
+        "approve" => s("approval"),
+        "deny" => format!("{}: {}", s("approval"), s("reason")),
         "export" => {
             let apply = r.get("apply").and_then(Value::as_bool) == Some(true);
             format!("{}{}", s("format"), if apply { " --apply" } else { "" })
