@@ -697,6 +697,12 @@ impl Analysis {
                     self.find(&words, depth);
                     false
                 }
+                "source" | "." => {
+                    if let Some(file) = words.get(1) {
+                        self.script_file(&name, file);
+                    }
+                    false
+                }
                 "alias" if words.len() > 1 => {
                     self.unsure("alias changes what later command names run".to_owned());
                     false
@@ -767,7 +773,9 @@ impl Analysis {
             ));
             false
         } else {
-            // A script file: opaque, like any program that runs others.
+            // A script file: opaque, like any program that runs others; but one whose name is
+            // only known at run time (`bash <(curl ..)`, `sh "$f"`) is asked about.
+            self.script_file(name, &words[i]);
             false
         }
     }
@@ -868,6 +876,16 @@ impl Analysis {
             inner.push(Word::Many);
         }
         Some(inner)
+    }
+
+    /// A script run from a file is opaque, but one whose file is only known at run time (a
+    /// process substitution, a variable) could be anything, and is asked about.
+    fn script_file(&mut self, runner: &str, file: &Word) {
+        if file.lit().is_none() {
+            self.unsure(format!(
+                "{runner} runs a script whose file is only known at run time"
+            ));
+        }
     }
 
     /// `trap ACTION SIGNAL...`: the action is a script.
@@ -1302,6 +1320,15 @@ mod tests {
             c.check(&argv(&["bash", "script.sh"])).verdict,
             Verdict::Allow
         );
+        assert_eq!(c.check(&sh(". ./env.sh && ls")).verdict, Verdict::Allow);
+        for cmd in [
+            "bash <(echo git push)",
+            "source <(echo git push)",
+            ". \"$F\"",
+            "sh -e $SCRIPT",
+        ] {
+            assert_eq!(c.check(&sh(cmd)).verdict, Verdict::Ask, "{cmd}");
+        }
     }
 
     #[test]
