@@ -381,11 +381,25 @@ pub mod http {
 
     /// Sends one request; returns the status and the JSON body (Null when empty).
     pub fn call(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        call_as(socket, None, method, path, body)
+    }
+
+    /// [`call`] with `Authorization: Bearer TOKEN` when a token is given.
+    pub fn call_as(
+        socket: &Path,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
         let mut s = UnixStream::connect(socket).expect("connect to the supervisor");
         let payload = body
             .map(|b| serde_json::to_vec(b).unwrap())
             .unwrap_or_default();
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+        if let Some(t) = token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
         if body.is_some() {
             head.push_str(&format!(
                 "Content-Type: application/json\r\nContent-Length: {}\r\n",

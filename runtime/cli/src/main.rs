@@ -1,7 +1,8 @@
 //! `taskbox`: the command-line interface.
 //!
 //! Exit status of `run`: the command's own; 128+N when a signal N killed it; 124 on timeout;
-//! 125 for taskbox's own failures, with one clear line on stderr (the convention of `docker run`).
+//! 126 when the policy's command rules refused it (nothing ran); 125 for taskbox's own failures,
+//! with one clear line on stderr (the convention of `docker run`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,6 +15,8 @@ mod client;
 mod docker;
 mod image;
 mod verbs;
+use taskbox_core::approvals::{Refusal, refusal_detail};
+use taskbox_core::commands::{Check, Verdict};
 use taskbox_core::native::{self, RunRequest, StdinSource};
 use taskbox_core::policy;
 
@@ -40,8 +43,9 @@ enum Command {
     ///
     /// The workspace is mounted as an overlay: the command may change it, but the host copy stays
     /// untouched (use --diff to see what it changed). The exit status is the command's own
-    /// (128+N for signal N, 124 on timeout, 125 for taskbox's own errors, 127 when the command
-    /// does not exist).
+    /// (128+N for signal N, 124 on timeout, 125 for taskbox's own errors, 126 when the policy's
+    /// command rules refused it, 127 when the command does not exist). A command the rules `ask`
+    /// about is put to you on the terminal; without one it is denied.
     Run(RunArgs),
     /// Check and explain policies.
     #[command(subcommand)]
@@ -289,7 +293,8 @@ fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {
     let native = taskbox_core::sandbox::NativeBackend::new(session_dir.clone())
         .map_err(|e| anyhow!(e))?
         .with_images(docker::image_resolver(&state_dir)?);
-    let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
+    let guarded = taskbox_core::approvals::CommandPolicy::new(native);
+    let traced = taskbox_core::trace::Traced::new(guarded, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let create = taskbox_core::api::CreateRequest {
         workspace: workspace.display().to_string(),
@@ -338,9 +343,11 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     let native = taskbox_core::sandbox::NativeBackend::new(state_dir.clone())
         .map_err(|e| anyhow!(e))?
         .with_images(docker::image_resolver(&state_dir)?);
-    // Every operation of every surface is recorded in STATE/traces/ID.jsonl.
     let routed = docker::serve_backend(&args.docker, &state_dir, std::sync::Arc::new(native))?;
-    let traced = taskbox_core::trace::Traced::new(routed, state_dir.join("traces"));
+    // Every exec is checked against its sandbox's command rules; every operation of every
+    // surface, refusals and approvals included, is recorded in STATE/traces/ID.jsonl.
+    let guarded = taskbox_core::approvals::CommandPolicy::new(routed);
+    let traced = taskbox_core::trace::Traced::new(guarded, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -365,6 +372,20 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
             "workspace {} does not exist (pass an existing directory with --workspace)",
             workspace.display()
         );
+    }
+    let check = policy.commands.check(&args.command);
+    let refusal = match check.verdict {
+        Verdict::Allow => None,
+        Verdict::Forbid => Some(refusal_detail(
+            &check,
+            Refusal::Forbidden {
+                policy: &args.policy,
+            },
+        )),
+        Verdict::Ask => ask_terminal(&check, policy.commands.ask_timeout)?,
+    };
+    if let Some(detail) = refusal {
+        return refused(&policy, detail, args.json);
     }
     match args.backend.as_deref() {
         None | Some("native") => {}
@@ -441,4 +462,113 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
 
 const fn libc_enoent() -> i32 {
     2
+}
+
+/// Reports a command the command rules refused: nothing ran, exit status 126.
+fn refused(policy: &policy::Policy, detail: String, json: bool) -> Result<u8> {
+    use taskbox_core::result::{Enforcement, ExecResult, Output, Resources, Violation};
+    let result = ExecResult {
+        exit_code: None,
+        signal: None,
+        timed_out: false,
+        duration_ms: 0,
+        stdout: Output::default(),
+        stderr: Output::default(),
+        changes: Vec::new(),
+        violations: vec![Violation {
+            kind: "command".into(),
+            detail,
+        }],
+        resources: Resources::default(),
+        // Nothing ran, so nothing was confined.
+        enforcement: Enforcement {
+            landlock: "none".into(),
+            seccomp: false,
+            network: match policy.network.mode {
+                policy::NetworkMode::None => "none",
+                policy::NetworkMode::Proxy => "proxy",
+                policy::NetworkMode::Host => "host",
+            }
+            .into(),
+            limits: "none".into(),
+        },
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        for v in &result.violations {
+            eprintln!("taskbox: {}: {}", v.kind, v.detail);
+        }
+    }
+    Ok(u8::try_from(result.cli_exit_status()).unwrap_or(125))
+}
+
+/// Puts a command the rules ask about to the person at the terminal: `None` when approved, else
+/// the violation's detail. Without a terminal on stdin there is no one to ask: denied.
+fn ask_terminal(check: &Check, timeout: Duration) -> Result<Option<String>> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Ok(Some(refusal_detail(
+            check,
+            Refusal::Denied {
+                reason: "no one to ask (stdin is not a terminal)",
+                approval: None,
+            },
+        )));
+    }
+    let mut err = std::io::stderr();
+    let _ = writeln!(
+        err,
+        "taskbox: the command policy asks before running `{}`,\ntaskbox: because {}.",
+        check.command, check.reason
+    );
+    let _ = write!(
+        err,
+        "taskbox: run it? [y/N] (no answer in {} denies it) ",
+        humantime::format_duration(timeout)
+    );
+    let _ = err.flush();
+    let ready = {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+        poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        )
+        .context("cannot wait for an answer on the terminal")?
+            > 0
+    };
+    if !ready {
+        let _ = writeln!(err);
+        return Ok(Some(refusal_detail(
+            check,
+            Refusal::Expired {
+                after: timeout,
+                approval: None,
+            },
+        )));
+    }
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    let answer = answer.trim();
+    match answer.to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(None),
+        "" | "n" | "no" => Ok(Some(refusal_detail(
+            check,
+            Refusal::Denied {
+                reason: "declined at the terminal",
+                approval: None,
+            },
+        ))),
+        _ => Ok(Some(refusal_detail(
+            check,
+            Refusal::Denied {
+                reason: answer,
+                approval: None,
+            },
+        ))),
+    }
 }

@@ -1,4 +1,5 @@
-//! The sandbox verbs (`create`, `exec`, `read`, ... `rm`, `ps`): thin clients of the supervisor.
+//! The sandbox verbs (`create`, `exec`, `read`, ... `rm`, `ps`, and `approvals`, `approve`,
+//! `deny` for execs the command policy holds for a person): thin clients of the supervisor.
 //! Each turns its flags into one API request and prints the answer for a person, or as JSON with
 //! `--json`.
 
@@ -74,6 +75,50 @@ pub enum Verb {
     /// List live sandboxes.
     #[command(alias = "list")]
     Ps(PsArgs),
+    /// List execs waiting for a person's approval (the policy's [commands] ask), of all your
+    /// sandboxes or of one.
+    Approvals(ApprovalsArgs),
+    /// Approve an exec waiting for approval: it runs.
+    Approve(ApproveArgs),
+    /// Deny an exec waiting for approval: it returns a violation with your reason, which the
+    /// agent sees.
+    Deny(DenyArgs),
+}
+
+#[derive(Args)]
+pub struct ApprovalsArgs {
+    /// Only this sandbox's.
+    sandbox: Option<String>,
+    /// When none is pending, wait up to this long for one (needs SANDBOX).
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, requires = "sandbox")]
+    wait: Option<Duration>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ApproveArgs {
+    /// The approval id (from `taskbox approvals`).
+    approval: String,
+    /// The sandbox it belongs to (default: found among your sandboxes).
+    #[arg(long, value_name = "ID")]
+    sandbox: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DenyArgs {
+    /// The approval id (from `taskbox approvals`).
+    approval: String,
+    /// Why: the agent sees it, so say what to do instead.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// The sandbox it belongs to (default: found among your sandboxes).
+    #[arg(long, value_name = "ID")]
+    sandbox: Option<String>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -260,6 +305,7 @@ fn kv_map(pairs: &[(String, String)]) -> Value {
 pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
     let client = conn.client()?;
     match verb {
+        v @ (Verb::Approvals(_) | Verb::Approve(_) | Verb::Deny(_)) => approvals(&client, v),
         Verb::Create(a) => {
             let workspace = match a.workspace {
                 Some(w) => w,
@@ -579,6 +625,111 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
     }
 }
 
+/// The sandbox a pending approval belongs to.
+fn approval_sandbox(client: &Client, approval: &str, sandbox: Option<String>) -> Result<String> {
+    taskbox_core::api::ApprovalId::parse(approval)?;
+    if let Some(s) = sandbox {
+        return Ok(s);
+    }
+    let all = client.request("GET", "/v1/approvals", None)?.ok()?;
+    all.as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["id"] == approval)
+        .and_then(|a| a["sandbox"].as_str().map(str::to_owned))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "approval {approval} is not pending in any of your sandboxes: it was answered, \
+                 timed out, or never existed (see `taskbox approvals`)"
+            )
+        })
+}
+
+fn print_approvals(list: &Value) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let items = list.as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        eprintln!("taskbox: no exec is waiting for approval");
+        return;
+    }
+    println!(
+        "{:<20} {:<20} {:<6} COMMAND (WHY)",
+        "APPROVAL", "SANDBOX", "LEFT"
+    );
+    for a in items {
+        let left = a["expires_at_ms"].as_u64().unwrap_or(0).saturating_sub(now) / 1000;
+        println!(
+            "{:<20} {:<20} {:<6} {}  ({})",
+            a["id"].as_str().unwrap_or("?"),
+            a["sandbox"].as_str().unwrap_or("?"),
+            format!("{left}s"),
+            a["command"].as_str().unwrap_or("?"),
+            a["rule"]
+                .as_str()
+                .unwrap_or_else(|| a["reason"].as_str().unwrap_or("")),
+        );
+    }
+}
+
+fn approvals(client: &Client, verb: Verb) -> Result<u8> {
+    match verb {
+        Verb::Approvals(a) => {
+            let r = match &a.sandbox {
+                Some(id) => {
+                    let mut path = sandbox_path(id, "/approvals")?;
+                    if let Some(w) = a.wait {
+                        path.push_str(&format!("?wait_ms={}", w.as_millis()));
+                    }
+                    client.request("GET", &path, None)?.ok()?
+                }
+                None => client.request("GET", "/v1/approvals", None)?.ok()?,
+            };
+            if a.json {
+                print_json(&r)?;
+            } else {
+                print_approvals(&r);
+            }
+            Ok(0)
+        }
+        Verb::Approve(a) => {
+            let sandbox = approval_sandbox(client, &a.approval, a.sandbox)?;
+            let path = sandbox_path(&sandbox, &format!("/approvals/{}/approve", a.approval))?;
+            let r = client.request("POST", &path, None)?.ok()?;
+            if a.json {
+                print_json(&r)?;
+            } else {
+                eprintln!(
+                    "taskbox: approved {}: `{}` runs",
+                    a.approval,
+                    r["command"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(0)
+        }
+        Verb::Deny(a) => {
+            let sandbox = approval_sandbox(client, &a.approval, a.sandbox)?;
+            let path = sandbox_path(&sandbox, &format!("/approvals/{}/deny", a.approval))?;
+            let body = json!({ "reason": a.reason });
+            let r = client.request("POST", &path, Some(&body))?.ok()?;
+            if a.json {
+                print_json(&r)?;
+            } else {
+                eprintln!(
+                    "taskbox: denied {}: `{}` (reason: {})",
+                    a.approval,
+                    r["command"].as_str().unwrap_or("?"),
+                    r["denial_reason"].as_str().unwrap_or("")
+                );
+            }
+            Ok(0)
+        }
+        _ => bail!("not an approvals verb"),
+    }
+}
+
 fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
     let mut body = json!({"argv": a.command, "env": kv_map(&a.env), "background": a.background});
     if let Some(t) = a.timeout {
@@ -606,6 +757,15 @@ fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
                 std::io::stderr().write_all(v["data"].as_str().unwrap_or_default().as_bytes())?;
             }
             "ended" => result = Some(v["result"].clone()),
+            "approval" => {
+                let a = &v["approval"];
+                let id = a["id"].as_str().unwrap_or("?");
+                eprintln!(
+                    "taskbox: waiting for a person's approval ({id}): {}\ntaskbox: answer with \
+                     `taskbox approve {id}` or `taskbox deny {id} --reason TEXT`",
+                    a["reason"].as_str().unwrap_or("")
+                );
+            }
             "error" => bail!(
                 "{}",
                 v["error"]["message"].as_str().unwrap_or("the exec failed")
@@ -630,14 +790,20 @@ fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
     Ok(exit_status(&r))
 }
 
-/// The CLI exit status of an ExecResult: the command's own, 128+N for a signal, 124 on timeout.
+/// The CLI exit status of an ExecResult: the command's own, 128+N for a signal, 124 on timeout,
+/// 126 when the command policy refused it.
 fn exit_status(r: &Value) -> u8 {
+    let refused = r["violations"]
+        .as_array()
+        .is_some_and(|vs| vs.iter().any(|v| v["kind"] == "command"));
     if r["timed_out"] == true {
         124
     } else if let Some(s) = r["signal"].as_u64() {
         (128 + s).min(255) as u8
     } else if let Some(c) = r["exit_code"].as_i64() {
         c.clamp(0, 255) as u8
+    } else if refused {
+        126
     } else {
         0
     }

@@ -76,6 +76,97 @@ impl From<SandboxId> for String {
     }
 }
 
+/// The id of a pending approval: 1-64 characters of `[a-z0-9-]` (generated as `ap-` and 16 hex
+/// digits), validated wherever it enters.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(try_from = "String", into = "String")]
+#[schemars(with = "String")]
+pub struct ApprovalId(String);
+
+impl ApprovalId {
+    /// Validates `s` as an approval id.
+    pub fn parse(s: &str) -> Result<ApprovalId, ApiError> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok {
+            Ok(ApprovalId(s.to_string()))
+        } else {
+            Err(ApiError::invalid(format!(
+                "invalid approval id {s:?}: expected 1-64 characters of a-z, 0-9 and '-'"
+            )))
+        }
+    }
+
+    /// A fresh random id (`ap-` and 16 hex digits).
+    pub fn generate() -> ApprovalId {
+        let raw = SandboxId::generate();
+        ApprovalId(format!("ap-{}", raw.as_str().trim_start_matches("sb-")))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ApprovalId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for ApprovalId {
+    type Error = ApiError;
+    fn try_from(s: String) -> Result<Self, ApiError> {
+        ApprovalId::parse(&s)
+    }
+}
+
+impl From<ApprovalId> for String {
+    fn from(id: ApprovalId) -> String {
+        id.0
+    }
+}
+
+/// Where an approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalState {
+    /// The exec waits for an answer.
+    Pending,
+    /// Approved: the exec runs.
+    Approved,
+    /// Denied: the exec returns a violation with the reason.
+    Denied,
+}
+
+/// An exec that waits for a person's approval because of the command policy's `ask`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Approval {
+    pub id: ApprovalId,
+    pub sandbox: SandboxId,
+    /// The exec's command (a shell string is `["/bin/sh", "-c", STRING]`).
+    pub argv: Vec<String>,
+    /// The part of it that needs approval, as the shell would write it (`<?>` for words only
+    /// known when it runs).
+    pub command: String,
+    /// The rule that asks, e.g. `ask "git push"`; null for the policy's default and for a
+    /// command taskbox cannot analyse.
+    pub rule: Option<String>,
+    /// Why approval is needed.
+    pub reason: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// When the exec is denied if no one has answered (ms since the epoch).
+    pub expires_at_ms: u64,
+    pub state: ApprovalState,
+    /// The reason given with a denial (shown to the model).
+    pub denial_reason: Option<String>,
+}
+
 /// Create a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -174,10 +265,23 @@ impl ExecRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecEvent {
-    Started { exec_id: u64 },
-    Stdout { data: String },
-    Stderr { data: String },
-    Ended { result: Box<ExecResult> },
+    /// The command policy asks a person first: the exec waits until the approval is answered
+    /// (then `started`, or `ended` with a violation) or times out.
+    Approval {
+        approval: Box<Approval>,
+    },
+    Started {
+        exec_id: u64,
+    },
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    Ended {
+        result: Box<ExecResult>,
+    },
 }
 
 /// The answer to an exec: the result, or for a background exec its handle.
@@ -616,6 +720,45 @@ pub trait SandboxApi: Send + Sync {
     fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError>;
     fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError>;
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError>;
+
+    /// The sandbox's execs waiting for approval (see [`crate::approvals`]). With `wait`, blocks
+    /// until there is at least one or `wait` passes. A backend without a command policy has none
+    /// and returns at once.
+    fn list_approvals(
+        &self,
+        id: &SandboxId,
+        wait: Option<Duration>,
+    ) -> Result<Vec<Approval>, ApiError> {
+        let _ = wait;
+        self.info(id)?;
+        Ok(Vec::new())
+    }
+
+    /// Approves a pending exec: it runs.
+    fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
+        self.info(id)?;
+        Err(approval_not_found(id, approval))
+    }
+
+    /// Denies a pending exec: it returns a violation that includes `reason`.
+    fn deny(
+        &self,
+        id: &SandboxId,
+        approval: &ApprovalId,
+        reason: &str,
+    ) -> Result<Approval, ApiError> {
+        let _ = reason;
+        self.info(id)?;
+        Err(approval_not_found(id, approval))
+    }
+}
+
+/// The one answer for an approval that is not pending in this sandbox.
+pub fn approval_not_found(id: &SandboxId, approval: &ApprovalId) -> ApiError {
+    ApiError::not_found(format!(
+        "approval {approval} is not pending in sandbox {id}: it was answered, timed out, or \
+         never existed"
+    ))
 }
 
 #[cfg(test)]

@@ -5,12 +5,16 @@
 //! capture ([`capture`]), the workspace overlay and its changes and diffs ([`changes`]), resource
 //! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
 //! plan to the synchronous `taskbox-init` helper, with the host view or an image as the root
-//! ([`image`], [`image_view`]).
+//! ([`image`], [`image_view`]). The command policy is [`commands`] (rules and their check, over
+//! the static shell reading of [`shell`]), enforced over any backend by [`approvals`], which
+//! also holds the execs waiting for a person's approval.
 
 pub mod api;
+pub mod approvals;
 pub mod capture;
 pub mod cgroup;
 pub mod changes;
+pub mod commands;
 pub mod fsops;
 pub mod image;
 pub mod image_view;
@@ -21,6 +25,7 @@ pub mod policy;
 pub mod result;
 pub mod router;
 pub mod sandbox;
+pub mod shell;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod trace;

@@ -26,6 +26,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
+use crate::commands::Commands;
 use crate::netpattern::normalize_name;
 pub use crate::netpattern::{HostMatch, HostPattern};
 
@@ -168,6 +169,10 @@ pub struct Policy {
     pub limits: Limits,
     pub env: Env,
     pub security: Security,
+    /// Rules over the commands an exec runs (see [`crate::commands`]). Left out of the
+    /// serialised form (and so of the hash) when it is the default: no rules.
+    #[serde(skip_serializing_if = "Commands::is_default")]
+    pub commands: Commands,
 }
 
 impl Default for Policy {
@@ -180,6 +185,7 @@ impl Default for Policy {
             limits: Limits::default(),
             env: Env::default(),
             security: Security::default(),
+            commands: Commands::default(),
         }
     }
 }
@@ -596,7 +602,7 @@ pub struct ValidationError {
 }
 
 impl ValidationError {
-    fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
         ValidationError {
             key: key.into(),
             reason: reason.into(),
@@ -839,7 +845,8 @@ impl Policy {
         self.filesystem.validate()?;
         self.network.validate()?;
         self.limits.validate()?;
-        self.env.validate()
+        self.env.validate()?;
+        self.commands.validate()
     }
 
     /// SHA-256 (lowercase hex) of the policy's canonical JSON: fields in declaration order, maps
@@ -1042,6 +1049,10 @@ impl Policy {
              dropped, own process, IPC and hostname namespaces."
                 .to_owned(),
         );
+
+        line(String::new());
+        line("Commands".to_owned());
+        self.commands.explain(&mut line);
         out
     }
 }
@@ -1336,11 +1347,16 @@ fn de_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> 
     deserializer.deserialize_any(SizeVisitor)
 }
 
-fn ser_duration<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_duration<S: Serializer>(
+    duration: &Duration,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&humantime::format_duration(*duration).to_string())
 }
 
-fn de_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+pub(crate) fn de_duration<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Duration, D::Error> {
     struct DurationVisitor;
     impl Visitor<'_> for DurationVisitor {
         type Value = Duration;
@@ -1894,6 +1910,110 @@ mod tests {
         let mut changed = Policy::default();
         changed.limits.pids += 1;
         assert_ne!(changed.hash(), hash);
+    }
+
+    #[test]
+    fn command_rules() {
+        use crate::commands::Verdict;
+        let policy = parse(
+            "[commands]\ndefault = \"ask\"\nforbid = [\"git push\", [\"rm\", \"-rf\", \"/\"]]\n\
+             ask = [\"git commit -m 'a b'\"]\nallow = [\"cargo test\"]\nask_timeout = \"90s\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        let c = &policy.commands;
+        assert_eq!(c.default, Verdict::Ask);
+        assert_eq!(c.forbid[1].words(), ["rm", "-rf", "/"]);
+        assert_eq!(c.ask[0].words(), ["git", "commit", "-m", "a b"]);
+        assert_eq!(c.ask_timeout, Duration::from_secs(90));
+        // Round trip through both serialisations.
+        let toml_text = toml::to_string(&policy).unwrap();
+        assert_eq!(parse(&toml_text, "y.toml").unwrap(), policy, "{toml_text}");
+        let json = serde_json::to_string(&policy).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), policy);
+        assert_ne!(policy.hash(), Policy::default().hash());
+
+        let text = policy.explain();
+        assert!(text.contains("\nCommands\n"), "{text}");
+        assert!(text.contains("git push, rm -rf /"), "{text}");
+        assert!(
+            text.contains("Any other command: runs only after a person approves."),
+            "{text}"
+        );
+        let text = Policy::default().explain();
+        assert!(text.contains("No command rules"), "{text}");
+    }
+
+    #[test]
+    fn no_command_rules_keep_the_hash() {
+        // A policy that spells out the default section hashes like one without it.
+        let spelled = parse(
+            "[commands]\ndefault = \"allow\"\nforbid = []\nask_timeout = \"5m\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(spelled.hash(), parse("", "y.toml").unwrap().hash());
+        let json = serde_json::to_value(&spelled).unwrap();
+        assert!(json.get("commands").is_none(), "{json}");
+    }
+
+    #[test]
+    fn malformed_command_rules_name_the_pattern() {
+        assert_eq!(
+            error("[commands]\nforbid = [\"git push\", \"git $REMOTE\"]\n"),
+            "x.toml: commands.forbid[1]: invalid command prefix \"git $REMOTE\": it contains an \
+             expansion or a pattern (such as $X, $(..), ~, * or {a,b}); quote it, or write the \
+             prefix as a list of words"
+        );
+        assert_eq!(
+            error("[commands]\nask = [\"git push && rm\"]\n"),
+            "x.toml: commands.ask[0]: invalid command prefix \"git push && rm\": it contains the \
+             shell operator \"&&\"; a prefix is one command's words"
+        );
+        assert_eq!(
+            error("[commands]\nallow = [[\"/usr/bin/git\", \"status\"]]\n"),
+            "x.toml: commands.allow[0]: invalid command prefix [\"/usr/bin/git\", \"status\"]: the \
+             program is matched by its name, whatever directory it runs from: write \"git\", not \
+             \"/usr/bin/git\""
+        );
+        assert_error(
+            "[commands]\nforbid = [\"\"]\n",
+            "x.toml: commands.forbid[0]: invalid command prefix \"\": it has no words",
+        );
+        assert_error(
+            "[commands]\nforbid = [\"'git push\"]\n",
+            "x.toml: commands.forbid[0]: invalid command prefix \"'git push\": a single quote is \
+             not closed",
+        );
+        assert_error(
+            "[commands]\nforbid = [[\"git\", \"\"]]\n",
+            "x.toml: commands.forbid[0]: invalid command prefix [\"git\", \"\"]: word 2 is empty",
+        );
+        assert_error(
+            "[commands]\nforbid = [1]\n",
+            "x.toml: commands.forbid[0]: invalid type",
+        );
+        assert_error(
+            "[commands]\nforbid = \"git push\"\n",
+            "x.toml: commands.forbid: invalid type",
+        );
+        assert_eq!(
+            error("[commands]\ndefault = \"deny\"\n"),
+            "x.toml: commands.default: invalid value \"deny\" (expected one of allow, ask, forbid)"
+        );
+        assert_eq!(
+            error("[commands]\nask_timeout = \"0s\"\n"),
+            "x.toml: commands.ask_timeout: must be greater than zero"
+        );
+        assert_error(
+            "[commands]\nask_timeout = \"soon\"\n",
+            "x.toml: commands.ask_timeout: invalid duration \"soon\"",
+        );
+        assert_eq!(
+            error("[commands]\ndeny = []\n"),
+            "x.toml: commands.deny: unknown key (expected one of default, forbid, ask, allow, \
+             ask_timeout)"
+        );
     }
 
     #[test]

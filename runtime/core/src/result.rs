@@ -25,15 +25,28 @@ pub struct ExecResult {
 
 impl ExecResult {
     /// The exit status a CLI reports for this result: the command's own, 128+N for signal N, 124
-    /// on timeout (the conventions of timeout(1)).
+    /// on timeout (the conventions of timeout(1)), 126 when the command policy refused it (a
+    /// command that was found but not run, as the shell says).
     pub fn cli_exit_status(&self) -> i32 {
         if self.timed_out {
             124
         } else if let Some(signal) = self.signal {
             128 + signal
+        } else if let Some(code) = self.exit_code {
+            code
+        } else if self.refused_by_command_policy() {
+            126
         } else {
-            self.exit_code.unwrap_or(125)
+            125
         }
+    }
+
+    /// Nothing ran because the command policy refused it (forbidden, or an approval denied).
+    pub fn refused_by_command_policy(&self) -> bool {
+        self.exit_code.is_none()
+            && self.signal.is_none()
+            && !self.timed_out
+            && self.violations.iter().any(|v| v.kind == "command")
     }
 }
 
@@ -188,5 +201,13 @@ mod tests {
         assert_eq!(r.cli_exit_status(), 137);
         r.timed_out = true;
         assert_eq!(r.cli_exit_status(), 124);
+        r.timed_out = false;
+        r.signal = None;
+        assert_eq!(r.cli_exit_status(), 125);
+        r.violations.push(Violation {
+            kind: "command".into(),
+            detail: "`git push` is forbidden".into(),
+        });
+        assert_eq!(r.cli_exit_status(), 126);
     }
 }

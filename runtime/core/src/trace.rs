@@ -53,6 +53,9 @@
 //!   base64 text for binary content) instead of the text.
 //! - Any other string over 64 KiB is cut there, with a marker saying how much was left out.
 //! - Streaming exec events are not recorded one by one; the final result is.
+//! - Command policy ([`crate::approvals`]): a refused exec is recorded as an exec whose result
+//!   carries the `command` violation; `approve` and `deny` are recorded as operations (the
+//!   approval and its answer); listing pending approvals is not.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -187,8 +190,8 @@ pub enum Outcome {
 pub struct TraceOp {
     pub seq: u64,
     /// "create", "exec", "read", "write", "edit", "patch", "list", "search", "stat", "remove",
-    /// "move", "diff", "checkpoint", "restore", "export", "process", "wait", "kill", "stdin" or
-    /// "destroy".
+    /// "move", "diff", "checkpoint", "restore", "export", "process", "wait", "kill", "stdin",
+    /// "approve", "deny" or "destroy".
     pub op: String,
     pub started_at_ms: u64,
     pub duration_ms: u64,
@@ -923,6 +926,33 @@ impl<B: SandboxApi> SandboxApi for Traced<B> {
         }
         r
     }
+
+    fn list_approvals(
+        &self,
+        id: &SandboxId,
+        wait: Option<Duration>,
+    ) -> Result<Vec<Approval>, ApiError> {
+        self.inner.list_approvals(id, wait)
+    }
+
+    fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
+        let call = Call::start("approve", json!({ "approval": approval }));
+        let r = self.inner.approve(id, approval);
+        self.finish(id, call, &r, |_, _| {})?;
+        r
+    }
+
+    fn deny(
+        &self,
+        id: &SandboxId,
+        approval: &ApprovalId,
+        reason: &str,
+    ) -> Result<Approval, ApiError> {
+        let call = Call::start("deny", json!({ "approval": approval, "reason": reason }));
+        let r = self.inner.deny(id, approval, reason);
+        self.finish(id, call, &r, |_, _| {})?;
+        r
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1320,6 +1350,8 @@ fn op_detail(op: &TraceOp) -> String {
             None => "since baseline".into(),
         },
         "checkpoint" | "restore" => s("name"),
+        "approve" => s("approval"),
+        "deny" => format!("{}: {}", s("approval"), s("reason")),
         "export" => {
             let apply = r.get("apply").and_then(Value::as_bool) == Some(true);
             format!("{}{}", s("format"), if apply { " --apply" } else { "" })

@@ -7,15 +7,22 @@
 //! [`taskbox_core::api`]. Results come back as text a model can read (plus the full JSON as
 //! structured content); API errors and invalid arguments come back as tool results with
 //! `isError` set, naming the error code or the field, so the model can correct itself.
+//!
+//! When the sandbox's command policy asks before an exec runs, the server asks the client's
+//! user through MCP elicitation (a form: approve or not, and a reason), if the client declared
+//! the capability; otherwise, or when the question cannot be asked, the exec is denied with the
+//! reason, which the model reads in the exec's result (see [`approvals`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use rmcp::ServiceExt;
 use taskbox_core::api::{ApiError, CreateRequest, SandboxApi, SandboxId, SandboxInfo};
+use taskbox_core::approvals::CommandPolicy;
 use taskbox_core::sandbox::NativeBackend;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+pub mod approvals;
 mod render;
 mod tools;
 
@@ -49,14 +56,15 @@ pub struct McpOptions {
 }
 
 impl McpOptions {
-    /// Opens the native backend in `state_dir` and runs [`serve_stdio`] with it.
+    /// Opens the native backend in `state_dir`, under the command policy, and runs
+    /// [`serve_stdio`] with it.
     pub async fn serve_stdio(self) -> Result<(), McpError> {
         let backend =
             NativeBackend::new(self.state_dir.clone()).map_err(|source| McpError::Backend {
                 path: self.state_dir,
                 source,
             })?;
-        serve_stdio(Arc::new(backend), self.create).await
+        serve_stdio(Arc::new(CommandPolicy::new(backend)), self.create).await
     }
 }
 
@@ -113,12 +121,16 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let server = tools::SandboxServer::new(backend, info);
+    let id = info.id.clone();
+    let server = tools::SandboxServer::new(Arc::clone(&backend), info);
     let running = server
         .serve((read, write))
         .await
         .map_err(|e| McpError::Handshake(Box::new(e)))?;
-    match running.waiting().await? {
+    let watcher = tokio::spawn(approvals::watch(backend, id, running.peer().clone()));
+    let quit = running.waiting().await;
+    watcher.abort();
+    match quit? {
         rmcp::service::QuitReason::JoinError(e) => Err(McpError::Session(e)),
         reason => {
             tracing::debug!(?reason, "mcp session closed");

@@ -248,7 +248,10 @@ pub(crate) fn tool_list() -> Vec<Tool> {
              unless `cwd` is given (relative to the workspace root). Returns the exit status, the \
              head and tail of stdout and stderr (when cut, the full stream's path, readable with \
              read_file), the workspace files it changed, and anything the policy refused. Files \
-             in the workspace and /tmp persist across calls; processes do not outlive the call.",
+             in the workspace and /tmp persist across calls; processes do not outlive the call. \
+             A command the policy's command rules forbid is not run (a `command` violation says \
+             why); one they ask about waits for the user's approval, and a denial comes back with \
+             the user's reason.",
             exec_schema,
         )
         .annotate(writes(false)),

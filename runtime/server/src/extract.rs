@@ -5,7 +5,7 @@ use axum::extract::{FromRequest, FromRequestParts, Query, RawPathParams, Request
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
-use taskbox_core::api::{ApiError, SandboxId};
+use taskbox_core::api::{ApiError, ApprovalId, SandboxId};
 
 use crate::auth::Tenant;
 use crate::error::HttpError;
@@ -102,6 +102,20 @@ impl FromRequestParts<AppState> for Owned {
         let id = state.owned(&tenant, &raw)?;
         tracing::Span::current().record("sandbox", id.as_str());
         Ok(Owned { tenant, id })
+    }
+}
+
+/// The `{approval}` of the path (400 unless a valid approval id).
+#[derive(Debug, Clone)]
+pub struct ApprovalPath(pub ApprovalId);
+
+impl FromRequestParts<AppState> for ApprovalPath {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, HttpError> {
+        let params = raw_params(parts, state).await?;
+        let raw = path_param(&params, "approval")?;
+        Ok(ApprovalPath(ApprovalId::parse(&raw)?))
     }
 }
 

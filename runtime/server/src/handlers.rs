@@ -11,16 +11,18 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use taskbox_core::api::{
-    ApiError, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi, SandboxId,
+    ApiError, Approval, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi, SandboxId,
     SandboxInfo,
 };
 use tokio::sync::mpsc;
 
 use crate::auth::{RESERVED_LABEL_PREFIX, TENANT_LABEL, Tenant};
 use crate::error::HttpError;
-use crate::extract::{ApiJson, ApiQuery, ExecId, Owned};
+use crate::extract::{ApiJson, ApiQuery, ApprovalPath, ExecId, Owned};
 use crate::state::{AppState, now_ms};
-use crate::types::{Health, KillRequest, RenewRequest, StdinRequest, WaitQuery};
+use crate::types::{
+    ApprovalsQuery, DenyRequest, Health, KillRequest, RenewRequest, StdinRequest, WaitQuery,
+};
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -156,6 +158,7 @@ enum Msg {
 
 fn event_name(ev: &ExecEvent) -> &'static str {
     match ev {
+        ExecEvent::Approval { .. } => "approval",
         ExecEvent::Started { .. } => "started",
         ExecEvent::Stdout { .. } => "stdout",
         ExecEvent::Stderr { .. } => "stderr",
@@ -311,6 +314,70 @@ pub async fn stdin(
     let id = o.id.clone();
     blocking(move || backend.write_stdin(&id, exec_id, req.data.as_bytes(), req.close)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/approvals`: the pending approvals of all the caller's sandboxes, oldest first.
+pub async fn all_approvals(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+) -> Result<Json<Vec<Approval>>, HttpError> {
+    let ids = state.owned_ids(&tenant);
+    let backend = state.backend().clone();
+    let all = blocking(move || {
+        let mut all = Vec::new();
+        for id in ids {
+            match backend.list_approvals(&id, None) {
+                Ok(pending) => all.extend(pending),
+                // Destroyed meanwhile.
+                Err(ApiError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        all.sort_by_key(|a: &Approval| a.created_at_ms);
+        Ok(all)
+    })
+    .await?;
+    Ok(Json(all))
+}
+
+/// `GET /v1/sandboxes/{id}/approvals`: the sandbox's pending approvals; with `wait_ms`, waits
+/// for one when there is none.
+pub async fn approvals(
+    State(state): State<AppState>,
+    o: Owned,
+    ApiQuery(q): ApiQuery<ApprovalsQuery>,
+) -> Result<Json<Vec<Approval>>, HttpError> {
+    let wait = q.wait_ms.map(|ms| Duration::from_millis(ms).min(MAX_WAIT));
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let pending = blocking(move || backend.list_approvals(&id, wait)).await?;
+    Ok(Json(pending))
+}
+
+pub async fn approve(
+    State(state): State<AppState>,
+    o: Owned,
+    ApprovalPath(approval): ApprovalPath,
+) -> Result<Json<Approval>, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let answered = blocking(move || backend.approve(&id, &approval)).await?;
+    tracing::info!(sandbox = %o.id, tenant = %o.tenant, approval = %answered.id, "approved");
+    Ok(Json(answered))
+}
+
+pub async fn deny(
+    State(state): State<AppState>,
+    o: Owned,
+    ApprovalPath(approval): ApprovalPath,
+    ApiJson(req): ApiJson<DenyRequest>,
+) -> Result<Json<Approval>, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let reason = req.reason.unwrap_or_default();
+    let answered = blocking(move || backend.deny(&id, &approval, &reason)).await?;
+    tracing::info!(sandbox = %o.id, tenant = %o.tenant, approval = %answered.id, "denied");
+    Ok(Json(answered))
 }
 
 /// A file-system operation answering JSON.

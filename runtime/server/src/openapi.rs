@@ -98,7 +98,7 @@ fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value)
             json!({
                 "schema": {"type": "string"},
                 "x-item-schema": ev(g),
-                "description": "events `started`, `stdout`, `stderr`, `ended` (or `error`); each `data:` is the event's JSON",
+                "description": "events `approval` (the command policy waits for a person), `started`, `stdout`, `stderr`, `ended` (or `error`); each `data:` is the event's JSON",
             }),
         );
     }

@@ -10,11 +10,11 @@ use axum::response::Response;
 use axum::routing::{MethodFilter, MethodRouter, on};
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use taskbox_core::api::{
-    CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult, EditRequest,
-    EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult, ListRequest,
-    ListResult, MoveRequest, PatchRequest, PatchResult, PathRequest, ProcessInfo, ReadRequest,
-    ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult, StatResult, WriteRequest,
-    WriteResult,
+    Approval, CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult,
+    EditRequest, EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult,
+    ListRequest, ListResult, MoveRequest, PatchRequest, PatchResult, PathRequest, ProcessInfo,
+    ReadRequest, ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult, StatResult,
+    WriteRequest, WriteResult,
 };
 use tracing::Instrument;
 
@@ -22,7 +22,7 @@ use crate::error::ErrorCode;
 use crate::extract::{ApiJson, Owned};
 use crate::handlers::{self, fs_json, fs_unit};
 use crate::state::AppState;
-use crate::types::{Health, KillRequest, RenewRequest, StdinRequest};
+use crate::types::{DenyRequest, Health, KillRequest, RenewRequest, StdinRequest};
 
 /// Produces a schema (a `$ref` into `components/schemas` for named types).
 pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
@@ -323,6 +323,53 @@ fn table() -> Vec<Route> {
             .takes(schema::<StdinRequest>)
             .answers(204, Body::Empty),
             handlers::stdin,
+        ),
+        route(
+            RouteSpec::new(
+                Get,
+                "/v1/approvals",
+                "list_all_approvals",
+                "execs of all the caller's sandboxes waiting for approval",
+            )
+            .answers(200, Body::Json(schema::<Vec<Approval>>)),
+            handlers::all_approvals,
+        ),
+        route(
+            RouteSpec {
+                query: &[(
+                    "wait_ms",
+                    "when none is pending, wait up to this many milliseconds for one (at most 300000)",
+                )],
+                ..RouteSpec::new(
+                    Get,
+                    "/v1/sandboxes/{id}/approvals",
+                    "list_approvals",
+                    "the sandbox's execs waiting for approval (the command policy's ask)",
+                )
+                .answers(200, Body::Json(schema::<Vec<Approval>>))
+            },
+            handlers::approvals,
+        ),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/approvals/{approval}/approve",
+                "approve",
+                "approve a waiting exec: it runs",
+            )
+            .answers(200, Body::Json(schema::<Approval>)),
+            handlers::approve,
+        ),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/approvals/{approval}/deny",
+                "deny",
+                "deny a waiting exec: it returns a violation with the reason",
+            )
+            .takes(schema::<DenyRequest>)
+            .answers(200, Body::Json(schema::<Approval>)),
+            handlers::deny,
         ),
         fs_route!("read", "read", "read a file", ReadRequest => ReadResult, 200, |b, id, r| b.read(id, r)),
         fs_route!("write", "write", "write a file atomically", WriteRequest => WriteResult, 200, |b, id, r| b.write(id, r)),

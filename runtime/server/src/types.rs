@@ -44,6 +44,24 @@ pub struct WaitQuery {
     pub timeout_ms: Option<u64>,
 }
 
+/// Deny an exec that waits for approval.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenyRequest {
+    /// Why; the model sees it in the exec's violation.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Query of `GET /v1/sandboxes/{id}/approvals`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsQuery {
+    /// When none is pending, wait up to this many milliseconds for one (at most 300000).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
 /// `GET /healthz`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Health {
