@@ -37,6 +37,39 @@ pub fn image_resolver(state_dir: &Path) -> Result<Arc<dyn ImageResolver>> {
     }))
 }
 
+/// The Docker backend's images: the image store first, then what the Docker daemon already has
+/// (by ID or tag), e.g. images built or loaded outside taskbox.
+pub fn docker_image_resolver(
+    state_dir: &Path,
+    config: &DockerConfig,
+) -> Result<Arc<dyn ImageResolver>> {
+    Ok(Arc::new(StoreThenDaemon {
+        store: image_resolver(state_dir)?,
+        daemon: taskbox_docker::DaemonImages::new(&config.socket).map_err(|e| anyhow!(e))?,
+    }))
+}
+
+struct StoreThenDaemon {
+    store: Arc<dyn ImageResolver>,
+    daemon: taskbox_docker::DaemonImages,
+}
+
+impl ImageResolver for StoreThenDaemon {
+    fn resolve(&self, name_or_digest: &str) -> Result<taskbox_core::image::ImageRoot, ApiError> {
+        match self.store.resolve(name_or_digest) {
+            Err(ApiError::NotFound(why)) => self
+                .daemon
+                .resolve(name_or_digest)
+                .map_err(|_| ApiError::NotFound(why)),
+            other => other,
+        }
+    }
+
+    fn docker_archive(&self, digest: &str, out: &mut dyn Write) -> Result<(), ApiError> {
+        self.store.docker_archive(digest, out)
+    }
+}
+
 struct LazyStore {
     state_dir: PathBuf,
     store: std::sync::OnceLock<taskbox_image::Store>,
@@ -75,7 +108,7 @@ pub fn serve_backend(
             pool_size: opts.docker_pool.unwrap_or(0),
             ..DockerConfig::default()
         };
-        let images = image_resolver(state_dir)?;
+        let images = docker_image_resolver(state_dir, &config)?;
         let docker = DockerBackend::new(state_dir, images, config).map_err(|e| anyhow!(e))?;
         router = router.with("docker", Arc::new(docker));
     }
@@ -125,7 +158,7 @@ pub fn run(args: RunDocker) -> Result<u8> {
         .clone()
         .context("the docker backend needs an image: pass --image NAME|DIGEST")?;
     let config = DockerConfig::default();
-    let images = image_resolver(&args.state_dir)?;
+    let images = docker_image_resolver(&args.state_dir, &config)?;
     let runs = args.state_dir.join("docker-runs");
     sweep_dead_runs(&runs, &images);
     let own = runs.join(std::process::id().to_string());

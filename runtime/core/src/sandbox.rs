@@ -729,6 +729,44 @@ impl NativeBackend {
     }
 }
 
+/// Reads the status pipe until it reports pid 1's pid (after pid 1 said it is ready).
+fn wait_for_started(
+    status: &OwnedFd,
+    status_buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> Result<i32, ApiError> {
+    loop {
+        for line in status_buf.split(|b| *b == b'\n') {
+            if let Ok(Status::Started { pid }) = serde_json::from_slice(line) {
+                return Ok(pid);
+            }
+        }
+        if let Some(e) = setup_error(status_buf) {
+            return Err(e);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ApiError::internal("the sandbox did not report its pid"));
+        }
+        let mut fds = [PollFd::new(status.as_fd(), PollFlags::POLLIN)];
+        let ms = left.as_millis().min(60_000) as i32;
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(0) | Err(nix::Error::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(ApiError::internal(format!("poll: {e}"))),
+        }
+        let mut chunk = [0u8; 4096];
+        match nix::unistd::read(status.as_raw_fd(), &mut chunk) {
+            Ok(0) => return Err(ApiError::internal("the sandbox did not report its pid")),
+            Ok(n) => status_buf.extend_from_slice(&chunk[..n]),
+            Err(_) => {}
+        }
+    }
+}
+
 /// Reads the status pipe until pid 1 says it started, then the control socket until it is ready.
 fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Result<i32, ApiError> {
     let deadline = Instant::now() + limit;
@@ -778,8 +816,12 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
         if control_ready {
             match control::recv::<Event>(control_sock.as_fd(), &mut buf) {
                 Ok(Some((Event::Ready, _))) => {
-                    return pid
-                        .ok_or_else(|| ApiError::internal("the sandbox did not report its pid"));
+                    if let Some(p) = pid {
+                        return Ok(p);
+                    }
+                    // pid 1 can be ready before the helper's report of its pid has arrived:
+                    // the two come on different channels. Wait for the report.
+                    return wait_for_started(status, &mut status_buf, deadline);
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
