@@ -50,7 +50,9 @@ fn supervisor_child() {
     });
     std::thread::sleep(Duration::from_millis(500));
     println!("ready {} {name}", info.id);
-    std::thread::sleep(Duration::from_secs(600));
+    // Wait to be killed. Should the parent go away first, its end of our stdin closes and we
+    // end too, rather than linger.
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
 }
 
 #[test]
@@ -74,6 +76,7 @@ fn a_killed_supervisors_containers_and_mounts_are_removed_by_the_next() {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, &state)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
