@@ -465,20 +465,7 @@ impl NativeBackend {
                 )));
             }
         }
-        let workspace = fs::canonicalize(&req.workspace)
-            .map_err(|e| ApiError::invalid(format!("workspace {}: {e}", req.workspace)))?;
-        if !workspace.is_dir() || workspace == Path::new("/") {
-            return Err(ApiError::invalid(format!(
-                "workspace {} must be a directory other than /",
-                workspace.display()
-            )));
-        }
-        if workspace.to_string_lossy().contains([',', ':', '\\', '\n']) {
-            return Err(ApiError::invalid(format!(
-                "workspace {}: the path contains ',', ':' or '\\', which overlay options cannot carry",
-                workspace.display()
-            )));
-        }
+        let workspace = overlay_workspace(&req.workspace)?;
 
         let ws = native::WorkspacePaths {
             inside: view
@@ -1505,19 +1492,41 @@ fn diff_sections(text: &str) -> BTreeMap<&str, Section> {
     out
 }
 
-fn layers_err(e: layers::LayersError) -> ApiError {
+/// A layer operation's error as the API reports it (shared by the backends).
+pub fn layers_err(e: layers::LayersError) -> ApiError {
     match e {
         layers::LayersError::Refused { .. } => ApiError::PathRefused(e.to_string()),
         other => ApiError::internal(other),
     }
 }
 
-fn changes_err(e: changes::ChangesError) -> ApiError {
+/// A change scan's error as the API reports it (shared by the backends).
+pub fn changes_err(e: changes::ChangesError) -> ApiError {
     ApiError::internal(e)
 }
 
-/// Checkpoint names: `[A-Za-z0-9._-]{1,64}`, not `.` or `..`.
-fn checkpoint_name(name: &str) -> Result<&str, ApiError> {
+/// The canonical path of a workspace a create request names: an existing directory other than
+/// `/`, whose path overlay mount options can carry (shared by the backends).
+pub fn overlay_workspace(given: &str) -> Result<PathBuf, ApiError> {
+    let workspace = fs::canonicalize(given)
+        .map_err(|e| ApiError::invalid(format!("workspace {given}: {e}")))?;
+    if !workspace.is_dir() || workspace == Path::new("/") {
+        return Err(ApiError::invalid(format!(
+            "workspace {} must be a directory other than /",
+            workspace.display()
+        )));
+    }
+    if workspace.to_string_lossy().contains([',', ':', '\\', '\n']) {
+        return Err(ApiError::invalid(format!(
+            "workspace {}: the path contains ',', ':' or '\\', which overlay options cannot carry",
+            workspace.display()
+        )));
+    }
+    Ok(workspace)
+}
+
+/// Checkpoint names: `[A-Za-z0-9._-]{1,64}`, not `.` or `..` (shared by the backends).
+pub fn checkpoint_name(name: &str) -> Result<&str, ApiError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name != "."

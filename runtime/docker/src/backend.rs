@@ -697,20 +697,7 @@ impl Inner {
                 )));
             }
         }
-        let workspace = fs::canonicalize(&req.workspace)
-            .map_err(|e| ApiError::invalid(format!("workspace {}: {e}", req.workspace)))?;
-        if !workspace.is_dir() || workspace == Path::new("/") {
-            return Err(ApiError::invalid(format!(
-                "workspace {} must be a directory other than /",
-                workspace.display()
-            )));
-        }
-        if workspace.to_string_lossy().contains([',', ':', '\\', '\n']) {
-            return Err(ApiError::invalid(format!(
-                "workspace {}: the path contains ',', ':' or '\\', which overlay options cannot carry",
-                workspace.display()
-            )));
-        }
+        let workspace = taskbox_core::sandbox::overlay_workspace(&req.workspace)?;
         if workspace.starts_with(&self.root) {
             return Err(ApiError::invalid(format!(
                 "workspace {} lies inside taskbox's state directory",

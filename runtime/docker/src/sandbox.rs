@@ -21,7 +21,7 @@ use taskbox_core::layers;
 use taskbox_core::native;
 use taskbox_core::policy::{self, CREDENTIAL_STORES, Policy, WorkspaceMode};
 use taskbox_core::result::{Change, Enforcement, ExecResult, Output, Resources, Violation};
-use taskbox_core::sandbox::SPILL_MOUNT;
+use taskbox_core::sandbox::{SPILL_MOUNT, changes_err, checkpoint_name, layers_err};
 use tokio::io::AsyncWriteExt;
 
 use crate::daemon::{Daemon, DaemonError};
@@ -254,35 +254,6 @@ pub(crate) struct Sandbox {
     pub daemon: Arc<Daemon>,
     /// "cgroup-v1" or "cgroup-v2".
     pub limits_kind: String,
-}
-
-fn layers_err(e: layers::LayersError) -> ApiError {
-    match e {
-        layers::LayersError::Refused { .. } => ApiError::PathRefused(e.to_string()),
-        other => ApiError::internal(other),
-    }
-}
-
-fn changes_err(e: changes::ChangesError) -> ApiError {
-    ApiError::internal(e)
-}
-
-/// Checkpoint names: `[A-Za-z0-9._-]{1,64}`, not `.` or `..`.
-fn checkpoint_name(name: &str) -> Result<&str, ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(name)
-    } else {
-        Err(ApiError::invalid(format!(
-            "invalid checkpoint name {name:?}: use 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'"
-        )))
-    }
 }
 
 /// Runs file operations with the container user's filesystem ids, so what the API writes is
