@@ -746,7 +746,8 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
     Ok(policy)
 }
 
-fn dotted_path(path: &serde_path_to_error::Path) -> String {
+/// The dotted key (`a.b[2].c`) a deserialisation error is about (also used for image files).
+pub fn dotted_path(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
     for segment in path.iter() {

@@ -355,7 +355,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ImageDef, DefError> {
     }
     let raw: RawDef =
         serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|err| {
-            let key = dotted_path(err.path());
+            let key = taskbox_core::policy::dotted_path(err.path());
             let (key, reason) = explain_de_error(key, err.inner().message());
             invalid(&key, reason)
         })?;
@@ -736,24 +736,6 @@ fn is_package_name(s: &str) -> bool {
         && arch
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-fn dotted_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        match segment {
-            Segment::Map { key } => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
-            Segment::Enum { .. } | Segment::Unknown => {}
-        }
-    }
-    out
 }
 
 /// Turns serde's wording into the definition's: the key it is about and why, in one line.
