@@ -277,8 +277,9 @@ fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {
     // Each MCP session has a backend of its own (a supervisor may own STATE/sandboxes); its
     // trace goes with the others into STATE/traces.
     let session_dir = state_dir.join("mcp").join(std::process::id().to_string());
-    let native =
-        taskbox_core::sandbox::NativeBackend::new(session_dir.clone()).map_err(|e| anyhow!(e))?;
+    let native = taskbox_core::sandbox::NativeBackend::new(session_dir.clone())
+        .map_err(|e| anyhow!(e))?
+        .with_egress(egress_service(1)?);
     let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
     let create = taskbox_core::api::CreateRequest {
@@ -325,8 +326,9 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     if args.max_ttl.is_some() {
         l.max_ttl = args.max_ttl;
     }
-    let native =
-        taskbox_core::sandbox::NativeBackend::new(state_dir.clone()).map_err(|e| anyhow!(e))?;
+    let native = taskbox_core::sandbox::NativeBackend::new(state_dir.clone())
+        .map_err(|e| anyhow!(e))?
+        .with_egress(egress_service(2)?);
     // Every operation of every surface is recorded in STATE/traces/ID.jsonl.
     let traced = taskbox_core::trace::Traced::new(native, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
@@ -371,7 +373,19 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         image: None,
         root_upper: None,
     };
-    let outcome = native::run(&req).map_err(|e| anyhow!(e))?;
+    // The egress proxy (and its threads) only when the policy routes the network through it.
+    let egress = match req.policy.network.mode {
+        policy::NetworkMode::Proxy => Some(taskbox_egress::ProxyService::new(1)?),
+        _ => None,
+    };
+    let outcome = native::run_with(
+        &req,
+        egress
+            .as_ref()
+            .map(|e| e as &dyn taskbox_core::egress::EgressService),
+    )
+    .map_err(|e| anyhow!(e))?;
+    drop(egress);
     let result = &outcome.result;
     if args.json {
         let mut value = serde_json::to_value(result)?;
@@ -396,6 +410,14 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         }
     }
     Ok(u8::try_from(result.cli_exit_status()).unwrap_or(125))
+}
+
+/// The egress proxies of a backend's sandboxes (network mode "proxy"), on `threads` threads of
+/// their own.
+fn egress_service(threads: usize) -> Result<std::sync::Arc<dyn taskbox_core::egress::EgressService>> {
+    Ok(std::sync::Arc::new(taskbox_egress::ProxyService::new(
+        threads,
+    )?))
 }
 
 const fn libc_enoent() -> i32 {

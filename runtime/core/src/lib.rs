@@ -5,12 +5,15 @@
 //! capture ([`capture`]), the workspace overlay and its changes and diffs ([`changes`]), resource
 //! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
 //! plan to the synchronous `taskbox-init` helper, with the host view or an image as the root
-//! ([`image`], [`image_view`]).
+//! ([`image`], [`image_view`]). [`egress`] is the seam to the egress proxy (`taskbox-egress`):
+//! how a backend starts one per sandbox, hands it the sandbox's listener, and turns its decisions
+//! into each exec's violations and network activity.
 
 pub mod api;
 pub mod capture;
 pub mod cgroup;
 pub mod changes;
+pub mod egress;
 pub mod fsops;
 pub mod image;
 pub mod image_view;
