@@ -57,7 +57,7 @@ for entry in "${tests[@]}"; do
   target=${entry%% *}
   exe=${entry#* }
   case "$target" in
-    conformance|escapes|bad_input|api_native|supervisor|native|traces|taskbox_init) filter=() ;;
+    conformance|escapes|bad_input|api_native|supervisor|native|traces|egress|taskbox_init) filter=() ;;
     taskbox_core) filter=(changes:: layers::) ;;
     *) continue ;;
   esac

@@ -414,7 +414,9 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
 
 /// The egress proxies of a backend's sandboxes (network mode "proxy"), on `threads` threads of
 /// their own.
-fn egress_service(threads: usize) -> Result<std::sync::Arc<dyn taskbox_core::egress::EgressService>> {
+fn egress_service(
+    threads: usize,
+) -> Result<std::sync::Arc<dyn taskbox_core::egress::EgressService>> {
     Ok(std::sync::Arc::new(taskbox_egress::ProxyService::new(
         threads,
     )?))

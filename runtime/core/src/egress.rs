@@ -511,12 +511,18 @@ mod tests {
         assert_eq!(violations.len(), 1, "identical denials are reported once");
         assert!(violations[0].detail.contains("evil.test:443 denied"));
         assert_eq!((activity.allowed, activity.denied), (1, 2));
-        assert_eq!((activity.bytes_up, activity.bytes_down, activity.open), (10, 2000, 0));
+        assert_eq!(
+            (activity.bytes_up, activity.bytes_down, activity.open),
+            (10, 2000, 0)
+        );
         assert_eq!(activity.connections[0].bytes_down, Some(2000));
         // b opened after connection 2 was allowed: its end is not b's.
         let (violations, activity) = b.close(Duration::ZERO);
         assert_eq!(violations.len(), 1);
-        assert_eq!((activity.allowed, activity.denied, activity.bytes_down), (0, 2, 0));
+        assert_eq!(
+            (activity.allowed, activity.denied, activity.bytes_down),
+            (0, 2, 0)
+        );
         // Windows are gone once closed (or dropped): decisions go nowhere.
         let c = log.open();
         drop(c);
@@ -541,7 +547,10 @@ mod tests {
         let (_, activity) = w.close(Duration::from_millis(300));
         ender.join().unwrap();
         assert!(start.elapsed() >= Duration::from_millis(300));
-        assert_eq!((activity.allowed, activity.open, activity.bytes_up), (2, 1, 1));
+        assert_eq!(
+            (activity.allowed, activity.open, activity.bytes_up),
+            (2, 1, 1)
+        );
     }
 
     #[test]
@@ -555,7 +564,11 @@ mod tests {
         assert_eq!(activity.connections.len(), MAX_LISTED_CONNECTIONS);
         assert_eq!(activity.omitted, 100 - MAX_LISTED_CONNECTIONS as u64);
         assert_eq!(violations.len(), MAX_NETWORK_VIOLATIONS + 1);
-        assert!(violations[MAX_NETWORK_VIOLATIONS].detail.starts_with("84 more"));
+        assert!(
+            violations[MAX_NETWORK_VIOLATIONS]
+                .detail
+                .starts_with("84 more")
+        );
     }
 
     #[test]

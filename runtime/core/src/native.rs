@@ -804,7 +804,11 @@ pub fn run_with(
             read: vec![PathBuf::from("/")],
             write: write_paths,
             deny_tcp: isolate_network,
-            connect_tcp: egress.as_ref().map(|_| egress::PROXY_PORT).into_iter().collect(),
+            connect_tcp: egress
+                .as_ref()
+                .map(|_| egress::PROXY_PORT)
+                .into_iter()
+                .collect(),
         },
         seccomp: req.policy.security.seccomp,
         rlimits,

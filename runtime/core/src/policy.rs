@@ -1492,7 +1492,10 @@ mod tests {
         }
         assert!(policy.network.deny.is_empty() && policy.network.hosts.is_empty());
         let text = policy.explain();
-        assert!(text.contains("Only through taskbox's egress proxy"), "{text}");
+        assert!(
+            text.contains("Only through taskbox's egress proxy"),
+            "{text}"
+        );
         assert!(!text.contains("WARNING"), "{text}");
     }
 
@@ -1787,10 +1790,17 @@ mod tests {
             .unwrap();
         assert_eq!(n.mode, NetworkMode::Proxy);
         assert_eq!(n.allow[0].to_string(), "pkg.test:8080");
-        assert_eq!(n.hosts["pkg.test"], ["127.0.0.1".parse::<IpAddr>().unwrap()]);
-        let err = Network::proxy_rules(&["ok.test".into(), "a.*.test".into()], &[], &BTreeMap::new())
-            .unwrap_err()
-            .to_string();
+        assert_eq!(
+            n.hosts["pkg.test"],
+            ["127.0.0.1".parse::<IpAddr>().unwrap()]
+        );
+        let err = Network::proxy_rules(
+            &["ok.test".into(), "a.*.test".into()],
+            &[],
+            &BTreeMap::new(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("network.allow[1]: "), "{err}");
         assert!(err.contains("a.*.test"), "{err}");
         let err = Network::proxy_rules(&["*".into()], &[], &BTreeMap::new())

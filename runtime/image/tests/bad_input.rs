@@ -11,8 +11,8 @@ use std::path::Path;
 
 use common::*;
 use taskbox_core::image::ImageResolver;
-use taskbox_image::unpack::{LayerFile, unpack_layers};
 use taskbox_image::def;
+use taskbox_image::unpack::{LayerFile, unpack_layers};
 
 #[test]
 fn unknown_keys_and_missing_files_are_named() {

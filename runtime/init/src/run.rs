@@ -221,12 +221,8 @@ fn hand_out_egress_listener(plan: EgressPlan) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", plan.port))?;
     // SAFETY: EGRESS_FD is inherited from the runtime and open until closed just below.
     let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(EGRESS_FD) };
-    let sent = crate::control::send(
-        sock,
-        &plan,
-        &[std::os::fd::AsRawFd::as_raw_fd(&listener)],
-    )
-    .map_err(|e| format!("cannot hand the listener to the runtime: {e}"));
+    let sent = crate::control::send(sock, &plan, &[std::os::fd::AsRawFd::as_raw_fd(&listener)])
+        .map_err(|e| format!("cannot hand the listener to the runtime: {e}"));
     let _ = nix::unistd::close(EGRESS_FD);
     sent
 }

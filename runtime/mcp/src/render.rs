@@ -92,7 +92,11 @@ pub(crate) fn exec(r: &ExecResult) -> String {
             let _ = writeln!(s, "  {}: {}", v.kind, v.detail);
         }
     }
-    if let Some(net) = r.network.as_ref().filter(|n| n.allowed + n.denied + n.failed > 0) {
+    if let Some(net) = r
+        .network
+        .as_ref()
+        .filter(|n| n.allowed + n.denied + n.failed > 0)
+    {
         let _ = writeln!(
             s,
             "network (egress proxy): {} allowed, {} denied, {} failed",

@@ -12,9 +12,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use taskbox_core::api::{
     CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult, EditRequest,
     EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult, ListRequest,
-    ListResult, MoveRequest, NetworkRules, PatchRequest, PatchResult, PathRequest, ProcessInfo, ReadRequest,
-    ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult, StatResult, WriteRequest,
-    WriteResult,
+    ListResult, MoveRequest, NetworkRules, PatchRequest, PatchResult, PathRequest, ProcessInfo,
+    ReadRequest, ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult, StatResult,
+    WriteRequest, WriteResult,
 };
 use tracing::Instrument;
 
