@@ -5,6 +5,7 @@
 //! in rounds, the order of the series reversed every other round, so noise on a shared machine
 //! lands on all of them. Prints JSON on stdout (times in ms); progress goes to stderr.
 
+mod egress;
 mod http;
 mod procfs;
 mod stats;
@@ -56,6 +57,12 @@ enum Cmd {
     },
     /// Memory of the supervisor (PID) and of its sandbox helpers with COUNT idle sandboxes.
     Idle(IdleArgs),
+    /// The egress path: a download and new connections through a sandbox's proxy against the
+    /// same directly on the host.
+    Egress(egress::EgressArgs),
+    /// The client half of `egress`, run on the host and inside the sandbox.
+    #[command(subcommand)]
+    EgressClient(egress::ClientCmd),
 }
 
 #[derive(Args)]
@@ -151,6 +158,8 @@ fn main() -> Result<()> {
             )?
         }
         Cmd::Idle(a) => idle(&a)?,
+        Cmd::Egress(a) => egress::run(&a)?,
+        Cmd::EgressClient(c) => return egress::client(c),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -795,11 +795,21 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
     let deadline = Instant::now() + limit;
     let mut status_buf = Vec::new();
     let mut pid = None;
+    let mut ready = false;
     let mut buf = Vec::new();
     loop {
+        // The helper reports pid 1's pid on the status pipe and pid 1 says it is ready on the
+        // control socket; under load the second can arrive first.
+        if let (true, Some(pid)) = (ready, pid) {
+            return Ok(pid);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(ApiError::internal("the sandbox did not start within 30s"));
+            return Err(ApiError::internal(if ready {
+                "the sandbox did not report its pid"
+            } else {
+                "the sandbox did not start within 30s"
+            }));
         }
         let mut fds = [
             PollFd::new(status.as_fd(), PollFlags::POLLIN),
@@ -838,10 +848,7 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
         }
         if control_ready {
             match control::recv::<Event>(control_sock.as_fd(), &mut buf) {
-                Ok(Some((Event::Ready, _))) => {
-                    return pid
-                        .ok_or_else(|| ApiError::internal("the sandbox did not report its pid"));
-                }
+                Ok(Some((Event::Ready, _))) => ready = true,
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
                     // Set-up failed: the reason is on the status pipe.
