@@ -43,6 +43,25 @@ pub struct EgressArgs {
     /// New connections timed per side per round.
     #[arg(long, default_value_t = 500)]
     conns: usize,
+    /// The proxy's splice pipe per direction (0: copy through buffers); default the proxy's own.
+    #[arg(long)]
+    pipe_bytes: Option<usize>,
+}
+
+/// CPU seconds (user + system) this process (the server and the proxy) has used so far.
+fn own_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which ends in the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The client half, also run inside the sandbox.
@@ -241,7 +260,13 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
         &policy,
         "[network]\nmode = \"proxy\"\nallow = [\"bench.test\"]\n[network.hosts]\n\"bench.test\" = [\"127.0.0.1\"]\n",
     )?;
-    let service = taskbox_egress::ProxyService::new(2)?;
+    let mut service = taskbox_egress::ProxyService::new(2)?;
+    if let Some(pipe) = a.pipe_bytes {
+        service = service.limits(taskbox_egress::Limits {
+            pipe_bytes: pipe,
+            ..taskbox_egress::Limits::default()
+        });
+    }
     let backend = NativeBackend::new(a.state_dir.join("backend"))?.with_egress(Arc::new(service));
     let info = backend.create(CreateRequest {
         workspace: a.workspace.display().to_string(),
@@ -265,6 +290,8 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
     curl_host(&host_url)?;
     curl_in(&[], &url)?;
     let (mut direct, mut forward, mut connect) = (Vec::new(), Vec::new(), Vec::new());
+    // CPU seconds of this process (server, and proxy for the sandbox's downloads) per download.
+    let (mut cpu_direct, mut cpu_forward, mut cpu_connect) = (Vec::new(), Vec::new(), Vec::new());
     let (mut r_forward, mut r_connect) = (Vec::new(), Vec::new());
     let (mut lat_direct, mut lat_proxy) = (Vec::new(), Vec::new());
     let exe_s = exe.display().to_string();
@@ -301,21 +328,25 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
     for round in 0..a.rounds {
         eprintln!("egress: round {} of {}", round + 1, a.rounds);
         let mut one = |which: usize| -> Result<()> {
+            let cpu = own_cpu_secs();
             match which {
                 0 => {
                     let (t, b) = curl_host(&host_url)?;
                     ensure!(b == a.bytes, "direct: {b} bytes");
                     direct.push(t);
+                    cpu_direct.push(own_cpu_secs() - cpu);
                 }
                 1 => {
                     let (t, b) = curl_in(&[], &url)?;
                     ensure!(b == a.bytes, "forward: {b} bytes");
                     forward.push(t);
+                    cpu_forward.push(own_cpu_secs() - cpu);
                 }
                 2 => {
                     let (t, b) = curl_in(&["--proxytunnel"], &url)?;
                     ensure!(b == a.bytes, "connect: {b} bytes");
                     connect.push(t);
+                    cpu_connect.push(own_cpu_secs() - cpu);
                 }
                 3 => lat_direct.extend(latency_host(a.conns)?),
                 _ => lat_proxy.extend(latency_in(a.conns)?),
@@ -336,11 +367,16 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
     }
     backend.destroy(&id)?;
     let gib = a.bytes as f64 / f64::from(1u32 << 30);
-    let row = |name: &str, times: &mut Vec<f64>, ratios: Option<&mut Vec<f64>>| -> Value {
+    let row = |name: &str,
+               times: &mut Vec<f64>,
+               cpu: &mut Vec<f64>,
+               ratios: Option<&mut Vec<f64>>|
+     -> Value {
         let best = times.iter().copied().fold(f64::INFINITY, f64::min);
         let med = median(times);
         json!({
             "name": name,
+            "server_proxy_cpu_s_per_gib": ((median(cpu) / gib) * 100.0).round() / 100.0,
             "median_s": (med * 1000.0).round() / 1000.0,
             "best_s": (best * 1000.0).round() / 1000.0,
             "mib_per_s": ((a.bytes as f64 / (1 << 20) as f64) / med).round(),
@@ -358,9 +394,19 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
     Ok(json!({
         "figure": "egress",
         "download": [
-            row("curl direct (host)", &mut direct, None),
-            row("curl in sandbox, HTTP forwarding", &mut forward, Some(&mut r_forward)),
-            row("curl in sandbox, CONNECT", &mut connect, Some(&mut r_connect)),
+            row("curl direct (host)", &mut direct, &mut cpu_direct, None),
+            row(
+                "curl in sandbox, HTTP forwarding",
+                &mut forward,
+                &mut cpu_forward,
+                Some(&mut r_forward)
+            ),
+            row(
+                "curl in sandbox, CONNECT",
+                &mut connect,
+                &mut cpu_connect,
+                Some(&mut r_connect)
+            ),
         ],
         "latency": lat,
     }))
