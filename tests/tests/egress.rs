@@ -915,6 +915,52 @@ fn live_allowlist_change_through_the_http_api_takes_effect_and_is_traced() {
         Some(json!({"allow": [], "mode": "host"})),
     );
     assert_eq!(status, 400);
+    // The CLI verb does the same through the supervisor.
+    let cli = |args: &[&str]| {
+        env.command()
+            .arg("--socket")
+            .arg(&s.socket)
+            .arg("--state-dir")
+            .arg(env.state())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&[
+        "network",
+        &id,
+        "--allow",
+        "pkg.test",
+        "--deny",
+        "*.evil.test",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "allow: pkg.test\ndeny: *.evil.test\n"
+    );
+    let out = cli(&["network", &id]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--clear"));
+    let out = cli(&[
+        "network",
+        &id,
+        "--allow",
+        "pkg.test",
+        "--allow",
+        "evil.test",
+        "--host",
+        "evil.test=127.0.0.1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The route is in the OpenAPI document.
     let (_, doc) = s.call("GET", "/openapi.json", None);
     assert_eq!(
@@ -937,7 +983,9 @@ fn live_allowlist_change_through_the_http_api_takes_effect_and_is_traced() {
     // before reaching it.
     assert_eq!(
         names,
-        ["create", "exec", "network", "exec", "network", "destroy"],
+        [
+            "create", "exec", "network", "exec", "network", "network", "network", "destroy"
+        ],
         "{trace}"
     );
     let network_ops: Vec<&Value> = ops.iter().filter(|o| o["op"] == "network").collect();
