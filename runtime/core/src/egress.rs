@@ -217,6 +217,25 @@ pub trait EgressProxy: Send + Sync {
     fn shutdown(&self);
 }
 
+/// Binds `127.0.0.1:port` in the network namespace of process `pid` and returns the listener,
+/// for [`EgressProxy::serve_listener`]: how a backend whose sandboxes it does not build itself (a
+/// container's network namespace, made by a container runtime) gives the proxy a way in without a
+/// bridge process. A short-lived thread joins the namespace, binds and ends; the calling thread
+/// and the process stay where they are. Needs `CAP_SYS_ADMIN` over the namespace (root, for a
+/// container's), and the namespace's loopback up.
+pub fn listen_in_netns(pid: i32, port: u16) -> std::io::Result<TcpListener> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+                TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the namespace thread panicked")))
+    })
+}
+
 /// The variables that point common clients at the proxy on `127.0.0.1:port`: the `*_PROXY`
 /// family in both cases (`ALL_PROXY` as `socks5h://`, so names are resolved by the proxy),
 /// `NO_PROXY` for loopback, git's `http.proxy` (through `GIT_CONFIG_COUNT`, appended to what
@@ -569,6 +588,73 @@ mod tests {
                 .detail
                 .starts_with("84 more")
         );
+    }
+
+    /// A process of its own in a fresh network namespace (root only: creating one needs
+    /// `CAP_SYS_ADMIN`), killed on drop.
+    struct NetnsProcess(std::process::Child);
+
+    impl Drop for NetnsProcess {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn a_listener_made_in_another_namespace_is_reached_from_there() {
+        use std::io::{Read, Write};
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::geteuid().is_root() {
+            // Unprivileged, a fresh network namespace needs a user namespace of its own, whose
+            // namespace this process then has no capability over; what is tested is the root
+            // case (a container's namespace).
+            if std::env::var("TASKBOX_REQUIRE_ALL").as_deref() == Ok("1") {
+                panic!("needs root (TASKBOX_REQUIRE_ALL=1)");
+            }
+            eprintln!("SKIP: creating a network namespace needs root");
+            return;
+        }
+        let mut cmd = std::process::Command::new("/bin/sleep");
+        cmd.arg("30");
+        // SAFETY: unshare and the loopback ioctl are async-signal-safe system calls on the
+        // child's own state; nothing is allocated between fork and exec but the error value.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+                taskbox_init::sys::loopback_up()
+            });
+        }
+        let child = NetnsProcess(cmd.spawn().unwrap());
+        let pid = child.0.id() as i32;
+        // Wait until the child is in its own namespace.
+        let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap() == own {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let listener = listen_in_netns(pid, PROXY_PORT).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // A client in that namespace reaches it; the listener is served from here.
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).unwrap();
+        let client = std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.write_all(b"ping").unwrap();
+            let mut back = String::new();
+            s.read_to_string(&mut back).unwrap();
+            back
+        });
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = [0u8; 4];
+        conn.read_exact(&mut got).unwrap();
+        conn.write_all(b"pong").unwrap();
+        drop(conn);
+        assert_eq!(&got, b"ping");
+        assert_eq!(client.join().unwrap(), "pong");
+        // This thread's namespace is unchanged.
+        assert_eq!(std::fs::read_link("/proc/self/ns/net").unwrap(), own);
     }
 
     #[test]
