@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api]...      (no argument: all)
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress]...      (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
 #            true` with hyperfine; reports mean ± stddev and the ratio taskbox/bwrap (target <= 2x).
@@ -26,8 +26,13 @@
 #            `docker run --rm IMAGE true` (target: pool >= 5x faster), and the `exec true` round
 #            trip through the backend against `docker exec CONTAINER true` (target: no slower);
 #            p50/p99 of each. The image is a busybox root file system imported into the daemon.
-#   all      startup profile diff memory api docker (the profile is skipped when perf is not
-#            usable, docker when no daemon answers).
+#   egress   the egress path of a sandbox (network mode "proxy"), measured by `taskbox-bench egress`:
+#            curl downloading BENCH_EGRESS_BYTES (1 GiB) from a local server on the host's
+#            127.0.0.1, inside a long-lived sandbox through its listener and the proxy (HTTP
+#            forwarding and CONNECT) against curl directly on the host (target >= 0.8x), and the
+#            latency a new connection through CONNECT adds (p50 < 1 ms).
+#   all      startup profile diff memory api docker egress (the profile is skipped when perf is
+#            not usable, docker when no daemon answers).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
 # the commands of a figure alternating between rounds), so a burst of noise on a shared machine
@@ -49,6 +54,9 @@
 #   BENCH_API_DIFF_RUNS  diffs measured per series, and git status runs (default 60, at least 50)
 #   BENCH_API_CYCLES  checkpoint/change/restore cycles per series (default 40, at least 30)
 #   BENCH_API_IDLE    idle sandboxes for the memory figure (default 64)
+#   BENCH_EGRESS_BYTES   bytes per download of the egress figure (default 1073741824)
+#   BENCH_EGRESS_ROUNDS  rounds of the egress figure (default 5)
+#   BENCH_EGRESS_CONNS   new connections timed per side and round (default 500)
 #   BENCH_DOCKER_IMAGE  image of the container for `docker exec` (default debian:stable-slim;
 #                     only used when `docker info` works)
 #   BENCH_DOCKER_CREATES  measured pool creates and cold docker runs (default 40)
@@ -68,17 +76,18 @@ repo=$(pwd)
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
-want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0
+want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
-    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 ;;
+    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 want_egress=1 ;;
     startup) want_startup=1 ;;
     diff) want_diff=1 ;;
     memory) want_memory=1 ;;
     profile) want_profile=1 ;;
     api) want_api=1 ;;
     docker) want_docker=1 ;;
+    egress) want_egress=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -94,6 +103,9 @@ API_RUNS=${BENCH_API_RUNS:-2000}
 API_DIFF_RUNS=${BENCH_API_DIFF_RUNS:-60}
 API_CYCLES=${BENCH_API_CYCLES:-40}
 API_IDLE=${BENCH_API_IDLE:-64}
+EGRESS_BYTES=${BENCH_EGRESS_BYTES:-1073741824}
+EGRESS_ROUNDS=${BENCH_EGRESS_ROUNDS:-5}
+EGRESS_CONNS=${BENCH_EGRESS_CONNS:-500}
 if [ $((ROUNDS * RUNS)) -lt 30 ]; then
   echo "bench.sh: BENCH_ROUNDS x BENCH_RUNS must be at least 30" >&2
   exit 2
@@ -177,7 +189,7 @@ else
   if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
-    if [ $want_api = 1 ] || [ $want_docker = 1 ]; then
+    if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
@@ -189,7 +201,7 @@ fi
 [ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
 # The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
 BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
-if { [ $want_api = 1 ] || [ $want_docker = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
+if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
   die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
 fi
 
@@ -473,6 +485,39 @@ def api(args):
               f" {int(wl_rss) / 1024:.1f} MiB")
         out.append(md_row([f"supervisor VmRSS after the figures above ({wl_reqs} requests; context)",
                            f"{int(wl_rss) / 1024:.1f} MiB", "", "", "", ""]))
+    with open(rows, "a") as fh:
+        fh.writelines(out)
+
+def egress(args):
+    """egress ROWS FILE: the egress figures from taskbox-bench egress's JSON."""
+    rows, path = args
+    f = json.load(open(path))
+    out = []
+    def met(ok):
+        return "yes" if ok else "**no**"
+    d = {r["name"]: r for r in f["download"]}
+    direct = d["curl direct (host)"]
+    for name, r in d.items():
+        print(f"  egress: {name}: median {r['median_s']:.3f} s ({r['mib_per_s']:.0f} MiB/s), best"
+              f" {r['best_s']:.3f} s" + (f", {r['vs_direct_median_of_rounds']:.2f}x of direct"
+                                        if r["vs_direct_median_of_rounds"] is not None else ""))
+    for name in ["curl in sandbox, HTTP forwarding", "curl in sandbox, CONNECT"]:
+        r = d[name]
+        ratio = r["vs_direct_median_of_rounds"]
+        out.append(md_row([f"{r['gib']:g} GiB download, {name}",
+                           f"{r['median_s']:.3f} s ({r['mib_per_s']:.0f} MiB/s)",
+                           f"curl on the host: {direct['median_s']:.3f} s ({direct['mib_per_s']:.0f} MiB/s)",
+                           f"{ratio:.2f}x", ">= 0.8x", met(ratio >= 0.8)]))
+    lat = {s["name"]: s for s in f["latency"]}
+    base, prox = lat["direct"], lat["sandbox, CONNECT"]
+    added = prox["added_p50_ms"]
+    print(f"  egress: new connection + small request: direct p50 {base['p50_ms']:.3f} ms (p99"
+          f" {base['p99_ms']:.3f}); through the sandbox's proxy p50 {prox['p50_ms']:.3f} ms (p99"
+          f" {prox['p99_ms']:.3f}); added {added:.3f} ms")
+    out.append(md_row(["new connection + small request, through the sandbox's proxy (CONNECT)",
+                       f"p50 {prox['p50_ms']:.3f} ms (p99 {prox['p99_ms']:.3f})",
+                       f"direct on the host: p50 {base['p50_ms']:.3f} ms",
+                       f"+{added:.3f} ms", "< 1 ms added", met(added < 1.0)]))
     with open(rows, "a") as fh:
         fh.writelines(out)
 
@@ -824,6 +869,16 @@ print(f"| docker: `exec true` via the backend vs `docker exec CONTAINER true` | 
 PY
 }
 
+# ---- egress ----------------------------------------------------------------------------------
+bench_egress() {
+  command -v curl >/dev/null || apt_install curl || die "curl not found"
+  log "egress: $((EGRESS_BYTES >> 20)) MiB downloads and new connections, ${EGRESS_ROUNDS} rounds"
+  TASKBOX_INIT=$(dirname "$TASKBOX")/taskbox-init "$BENCH_CLIENT" egress \
+    --state-dir "$SCRATCH/egress" --workspace "$SCRATCH/ws" --bytes "$EGRESS_BYTES" \
+    --rounds "$EGRESS_ROUNDS" --conns "$EGRESS_CONNS" >"$SCRATCH/egress.json"
+  py egress "$ROWS" "$SCRATCH/egress.json" | tee "$SCRATCH/egress.txt"
+}
+
 # ---- run -------------------------------------------------------------------------------------
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
@@ -831,6 +886,7 @@ PY
 [ $want_memory = 1 ] && bench_memory
 [ $want_api = 1 ] && bench_api
 [ $want_docker = 1 ] && bench_docker
+[ $want_egress = 1 ] && bench_egress
 
 log "results"
 {

@@ -6,6 +6,7 @@
 //! lands on all of them. Prints JSON on stdout (times in ms); progress goes to stderr.
 
 mod docker;
+mod egress;
 mod http;
 mod procfs;
 mod stats;
@@ -60,6 +61,12 @@ enum Cmd {
     /// The Docker backend beside the docker CLI: create-to-first-exec from the warm pool
     /// against a cold `docker run --rm IMAGE true`, and `exec true` against `docker exec`.
     Docker(docker::DockerArgs),
+    /// The egress path: a download and new connections through a sandbox's proxy against the
+    /// same directly on the host.
+    Egress(egress::EgressArgs),
+    /// The client half of `egress`, run on the host and inside the sandbox.
+    #[command(subcommand)]
+    EgressClient(egress::ClientCmd),
 }
 
 #[derive(Args)]
@@ -156,6 +163,8 @@ fn main() -> Result<()> {
         }
         Cmd::Idle(a) => idle(&a)?,
         Cmd::Docker(a) => docker::run(&a)?,
+        Cmd::Egress(a) => egress::run(&a)?,
+        Cmd::EgressClient(c) => return egress::client(c),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

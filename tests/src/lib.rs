@@ -602,3 +602,114 @@ pub mod image {
         }
     }
 }
+
+/// A static file server on the host's 127.0.0.1, for the egress suites: GET and HEAD of files
+/// beneath a directory (a directory serves its `index.html`; a query string is ignored), one
+/// request per connection, on a thread per connection. It stops when dropped.
+pub mod web {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    pub struct FileServer {
+        pub port: u16,
+        stop: Arc<AtomicBool>,
+        requests: Arc<AtomicUsize>,
+    }
+
+    impl FileServer {
+        pub fn start(root: &Path) -> FileServer {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let stop = Arc::new(AtomicBool::new(false));
+            let requests = Arc::new(AtomicUsize::new(0));
+            let (root, stop2, requests2) = (root.to_path_buf(), stop.clone(), requests.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    requests2.fetch_add(1, Ordering::SeqCst);
+                    let root = root.clone();
+                    std::thread::spawn(move || {
+                        let _ = serve(conn, &root);
+                    });
+                }
+            });
+            FileServer {
+                port,
+                stop,
+                requests,
+            }
+        }
+
+        /// Connections accepted so far.
+        pub fn requests(&self) -> usize {
+            self.requests.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Drop for FileServer {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            // Wake the accept loop so it sees the flag.
+            let _ = TcpStream::connect(("127.0.0.1", self.port));
+        }
+    }
+
+    fn serve(conn: TcpStream, root: &Path) -> std::io::Result<()> {
+        let mut reader = BufReader::new(conn.try_clone()?);
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_owned();
+        let target = parts.next().unwrap_or("/").to_owned();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header)? == 0 || header.trim().is_empty() {
+                break;
+            }
+        }
+        let path = target.split(['?', '#']).next().unwrap_or("/");
+        let rel = path.trim_start_matches('/');
+        let body = if path == "/hello" {
+            Some(b"hello from the test server\n".to_vec())
+        } else if rel.split('/').any(|seg| seg == "..") {
+            None
+        } else {
+            let mut file: PathBuf = root.join(rel);
+            if file.is_dir() {
+                file = file.join("index.html");
+            }
+            std::fs::read(&file).ok()
+        };
+        let mut out = conn;
+        match body {
+            Some(body) => {
+                let kind = if path.ends_with('/') || path.ends_with(".html") {
+                    "text/html"
+                } else {
+                    "application/octet-stream"
+                };
+                write!(
+                    out,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: {kind}\r\n\
+                     Connection: close\r\n\r\n",
+                    body.len()
+                )?;
+                if method != "HEAD" {
+                    out.write_all(&body)?;
+                }
+            }
+            None => {
+                out.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n",
+                )?;
+            }
+        }
+        out.flush()
+    }
+}

@@ -292,7 +292,8 @@ fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {
     let session_dir = state_dir.join("mcp").join(std::process::id().to_string());
     let native = taskbox_core::sandbox::NativeBackend::new(session_dir.clone())
         .map_err(|e| anyhow!(e))?
-        .with_images(docker::image_resolver(&state_dir)?);
+        .with_images(docker::image_resolver(&state_dir)?)
+        .with_egress(egress_service(1)?);
     let guarded = taskbox_core::approvals::CommandPolicy::new(native);
     let traced = taskbox_core::trace::Traced::new(guarded, state_dir.join("traces"));
     let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
@@ -342,7 +343,8 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     }
     let native = taskbox_core::sandbox::NativeBackend::new(state_dir.clone())
         .map_err(|e| anyhow!(e))?
-        .with_images(docker::image_resolver(&state_dir)?);
+        .with_images(docker::image_resolver(&state_dir)?)
+        .with_egress(egress_service(2)?);
     let routed = docker::serve_backend(&args.docker, &state_dir, std::sync::Arc::new(native))?;
     // Every exec is checked against its sandbox's command rules; every operation of every
     // surface, refusals and approvals included, is recorded in STATE/traces/ID.jsonl.
@@ -433,7 +435,19 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         image,
         root_upper: None,
     };
-    let outcome = native::run(&req).map_err(|e| anyhow!(e))?;
+    // The egress proxy (and its threads) only when the policy routes the network through it.
+    let egress = match req.policy.network.mode {
+        policy::NetworkMode::Proxy => Some(taskbox_egress::ProxyService::new(1)?),
+        _ => None,
+    };
+    let outcome = native::run_with(
+        &req,
+        egress
+            .as_ref()
+            .map(|e| e as &dyn taskbox_core::egress::EgressService),
+    )
+    .map_err(|e| anyhow!(e))?;
+    drop(egress);
     let result = &outcome.result;
     if args.json {
         let mut value = serde_json::to_value(result)?;
@@ -458,6 +472,16 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         }
     }
     Ok(u8::try_from(result.cli_exit_status()).unwrap_or(125))
+}
+
+/// The egress proxies of a backend's sandboxes (network mode "proxy"), on `threads` threads of
+/// their own.
+fn egress_service(
+    threads: usize,
+) -> Result<std::sync::Arc<dyn taskbox_core::egress::EgressService>> {
+    Ok(std::sync::Arc::new(taskbox_egress::ProxyService::new(
+        threads,
+    )?))
 }
 
 const fn libc_enoent() -> i32 {
@@ -492,6 +516,7 @@ fn refused(policy: &policy::Policy, detail: String, json: bool) -> Result<u8> {
             .into(),
             limits: "none".into(),
         },
+        network: None,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);

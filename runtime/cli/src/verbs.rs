@@ -83,6 +83,9 @@ pub enum Verb {
     /// Deny an exec waiting for approval: it returns a violation with your reason, which the
     /// agent sees.
     Deny(DenyArgs),
+    /// Replace the egress allow/deny rules of a live sandbox whose policy has network mode
+    /// "proxy"; new connections are decided by them, open ones keep running.
+    Network(NetworkArgs),
 }
 
 #[derive(Args)]
@@ -274,6 +277,27 @@ pub struct ExportArgs {
 pub struct RmArgs {
     #[arg(required = true)]
     ids: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct NetworkArgs {
+    id: String,
+    /// A host pattern to let through (repeatable): example.com, *.example.com (subdomains
+    /// only), 10.0.0.0/8:443, each with an optional :PORT.
+    #[arg(long = "allow", value_name = "PATTERN")]
+    allow: Vec<String>,
+    /// A host pattern to refuse even when allowed (repeatable).
+    #[arg(long = "deny", value_name = "PATTERN")]
+    deny: Vec<String>,
+    /// For tests: resolve NAME to IP without DNS (repeatable).
+    #[arg(long = "host", value_name = "NAME=IP", value_parser = crate::parse_label)]
+    hosts: Vec<(String, String)>,
+    /// Remove every rule: nothing is let through.
+    #[arg(long, conflicts_with_all = ["allow", "deny", "hosts"])]
+    clear: bool,
+    /// Print the rules now in force as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -587,6 +611,49 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 }
             }
             Ok(if failed { 125 } else { 0 })
+        }
+        Verb::Network(a) => {
+            if !a.clear && a.allow.is_empty() && a.deny.is_empty() && a.hosts.is_empty() {
+                bail!(
+                    "give the new rules with --allow, --deny and --host, or --clear to allow nothing"
+                );
+            }
+            let mut hosts = serde_json::Map::new();
+            for (name, ip) in &a.hosts {
+                let entry = hosts.entry(name.clone()).or_insert_with(|| json!([]));
+                if let Some(list) = entry.as_array_mut() {
+                    list.push(json!(ip));
+                }
+            }
+            let body = json!({"allow": a.allow, "deny": a.deny, "hosts": hosts});
+            let r = client
+                .request("PUT", &sandbox_path(&a.id, "/network")?, Some(&body))?
+                .ok()?;
+            if a.json {
+                return print_json(&r).map(|_| 0);
+            }
+            for key in ["allow", "deny"] {
+                let list: Vec<&str> = r[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                println!(
+                    "{key}: {}",
+                    if list.is_empty() {
+                        "(none)".to_owned()
+                    } else {
+                        list.join(" ")
+                    }
+                );
+            }
+            if let Some(hosts) = r["hosts"].as_object().filter(|h| !h.is_empty()) {
+                for (name, ips) in hosts {
+                    println!("host: {name} -> {ips}");
+                }
+            }
+            Ok(0)
         }
         Verb::Ps(a) => {
             let r = client.request("GET", "/v1/sandboxes", None)?.ok()?;

@@ -587,6 +587,47 @@ pub struct ExportResult {
     pub applied: bool,
 }
 
+/// The egress rules of a live sandbox whose policy has network mode "proxy": they replace the
+/// `allow`, `deny` and `hosts` of its policy's `[network]` (patterns as in a policy file; see
+/// `docs/egress.md`). The mode itself is fixed when the sandbox is created.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRules {
+    /// Host patterns the proxy lets through: `example.com`, `*.example.com` (subdomains only),
+    /// an address or range, each with an optional `:PORT`. Empty: nothing.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Host patterns refused even when allowed (deny wins).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// For tests: names resolved to these addresses instead of by DNS.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Vec<String>>,
+}
+
+impl NetworkRules {
+    /// The rules as a policy's `[network]` (mode "proxy"), checked like a policy file's; an
+    /// invalid pattern is an `invalid_argument` error naming the key and the pattern.
+    pub fn to_network(&self) -> Result<crate::policy::Network, ApiError> {
+        crate::policy::Network::proxy_rules(&self.allow, &self.deny, &self.hosts)
+            .map_err(|e| ApiError::invalid(e.to_string()))
+    }
+}
+
+impl From<&crate::policy::Network> for NetworkRules {
+    fn from(n: &crate::policy::Network) -> NetworkRules {
+        NetworkRules {
+            allow: n.allow.iter().map(ToString::to_string).collect(),
+            deny: n.deny.iter().map(ToString::to_string).collect(),
+            hosts: n
+                .hosts
+                .iter()
+                .map(|(name, ips)| (name.clone(), ips.iter().map(ToString::to_string).collect()))
+                .collect(),
+        }
+    }
+}
+
 /// Errors of the API. `code()` is the stable machine-readable code; the message says what
 /// failed and what to do, in words a model can act on.
 #[derive(Debug, thiserror::Error)]
@@ -750,6 +791,16 @@ pub trait SandboxApi: Send + Sync {
         let _ = reason;
         self.info(id)?;
         Err(approval_not_found(id, approval))
+    }
+
+    /// Replaces the egress rules of a live sandbox with network mode "proxy" and returns the
+    /// rules now in force; later connections are decided by them, open ones keep running.
+    /// Backends without a live egress proxy keep this default, which refuses.
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        let _ = rules;
+        Err(ApiError::invalid(format!(
+            "sandbox {id}: this backend cannot change the network rules of a live sandbox"
+        )))
     }
 }
 

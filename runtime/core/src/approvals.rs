@@ -131,6 +131,7 @@ impl<B: SandboxApi> CommandPolicy<B> {
             }],
             resources: Resources::default(),
             enforcement: info.enforcement,
+            network: None,
         };
         if let Some(events) = events {
             events(ExecEvent::Ended {
@@ -383,6 +384,10 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
 
     fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
         self.inner.export(id, req)
+    }
+
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.inner.set_network(id, rules)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
@@ -653,6 +658,7 @@ mod tests {
                 violations: Vec::new(),
                 resources: Resources::default(),
                 enforcement: info.enforcement,
+                network: None,
             }))
         }
         fn process(&self, _: &SandboxId, _: u64) -> Result<ProcessInfo, ApiError> {

@@ -7,7 +7,9 @@
 //! plan to the synchronous `taskbox-init` helper, with the host view or an image as the root
 //! ([`image`], [`image_view`]). The command policy is [`commands`] (rules and their check, over
 //! the static shell reading of [`shell`]), enforced over any backend by [`approvals`], which
-//! also holds the execs waiting for a person's approval.
+//! also holds the execs waiting for a person's approval. [`egress`] is the seam to the egress proxy (`taskbox-egress`):
+//! how a backend starts one per sandbox, hands it the sandbox's listener, and turns its decisions
+//! into each exec's violations and network activity.
 
 pub mod api;
 pub mod approvals;
@@ -15,6 +17,7 @@ pub mod capture;
 pub mod cgroup;
 pub mod changes;
 pub mod commands;
+pub mod egress;
 pub mod fsops;
 pub mod image;
 pub mod image_view;

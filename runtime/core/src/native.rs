@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use taskbox_init::config::{
-    InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, RootPlan, STATUS_FD, Status,
+    EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource, RootPlan,
+    STATUS_FD, Status,
 };
 
 use crate::capture::Capture;
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
+use crate::egress::{self, EgressLog, EgressProxy, EgressService};
 use crate::image::ImageRoot;
 use crate::image_view::{Identity, ImageView, ImageViewError, check_option_path};
 use crate::policy::{
@@ -63,6 +65,9 @@ pub enum NativeError {
     /// an I/O error while supervising the run
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
+    /// the egress proxy could not be wired into the sandbox
+    #[error("egress proxy: {0}")]
+    Egress(String),
 }
 
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NativeError {
@@ -247,11 +252,11 @@ pub(crate) fn compose_env(
     image: Option<&[(String, String)]>,
     extra: &[(String, String)],
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = Vec::new();
-    let mut set = |k: &str, v: &str| {
+    fn set(env: &mut Vec<(String, String)>, k: &str, v: &str) {
         env.retain(|(ek, _)| ek != k);
         env.push((k.to_string(), v.to_string()));
-    };
+    }
+    let mut env: Vec<(String, String)> = Vec::new();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
             continue;
@@ -262,19 +267,26 @@ pub(crate) fn compose_env(
         });
         let host_path = k == "PATH" || k == "HOME" || v.starts_with('/');
         if allowed && !(image.is_some() && host_path) {
-            set(k, v);
+            set(&mut env, k, v);
         }
     }
     for (k, v) in image.unwrap_or_default() {
-        set(k, v);
+        set(&mut env, k, v);
     }
     let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
     policy_vars.sort();
     for (k, v) in policy_vars {
-        set(k, v);
+        set(&mut env, k, v);
+    }
+    // The egress proxy, advertised after the policy's variables (a policy that sets its own
+    // git config keeps it: the proxy's entry is appended) and before the caller's.
+    if policy.network.mode == NetworkMode::Proxy {
+        for (k, v) in egress::proxy_env(egress::PROXY_PORT, &env) {
+            set(&mut env, &k, &v);
+        }
     }
     for (k, v) in extra {
-        set(k, v);
+        set(&mut env, k, v);
     }
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push((
@@ -612,8 +624,19 @@ pub(crate) fn rlimits_for(policy: &Policy, have_cgroup: bool) -> Vec<Rlimit> {
     rlimits
 }
 
-/// Runs one command in a fresh native sandbox and returns its observation.
+/// Runs one command in a fresh native sandbox and returns its observation. A policy with
+/// network mode "proxy" needs [`run_with`].
 pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
+    run_with(req, None)
+}
+
+/// [`run`], with an egress service that starts the run's proxy when the policy's network mode
+/// is "proxy" (ignored otherwise). The proxy lives as long as the run; what it decided becomes
+/// the result's network violations and `network` activity.
+pub fn run_with(
+    req: &RunRequest,
+    egress_service: Option<&dyn EgressService>,
+) -> Result<RunOutcome, NativeError> {
     if req.argv.is_empty() {
         return Err(NativeError::Invalid(
             "no command given (put it after `--`)".into(),
@@ -650,13 +673,17 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
                 .into(),
         });
     }
-    if req.policy.network.mode == NetworkMode::Proxy {
-        return Err(NativeError::Invalid(
-            "network mode \"proxy\" needs the egress proxy, which this version does not have; \
-             use mode = \"none\""
-                .into(),
-        ));
-    }
+    let proxy_mode = req.policy.network.mode == NetworkMode::Proxy;
+    let egress_service = match (proxy_mode, egress_service) {
+        (false, _) => None,
+        (true, Some(service)) => Some(service),
+        (true, None) => {
+            return Err(NativeError::Invalid(
+                "network mode \"proxy\" needs the egress proxy, and this caller did not start one"
+                    .into(),
+            ));
+        }
+    };
     let is_root = nix::unistd::geteuid().is_root();
     let view = req
         .image
@@ -753,6 +780,10 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
         ws.inside.join(cwd)
     };
     let isolate_network = req.policy.network.mode != NetworkMode::Host;
+    let mut egress = egress_service
+        .map(|service| EgressWiring::start(service, &format!("run-{id}"), &req.policy.network))
+        .transpose()
+        .map_err(NativeError::Egress)?;
     let config = InitConfig {
         argv: req.argv.clone(),
         cwd,
@@ -773,17 +804,26 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
             read: vec![PathBuf::from("/")],
             write: write_paths,
             deny_tcp: isolate_network,
+            connect_tcp: egress
+                .as_ref()
+                .map(|_| egress::PROXY_PORT)
+                .into_iter()
+                .collect(),
         },
         seccomp: req.policy.security.seccomp,
         rlimits,
         cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
         control: false,
+        egress: egress.as_ref().map(|_| EgressPlan {
+            port: egress::PROXY_PORT,
+        }),
     };
     let plan_path = run_dir.dir.join("plan.json");
     let plan = serde_json::to_vec_pretty(&config)
         .map_err(|e| NativeError::Invalid(format!("cannot encode the plan: {e}")))?;
     fs::write(&plan_path, plan).map_err(io_err("cannot write the plan"))?;
 
+    let window = egress.as_ref().map(|e| e.log.open());
     let outcome = supervise(
         req,
         &config,
@@ -792,10 +832,25 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
         &id,
         timeout,
         cgroup.as_ref(),
+        egress.as_mut(),
     );
     if let Some(cg) = &cgroup {
         cg.kill_all(Duration::from_secs(5));
     }
+    // Every process of the run is gone, so the proxy sees its clients close and reports the
+    // ends; then it stops. What it decided is the run's.
+    let network = egress.take().zip(window).map(|(e, window)| {
+        let closed = window.close(egress::CLOSE_GRACE);
+        e.proxy.shutdown();
+        closed
+    });
+    let outcome = outcome.map(|(mut result, exec_failed)| {
+        if let Some((violations, activity)) = network {
+            result.violations.extend(violations);
+            result.network = Some(activity);
+        }
+        (result, exec_failed)
+    });
     let outcome = outcome.and_then(|(mut result, exec_failed)| {
         if let Some(cg) = &cgroup {
             result.resources.oom_killed = cg.oom_killed();
@@ -835,7 +890,10 @@ pub fn run(req: &RunRequest) -> Result<RunOutcome, NativeError> {
             exec_failed,
         })
     });
-    if !(req.detach_cleanup && cleanup_detached(&run_dir, cgroup.as_ref())) {
+    // The detached clean-up forks, which is only safe in a single-threaded process; the egress
+    // service's threads make this one multi-threaded.
+    let detach = req.detach_cleanup && egress_service.is_none();
+    if !(detach && cleanup_detached(&run_dir, cgroup.as_ref())) {
         if let Some(cg) = &cgroup {
             cg.remove();
         }
@@ -902,6 +960,7 @@ fn cleanup_detached(run_dir: &RunDir, cgroup: Option<&Cgroup>) -> bool {
 
 type Supervised = (ExecResult, Option<(i32, String)>);
 
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     req: &RunRequest,
     config: &InitConfig,
@@ -910,6 +969,7 @@ fn supervise(
     id: &str,
     timeout: Duration,
     cgroup: Option<&Cgroup>,
+    egress: Option<&mut EgressWiring>,
 ) -> Result<Supervised, NativeError> {
     let helper = helper_path()?;
     let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -924,15 +984,39 @@ fn supervise(
             StdinSource::Inherit => Stdio::inherit(),
             StdinSource::Null => Stdio::null(),
         });
+    let egress_raw = egress.as_ref().and_then(|e| e.helper_fd());
     // SAFETY: the closure runs in the forked child before exec and only calls fcntl and dup2,
-    // which are async-signal-safe; `status_write_raw` stays open in this process until spawn
-    // returns.
+    // which are async-signal-safe; `status_write_raw` and `egress_raw` stay open in this process
+    // until spawn returns.
     unsafe {
-        cmd.pre_exec(move || install_fds(&[(status_write_raw, STATUS_FD)]));
+        cmd.pre_exec(move || match egress_raw {
+            Some(e) => install_fds(&[(status_write_raw, STATUS_FD), (e, EGRESS_FD)]),
+            None => install_fds(&[(status_write_raw, STATUS_FD)]),
+        });
     }
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(NativeError::Spawn)?;
     drop(status_write);
+    if let Some(egress) = egress {
+        // pid 1 sends the listener before it starts the command, or fails set-up (reported on
+        // the status pipe below); the command's output cannot be waiting yet.
+        if let Err(why) = egress.connect(Duration::from_secs(30)) {
+            tracing::debug!(run = %id, %why, "no egress listener");
+            let statuses = {
+                kill_tree(child.id() as i32, cgroup);
+                let _ = wait_helper(child.id() as i32);
+                let mut rest = Vec::new();
+                let _ = fs::File::from(status_read).read_to_end(&mut rest);
+                parse_status(&rest)
+            };
+            for s in statuses {
+                if let Status::SetupFailed { stage, message } = s {
+                    return Err(NativeError::Setup { stage, message });
+                }
+            }
+            return Err(NativeError::Egress(why));
+        }
+    }
     let helper_pid = child.id() as i32;
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(NativeError::Spawn(io::Error::other("no output pipes")));
@@ -1135,14 +1219,15 @@ fn supervise(
         enforcement: Enforcement {
             landlock,
             seccomp,
-            network: if config.isolate_network {
-                "none"
-            } else {
-                "host"
+            network: match (config.egress.is_some(), config.isolate_network) {
+                (true, _) => "proxy",
+                (false, true) => "none",
+                (false, false) => "host",
             }
             .into(),
             limits: String::new(),
         },
+        network: None,
     };
     Ok((result, exec_failed))
 }
@@ -1210,6 +1295,80 @@ pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A sandbox's egress proxy and the channel on which its pid 1 hands over the listener
+/// (`taskbox_init::config::EgressPlan`): started before the helper, connected once the helper
+/// has sent the listener.
+pub(crate) struct EgressWiring {
+    pub(crate) proxy: Box<dyn EgressProxy>,
+    pub(crate) log: std::sync::Arc<EgressLog>,
+    ours: OwnedFd,
+    /// The helper's end, installed as `EGRESS_FD`; dropped once the helper has it.
+    theirs: Option<OwnedFd>,
+}
+
+impl EgressWiring {
+    /// Starts the proxy for sandbox `tag` with `network`'s rules.
+    pub(crate) fn start(
+        service: &dyn EgressService,
+        tag: &str,
+        network: &crate::policy::Network,
+    ) -> Result<EgressWiring, String> {
+        let (ours, theirs) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("socketpair: {e}"))?;
+        let log = EgressLog::new();
+        let proxy = service
+            .start(tag, network, log.sink())
+            .map_err(|e| e.to_string())?;
+        Ok(EgressWiring {
+            proxy,
+            log,
+            ours,
+            theirs: Some(theirs),
+        })
+    }
+
+    /// The descriptor to install as `EGRESS_FD` in the helper.
+    pub(crate) fn helper_fd(&self) -> Option<i32> {
+        self.theirs.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Receives the listener pid 1 made (waiting up to `timeout`) and lets the proxy serve it.
+    /// Call after the helper is spawned.
+    pub(crate) fn connect(&mut self, timeout: Duration) -> Result<(), String> {
+        self.theirs = None;
+        let mut fds = [PollFd::new(self.ours.as_fd(), PollFlags::POLLIN)];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(0) => return Err(format!("no listener from the sandbox within {timeout:?}")),
+            Ok(_) => {}
+            Err(e) => return Err(format!("poll: {e}")),
+        }
+        let mut buf = Vec::new();
+        let received = taskbox_init::control::recv::<taskbox_init::config::EgressPlan>(
+            self.ours.as_fd(),
+            &mut buf,
+        )
+        .map_err(|e| format!("cannot receive the listener: {e}"))?;
+        let Some((_, mut fds)) = received else {
+            return Err("the sandbox ended before it made the listener".into());
+        };
+        let Some(fd) = fds.pop() else {
+            return Err("the sandbox sent no listener".into());
+        };
+        self.proxy
+            .serve_listener(std::net::TcpListener::from(fd))
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Removes spill files older than `age` (one-shot runs keep them so the agent can read them).

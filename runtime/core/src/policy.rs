@@ -145,6 +145,18 @@ const BUILTIN_PROFILES: &[(&str, &str)] = &[
         "read-only",
         include_str!("../../../policies/read-only.toml"),
     ),
+    (
+        "package-registries",
+        include_str!("../../../policies/package-registries.toml"),
+    ),
+    (
+        "build-server",
+        include_str!("../../../policies/build-server.toml"),
+    ),
+    (
+        "trusted-host-network",
+        include_str!("../../../policies/trusted-host-network.toml"),
+    ),
 ];
 
 /// The description of the built-in default profile.
@@ -273,11 +285,7 @@ impl Default for Network {
 impl Network {
     fn validate(&self) -> Result<(), ValidationError> {
         if self.mode != NetworkMode::Proxy {
-            let mode = match self.mode {
-                NetworkMode::None => "none",
-                NetworkMode::Host => "host",
-                NetworkMode::Proxy => "proxy",
-            };
+            let mode = self.mode.as_str();
             for (key, empty) in [
                 ("network.allow", self.allow.is_empty()),
                 ("network.deny", self.deny.is_empty()),
@@ -325,6 +333,26 @@ impl Network {
 }
 
 impl Network {
+    /// Rules for `mode = "proxy"` from pattern strings and a hosts map (an API request that
+    /// changes a live sandbox's rules), checked as a policy file's `[network]` is: an error names
+    /// the key (`network.allow[1]`) and the pattern.
+    pub fn proxy_rules(
+        allow: &[String],
+        deny: &[String],
+        hosts: &BTreeMap<String, Vec<String>>,
+    ) -> Result<Network, ValidationError> {
+        let value = serde_json::json!({
+            "mode": "proxy", "allow": allow, "deny": deny, "hosts": hosts,
+        });
+        let network: Network = serde_path_to_error::deserialize(value).map_err(|err| {
+            let key = format!("network.{}", dotted_path(err.path()));
+            let (key, reason) = explain_de_error(key, &err.inner().to_string());
+            ValidationError::new(key, reason)
+        })?;
+        network.validate()?;
+        Ok(network)
+    }
+
     /// The `Network` part of [`Policy::explain`] for `mode = "proxy"`.
     fn explain_proxy(&self, line: &mut impl FnMut(String)) {
         let list = |patterns: &[HostPattern]| {
@@ -339,6 +367,13 @@ impl Network {
              connections, UDP and DNS fail."
                 .to_owned(),
         );
+        line(format!(
+            "  - The proxy listens on 127.0.0.1:{} inside the sandbox and is advertised there \
+             (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY, and git's, pip's, npm's and cargo's \
+             own settings); every refused connection is reported as a violation of the command \
+             that asked.",
+            crate::egress::PROXY_PORT
+        ));
         if self.allow.is_empty() {
             line("  - No host is allowed: every connection is refused.".to_owned());
         } else {
@@ -423,6 +458,17 @@ pub enum NetworkMode {
     Proxy,
     /// The host's network, unfiltered.
     Host,
+}
+
+impl NetworkMode {
+    /// The name in a policy file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Proxy => "proxy",
+            NetworkMode::Host => "host",
+        }
+    }
 }
 
 /// Resource limits, parsed into numbers.
@@ -872,6 +918,13 @@ impl Policy {
         match &self.description {
             Some(description) => line(format!("Policy: {description}")),
             None => line("Policy: (no description)".to_owned()),
+        }
+        if self.network.mode == NetworkMode::Host {
+            line(
+                "WARNING: NO NETWORK ISOLATION. Sandboxes under this policy share the host's \
+                 network, unfiltered and unrecorded: see Network below."
+                    .to_owned(),
+            );
         }
         line(format!("Hash: {}", self.hash()));
 
@@ -1440,6 +1493,73 @@ mod tests {
     }
 
     #[test]
+    fn package_registries_profile_allows_only_named_registries_on_web_ports() {
+        let (policy, _) = resolve_in("package-registries", None).unwrap();
+        assert_eq!(policy.network.mode, NetworkMode::Proxy);
+        assert!(policy.network.allow.len() >= 6);
+        for pattern in &policy.network.allow {
+            assert!(
+                matches!(pattern.host, HostMatch::Exact(_)),
+                "{pattern}: only exact names, no wildcards or addresses"
+            );
+            assert!(
+                matches!(pattern.port, Some(443) | Some(80)),
+                "{pattern}: only ports 443 and 80"
+            );
+        }
+        assert!(policy.network.deny.is_empty() && policy.network.hosts.is_empty());
+        let text = policy.explain();
+        assert!(
+            text.contains("Only through taskbox's egress proxy"),
+            "{text}"
+        );
+        assert!(!text.contains("WARNING"), "{text}");
+    }
+
+    #[test]
+    fn build_server_profile_is_offline_and_tighter_than_the_default() {
+        let (policy, _) = resolve_in("build-server", None).unwrap();
+        let default = Policy::default();
+        assert_eq!(policy.network.mode, NetworkMode::None);
+        let (l, d) = (&policy.limits, &default.limits);
+        assert!(l.memory_bytes < d.memory_bytes);
+        assert!(l.pids < d.pids);
+        assert!(l.cpu_cores < d.cpu_cores);
+        assert!(l.file_size_bytes < d.file_size_bytes);
+        assert!(l.open_files < d.open_files);
+        assert!(l.timeout <= d.timeout);
+        assert!(l.output_bytes < d.output_bytes);
+        assert!(policy.env.pass.len() < default.env.pass.len());
+    }
+
+    #[test]
+    fn trusted_host_network_profile_warns_first() {
+        let (policy, _) = resolve_in("trusted-host-network", None).unwrap();
+        assert_eq!(policy.network.mode, NetworkMode::Host);
+        let text = policy.explain();
+        let first_lines: Vec<&str> = text.lines().take(4).collect();
+        assert!(
+            first_lines.iter().any(|l| l.starts_with("WARNING")),
+            "{text}"
+        );
+        assert!(text.contains("cloud metadata"), "{text}");
+    }
+
+    #[test]
+    fn every_shipped_profile_is_listed() {
+        let names = available_in(None);
+        for name in [
+            "default",
+            "read-only",
+            "package-registries",
+            "build-server",
+            "trusted-host-network",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+    }
+
+    #[test]
     fn resolve_by_path_and_by_name_in_policy_dir() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mine.toml");
@@ -1464,14 +1584,15 @@ mod tests {
             .to_string();
         assert_eq!(
             message,
-            "unknown policy \"nope\" (available: default, mine, read-only)"
+            "unknown policy \"nope\" (available: build-server, default, mine, \
+             package-registries, read-only, trusted-host-network)"
         );
     }
 
     #[test]
     fn shipped_files_resolve_by_path_like_the_builtins() {
         // Unit tests run in the crate directory.
-        for name in ["default", "read-only"] {
+        for (name, _) in BUILTIN_PROFILES {
             let path = format!("../../policies/{name}.toml");
             let (from_file, source) = resolve_in(&path, None).unwrap();
             assert_eq!(source, PolicySource::File(PathBuf::from(&path)));
@@ -1504,7 +1625,8 @@ mod tests {
         let message = resolve_in("strict", None).unwrap_err().to_string();
         assert_eq!(
             message,
-            "unknown policy \"strict\" (available: default, read-only)"
+            "unknown policy \"strict\" (available: build-server, default, \
+             package-registries, read-only, trusted-host-network)"
         );
     }
 
@@ -1676,6 +1798,37 @@ mod tests {
         );
         assert!(text.contains("WARNING: these address patterns"), "{text}");
         assert!(text.contains("pkg.test -> 127.0.0.1 ::1"), "{text}");
+    }
+
+    #[test]
+    fn proxy_rules_from_strings_are_checked_like_a_file() {
+        let hosts = BTreeMap::from([("pkg.test".to_owned(), vec!["127.0.0.1".to_owned()])]);
+        let n = Network::proxy_rules(&["pkg.test:8080".into()], &["*.evil.test".into()], &hosts)
+            .unwrap();
+        assert_eq!(n.mode, NetworkMode::Proxy);
+        assert_eq!(n.allow[0].to_string(), "pkg.test:8080");
+        assert_eq!(
+            n.hosts["pkg.test"],
+            ["127.0.0.1".parse::<IpAddr>().unwrap()]
+        );
+        let err = Network::proxy_rules(
+            &["ok.test".into(), "a.*.test".into()],
+            &[],
+            &BTreeMap::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("network.allow[1]: "), "{err}");
+        assert!(err.contains("a.*.test"), "{err}");
+        let err = Network::proxy_rules(&["*".into()], &[], &BTreeMap::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("network.allow[0]: "), "{err}");
+        let bad_hosts = BTreeMap::from([("x.test".to_owned(), vec!["nope".to_owned()])]);
+        let err = Network::proxy_rules(&[], &[], &bad_hosts)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("network.hosts"), "{err}");
     }
 
     #[test]

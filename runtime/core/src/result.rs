@@ -21,6 +21,10 @@ pub struct ExecResult {
     pub violations: Vec<Violation>,
     pub resources: Resources,
     pub enforcement: Enforcement,
+    /// What went through the egress proxy while the command ran (network mode "proxy" only;
+    /// absent otherwise, and in results recorded before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkActivity>,
 }
 
 impl ExecResult {
@@ -104,6 +108,60 @@ pub struct Violation {
     pub detail: String,
 }
 
+/// The egress proxy's decisions during one exec: counts, bytes, and the connections one by one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NetworkActivity {
+    /// Connections the proxy allowed and made.
+    pub allowed: u64,
+    /// Connections the policy refused (each distinct one is also a violation).
+    pub denied: u64,
+    /// Connections allowed but not made: the name did not resolve, or the destination refused.
+    pub failed: u64,
+    /// Bytes sent by the sandbox and received by it over the allowed connections that ended.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// Allowed connections still open when the exec's result was made.
+    pub open: u64,
+    /// The connections in order, at most 64.
+    pub connections: Vec<NetworkConnection>,
+    /// Connections not listed in `connections` (beyond the first 64).
+    pub omitted: u64,
+}
+
+/// One connection the sandbox asked the egress proxy for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NetworkConnection {
+    /// The host asked for (a name, or an address; IPv6 in brackets).
+    pub host: String,
+    pub port: u16,
+    /// "connect" (HTTP CONNECT), "forward" (plain HTTP) or "socks5".
+    pub protocol: String,
+    /// "allowed", "denied" or "failed".
+    pub outcome: String,
+    /// The address connected to, or the one refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// The rule that decided: "allow PATTERN" or "deny PATTERN".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// Why it was refused or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What to change in the policy to allow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// Set once an allowed connection has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_up: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_down: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Why an allowed connection ended abnormally (idle, I/O error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// Resources the command used.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Resources {
@@ -155,6 +213,7 @@ mod tests {
                 network: "none".into(),
                 limits: "cgroup-v1".into(),
             },
+            network: None,
         };
         let v = serde_json::to_value(&r).unwrap();
         let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
@@ -181,6 +240,22 @@ mod tests {
         }
         for k in ["landlock", "seccomp", "network", "limits"] {
             assert!(v["enforcement"].get(k).is_some(), "{k}");
+        }
+        // Under mode "proxy" the proxy's activity comes along.
+        let mut r = r;
+        r.network = Some(NetworkActivity::default());
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "allowed",
+            "denied",
+            "failed",
+            "bytes_up",
+            "bytes_down",
+            "open",
+            "connections",
+            "omitted",
+        ] {
+            assert!(v["network"].get(k).is_some(), "{k}");
         }
     }
 

@@ -205,6 +205,10 @@ impl SandboxApi for BackendRouter {
         self.owner(id)?.export(id, req)
     }
 
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.owner(id)?.set_network(id, rules)
+    }
+
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
         let r = self.owner(id)?.destroy(id);
         if r.is_ok()

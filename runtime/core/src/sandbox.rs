@@ -24,13 +24,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-use taskbox_init::config::{InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status};
+use taskbox_init::config::{
+    EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status,
+};
 use taskbox_init::control::{self, CONTROL_FD, Event, Request};
 
 use crate::api::*;
 use crate::capture::Capture;
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
+use crate::egress::{CLOSE_GRACE, EgressLog, EgressProxy, EgressService, ExecWindow, PROXY_PORT};
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
@@ -58,6 +61,9 @@ pub struct NativeBackend {
     sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     /// The image store, which resolves `CreateRequest.image`; without it only the host view.
     images: Option<Arc<dyn ImageResolver>>,
+    /// Starts the egress proxies of sandboxes whose policy has network mode "proxy"; without it
+    /// such sandboxes are refused.
+    egress: Option<Arc<dyn EgressService>>,
     /// An exclusive lock on `STATE/sandboxes/.lock`: one backend per state directory, so the
     /// start-up sweep never removes what a live backend owns.
     _lock: fs::File,
@@ -99,6 +105,7 @@ impl NativeBackend {
             state_dir,
             sandboxes: RwLock::new(HashMap::new()),
             images: None,
+            egress: None,
             _lock: lock,
         };
         backend.sweep();
@@ -109,6 +116,13 @@ impl NativeBackend {
     /// (`CreateRequest.image`, a name or digest the store resolves).
     pub fn with_images(mut self, images: Arc<dyn ImageResolver>) -> NativeBackend {
         self.images = Some(images);
+        self
+    }
+
+    /// Gives the backend an egress service: sandboxes whose policy has network mode "proxy" get
+    /// a proxy of their own from it (see [`crate::egress`]).
+    pub fn with_egress(mut self, egress: Arc<dyn EgressService>) -> NativeBackend {
+        self.egress = Some(egress);
         self
     }
 
@@ -279,6 +293,15 @@ struct Sandbox {
     /// pid 1's answer to the last remount request (`Some(error)` when it failed), until taken.
     remounted: Mutex<Option<Option<String>>>,
     remount_cond: Condvar,
+    /// Network mode "proxy": the sandbox's egress proxy.
+    egress: Option<SandboxEgress>,
+}
+
+/// A sandbox's egress proxy, its decision log and the rules in force.
+struct SandboxEgress {
+    proxy: Box<dyn EgressProxy>,
+    log: Arc<EgressLog>,
+    rules: Mutex<policy::Network>,
 }
 
 impl Sandbox {
@@ -453,11 +476,16 @@ impl NativeBackend {
         let policy_name = req.policy.clone().unwrap_or_else(|| "default".into());
         let (policy, _) =
             policy::resolve(&policy_name).map_err(|e| ApiError::invalid(e.to_string()))?;
-        if policy.network.mode == NetworkMode::Proxy {
-            return Err(ApiError::invalid(
-                "network mode \"proxy\" needs the egress proxy, which this version does not have",
-            ));
-        }
+        let egress_service = match (policy.network.mode, &self.egress) {
+            (NetworkMode::Proxy, Some(service)) => Some(service.clone()),
+            (NetworkMode::Proxy, None) => {
+                return Err(ApiError::invalid(format!(
+                    "policy {policy_name:?} has network mode \"proxy\", and this backend was \
+                     started without the egress proxy"
+                )));
+            }
+            _ => None,
+        };
         for k in req.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(ApiError::invalid(format!(
@@ -571,6 +599,12 @@ impl NativeBackend {
             readonly: true,
         });
         let isolate_network = policy.network.mode != NetworkMode::Host;
+        let mut egress = egress_service
+            .map(|service| {
+                native::EgressWiring::start(service.as_ref(), id.as_str(), &policy.network)
+            })
+            .transpose()
+            .map_err(ApiError::internal)?;
         let mut base_env =
             native::compose_env(&policy, view.as_ref().map(|v| v.base_env()).as_deref(), &[]);
         for (k, v) in &req.env {
@@ -597,11 +631,13 @@ impl NativeBackend {
                 read: vec![PathBuf::from("/")],
                 write: write_paths,
                 deny_tcp: isolate_network,
+                connect_tcp: egress.as_ref().map(|_| PROXY_PORT).into_iter().collect(),
             },
             seccomp: policy.security.seccomp,
             rlimits,
             cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
             control: true,
+            egress: egress.as_ref().map(|_| EgressPlan { port: PROXY_PORT }),
         };
         let plan_path = dirs.dir.join("plan.json");
         let plan = serde_json::to_vec_pretty(&config)
@@ -621,6 +657,7 @@ impl NativeBackend {
         let log = fs::File::create(dirs.dir.join("helper.log"))
             .map_err(|e| ApiError::internal(format!("cannot create the helper log: {e}")))?;
         let (sw, cs) = (status_write.as_raw_fd(), theirs.as_raw_fd());
+        let ef = egress.as_ref().and_then(native::EgressWiring::helper_fd);
         let mut cmd = Command::new(helper);
         cmd.arg(&plan_path)
             .env_clear()
@@ -628,10 +665,15 @@ impl NativeBackend {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
         // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
-        // dup2, which are async-signal-safe; both descriptors stay open in this process until
+        // dup2, which are async-signal-safe; the descriptors stay open in this process until
         // spawn returns.
         unsafe {
-            cmd.pre_exec(move || native::install_fds(&[(sw, STATUS_FD), (cs, CONTROL_FD)]));
+            cmd.pre_exec(move || match ef {
+                Some(ef) => {
+                    native::install_fds(&[(sw, STATUS_FD), (cs, CONTROL_FD), (ef, EGRESS_FD)])
+                }
+                None => native::install_fds(&[(sw, STATUS_FD), (cs, CONTROL_FD)]),
+            });
         }
         let child = cmd
             .spawn()
@@ -639,8 +681,16 @@ impl NativeBackend {
         drop(status_write);
         drop(theirs);
 
-        // Wait for pid 1 to report that the sandbox is built (or why it is not).
+        // Wait for pid 1 to report that the sandbox is built (or why it is not). It made the
+        // egress listener before it said so: the proxy can serve it from now on.
         let started = wait_ready(&status_read, &ours, Duration::from_secs(30));
+        let started = started.and_then(|pid| match egress.as_mut() {
+            Some(e) => e
+                .connect(Duration::from_secs(5))
+                .map(|()| pid)
+                .map_err(|why| ApiError::internal(format!("egress proxy: {why}"))),
+            None => Ok(pid),
+        });
         // The workspace mount, as pid 1 built it and before any command could touch the tree:
         // file operations check they reach this mount (see `Sandbox::fs`).
         let started = started.and_then(|pid| {
@@ -673,7 +723,12 @@ impl NativeBackend {
             enforcement: Enforcement {
                 landlock: "unknown".into(),
                 seccomp: policy.security.seccomp,
-                network: if isolate_network { "none" } else { "host" }.into(),
+                network: match policy.network.mode {
+                    NetworkMode::Host => "host",
+                    NetworkMode::Proxy => "proxy",
+                    NetworkMode::None => "none",
+                }
+                .into(),
                 limits: cgroup.as_ref().map(Cgroup::kind).unwrap_or("rlimit").into(),
             },
             labels: req.labels.clone(),
@@ -685,6 +740,11 @@ impl NativeBackend {
         let control_reader = ours
             .try_clone()
             .map_err(|e| ApiError::internal(format!("dup: {e}")))?;
+        let egress = egress.map(|e| SandboxEgress {
+            proxy: e.proxy,
+            log: e.log,
+            rules: Mutex::new(policy.network.clone()),
+        });
         let sandbox = Arc::new(Sandbox {
             id,
             info: Mutex::new(info),
@@ -706,6 +766,7 @@ impl NativeBackend {
             layers_lock: RwLock::new(()),
             remounted: Mutex::new(None),
             remount_cond: Condvar::new(),
+            egress,
         });
         let weak = Arc::downgrade(&sandbox);
         std::thread::Builder::new()
@@ -948,6 +1009,7 @@ impl Sandbox {
     }
 
     /// Reads an exec's output until it ends (or its deadline kills it) and builds its result.
+    #[allow(clippy::too_many_arguments)]
     fn drive(
         &self,
         slot: &ExecSlot,
@@ -956,6 +1018,7 @@ impl Sandbox {
         start: Instant,
         mut events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
         before: &Option<layers::Fingerprint>,
+        window: Option<ExecWindow>,
     ) -> Result<ExecResult, ApiError> {
         if let Some(ev) = events.as_mut() {
             ev(ExecEvent::Started { exec_id: slot.id });
@@ -1131,6 +1194,13 @@ impl Sandbox {
                 ),
             });
         }
+        // Every process of the exec is gone: what the proxy decided meanwhile is (also) this
+        // exec's.
+        let network = window.map(|w| {
+            let (denials, activity) = w.close(CLOSE_GRACE);
+            violations.extend(denials);
+            activity
+        });
         let changes = match before {
             Some(before) => self.changes_since(before)?,
             None => Vec::new(),
@@ -1153,6 +1223,7 @@ impl Sandbox {
                 oom_killed,
             },
             enforcement: self.enforcement(&exited.landlock, exited.seccomp),
+            network,
         };
         if let Ok(mut info) = self.info.lock() {
             info.enforcement = result.enforcement.clone();
@@ -1188,6 +1259,7 @@ impl Sandbox {
             .read()
             .map_err(|_| ApiError::internal("poisoned"))?;
         let before = self.fingerprint()?;
+        let window = self.egress.as_ref().map(|e| e.log.open());
         let (slot, pipes, timeout, start) = self.start_exec(&req)?;
         if req.background {
             drop(guard);
@@ -1196,7 +1268,7 @@ impl Sandbox {
             std::thread::Builder::new()
                 .name(format!("exec-{}-{}", self.id, slot.id))
                 .spawn(move || {
-                    let res = sb.drive(&slot2, pipes, timeout, start, None, &before);
+                    let res = sb.drive(&slot2, pipes, timeout, start, None, &before, window);
                     let mut st = lock(&slot2.state);
                     match res {
                         Ok(r) => st.result = Some(r),
@@ -1209,7 +1281,7 @@ impl Sandbox {
                 .map_err(|e| ApiError::internal(format!("cannot start a thread: {e}")))?;
             return Ok(ExecOutcome::Background(slot.info()));
         }
-        let result = self.drive(&slot, pipes, timeout, start, events, &before);
+        let result = self.drive(&slot, pipes, timeout, start, events, &before, window);
         lock(&self.execs).remove(&slot.id);
         drop(guard);
         let result = result?;
@@ -1278,6 +1350,25 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Puts new egress rules in force (network mode "proxy" only).
+    fn set_network(&self, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        let Some(egress) = &self.egress else {
+            return Err(ApiError::Conflict(format!(
+                "sandbox {} has network mode \"{}\": allow and deny rules apply only to mode \
+                 \"proxy\", and the mode is fixed when the sandbox is created",
+                self.id,
+                self.policy.network.mode.as_str()
+            )));
+        };
+        let network = rules.to_network()?;
+        let mut current = lock(&egress.rules);
+        egress.proxy.set_rules(&network);
+        tracing::info!(sandbox = %self.id, allow = network.allow.len(), deny = network.deny.len(), "egress rules replaced");
+        let answer = NetworkRules::from(&network);
+        *current = network;
+        Ok(answer)
+    }
+
     /// Ends the sandbox: closing the control socket ends pid 1 and with it every process.
     fn shutdown(&self) {
         let _ = self.send(&Request::KillAll, &[]);
@@ -1302,6 +1393,9 @@ impl Sandbox {
         if let Some(cg) = &self.cgroup {
             cg.kill_all(Duration::from_secs(5));
             cg.remove();
+        }
+        if let Some(egress) = &self.egress {
+            egress.proxy.shutdown();
         }
         // Execs still being driven see the end of their pipes; mark them.
         for slot in lock(&self.execs).values() {
@@ -1455,6 +1549,10 @@ impl SandboxApi for NativeBackend {
         sb.shutdown();
         tracing::info!(sandbox = %id, "sandbox destroyed");
         Ok(())
+    }
+
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.get(id)?.set_network(rules)
     }
 }
 

@@ -56,6 +56,11 @@
 //! - Command policy ([`crate::approvals`]): a refused exec is recorded as an exec whose result
 //!   carries the `command` violation; `approve` and `deny` are recorded as operations (the
 //!   approval and its answer); listing pending approvals is not.
+//! - Egress (network mode "proxy"): each exec's result carries `network`, the proxy's decisions
+//!   while it ran (counts, bytes, the connections one by one), and its denials as violations; a
+//!   change of a live sandbox's rules is an op `"network"` whose request is the new rules. Both
+//!   are additions to version 1: older traces have neither, and readers that do not know them
+//!   skip them.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -191,7 +196,7 @@ pub struct TraceOp {
     pub seq: u64,
     /// "create", "exec", "read", "write", "edit", "patch", "list", "search", "stat", "remove",
     /// "move", "diff", "checkpoint", "restore", "export", "process", "wait", "kill", "stdin",
-    /// "approve", "deny" or "destroy".
+    /// "approve", "deny", "network" (new egress rules) or "destroy".
     pub op: String,
     pub started_at_ms: u64,
     pub duration_ms: u64,
@@ -892,6 +897,13 @@ impl<B: SandboxApi> SandboxApi for Traced<B> {
         r
     }
 
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        let call = Call::start("network", to_json(&rules));
+        let r = self.inner.set_network(id, rules);
+        self.finish(id, call, &r, |_, _| {})?;
+        r
+    }
+
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
         let call = Call::start("destroy", json!({}));
         // The trace must be open before the backend forgets the sandbox, or its info (needed to
@@ -1282,6 +1294,21 @@ pub fn render_text(trace: &Trace) -> String {
                 let detail = viol.get("detail").and_then(Value::as_str).unwrap_or("");
                 let _ = writeln!(out, "        violation {kind}: {}", one_line(detail, 160));
             }
+            let net = v
+                .get("network")
+                .or_else(|| v.get("result").and_then(|r| r.get("network")));
+            if let Some(net) = net.filter(|n| n.is_object()) {
+                let n = |k: &str| net.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "        network: {} allowed, {} denied, {} failed; {} bytes up, {} down",
+                    n("allowed"),
+                    n("denied"),
+                    n("failed"),
+                    n("bytes_up"),
+                    n("bytes_down")
+                );
+            }
         }
     }
     out.push('\n');
@@ -1352,6 +1379,20 @@ fn op_detail(op: &TraceOp) -> String {
         "checkpoint" | "restore" => s("name"),
         "approve" => s("approval"),
         "deny" => format!("{}: {}", s("approval"), s("reason")),
+        "network" => {
+            let list = |k: &str| {
+                r.get(k)
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .unwrap_or_default()
+            };
+            format!("allow [{}] deny [{}]", list("allow"), list("deny"))
+        }
         "export" => {
             let apply = r.get("apply").and_then(Value::as_bool) == Some(true);
             format!("{}{}", s("format"), if apply { " --apply" } else { "" })
@@ -1634,7 +1675,9 @@ mod tests {
                 "exec",
                 json!({"argv": ["curl", "https://evil.example"]}),
                 Outcome::Ok(json!({"exit_code": 7, "signal": null, "timed_out": false,
-                    "violations": [{"kind": "network", "detail": "connect evil.example:443 denied"}]})),
+                    "violations": [{"kind": "network", "detail": "connect evil.example:443 denied"}],
+                    "network": {"allowed": 2, "denied": 1, "failed": 0, "bytes_up": 10,
+                        "bytes_down": 2000, "open": 0, "connections": [], "omitted": 0}})),
             ),
             op(
                 4,
@@ -1799,6 +1842,10 @@ mod tests {
         );
         assert!(
             text.contains("violation network: connect evil.example:443 denied"),
+            "{text}"
+        );
+        assert!(
+            text.contains("network: 2 allowed, 1 denied, 0 failed; 10 bytes up, 2000 down"),
             "{text}"
         );
         assert!(text.contains("edit       ok  12ms  src/lib.rs"), "{text}");

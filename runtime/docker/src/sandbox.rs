@@ -1150,6 +1150,7 @@ impl Sandbox {
                 oom_killed,
             },
             enforcement: self.enforcement(),
+            network: None,
         })
     }
 

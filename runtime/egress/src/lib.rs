@@ -32,6 +32,7 @@ pub mod event;
 mod http;
 mod relay;
 pub mod rules;
+pub mod service;
 mod socks;
 mod splice;
 
@@ -49,6 +50,7 @@ use tokio_util::task::TaskTracker;
 
 pub use event::{ConnectionEnd, Decision, Outcome, Protocol, Subscriber};
 pub use rules::{Denial, Resolver, Rules, RulesHandle, SystemResolver, Verdict, decide};
+pub use service::ProxyService;
 
 /// Bounds on what one client can make the proxy hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +100,12 @@ pub enum EgressError {
     #[error("cannot listen on {}: {source}", path.display())]
     ListenUnix {
         path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A listener handed to the proxy cannot be served.
+    #[error("cannot serve the listener: {source}")]
+    Serve {
         #[source]
         source: io::Error,
     },
@@ -233,6 +241,35 @@ impl Proxy {
         let local = listener
             .local_addr()
             .map_err(|source| EgressError::ListenTcp { addr, source })?;
+        let shared = self.shared.clone();
+        let slots = self.slots.clone();
+        let tracker = self.tracker.clone();
+        self.tracker.spawn(async move {
+            accept_loop(&shared, &slots, &tracker, || async {
+                let (stream, peer) = listener.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok((stream, peer.to_string()))
+            })
+            .await;
+        });
+        Ok(local)
+    }
+
+    /// Accepts clients on `listener`, a listening TCP socket made elsewhere: the native backend's,
+    /// bound to `127.0.0.1:3128` inside a sandbox's network namespace by the sandbox's pid 1 and
+    /// handed out, so the proxy accepts the sandbox's connections directly. Returns its address.
+    /// Call it within the proxy's tokio runtime (`Handle::enter`).
+    pub fn serve_tcp_listener(
+        &self,
+        listener: std::net::TcpListener,
+    ) -> Result<SocketAddr, EgressError> {
+        if self.shared.cancel.is_cancelled() {
+            return Err(EgressError::ShutDown);
+        }
+        let serve_err = |source| EgressError::Serve { source };
+        let local = listener.local_addr().map_err(serve_err)?;
+        listener.set_nonblocking(true).map_err(serve_err)?;
+        let listener = TcpListener::from_std(listener).map_err(serve_err)?;
         let shared = self.shared.clone();
         let slots = self.slots.clone();
         let tracker = self.tracker.clone();

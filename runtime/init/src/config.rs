@@ -55,6 +55,20 @@ pub struct InitConfig {
     /// socket ([`crate::control::CONTROL_FD`]) until it closes.
     #[serde(default)]
     pub control: bool,
+    /// Network mode "proxy": the egress proxy's listener, made by pid 1 in the sandbox's network
+    /// namespace and handed to the runtime on [`EGRESS_FD`] before any command runs.
+    #[serde(default)]
+    pub egress: Option<EgressPlan>,
+}
+
+/// The egress proxy's way into the sandbox: a TCP listener on `127.0.0.1:port` inside the
+/// sandbox's network namespace, bound by pid 1 before any command runs (a command may not bind:
+/// Landlock refuses it) and sent to the runtime as `SCM_RIGHTS` on [`EGRESS_FD`] with this plan
+/// as the message. The runtime's proxy accepts on it; pid 1 keeps no copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressPlan {
+    pub port: u16,
 }
 
 /// The sandbox's root filesystem, mounted on the new root before the [`MountOp`]s run.
@@ -132,6 +146,10 @@ pub struct LandlockPlan {
     pub write: Vec<PathBuf>,
     /// Refuse TCP bind and connect (ABI 4 and later).
     pub deny_tcp: bool,
+    /// With `deny_tcp`: TCP ports the command may still connect to (the egress proxy's). Landlock
+    /// rules are per port, on every address; only pid 1's listener serves the port.
+    #[serde(default)]
+    pub connect_tcp: Vec<u16>,
 }
 
 /// One setrlimit call.
@@ -189,3 +207,7 @@ pub enum Status {
 
 /// The file descriptor on which the helper writes [`Status`] lines.
 pub const STATUS_FD: i32 = 3;
+
+/// The descriptor of the socket (a `SOCK_SEQPACKET` pair with the runtime) on which pid 1 sends
+/// the egress listener ([`EgressPlan`]); only given with `egress` set.
+pub const EGRESS_FD: i32 = 5;

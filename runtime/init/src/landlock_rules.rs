@@ -2,7 +2,7 @@
 //!
 //! The command may read and execute beneath the plan's read paths, do anything beneath its write
 //! paths, and nothing else on the filesystem. With `deny_tcp` it may neither bind nor connect TCP
-//! ports. Scopes (when the kernel has them) keep it from signalling processes outside its Landlock
+//! ports, except connect to the plan's `connect_tcp` ports (the egress proxy's listener). Scopes (when the kernel has them) keep it from signalling processes outside its Landlock
 //! domain and from connecting to abstract Unix sockets created outside it.
 //!
 //! The rights requested are those of [`TARGET_ABI`], applied best-effort: on an older kernel the
@@ -14,7 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, LandlockStatus, PathBeneath, PathFd,
+    ABI, Access, AccessFs, AccessNet, BitFlags, LandlockStatus, NetPort, PathBeneath, PathFd,
     RestrictionStatus, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus,
     Scope,
 };
@@ -90,6 +90,12 @@ pub fn apply(plan: &LandlockPlan) -> Result<LandlockOutcome, LandlockError> {
     let mut created = ruleset.scope(Scope::from_all(TARGET_ABI))?.create()?;
     created = add_path_rules(created, &plan.read, AccessFs::from_read(TARGET_ABI))?;
     created = add_path_rules(created, &plan.write, AccessFs::from_all(TARGET_ABI))?;
+    if plan.deny_tcp {
+        // Connecting to these ports (on any address) stays allowed; binding stays refused.
+        for port in &plan.connect_tcp {
+            created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+        }
+    }
     let status = created.restrict_self()?;
 
     let outcome = outcome_of(&status);
@@ -222,6 +228,7 @@ mod tests {
             read: vec!["/".into()],
             write: vec![allowed.path().into(), "/nonexistent/taskbox-test".into()],
             deny_tcp: true,
+            connect_tcp: Vec::new(),
         };
         let allowed_file = allowed.path().join("out.txt");
         let other_file = other.path().join("out.txt");
@@ -271,6 +278,43 @@ mod tests {
         });
         assert_eq!(ended, Ended::Exited(0));
         drop(listener);
+    }
+
+    #[test]
+    fn only_the_listed_port_may_be_connected_to() {
+        let proxy = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+        let other = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen");
+        let proxy_port = proxy.local_addr().expect("local addr").port();
+        let other_port = other.local_addr().expect("local addr").port();
+        let plan = LandlockPlan {
+            enabled: true,
+            required: true,
+            read: vec!["/".into()],
+            write: Vec::new(),
+            deny_tcp: true,
+            connect_tcp: vec![proxy_port],
+        };
+        let ended = landlocked(&plan, |outcome| {
+            if outcome != LandlockOutcome::Full {
+                return 1;
+            }
+            if io_errno(TcpStream::connect((Ipv4Addr::LOCALHOST, proxy_port))) != 0 {
+                return 2;
+            }
+            if io_errno(TcpStream::connect((Ipv4Addr::LOCALHOST, other_port))) != libc::EACCES {
+                return 3;
+            }
+            // The listed port does not make binding it (or any port) possible.
+            if io_errno(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))) != libc::EACCES {
+                return 4;
+            }
+            if io_errno(TcpListener::bind((Ipv4Addr::LOCALHOST, proxy_port))) != libc::EACCES {
+                return 5;
+            }
+            0
+        });
+        assert_eq!(ended, Ended::Exited(0));
+        drop((proxy, other));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use nix::sys::signal::{SigHandler, Signal, signal};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, fork, sethostname, setsid};
 
-use crate::config::{InitConfig, RlimitResource, STATUS_FD, Status};
+use crate::config::{EGRESS_FD, EgressPlan, InitConfig, RlimitResource, STATUS_FD, Status};
 use crate::{landlock_rules, mounts, seccomp, sys};
 
 /// Writes one status line. Best effort: if the runtime is gone there is nobody to tell.
@@ -105,6 +105,10 @@ pub fn run(config: &InitConfig) -> ! {
                 // what ends the sandbox.
                 let _ = nix::unistd::close(crate::control::CONTROL_FD);
             }
+            if config.egress.is_some() {
+                // pid 1 sends the listener; once it has, or has died, the runtime sees the end.
+                let _ = nix::unistd::close(EGRESS_FD);
+            }
             report(&Status::Started {
                 pid: child.as_raw(),
             });
@@ -148,6 +152,17 @@ fn sandbox_init(config: &InitConfig) -> ! {
         && let Err(e) = sys::loopback_up()
     {
         fail("network", format!("cannot bring loopback up: {e}"));
+    }
+    if let Some(plan) = config.egress {
+        if !config.isolate_network {
+            fail(
+                "egress",
+                "the egress listener needs the sandbox's own network namespace",
+            );
+        }
+        if let Err(e) = hand_out_egress_listener(plan) {
+            fail("egress", e);
+        }
     }
     if config.control {
         crate::server::serve(config)
@@ -196,6 +211,20 @@ fn sandbox_init(config: &InitConfig) -> ! {
         });
         std::process::exit(0)
     }
+}
+
+/// Binds the egress proxy's listener on `127.0.0.1:port` in the sandbox's network namespace and
+/// sends it to the runtime on [`EGRESS_FD`], keeping no copy: the proxy outside accepts the
+/// sandbox's connections on it. Runs before any command exists, so the port is pid 1's.
+fn hand_out_egress_listener(plan: EgressPlan) -> Result<(), String> {
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, plan.port))
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", plan.port))?;
+    // SAFETY: EGRESS_FD is inherited from the runtime and open until closed just below.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(EGRESS_FD) };
+    let sent = crate::control::send(sock, &plan, &[std::os::fd::AsRawFd::as_raw_fd(&listener)])
+        .map_err(|e| format!("cannot hand the listener to the runtime: {e}"));
+    let _ = nix::unistd::close(EGRESS_FD);
+    sent
 }
 
 /// Points stdin, stdout and stderr at /dev/null: the helper and pid 1 need none of them, and

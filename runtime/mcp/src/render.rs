@@ -92,6 +92,17 @@ pub(crate) fn exec(r: &ExecResult) -> String {
             let _ = writeln!(s, "  {}: {}", v.kind, v.detail);
         }
     }
+    if let Some(net) = r
+        .network
+        .as_ref()
+        .filter(|n| n.allowed + n.denied + n.failed > 0)
+    {
+        let _ = writeln!(
+            s,
+            "network (egress proxy): {} allowed, {} denied, {} failed",
+            net.allowed, net.denied, net.failed
+        );
+    }
     s
 }
 
@@ -288,6 +299,7 @@ mod tests {
                 network: "none".into(),
                 limits: "cgroup-v2".into(),
             },
+            network: None,
         }
     }
 

@@ -12,9 +12,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use taskbox_core::api::{
     Approval, CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult,
     EditRequest, EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult,
-    ListRequest, ListResult, MoveRequest, PatchRequest, PatchResult, PathRequest, ProcessInfo,
-    ReadRequest, ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult, StatResult,
-    WriteRequest, WriteResult,
+    ListRequest, ListResult, MoveRequest, NetworkRules, PatchRequest, PatchResult, PathRequest,
+    ProcessInfo, ReadRequest, ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult,
+    StatResult, WriteRequest, WriteResult,
 };
 use tracing::Instrument;
 
@@ -36,6 +36,7 @@ fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
 pub enum Verb {
     Get,
     Post,
+    Put,
     Delete,
 }
 
@@ -45,6 +46,7 @@ impl Verb {
         match self {
             Verb::Get => "get",
             Verb::Post => "post",
+            Verb::Put => "put",
             Verb::Delete => "delete",
         }
     }
@@ -53,6 +55,7 @@ impl Verb {
         match self {
             Verb::Get => MethodFilter::GET,
             Verb::Post => MethodFilter::POST,
+            Verb::Put => MethodFilter::PUT,
             Verb::Delete => MethodFilter::DELETE,
         }
     }
@@ -191,7 +194,7 @@ fn status(code: u16) -> StatusCode {
 }
 
 fn table() -> Vec<Route> {
-    use Verb::{Delete, Get, Post};
+    use Verb::{Delete, Get, Post, Put};
     vec![
         route(
             RouteSpec::new(
@@ -370,6 +373,19 @@ fn table() -> Vec<Route> {
             .takes(schema::<DenyRequest>)
             .answers(200, Body::Json(schema::<Approval>)),
             handlers::deny,
+        ),
+        route(
+            RouteSpec::new(
+                Put,
+                "/v1/sandboxes/{id}/network",
+                "set_network",
+                "replace the egress allow/deny rules of a live sandbox with network mode \"proxy\"",
+            )
+            .takes(schema::<NetworkRules>)
+            .answers(200, Body::Json(schema::<NetworkRules>)),
+            |State(st): State<AppState>, o: Owned, ApiJson(req): ApiJson<NetworkRules>| {
+                fs_json(st, o, req, StatusCode::OK, |b, id, r| b.set_network(id, r))
+            },
         ),
         fs_route!("read", "read", "read a file", ReadRequest => ReadResult, 200, |b, id, r| b.read(id, r)),
         fs_route!("write", "write", "write a file atomically", WriteRequest => WriteResult, 200, |b, id, r| b.write(id, r)),

@@ -17,6 +17,7 @@ fn method(v: Verb) -> Method {
     match v {
         Verb::Get => Method::GET,
         Verb::Post => Method::POST,
+        Verb::Put => Method::PUT,
         Verb::Delete => Method::DELETE,
     }
 }

@@ -72,6 +72,7 @@ pub fn finished(stdout: &str, violations: Vec<Violation>) -> ExecResult {
             network: "none".into(),
             limits: "rlimit".into(),
         },
+        network: None,
     }
 }
 
@@ -420,6 +421,13 @@ impl SandboxApi for FakeBackend {
             changes: Vec::new(),
             applied: false,
         })
+    }
+
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.check(id)?;
+        self.record(format!("network {id}"));
+        rules.to_network()?;
+        Ok(rules)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
