@@ -1,12 +1,15 @@
-//! Egress through the proxy, end to end on the native backend: real clients inside real sandboxes
+//! Egress through the proxy, end to end on both backends: real clients inside real sandboxes
 //! (curl, python's urllib, `git clone`, `pip download`) reach test servers on the host's loopback
 //! only through the proxy, by the names `[network.hosts]` maps to 127.0.0.1; everything else fails
 //! closed, and is tried: direct TCP and UDP, DNS, ICMP, IPv6, a client that ignores the proxy
 //! variables, other loopback ports inside the sandbox (Landlock). One-shot runs (`taskbox run`),
 //! long-lived sandboxes through the library, and the live allowlist change through the HTTP API,
-//! recorded in the trace.
+//! recorded in the trace. The Docker section runs the suite image's clients in containers (one-shot
+//! and through `serve --docker`), where the same proxy is reached through a listener made in the
+//! container's network namespace.
 //!
-//! Runs as root and, through scripts/test.sh, as an unprivileged user.
+//! Runs as root and, through scripts/test.sh (without the Docker section), as an unprivileged
+//! user.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
@@ -810,19 +813,26 @@ struct Supervisor {
 
 impl Supervisor {
     fn start(env: &Env) -> Supervisor {
+        Supervisor::start_with(env, &[])
+    }
+
+    /// `taskbox serve` with `extra` flags (e.g. `--docker`).
+    fn start_with(env: &Env, extra: &[&str]) -> Supervisor {
         let socket = env.state().join("test.sock");
         let mut child = Command::new(taskbox())
             .args(["serve", "--socket"])
             .arg(&socket)
             .arg("--state-dir")
             .arg(env.state())
+            .args(extra)
             .env("HOME", env.home())
+            .env("TASKBOX_IMAGE_DIR", taskbox_tests::test_image_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
                 return Supervisor { child, socket };
@@ -1047,4 +1057,224 @@ fn policy_list_and_explain_show_the_shipped_profiles() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("127.0.0.1:3128"), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Docker backend: the same proxy, reached through a listener in the container's network
+// namespace
+// ---------------------------------------------------------------------------------------------
+
+/// Clients of the suite image (python's urllib, git, a hand-made CONNECT), the printed result a
+/// JSON object of what each got: `[status, body]`, or `["error", why]`.
+const FETCH: &str = r#"
+import json, socket, subprocess, sys, urllib.error, urllib.request
+port = int(sys.argv[1])
+res = {}
+def get(key, url, opener=None):
+    try:
+        with (opener or urllib.request.build_opener()).open(url, timeout=10) as r:
+            res[key] = [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        res[key] = [e.code, e.read().decode()]
+    except Exception as e:
+        res[key] = ["error", type(e).__name__ + ": " + str(e)]
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+get("allowed", f"http://pkg.test:{port}/hello.txt")
+get("denied", f"http://evil.test:{port}/hello.txt")
+get("ignoring_proxy", f"http://pkg.test:{port}/hello.txt", direct)
+get("ignoring_proxy_by_ip", f"http://127.0.0.1:{port}/hello.txt", direct)
+try:
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(f"CONNECT pkg.test:{port} HTTP/1.1\r\nHost: pkg.test:{port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    s.sendall(f"GET /hello.txt HTTP/1.1\r\nHost: pkg.test:{port}\r\nConnection: close\r\n\r\n".encode())
+    body = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    res["connect"] = [head.split(b"\r\n")[0].decode(), body.split(b"\r\n\r\n", 1)[-1].decode()]
+except OSError as e:
+    res["connect"] = ["error", str(e)]
+if len(sys.argv) > 2:
+    p = subprocess.run(["git", "clone", "-q", f"http://git.test:{port}/repo.git", "/tmp/clone"],
+                       capture_output=True, text=True)
+    res["git"] = [p.returncode, p.stderr + (open("/tmp/clone/README").read() if p.returncode == 0 else "")]
+print(json.dumps(res))
+"#;
+
+/// What a container with network mode "proxy" lets through: only its proxy on 127.0.0.1:3128.
+/// There is no Landlock in a container: its own loopback is its own (binding there is allowed,
+/// the proxy's port is taken), and everything beyond it has no route.
+fn check_docker_probe(probe: &Value) {
+    let get = |k: &str| probe[k].as_str().unwrap_or("?").to_owned();
+    // The host's loopback is not the container's: the host server is not there.
+    assert_eq!(get("host_server_by_ip"), "ECONNREFUSED", "{probe:#}");
+    assert_eq!(get("other_loopback_port"), "ECONNREFUSED", "{probe:#}");
+    assert_eq!(get("public_ip"), "ENETUNREACH", "{probe:#}");
+    assert_eq!(get("proxy_port"), "ok", "{probe:#}");
+    assert_eq!(get("proxy_port_other_address"), "ECONNREFUSED", "{probe:#}");
+    assert_ne!(get("ipv6_public"), "ok", "{probe:#}");
+    assert_ne!(get("ipv6_loopback_proxy_port"), "ok", "{probe:#}");
+    // Nothing can take the proxy's place.
+    assert_eq!(get("bind_proxy_port"), "EADDRINUSE", "{probe:#}");
+    assert_eq!(get("udp_public"), "ENETUNREACH", "{probe:#}");
+    assert_ne!(get("udp_ipv6"), "sent", "{probe:#}");
+    for (ns, outcome) in probe["dns_servers"].as_object().unwrap() {
+        assert_ne!(outcome, "answered", "DNS server {ns} answered: {probe:#}");
+    }
+    assert_eq!(get("resolve_test_name"), "gaierror", "{probe:#}");
+    assert_eq!(get("resolve_public_name"), "gaierror", "{probe:#}");
+    assert_ne!(get("icmp"), "sent", "{probe:#}");
+    assert_ne!(get("raw_socket"), "ok", "{probe:#}");
+}
+
+/// The clients' results: the allowed name through the proxy (forwarding, CONNECT, git), the
+/// denied one refused with the reason, and nothing without the proxy.
+fn check_fetch(f: &Value, port: u16, with_git: bool) {
+    assert_eq!(
+        f["allowed"],
+        json!([200, "hello through the proxy\n"]),
+        "{f:#}"
+    );
+    assert_eq!(f["denied"][0], 403, "{f:#}");
+    assert!(
+        f["denied"][1]
+            .as_str()
+            .unwrap()
+            .contains(&format!("evil.test:{port}")),
+        "{f:#}"
+    );
+    assert_eq!(f["ignoring_proxy"][0], "error", "{f:#}");
+    assert_eq!(f["ignoring_proxy_by_ip"][0], "error", "{f:#}");
+    assert!(f["connect"][0].as_str().unwrap().contains(" 200"), "{f:#}");
+    assert_eq!(f["connect"][1], "hello through the proxy\n", "{f:#}");
+    if with_git {
+        assert_eq!(
+            f["git"],
+            json!([0, "cloned through the egress proxy\n"]),
+            "{f:#}"
+        );
+    }
+}
+
+#[test]
+fn docker_one_shot_clients_reach_allowed_names_through_the_proxy_and_nothing_else() {
+    let Some(env) = Env::for_backend(taskbox_tests::Backend::Docker) else {
+        return;
+    };
+    let site = site();
+    site.add_git_repo();
+    let port = site.port();
+    let policy = proxy_policy(&env, &["pkg.test", "git.test"], &[]);
+    fs::write(env.ws().join("fetch.py"), FETCH).unwrap();
+    fs::write(env.ws().join("probe.py"), PROBE).unwrap();
+    let r = env.run_json(
+        &["--policy", policy.to_str().unwrap()],
+        &["python3", "fetch.py", &port.to_string(), "git"],
+    );
+    r.ok();
+    assert_eq!(r.json["enforcement"]["network"], "proxy");
+    let f: Value = serde_json::from_str(r.stdout()).unwrap();
+    check_fetch(&f, port, true);
+    // The denial is the exec's violation; the allowed connections are counted.
+    let v = violations(&r.json);
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert!(v[0].starts_with("network: "), "{v:#?}");
+    assert!(v[0].contains(&format!("evil.test:{port}")), "{v:#?}");
+    assert!(
+        r.json["network"]["allowed"].as_u64().unwrap() >= 3,
+        "{:#}",
+        r.json
+    );
+    // Host loopback by address never reached the host server: only the proxied requests (the
+    // fetch, the CONNECT and git's) did.
+    let before = site.server.requests();
+    let r = env.run_json(
+        &["--policy", policy.to_str().unwrap()],
+        &["python3", "probe.py", &port.to_string()],
+    );
+    r.ok();
+    check_docker_probe(&serde_json::from_str(r.stdout()).unwrap());
+    assert_eq!(
+        site.server.requests(),
+        before,
+        "the probe reached the host server"
+    );
+}
+
+#[test]
+fn docker_long_lived_sandbox_takes_new_rules_through_the_http_api() {
+    let Some(env) = Env::for_backend(taskbox_tests::Backend::Docker) else {
+        return;
+    };
+    let site = site();
+    let port = site.port();
+    let policy = proxy_policy(&env, &["pkg.test"], &[]);
+    fs::write(env.ws().join("fetch.py"), FETCH).unwrap();
+    let s = Supervisor::start_with(&env, &["--docker"]);
+    let (status, info) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(
+            json!({"workspace": env.ws(), "policy": policy, "backend": "docker",
+                    "image": taskbox_tests::SUITE_IMAGE}),
+        ),
+    );
+    assert_eq!(status, 201, "{info:#}");
+    assert_eq!(info["backend"], "docker");
+    assert_eq!(info["enforcement"]["network"], "proxy");
+    let id = info["id"].as_str().unwrap().to_owned();
+    let fetch = json!({"argv": ["python3", "fetch.py", port.to_string()]});
+    let (status, r) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(fetch.clone()),
+    );
+    assert_eq!(status, 200, "{r:#}");
+    let f: Value = serde_json::from_str(r["stdout"]["text"].as_str().unwrap()).unwrap();
+    check_fetch(&f, port, false);
+    assert_eq!(r["violations"].as_array().unwrap().len(), 1, "{r:#}");
+
+    let (status, rules) = s.call(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"allow": ["pkg.test", "evil.test"], "hosts": {"evil.test": ["127.0.0.1"], "pkg.test": ["127.0.0.1"]}})),
+    );
+    assert_eq!(status, 200, "{rules:#}");
+    let (status, r) = s.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(fetch));
+    assert_eq!(status, 200, "{r:#}");
+    let f: Value = serde_json::from_str(r["stdout"]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        f["denied"],
+        json!([200, "hello through the proxy\n"]),
+        "{f:#}"
+    );
+    assert!(r["violations"].as_array().unwrap().is_empty(), "{r:#}");
+    assert!(r["network"]["allowed"].as_u64().unwrap() >= 3, "{r:#}");
+
+    let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    let trace = fs::read_to_string(env.state().join("traces").join(format!("{id}.jsonl"))).unwrap();
+    let names: Vec<String> = trace
+        .lines()
+        .skip(1)
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["op"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["create", "exec", "network", "exec", "destroy"],
+        "{trace}"
+    );
 }

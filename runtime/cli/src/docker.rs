@@ -11,6 +11,7 @@ use clap::Args;
 use taskbox_core::api::{
     ApiError, CreateRequest, DiffRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi,
 };
+use taskbox_core::egress::EgressService;
 use taskbox_core::image::ImageResolver;
 use taskbox_core::router::BackendRouter;
 use taskbox_docker::{DockerBackend, DockerConfig};
@@ -101,11 +102,13 @@ pub fn serve_backend(
     opts: &ServeDocker,
     state_dir: &Path,
     native: Arc<dyn SandboxApi>,
+    egress: Arc<dyn EgressService>,
 ) -> Result<BackendRouter> {
     let mut router = BackendRouter::new().with("native", native);
     if opts.docker || opts.docker_pool.is_some() {
         let config = DockerConfig {
             pool_size: opts.docker_pool.unwrap_or(0),
+            egress: Some(egress),
             ..DockerConfig::default()
         };
         let images = docker_image_resolver(state_dir, &config)?;
@@ -157,7 +160,10 @@ pub fn run(args: RunDocker) -> Result<u8> {
         .image
         .clone()
         .context("the docker backend needs an image: pass --image NAME|DIGEST")?;
-    let config = DockerConfig::default();
+    let config = DockerConfig {
+        egress: Some(crate::egress_service(1)?),
+        ..DockerConfig::default()
+    };
     let images = docker_image_resolver(&args.state_dir, &config)?;
     let runs = args.state_dir.join("docker-runs");
     sweep_dead_runs(&runs, &images);

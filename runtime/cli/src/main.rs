@@ -341,11 +341,18 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     if args.max_ttl.is_some() {
         l.max_ttl = args.max_ttl;
     }
+    // One egress service (its own threads) for the proxies of both backends' sandboxes.
+    let egress = egress_service(2)?;
     let native = taskbox_core::sandbox::NativeBackend::new(state_dir.clone())
         .map_err(|e| anyhow!(e))?
         .with_images(docker::image_resolver(&state_dir)?)
-        .with_egress(egress_service(2)?);
-    let routed = docker::serve_backend(&args.docker, &state_dir, std::sync::Arc::new(native))?;
+        .with_egress(egress.clone());
+    let routed = docker::serve_backend(
+        &args.docker,
+        &state_dir,
+        std::sync::Arc::new(native),
+        egress,
+    )?;
     // Every exec is checked against its sandbox's command rules; every operation of every
     // surface, refusals and approvals included, is recorded in STATE/traces/ID.jsonl.
     let guarded = taskbox_core::approvals::CommandPolicy::new(routed);
@@ -476,7 +483,7 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
 
 /// The egress proxies of a backend's sandboxes (network mode "proxy"), on `threads` threads of
 /// their own.
-fn egress_service(
+pub(crate) fn egress_service(
     threads: usize,
 ) -> Result<std::sync::Arc<dyn taskbox_core::egress::EgressService>> {
     Ok(std::sync::Arc::new(taskbox_egress::ProxyService::new(

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::{ApiError, NetworkRules};
 use crate::policy::Network;
 use crate::result::{NetworkActivity, NetworkConnection, Violation};
 
@@ -215,6 +216,52 @@ pub trait EgressProxy: Send + Sync {
     /// Stops accepting, ends every connection (each allowed one reports its end) and waits for
     /// them, a few seconds at most.
     fn shutdown(&self);
+}
+
+/// A live sandbox's egress: its proxy, the log its decisions go to, and the rules in force. Both
+/// backends keep one per sandbox with network mode "proxy".
+pub struct SandboxEgress {
+    pub proxy: Box<dyn EgressProxy>,
+    pub log: Arc<EgressLog>,
+    rules: Mutex<Network>,
+}
+
+impl SandboxEgress {
+    pub fn new(
+        proxy: Box<dyn EgressProxy>,
+        log: Arc<EgressLog>,
+        network: &Network,
+    ) -> SandboxEgress {
+        SandboxEgress {
+            proxy,
+            log,
+            rules: Mutex::new(network.clone()),
+        }
+    }
+
+    /// Validates `rules` like a policy file's and puts them in force for later connections.
+    pub fn replace_rules(
+        &self,
+        sandbox: &str,
+        rules: NetworkRules,
+    ) -> Result<NetworkRules, ApiError> {
+        let network = rules.to_network()?;
+        let mut current = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+        self.proxy.set_rules(&network);
+        tracing::info!(%sandbox, allow = network.allow.len(), deny = network.deny.len(), "egress rules replaced");
+        let answer = NetworkRules::from(&network);
+        *current = network;
+        Ok(answer)
+    }
+}
+
+/// The answer to a rule change for a sandbox without a proxy: its mode is fixed at creation.
+pub fn no_proxy(sandbox: &str, mode: crate::policy::NetworkMode) -> ApiError {
+    ApiError::Conflict(format!(
+        "sandbox {sandbox} has network mode \"{}\": allow and deny rules apply only to mode \
+         \"proxy\", and the mode is fixed when the sandbox is created",
+        mode.as_str()
+    ))
 }
 
 /// Binds `127.0.0.1:port` in the network namespace of process `pid` and returns the listener,

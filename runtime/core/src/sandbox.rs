@@ -33,7 +33,7 @@ use crate::api::*;
 use crate::capture::Capture;
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
-use crate::egress::{CLOSE_GRACE, EgressLog, EgressProxy, EgressService, ExecWindow, PROXY_PORT};
+use crate::egress::{CLOSE_GRACE, EgressService, ExecWindow, PROXY_PORT, SandboxEgress};
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
@@ -295,13 +295,6 @@ struct Sandbox {
     remount_cond: Condvar,
     /// Network mode "proxy": the sandbox's egress proxy.
     egress: Option<SandboxEgress>,
-}
-
-/// A sandbox's egress proxy, its decision log and the rules in force.
-struct SandboxEgress {
-    proxy: Box<dyn EgressProxy>,
-    log: Arc<EgressLog>,
-    rules: Mutex<policy::Network>,
 }
 
 impl Sandbox {
@@ -740,11 +733,7 @@ impl NativeBackend {
         let control_reader = ours
             .try_clone()
             .map_err(|e| ApiError::internal(format!("dup: {e}")))?;
-        let egress = egress.map(|e| SandboxEgress {
-            proxy: e.proxy,
-            log: e.log,
-            rules: Mutex::new(policy.network.clone()),
-        });
+        let egress = egress.map(|e| SandboxEgress::new(e.proxy, e.log, &policy.network));
         let sandbox = Arc::new(Sandbox {
             id,
             info: Mutex::new(info),
@@ -1352,21 +1341,13 @@ impl Sandbox {
 
     /// Puts new egress rules in force (network mode "proxy" only).
     fn set_network(&self, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        let Some(egress) = &self.egress else {
-            return Err(ApiError::Conflict(format!(
-                "sandbox {} has network mode \"{}\": allow and deny rules apply only to mode \
-                 \"proxy\", and the mode is fixed when the sandbox is created",
-                self.id,
-                self.policy.network.mode.as_str()
-            )));
-        };
-        let network = rules.to_network()?;
-        let mut current = lock(&egress.rules);
-        egress.proxy.set_rules(&network);
-        tracing::info!(sandbox = %self.id, allow = network.allow.len(), deny = network.deny.len(), "egress rules replaced");
-        let answer = NetworkRules::from(&network);
-        *current = network;
-        Ok(answer)
+        match &self.egress {
+            Some(egress) => egress.replace_rules(self.id.as_str(), rules),
+            None => Err(crate::egress::no_proxy(
+                self.id.as_str(),
+                self.policy.network.mode,
+            )),
+        }
     }
 
     /// Ends the sandbox: closing the control socket ends pid 1 and with it every process.

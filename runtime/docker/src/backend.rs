@@ -17,6 +17,7 @@ use bollard::query_parameters::{
 };
 use sha2::{Digest, Sha256};
 use taskbox_core::api::*;
+use taskbox_core::egress::{self, EgressLog, EgressService, SandboxEgress};
 use taskbox_core::image::{ImageResolver, ImageRoot};
 use taskbox_core::native;
 use taskbox_core::policy::{self, NetworkMode, Policy};
@@ -55,6 +56,10 @@ pub struct DockerConfig {
     pub load_timeout: Duration,
     /// How long a pooled container may wait for a sandbox before it is replaced.
     pub pool_max_idle: Duration,
+    /// Starts the egress proxies of sandboxes whose policy has network mode "proxy" (each
+    /// reached through a listener made in its container's network namespace); without it such
+    /// sandboxes are refused.
+    pub egress: Option<Arc<dyn EgressService>>,
 }
 
 impl Default for DockerConfig {
@@ -70,6 +75,7 @@ impl Default for DockerConfig {
             call_timeout: Duration::from_secs(15),
             load_timeout: Duration::from_secs(300),
             pool_max_idle: Duration::from_secs(3600),
+            egress: None,
         }
     }
 }
@@ -683,13 +689,23 @@ impl Inner {
         let policy_name = req.policy.clone().unwrap_or_else(|| "default".into());
         let (policy, _) =
             policy::resolve(&policy_name).map_err(|e| ApiError::invalid(e.to_string()))?;
-        if policy.network.mode != NetworkMode::None {
-            return Err(ApiError::invalid(format!(
-                "network mode {:?}: the docker backend supports only \"none\" (no network \
-                 but loopback) in this version",
-                policy.network.mode
-            )));
-        }
+        let egress_service = match (policy.network.mode, &self.config.egress) {
+            (NetworkMode::None, _) => None,
+            (NetworkMode::Proxy, Some(service)) => Some(service.clone()),
+            (NetworkMode::Proxy, None) => {
+                return Err(ApiError::invalid(format!(
+                    "policy {policy_name:?} has network mode \"proxy\", and this docker backend \
+                     was started without the egress proxy"
+                )));
+            }
+            (NetworkMode::Host, _) => {
+                return Err(ApiError::invalid(format!(
+                    "policy {policy_name:?} has network mode \"host\": the docker backend gives \
+                     containers no network but loopback, or the egress proxy (mode \"proxy\"); \
+                     use the native backend for the host's network"
+                )));
+            }
+        };
         for (k, v) in &req.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                 return Err(ApiError::invalid(format!(
@@ -751,6 +767,18 @@ impl Inner {
                 return Err(e);
             }
         };
+        // Network mode "proxy": the container has only loopback; its proxy accepts on a
+        // listener bound to 127.0.0.1:3128 in the container's network namespace.
+        let egress = match egress_service
+            .map(|service| start_egress(service.as_ref(), &prepared, &policy))
+            .transpose()
+        {
+            Ok(e) => e,
+            Err(e) => {
+                self.discard(prepared);
+                return Err(e);
+            }
+        };
         let mut base_env: Vec<(String, String)> = image.config.env.clone();
         let mut set = |k: &str, v: &str| {
             base_env.retain(|(ek, _)| ek != k);
@@ -764,6 +792,13 @@ impl Inner {
         for (k, v) in &req.env {
             set(k, v);
         }
+        if egress.is_some() {
+            let vars = egress::proxy_env(egress::PROXY_PORT, &base_env);
+            for (k, v) in vars {
+                base_env.retain(|(ek, _)| *ek != k);
+                base_env.push((k, v));
+            }
+        }
         let info = SandboxInfo {
             id: prepared.id.clone(),
             backend: "docker".into(),
@@ -774,7 +809,7 @@ impl Inner {
             enforcement: Enforcement {
                 landlock: "none".into(),
                 seccomp: true,
-                network: "none".into(),
+                network: policy.network.mode.as_str().into(),
                 limits: self.limits_kind.clone(),
             },
             labels: req.labels.clone(),
@@ -800,11 +835,15 @@ impl Inner {
             layers_lock: RwLock::new(()),
             daemon: self.daemon.clone(),
             limits_kind: self.limits_kind.clone(),
+            egress,
         }))
     }
 
     fn destroy(&self, sb: &Sandbox) {
         sb.end_execs("the sandbox was destroyed");
+        if let Some(e) = &sb.egress {
+            e.proxy.shutdown();
+        }
         self.discard_container(&sb.container);
         remove_sandbox_dir(&sb.dirs.0);
     }
@@ -916,6 +955,31 @@ impl Inner {
 /// Unmounts everything under a sandbox directory and removes it. A directory that still has
 /// a mount under it is left in place: removing files through a mount of the workspace would
 /// reach the host copy.
+/// Starts a sandbox's egress proxy and gives it a listener on 127.0.0.1:3128 in the network
+/// namespace of the container's pid 1 (joining it takes root on the host).
+fn start_egress(
+    service: &dyn EgressService,
+    prepared: &Prepared,
+    policy: &Policy,
+) -> Result<SandboxEgress, ApiError> {
+    let listener = egress::listen_in_netns(prepared.init.pid, egress::PROXY_PORT).map_err(|e| {
+        ApiError::internal(format!(
+            "cannot make the egress listener in container {}'s network namespace (this needs \
+             root on the host): {e}",
+            prepared.container
+        ))
+    })?;
+    let log = EgressLog::new();
+    let proxy = service
+        .start(prepared.id.as_str(), &policy.network, log.sink())
+        .map_err(|e| ApiError::internal(format!("egress proxy: {e}")))?;
+    if let Err(e) = proxy.serve_listener(listener) {
+        proxy.shutdown();
+        return Err(ApiError::internal(format!("egress proxy: {e}")));
+    }
+    Ok(SandboxEgress::new(proxy, log, &policy.network))
+}
+
 fn remove_sandbox_dir(dir: &Path) {
     let left = hostmount::unmount_all_under(dir);
     if !left.is_empty() {
@@ -1071,6 +1135,10 @@ impl SandboxApi for DockerBackend {
 
     fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
         self.inner.get(id)?.export(req, &self.inner.exports)
+    }
+
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.inner.get(id)?.set_network(rules)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {

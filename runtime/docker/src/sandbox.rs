@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use taskbox_core::api::*;
 use taskbox_core::capture::Capture;
 use taskbox_core::changes;
+use taskbox_core::egress::{self, CLOSE_GRACE, ExecWindow, SandboxEgress};
 use taskbox_core::fsops::WorkspaceFs;
 use taskbox_core::layers;
 use taskbox_core::native;
@@ -254,6 +255,8 @@ pub(crate) struct Sandbox {
     pub daemon: Arc<Daemon>,
     /// "cgroup-v1" or "cgroup-v2".
     pub limits_kind: String,
+    /// Network mode "proxy": the sandbox's egress proxy.
+    pub egress: Option<SandboxEgress>,
 }
 
 /// Runs file operations with the container user's filesystem ids, so what the API writes is
@@ -303,6 +306,14 @@ impl Sandbox {
         false
     }
 
+    /// Puts new egress rules in force (network mode "proxy" only).
+    pub fn set_network(&self, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        match &self.egress {
+            Some(egress) => egress.replace_rules(self.id.as_str(), rules),
+            None => Err(egress::no_proxy(self.id.as_str(), self.policy.network.mode)),
+        }
+    }
+
     pub fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
         lock(&self.info).state = "lost".into();
@@ -317,7 +328,7 @@ impl Sandbox {
         Enforcement {
             landlock: "none".into(),
             seccomp: true,
-            network: "none".into(),
+            network: self.policy.network.mode.as_str().into(),
             limits: self.limits_kind.clone(),
         }
     }
@@ -843,6 +854,11 @@ impl Sandbox {
         };
         lock(&slot.state).docker_exec = Some(docker_exec);
         lock(&self.execs).insert(id, slot.clone());
+        let baseline = Baseline {
+            before,
+            oom_before,
+            window: self.egress.as_ref().map(|e| e.log.open()),
+        };
         let stream = Stream {
             output,
             input: attach_stdin.then_some(input),
@@ -858,7 +874,7 @@ impl Sandbox {
                 let res = sb.drive(&slot2, stream, timeout, start, None).await;
                 let res = res.and_then(|ended| {
                     tokio::task::block_in_place(|| {
-                        sb.result(&slot2, ended, timeout, start, &before, oom_before)
+                        sb.result(&slot2, ended, timeout, start, baseline)
                     })
                 });
                 slot2.finish(res);
@@ -884,7 +900,7 @@ impl Sandbox {
             .recv()
             .map_err(|_| ApiError::internal("the exec's driver ended without an answer"))
             .and_then(|r| r)
-            .and_then(|ended| self.result(&slot, ended, timeout, start, &before, oom_before));
+            .and_then(|ended| self.result(&slot, ended, timeout, start, baseline));
         lock(&self.execs).remove(&id);
         drop(guard);
         Ok(ExecOutcome::Finished(res?))
@@ -898,6 +914,14 @@ pub(crate) struct Stream {
     >,
     input: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
     stdin: tokio::sync::mpsc::UnboundedReceiver<StdinMsg>,
+}
+
+/// What an exec's result is measured against: the upper layer and the OOM count before it
+/// started, and its window on the egress proxy's decisions.
+pub(crate) struct Baseline {
+    before: Option<layers::Fingerprint>,
+    oom_before: u64,
+    window: Option<ExecWindow>,
 }
 
 /// What the driver saw.
@@ -1053,9 +1077,13 @@ impl Sandbox {
         driven: Driven,
         timeout: Duration,
         start: Instant,
-        before: &Option<layers::Fingerprint>,
-        oom_before: u64,
+        baseline: Baseline,
     ) -> Result<ExecResult, ApiError> {
+        let Baseline {
+            before,
+            oom_before,
+            window,
+        } = baseline;
         let (mut out, mut err) = {
             let mut st = lock(&slot.state);
             (
@@ -1128,7 +1156,14 @@ impl Sandbox {
                 ),
             });
         }
-        let changes = match before {
+        // The exec's wrapper has ended, and with it every process of the exec: what the proxy
+        // decided meanwhile is (also) this exec's.
+        let network = window.map(|w| {
+            let (denials, activity) = w.close(CLOSE_GRACE);
+            violations.extend(denials);
+            activity
+        });
+        let changes = match &before {
             Some(before) => self.changes_since(before)?,
             None => Vec::new(),
         };
@@ -1150,7 +1185,7 @@ impl Sandbox {
                 oom_killed,
             },
             enforcement: self.enforcement(),
-            network: None,
+            network,
         })
     }
 
