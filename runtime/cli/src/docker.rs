@@ -227,6 +227,17 @@ pub fn run(args: RunDocker) -> Result<u8> {
         } else {
             None
         };
+        // The spill files go with the sandbox: keep them where a native one-shot run keeps its
+        // own, and report them there.
+        let mut result = result;
+        for (stream, out) in [
+            ("stdout", &mut result.stdout),
+            ("stderr", &mut result.stderr),
+        ] {
+            if let Some(shown) = out.spill_path.take() {
+                out.spill_path = keep_spill(&backend, &info.id, &shown, &args.state_dir, stream);
+            }
+        }
         let _ = backend.destroy(&info.id);
         if args.json {
             let mut value = serde_json::to_value(&result)?;
@@ -255,6 +266,38 @@ pub fn run(args: RunDocker) -> Result<u8> {
         taskbox_core::native::remove_tree(&own);
     }
     outcome
+}
+
+/// Moves a one-shot run's spill file out of its sandbox into `STATE/spill` (pruned after a day,
+/// like the native runs'), and returns its new path; None when it cannot be kept (said on
+/// stderr).
+fn keep_spill(
+    backend: &DockerBackend,
+    id: &taskbox_core::api::SandboxId,
+    shown: &str,
+    state_dir: &Path,
+    stream: &str,
+) -> Option<String> {
+    let kept = (|| -> Result<PathBuf> {
+        let from = backend.spill_file(id, shown).map_err(|e| anyhow!(e))?;
+        let dir = state_dir.join("spill");
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let to = dir.join(format!("docker-{id}.{stream}"));
+        // The sandbox's directories are mounts of their own: rename when it can, else copy.
+        if std::fs::rename(&from, &to).is_err() {
+            std::fs::copy(&from, &to)
+                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+        }
+        Ok(to)
+    })();
+    match kept {
+        Ok(p) => Some(p.display().to_string()),
+        Err(e) => {
+            eprintln!("taskbox: the full {stream} is lost with the sandbox: {e:#}");
+            None
+        }
+    }
 }
 
 /// Standard input for a one-shot Docker run: none from a terminal, else all of it (bounded).

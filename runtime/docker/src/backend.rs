@@ -286,6 +286,28 @@ impl DockerBackend {
         Ok(self.inner.get(id)?.container.clone())
     }
 
+    /// Where on the host a spill file of a sandbox is, given its path as an ExecResult shows it
+    /// (inside the container, under the read-only spill mount). It lives until the sandbox is
+    /// destroyed; a one-shot run moves it out first.
+    pub fn spill_file(&self, id: &SandboxId, shown: &str) -> Result<PathBuf, ApiError> {
+        let sb = self.inner.get(id)?;
+        Path::new(shown)
+            .strip_prefix(SPILL_MOUNT)
+            .ok()
+            .and_then(|rest| {
+                let mut parts = rest.components();
+                match (parts.next(), parts.next()) {
+                    (Some(std::path::Component::Normal(name)), None) => {
+                        Some(sb.dirs.out().join(name))
+                    }
+                    _ => None,
+                }
+            })
+            .ok_or_else(|| {
+                ApiError::invalid(format!("{shown} is not a spill file of sandbox {id}"))
+            })
+    }
+
     /// Destroys every sandbox whose lease has run out; returns their ids.
     pub fn reap_expired(&self) -> Vec<SandboxId> {
         let now = now_ms();
