@@ -1,7 +1,8 @@
 //! The command policy end to end over a real `taskbox serve` on its Unix socket, with real
 //! native sandboxes: forbid (also inside compound commands), ask then approve, deny (the reason
 //! reaches the caller) or time out, tenant isolation of approvals, the CLI verbs, the trace, a
-//! malformed `[commands]` section, and `taskbox run`.
+//! malformed `[commands]` section, and `taskbox run`; and the same rules over Docker sandboxes
+//! (`serve --docker`), since the policy sits above every backend.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
@@ -35,12 +36,13 @@ impl Supervisor {
             .arg(env.state())
             .args(extra)
             .env("HOME", env.home())
+            .env("TASKBOX_IMAGE_DIR", taskbox_tests::test_image_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
                 return Supervisor { child, socket };
@@ -705,4 +707,71 @@ fn run_asks_at_the_terminal() {
     assert!(shown.contains("no one answered within 3s"), "{shown}");
     assert!(shown.contains("rc=126"), "{shown}");
     assert!(!env.ws().join("late.txt").exists());
+}
+
+#[test]
+fn the_same_rules_hold_for_docker_sandboxes() {
+    let Some(env) = Env::for_backend(taskbox_tests::Backend::Docker) else {
+        return;
+    };
+    let policy = env.policy("rules", RULES);
+    let sup = Supervisor::start(&env, &["--docker"]);
+    let body = json!({"workspace": env.ws(), "policy": policy, "backend": "docker",
+                      "image": taskbox_tests::SUITE_IMAGE});
+    let (status, v) = sup.call("POST", "/v1/sandboxes", Some(body));
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["backend"], "docker");
+    let id = v["id"].as_str().unwrap().to_string();
+    let exec = |body: Value| {
+        let (status, r) = sup.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(body));
+        assert_eq!(status, 200, "{r}");
+        r
+    };
+
+    // forbid, also behind quoting tricks and inside compound commands: nothing runs.
+    for body in [
+        json!({"shell": "echo hi > ran.txt && git push origin main"}),
+        json!({"shell": "echo hi > ran.txt; g\"\"it push"}),
+        json!({"argv": ["env", "git", "push"]}),
+    ] {
+        let detail = refusal(&exec(body.clone()));
+        assert!(
+            detail.contains("rule forbid \"git push\""),
+            "{body}: {detail}"
+        );
+    }
+    assert!(!sup.ls(None, &id).contains("ran.txt"));
+
+    // ask, approved: it runs in the container.
+    let later = sup.exec_later(None, &id, json!({"shell": "touch approved.txt && id -u"}));
+    let pending = sup.pending(None, &id);
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let aid = pending[0]["id"].as_str().unwrap().to_string();
+    let (status, _) = sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/approvals/{aid}/approve"),
+        None,
+    );
+    assert_eq!(status, 200);
+    let (status, r) = later.join().unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"]["text"], "1000\n", "{r}");
+    assert!(sup.ls(None, &id).contains("approved.txt"));
+
+    // ask, denied: the reason comes back and nothing ran.
+    let later = sup.exec_later(None, &id, json!({"shell": "touch denied.txt"}));
+    let pending = sup.pending(None, &id);
+    let aid = pending[0]["id"].as_str().unwrap().to_string();
+    let (status, _) = sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/approvals/{aid}/deny"),
+        Some(json!({"reason": "use the fixture instead"})),
+    );
+    assert_eq!(status, 200);
+    let (_, r) = later.join().unwrap();
+    assert!(refusal(&r).contains("use the fixture instead"), "{r}");
+    assert!(!sup.ls(None, &id).contains("denied.txt"));
+    let (status, _) = sup.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
 }
