@@ -4,7 +4,8 @@
 //! closed, and is tried: direct TCP and UDP, DNS, ICMP, IPv6, a client that ignores the proxy
 //! variables, other loopback ports inside the sandbox (Landlock). One-shot runs (`taskbox run`),
 //! long-lived sandboxes through the library, and the live allowlist change through the HTTP API,
-//! recorded in the trace. The Docker section runs the suite image's clients in containers (one-shot
+//! recorded in the trace. The Docker section runs the suite image's clients (python's urllib,
+//! `git clone`, `pip download`) in containers (one-shot
 //! and through `serve --docker`), where the same proxy is reached through a listener made in the
 //! container's network namespace.
 //!
@@ -1064,8 +1065,9 @@ fn policy_list_and_explain_show_the_shipped_profiles() {
 // namespace
 // ---------------------------------------------------------------------------------------------
 
-/// Clients of the suite image (python's urllib, git, a hand-made CONNECT), the printed result a
-/// JSON object of what each got: `[status, body]`, or `["error", why]`.
+/// Clients of the suite image (python's urllib, a hand-made CONNECT; with a second argument also
+/// `git clone` and `pip download`), the printed result a JSON object of what each got:
+/// `[status, body]`, or `["error", why]`.
 const FETCH: &str = r#"
 import json, socket, subprocess, sys, urllib.error, urllib.request
 port = int(sys.argv[1])
@@ -1106,6 +1108,11 @@ if len(sys.argv) > 2:
     p = subprocess.run(["git", "clone", "-q", f"http://git.test:{port}/repo.git", "/tmp/clone"],
                        capture_output=True, text=True)
     res["git"] = [p.returncode, p.stderr + (open("/tmp/clone/README").read() if p.returncode == 0 else "")]
+    p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+                        "--disable-pip-version-check", "--retries", "0", "--timeout", "20",
+                        "--index-url", f"http://pkg.test:{port}/simple/", "--trusted-host", "pkg.test",
+                        "-d", "/tmp/downloads", "demo-pkg"], capture_output=True, text=True)
+    res["pip"] = [p.returncode, p.stderr if p.returncode else " ".join(__import__("os").listdir("/tmp/downloads"))]
 print(json.dumps(res))
 "#;
 
@@ -1161,6 +1168,11 @@ fn check_fetch(f: &Value, port: u16, with_git: bool) {
             json!([0, "cloned through the egress proxy\n"]),
             "{f:#}"
         );
+        assert_eq!(
+            f["pip"],
+            json!([0, "demo_pkg-1.0-py3-none-any.whl"]),
+            "{f:#}"
+        );
     }
 }
 
@@ -1171,6 +1183,7 @@ fn docker_one_shot_clients_reach_allowed_names_through_the_proxy_and_nothing_els
     };
     let site = site();
     site.add_git_repo();
+    site.add_package_index();
     let port = site.port();
     let policy = proxy_policy(&env, &["pkg.test", "git.test"], &[]);
     fs::write(env.ws().join("fetch.py"), FETCH).unwrap();
@@ -1189,7 +1202,7 @@ fn docker_one_shot_clients_reach_allowed_names_through_the_proxy_and_nothing_els
     assert!(v[0].starts_with("network: "), "{v:#?}");
     assert!(v[0].contains(&format!("evil.test:{port}")), "{v:#?}");
     assert!(
-        r.json["network"]["allowed"].as_u64().unwrap() >= 3,
+        r.json["network"]["allowed"].as_u64().unwrap() >= 4,
         "{:#}",
         r.json
     );
