@@ -372,6 +372,71 @@ pub fn exists(path: &str) -> bool {
 }
 
 /// A minimal HTTP/1.1 client over a Unix socket, for driving `taskbox serve` in tests.
+/// A real `taskbox serve` on `STATE/test.sock` of an environment (with `extra` flags, e.g.
+/// `--docker` or `--tokens FILE`), killed when dropped.
+pub struct Supervisor {
+    pub child: std::process::Child,
+    pub socket: PathBuf,
+}
+
+impl Supervisor {
+    pub fn start(env: &Env, extra: &[&str]) -> Supervisor {
+        let socket = env.state().join("test.sock");
+        let mut child = Command::new(taskbox())
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(env.state())
+            .args(extra)
+            .env("HOME", env.home())
+            .env("TASKBOX_IMAGE_DIR", test_image_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn taskbox serve");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                return Supervisor { child, socket };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the supervisor did not come up");
+    }
+
+    /// One request on the supervisor's socket: the status and the JSON body.
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        http::call(&self.socket, method, path, body.as_ref())
+    }
+
+    /// [`Supervisor::call`] with a bearer token.
+    pub fn call_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        http::call_as(&self.socket, Some(token), method, path, body.as_ref())
+    }
+
+    /// Kills the supervisor with SIGKILL (a crash) and reaps it.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("kill the supervisor");
+        self.child.wait().expect("reap the supervisor");
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub mod http {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::os::unix::net::UnixStream;

@@ -7,13 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use taskbox_tests::{Env, http, require, taskbox};
+use taskbox_tests::{Env, Supervisor, http, require, taskbox};
 
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-0123456789abcdef01";
@@ -21,41 +21,22 @@ const BOB: &str = "bob-token-0123456789abcdef01";
 /// No pushes; ask before `touch` (a command whose effect is easy to see).
 const RULES: &str = "[commands]\nforbid = [\"git push\"]\nask = [\"touch\"]\n";
 
-struct Supervisor {
-    child: Child,
-    socket: PathBuf,
+/// What these tests do with a supervisor, beyond the shared helper.
+trait Approvals {
+    /// A supervisor whose tokens file maps ALICE and BOB to their tenants.
+    fn with_tenants(env: &Env) -> Self;
+    /// Creates a sandbox around the workspace under `policy` (as `token`'s tenant).
+    fn create(&self, env: &Env, policy: &Path, token: Option<&str>) -> String;
+    /// Starts an exec on its own thread (it blocks while it waits for approval).
+    fn exec_later(&self, token: Option<&str>, id: &str, body: Value) -> JoinHandle<(u16, Value)>;
+    /// The sandbox's pending approvals, waiting (long-polling) until there is one.
+    fn pending(&self, token: Option<&str>, id: &str) -> Vec<Value>;
+    /// The workspace's top-level names, as the sandbox sees them.
+    fn ls(&self, token: Option<&str>, id: &str) -> String;
 }
 
-impl Supervisor {
-    fn start(env: &Env, extra: &[&str]) -> Supervisor {
-        let socket = env.state().join("test.sock");
-        let mut child = Command::new(taskbox())
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(env.state())
-            .args(extra)
-            .env("HOME", env.home())
-            .env("TASKBOX_IMAGE_DIR", taskbox_tests::test_image_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                return Supervisor { child, socket };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the supervisor did not come up");
-    }
-
-    /// A supervisor whose tokens file maps ALICE and BOB to their tenants.
-    fn with_tenants(env: &Env) -> Supervisor {
+impl Approvals for Supervisor {
+    fn with_tenants(env: &Env) -> Self {
         let tokens = env.dir.path().join("tokens.toml");
         std::fs::write(
             &tokens,
@@ -69,15 +50,6 @@ impl Supervisor {
         Supervisor::start(env, &["--tokens", tokens.to_str().unwrap()])
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http::call(&self.socket, method, path, body.as_ref())
-    }
-
-    fn call_as(&self, token: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http::call_as(&self.socket, Some(token), method, path, body.as_ref())
-    }
-
-    /// Creates a sandbox around the workspace under `policy` (as `token`'s tenant).
     fn create(&self, env: &Env, policy: &Path, token: Option<&str>) -> String {
         let body = json!({"workspace": env.ws(), "policy": policy});
         let (status, v) = http::call_as(&self.socket, token, "POST", "/v1/sandboxes", Some(&body));
@@ -85,7 +57,6 @@ impl Supervisor {
         v["id"].as_str().unwrap().to_string()
     }
 
-    /// Starts an exec on its own thread (it blocks while it waits for approval).
     fn exec_later(&self, token: Option<&str>, id: &str, body: Value) -> JoinHandle<(u16, Value)> {
         let socket = self.socket.clone();
         let token = token.map(str::to_owned);
@@ -95,7 +66,6 @@ impl Supervisor {
         })
     }
 
-    /// The sandbox's pending approvals, waiting (long-polling) until there is one.
     fn pending(&self, token: Option<&str>, id: &str) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -109,7 +79,6 @@ impl Supervisor {
         }
     }
 
-    /// The workspace's top-level names, as the sandbox sees them.
     fn ls(&self, token: Option<&str>, id: &str) -> String {
         let (status, v) = http::call_as(
             &self.socket,
@@ -120,13 +89,6 @@ impl Supervisor {
         );
         assert_eq!(status, 200, "{v}");
         v["stdout"]["text"].as_str().unwrap().to_string()
-    }
-}
-
-impl Drop for Supervisor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

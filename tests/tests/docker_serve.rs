@@ -8,12 +8,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
-use serde_json::{Value, json};
-use taskbox_tests::{Env, Run, http, is_root, require, taskbox};
+use serde_json::json;
+use taskbox_tests::{Env, Run, Supervisor, is_root, require};
 
 const IMAGE: &str = "taskbox-test/serve:busybox";
 
@@ -93,56 +92,13 @@ fn import_image(dir: &Path) {
     assert!(import.wait().unwrap().success());
 }
 
-struct Supervisor {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Supervisor {
-    fn start(env: &Env) -> Supervisor {
-        let socket = env.state().join("test.sock");
-        let mut child = Command::new(taskbox())
-            .args(["serve", "--docker", "--socket"])
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(env.state())
-            .env("HOME", env.home())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                return Supervisor { child, socket };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the supervisor did not come up");
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http::call(&self.socket, method, path, body.as_ref())
-    }
-}
-
-impl Drop for Supervisor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// When a test ends, also by a failure, a last supervisor on its state directory removes what
 /// the test's supervisors left (the start-up sweep) and stops cleanly.
 struct Sweep<'a>(&'a Env);
 
 impl Drop for Sweep<'_> {
     fn drop(&mut self) {
-        let mut sup = Supervisor::start(self.0);
+        let mut sup = Supervisor::start(self.0, &["--docker"]);
         // SAFETY: kill has no memory arguments; the pid is our child's.
         unsafe { libc::kill(sup.child.id() as i32, libc::SIGTERM) };
         let _ = sup.child.wait();
@@ -179,7 +135,7 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
     import_image(env.dir.path());
     env.write("hello.txt", "hello\n");
     let ws = env.ws().display().to_string();
-    let sup = Supervisor::start(&env);
+    let sup = Supervisor::start(&env, &["--docker"]);
 
     let (status, docker) = sup.call(
         "POST",
@@ -277,7 +233,7 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
     );
     assert!(mounts_under(&env.state().join("docker/sandboxes")) > 0);
     // ...and the next supervisor removes them.
-    let sup = Supervisor::start(&env);
+    let sup = Supervisor::start(&env, &["--docker"]);
     assert!(!container_exists(&name), "the orphaned container is gone");
     assert_eq!(mounts_under(&env.state().join("docker/sandboxes")), 0);
     let (status, _) = sup.call("GET", &format!("/v1/sandboxes/{did}"), None);

@@ -21,7 +21,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,7 @@ use taskbox_core::result::ExecResult;
 use taskbox_core::sandbox::NativeBackend;
 use taskbox_egress::{ProxyService, Resolver};
 use taskbox_tests::web::FileServer;
-use taskbox_tests::{Env, PYTHON, exists, http, require, taskbox};
+use taskbox_tests::{Env, PYTHON, Supervisor, exists, require};
 
 /// The proxy's port inside every sandbox.
 const PROXY: u16 = taskbox_core::egress::PROXY_PORT;
@@ -807,56 +807,6 @@ fn proxy_mode_needs_an_egress_service_and_mode_none_refuses_rules() {
 // The HTTP API and the trace
 // ---------------------------------------------------------------------------------------------
 
-struct Supervisor {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Supervisor {
-    fn start(env: &Env) -> Supervisor {
-        Supervisor::start_with(env, &[])
-    }
-
-    /// `taskbox serve` with `extra` flags (e.g. `--docker`).
-    fn start_with(env: &Env, extra: &[&str]) -> Supervisor {
-        let socket = env.state().join("test.sock");
-        let mut child = Command::new(taskbox())
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(env.state())
-            .args(extra)
-            .env("HOME", env.home())
-            .env("TASKBOX_IMAGE_DIR", taskbox_tests::test_image_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                return Supervisor { child, socket };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the supervisor did not come up");
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http::call(&self.socket, method, path, body.as_ref())
-    }
-}
-
-impl Drop for Supervisor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn live_allowlist_change_through_the_http_api_takes_effect_and_is_traced() {
     if !have("curl") {
@@ -866,7 +816,7 @@ fn live_allowlist_change_through_the_http_api_takes_effect_and_is_traced() {
     let site = site();
     let port = site.port();
     let policy = proxy_policy(&env, &["pkg.test"], &[]);
-    let s = Supervisor::start(&env);
+    let s = Supervisor::start(&env, &[]);
     let (status, info) = s.call(
         "POST",
         "/v1/sandboxes",
@@ -1231,7 +1181,7 @@ fn docker_long_lived_sandbox_takes_new_rules_through_the_http_api() {
     let port = site.port();
     let policy = proxy_policy(&env, &["pkg.test"], &[]);
     fs::write(env.ws().join("fetch.py"), FETCH).unwrap();
-    let s = Supervisor::start_with(&env, &["--docker"]);
+    let s = Supervisor::start(&env, &["--docker"]);
     let (status, info) = s.call(
         "POST",
         "/v1/sandboxes",

@@ -4,61 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use taskbox_tests::{Env, host_processes_with, http, taskbox};
-
-struct Supervisor {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Supervisor {
-    fn start(env: &Env, extra: &[&str]) -> Supervisor {
-        let socket = env.state().join("test.sock");
-        let mut child = Command::new(taskbox())
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(env.state())
-            .args(extra)
-            .env("HOME", env.home())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                return Supervisor { child, socket };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the supervisor did not come up");
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http::call(&self.socket, method, path, body.as_ref())
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Supervisor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use serde_json::json;
+use taskbox_tests::{Env, Supervisor, host_processes_with, http, taskbox};
 
 fn cli(env: &Env, socket: &Path, args: &[&str]) -> Output {
     Command::new(taskbox())
