@@ -811,8 +811,9 @@ pub fn dotted_path(path: &serde_path_to_error::Path) -> String {
     out
 }
 
-/// Turns serde's wording into the policy's: the key it is about and why, in one line.
-fn explain_de_error(key: String, message: &str) -> (String, String) {
+/// Turns serde's wording into the policy's: the key it is about and why, in one line. Image
+/// definitions (`taskbox-image`) word their errors the same way.
+pub fn explain_de_error(key: String, message: &str) -> (String, String) {
     let message = one_line(message);
     if let Some(rest) = message.strip_prefix("unknown field `") {
         let (field, expected) = rest.split_once('`').unwrap_or((rest, ""));
@@ -847,6 +848,7 @@ fn explain_de_error(key: String, message: &str) -> (String, String) {
     let mut reason = message.replace('`', "");
     for (from, to) in [
         ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
         ("expected f64", "expected a number"),
         ("expected a sequence", "expected an array"),
         ("expected a map", "expected a table"),
@@ -865,7 +867,8 @@ fn explain_de_error(key: String, message: &str) -> (String, String) {
     (key, reason)
 }
 
-fn one_line(message: &str) -> String {
+/// A multi-line parser message as one line (its lines joined by "; ").
+pub fn one_line(message: &str) -> String {
     message
         .lines()
         .map(str::trim)
@@ -874,7 +877,8 @@ fn one_line(message: &str) -> String {
         .join("; ")
 }
 
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = text.get(..offset).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before

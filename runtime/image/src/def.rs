@@ -31,6 +31,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use taskbox_core::policy;
 
 /// The default `SOURCE_DATE_EPOCH` of an image: 2024-01-01T00:00:00Z.
 pub const DEFAULT_EPOCH: u64 = 1_704_067_200;
@@ -344,18 +345,18 @@ pub fn parse(text: &str, path: &Path) -> Result<ImageDef, DefError> {
     if let Err(err) = text.parse::<toml::Table>() {
         let (line, column) = err
             .span()
-            .map(|span| line_column(text, span.start))
+            .map(|span| policy::line_column(text, span.start))
             .unwrap_or((1, 1));
         return Err(DefError::Syntax {
             origin,
             line,
             column,
-            message: one_line(err.message()),
+            message: policy::one_line(err.message()),
         });
     }
     let raw: RawDef =
         serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|err| {
-            let key = taskbox_core::policy::dotted_path(err.path());
+            let key = policy::dotted_path(err.path());
             let (key, reason) = explain_de_error(key, err.inner().message());
             invalid(&key, reason)
         })?;
@@ -738,27 +739,9 @@ fn is_package_name(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// Turns serde's wording into the definition's: the key it is about and why, in one line.
+/// Policy's wording of serde's errors (the key and why, in one line), plus this file's one
+/// ambiguous shape: a `run` command.
 fn explain_de_error(key: String, message: &str) -> (String, String) {
-    let message = one_line(message);
-    if let Some(rest) = message.strip_prefix("unknown field `") {
-        let (field, expected) = rest.split_once('`').unwrap_or((rest, ""));
-        let key = if key.is_empty() {
-            field.to_owned()
-        } else {
-            key
-        };
-        let expected = expected
-            .trim_start_matches(", expected one of ")
-            .trim_start_matches(", expected ")
-            .replace('`', "");
-        let reason = if expected.is_empty() || expected.starts_with(", there are no fields") {
-            "unknown key".to_owned()
-        } else {
-            format!("unknown key (expected one of {expected})")
-        };
-        return (key, reason);
-    }
     if message.contains("did not match any variant of untagged enum RunCmd") {
         return (
             key,
@@ -766,44 +749,7 @@ fn explain_de_error(key: String, message: &str) -> (String, String) {
                 .into(),
         );
     }
-    let mut reason = message.replace('`', "");
-    for (from, to) in [
-        ("expected u64", "expected a non-negative integer"),
-        ("expected u32", "expected a non-negative integer"),
-        ("expected a sequence", "expected an array"),
-        ("expected a map", "expected a table"),
-    ] {
-        reason = reason.replace(from, to);
-    }
-    if let Some(at) = reason.find("expected struct ") {
-        reason.replace_range(at.., "expected a table");
-    }
-    let key = if key.is_empty() {
-        "(top level)".to_owned()
-    } else {
-        key
-    };
-    (key, reason)
-}
-
-fn one_line(message: &str) -> String {
-    message
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let before = text.get(..offset).unwrap_or(text);
-    let line = before.matches('\n').count() + 1;
-    let column = before
-        .rsplit('\n')
-        .next()
-        .map_or(0, |last| last.chars().count())
-        + 1;
-    (line, column)
+    policy::explain_de_error(key, message)
 }
 
 #[cfg(test)]
