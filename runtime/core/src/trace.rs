@@ -138,6 +138,9 @@ pub enum WorkspaceBase {
     /// A git checkout: `HEAD` and whether the work tree differed from it (`dirty` is also true
     /// when `git status` could not tell).
     Git { commit: String, dirty: bool },
+    /// A tar of the workspace, by the SHA-256 of the tar file (replay checks the tar it is
+    /// given against it).
+    Tar { sha256: String },
     /// Not a git checkout, or git could not say.
     None,
 }
@@ -510,7 +513,7 @@ fn sanitize(v: &mut Value) {
     cap_strings(v);
 }
 
-fn to_json<T: Serialize + ?Sized>(v: &T) -> Value {
+pub(crate) fn to_json<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v)
         .unwrap_or_else(|e| json!({ "unserializable": format!("cannot serialize: {e}") }))
 }
@@ -526,7 +529,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data)
         .iter()
         .fold(String::with_capacity(64), |mut s, b| {
@@ -550,6 +553,44 @@ fn add_exec_digests(r: &ExecResult, v: &mut Value) {
     }
 }
 
+/// An observation as the writer records it: shaped by `shape`, redacted and bounded (what
+/// replay compares with a recorded outcome).
+pub(crate) fn observe<T: Serialize>(
+    result: &Result<T, ApiError>,
+    shape: impl FnOnce(&T, &mut Value),
+) -> Outcome {
+    match result {
+        Ok(v) => {
+            let mut j = to_json(v);
+            shape(v, &mut j);
+            sanitize(&mut j);
+            Outcome::Ok(j)
+        }
+        Err(e) => {
+            let mut message = e.to_string();
+            mask_secrets(&mut message);
+            cap_string(&mut message);
+            Outcome::Error(ErrorBody {
+                code: e.code().to_string(),
+                message,
+            })
+        }
+    }
+}
+
+/// The digests an exec's recorded result carries.
+pub(crate) fn shape_exec(out: &ExecOutcome, v: &mut Value) {
+    match out {
+        ExecOutcome::Finished(res) => add_exec_digests(res, v),
+        ExecOutcome::Background(p) => add_process_digests(p, v),
+    }
+}
+
+/// The digests a background process's recorded result carries.
+pub(crate) fn shape_process(p: &ProcessInfo, v: &mut Value) {
+    add_process_digests(p, v);
+}
+
 fn add_process_digests(p: &ProcessInfo, v: &mut Value) {
     if let (Some(r), Some(rv)) = (&p.result, v.get_mut("result")) {
         add_exec_digests(r, rv);
@@ -557,7 +598,7 @@ fn add_process_digests(p: &ProcessInfo, v: &mut Value) {
 }
 
 /// Replaces `v[field]`, a string over [`MAX_FIELD_BYTES`], by its digest and length.
-fn digest_large_field(v: &mut Value, field: &str) {
+pub(crate) fn digest_large_field(v: &mut Value, field: &str) {
     if let Some(slot) = v.get_mut(field)
         && let Some(s) = slot.as_str()
         && s.len() > MAX_FIELD_BYTES
@@ -1208,6 +1249,9 @@ pub fn render_text(trace: &Trace) -> String {
             commit.get(..12).unwrap_or(commit),
             if *dirty { " (dirty)" } else { "" }
         ),
+        WorkspaceBase::Tar { sha256 } => {
+            format!("tar sha256 {}", sha256.get(..12).unwrap_or(sha256))
+        }
         WorkspaceBase::None => "not a git checkout".into(),
     };
     let _ = writeln!(out, "  workspace  {}  base {base}", h.workspace);
@@ -1321,7 +1365,7 @@ fn exec_status(v: &Value) -> String {
 }
 
 /// What an operation was about: the command, path, pattern, checkpoint...
-fn op_detail(op: &TraceOp) -> String {
+pub(crate) fn op_detail(op: &TraceOp) -> String {
     let r = &op.request;
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     let d = match op.op.as_str() {
