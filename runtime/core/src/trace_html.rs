@@ -198,7 +198,7 @@ pub fn render_html(trace: &Trace) -> String {
         item_body(&mut out, op);
         out.push_str("</div></details>");
     }
-    let _ = write!(out, "</main><script>{SCRIPT}</script></body></html>\n");
+    let _ = writeln!(out, "</main><script>{SCRIPT}</script></body></html>");
     out
 }
 
