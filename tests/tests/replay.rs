@@ -436,3 +436,140 @@ fn an_image_session_replays_on_the_other_backend() {
         }
     }
 }
+
+/// Chromium from Debian's `chromium` package (or a path in `$TASKBOX_CHROMIUM`).
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TASKBOX_CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// Where CI collects artifacts: `$TASKBOX_ARTIFACT_DIR`, else `target/artifacts`.
+fn artifact_dir() -> PathBuf {
+    let dir = std::env::var_os("TASKBOX_ARTIFACT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .join("target/artifacts")
+        });
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs headless Chromium with `args` (at most 90 s); its stdout.
+fn headless(browser: &Path, profile: &Path, args: &[String]) -> String {
+    let mut child = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut s).unwrap();
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish in 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reader.join().unwrap()
+}
+
+fn unescape_attr(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+#[test]
+fn the_html_report_renders_in_headless_chromium() {
+    let Some(browser) = chromium() else {
+        require(
+            false,
+            "chromium is not installed (apt-get install chromium)",
+        );
+        return;
+    };
+    let env = Env::new();
+    repo(&env);
+    let (trace, ops) = record(&env, "native", None);
+    let out = Command::new(taskbox())
+        .args(["trace", "html"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = env.dir.path().join("report.html");
+    std::fs::write(&page, &out.stdout).unwrap();
+    let html = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no network"
+    );
+
+    // Op 10 printed "oops": opening its item (a click on its summary, by the page's test
+    // hook) shows that output with a height on the page.
+    let url = format!("file://{}?open=10", page.display());
+    let profile = env.dir.path().join("chromium");
+    let dom = headless(&browser, &profile, &["--dump-dom".to_string(), url.clone()]);
+    let start = dom.find("data-check=\"").expect("the page's script ran") + 12;
+    let end = start + dom[start..].find('"').unwrap();
+    let check: Value = serde_json::from_str(&unescape_attr(&dom[start..end])).unwrap();
+    assert_eq!(check["bars"], ops, "{check}");
+    assert_eq!(check["items"], ops, "{check}");
+    let open = check["open"].as_array().unwrap();
+    assert_eq!(open.len(), 1, "{check}");
+    assert_eq!(open[0]["seq"], "10");
+    assert!(open[0]["height"].as_f64().unwrap() > 0.0, "{check}");
+    assert!(
+        open[0]["text"].as_str().unwrap().contains("oops"),
+        "{check}"
+    );
+    assert!(dom.contains("id=\"op-10\" open=\"\""), "the item is open");
+    assert!(!dom.contains("id=\"op-9\" open"), "only that one");
+
+    // A screenshot of the page with that item open, kept as a CI artifact.
+    let shot = artifact_dir().join("trace-report.png");
+    let _ = std::fs::remove_file(&shot);
+    headless(
+        &browser,
+        &profile,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,2400".to_string(),
+            url,
+        ],
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{}",
+        png.len()
+    );
+}

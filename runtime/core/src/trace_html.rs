@@ -216,10 +216,14 @@ fn status(op: &TraceOp) -> Status {
             violations: 0,
         },
         Outcome::Ok(v) => {
-            let r = if v.get("exit_code").is_some() || v.get("exec_id").is_some() {
+            // A finished exec, else a background process's result once it ended, else the
+            // process itself (still running).
+            let r = if v.get("exit_code").is_some() {
                 Some(v)
             } else {
-                v.get("result").filter(|r| !r.is_null())
+                v.get("result")
+                    .filter(|r| !r.is_null())
+                    .or_else(|| v.get("exec_id").map(|_| v))
             };
             let viols = r
                 .and_then(|r| r.get("violations"))
@@ -274,7 +278,7 @@ fn item_body(out: &mut String, op: &TraceOp) {
     let _ = write!(
         out,
         "<div>request</div><pre class=\"req\">{}</pre>",
-        esc(&serde_json::to_string_pretty(&op.request).unwrap_or_default())
+        esc(&serde_json::to_string_pretty(&without_nulls(&op.request)).unwrap_or_default())
     );
     let v = match &op.outcome {
         Outcome::Error(e) => {
@@ -299,6 +303,7 @@ fn item_body(out: &mut String, op: &TraceOp) {
             .get(stream)
             .and_then(|s| s.get("text"))
             .and_then(Value::as_str)
+            .filter(|t| !t.is_empty() || stream == "stdout")
         {
             let _ = write!(
                 out,
@@ -357,6 +362,19 @@ fn item_body(out: &mut String, op: &TraceOp) {
             "<div>observation</div><pre class=\"out\">{}</pre>",
             esc(&serde_json::to_string_pretty(v).unwrap_or_default())
         );
+    }
+}
+
+/// A request without its unset (null) fields, for reading.
+fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .filter(|(_, x)| !x.is_null())
+                .map(|(k, x)| (k.clone(), without_nulls(x)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 
