@@ -573,3 +573,50 @@ fn the_html_report_renders_in_headless_chromium() {
         png.len()
     );
 }
+
+#[test]
+fn serve_offers_the_trace_pages_at_ui() {
+    let env = Env::new();
+    let sup = Supervisor::start(&env, false);
+    let info = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        json!({"workspace": env.ws().display().to_string()}),
+    );
+    let id = info["id"].as_str().unwrap().to_string();
+    sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        json!({"shell": "echo live-output"}),
+    );
+    let get = |path: &str| {
+        let (status, body) = http::call(&sup.socket, "GET", path, None);
+        (status, body.as_str().unwrap_or_default().to_string())
+    };
+
+    // Live: listed, and its page shows both ops so far and reloads itself.
+    let (status, index) = get("/ui");
+    assert_eq!(status, 200, "{index}");
+    assert!(
+        index.contains(&format!("<a href=\"/ui/{id}\">{id}</a></td><td>live")),
+        "{index}"
+    );
+    let (status, page) = get(&format!("/ui/{id}"));
+    assert_eq!(status, 200);
+    assert_eq!(page.matches("class=\"bar ").count(), 2, "{page}");
+    assert!(page.contains("live-output"));
+    assert!(page.contains("http-equiv=\"refresh\""));
+
+    // Finished: the destroy is on the page, which no longer reloads.
+    let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    let (_, page) = get(&format!("/ui/{id}"));
+    assert_eq!(page.matches("class=\"bar ").count(), 3);
+    assert!(!page.contains("http-equiv=\"refresh\""));
+    let (_, index) = get("/ui");
+    assert!(index.contains("finished"), "{index}");
+
+    // Unknown and invalid ids.
+    assert_eq!(get("/ui/sb-0000000000000000").0, 404);
+    assert_eq!(get("/ui/..%2Fetc").0, 400);
+}
