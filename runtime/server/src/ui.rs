@@ -85,7 +85,7 @@ async fn index(
     })
     .await
     .map_err(|e| HttpError::Api(ApiError::internal(e)))?;
-    rows.sort_by(|a, b| b.0.created_at_ms.cmp(&a.0.created_at_ms));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0.created_at_ms));
     let mut out = String::from(
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>taskbox \
          sandboxes</title><style>body{font:14px system-ui,sans-serif;margin:20px}\
