@@ -8,6 +8,7 @@
 mod docker;
 mod http;
 mod procfs;
+mod replay;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -60,6 +61,9 @@ enum Cmd {
     /// The Docker backend beside the docker CLI: create-to-first-exec from the warm pool
     /// against a cold `docker run --rm IMAGE true`, and `exec true` against `docker exec`.
     Docker(docker::DockerArgs),
+    /// Replay overhead beyond the operations themselves, for a trace of OPS operations
+    /// recorded here (`taskbox replay` run ROUNDS times).
+    Replay(replay::ReplayArgs),
 }
 
 #[derive(Args)]
@@ -156,6 +160,7 @@ fn main() -> Result<()> {
         }
         Cmd::Idle(a) => idle(&a)?,
         Cmd::Docker(a) => docker::run(&a)?,
+        Cmd::Replay(a) => replay::run(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

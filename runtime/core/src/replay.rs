@@ -561,10 +561,11 @@ pub struct ReplayReport {
     pub diverged: usize,
     pub skipped: usize,
     pub notes: Vec<String>,
-    /// Milliseconds spent inside the backend's calls (the operations themselves).
-    pub backend_ms: u64,
+    /// Milliseconds spent inside the backend's calls (the operations themselves), to the
+    /// microsecond.
+    pub backend_ms: f64,
     /// Milliseconds of the whole replay, create and destroy included.
-    pub total_ms: u64,
+    pub total_ms: f64,
 }
 
 impl ReplayReport {
@@ -623,10 +624,12 @@ pub fn replay(
     }
     let image = create.image.clone().unwrap_or_else(|| "host".into());
     let backend_name = create.backend.clone().unwrap_or_default();
-    let t0 = Instant::now();
-    let created = api.create(create);
-    let mut backend_ms = t0.elapsed().as_millis() as u64;
-    let info = created.map_err(ReplayError::Create)?;
+    let timed = Timed {
+        inner: api,
+        spent: std::sync::Mutex::new(Duration::ZERO),
+    };
+    let api: &dyn SandboxApi = &timed;
+    let info = api.create(create).map_err(ReplayError::Create)?;
     let mut engine = Engine {
         api,
         id: info.id.clone(),
@@ -667,29 +670,25 @@ pub fn replay(
             } else {
                 OpStatus::Diverged
             };
-            r.replay_ms = backend_ms;
+            r.replay_ms = timed.spent().as_millis() as u64;
             ops.push(r);
             continue;
         }
-        let t = Instant::now();
+        let before = timed.spent();
         let mut r = engine.step(op);
-        let ms = t.elapsed().as_millis() as u64;
-        backend_ms += ms;
-        r.replay_ms = ms;
+        r.replay_ms = (timed.spent() - before).as_millis() as u64;
         if op.op == "destroy" && r.status != OpStatus::Skipped {
             destroyed = true;
         }
         ops.push(r);
     }
     if !destroyed {
-        let t = Instant::now();
         if let Err(e) = api.destroy(&info.id) {
             notes.push(format!(
                 "cannot destroy the replay sandbox {}: {e}",
                 info.id
             ));
         }
-        backend_ms += t.elapsed().as_millis() as u64;
     }
     let count = |s| ops.iter().filter(|o: &&OpReport| o.status == s).count();
     Ok(ReplayReport {
@@ -707,9 +706,113 @@ pub fn replay(
         skipped: count(OpStatus::Skipped),
         ops,
         notes,
-        backend_ms,
-        total_ms: started.elapsed().as_millis() as u64,
+        backend_ms: timed.spent().as_secs_f64() * 1000.0,
+        total_ms: started.elapsed().as_secs_f64() * 1000.0,
     })
+}
+
+/// The backend, with the time spent in its calls added up: what the operations themselves cost,
+/// apart from the engine's own work.
+struct Timed<'a> {
+    inner: &'a dyn SandboxApi,
+    spent: std::sync::Mutex<Duration>,
+}
+
+impl Timed<'_> {
+    fn spent(&self) -> Duration {
+        *self.spent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn time<T>(&self, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        *self.spent.lock().unwrap_or_else(|p| p.into_inner()) += t.elapsed();
+        r
+    }
+}
+
+impl SandboxApi for Timed<'_> {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        self.time(|| self.inner.create(req))
+    }
+    fn list(&self) -> Vec<SandboxInfo> {
+        self.inner.list()
+    }
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        self.inner.info(id)
+    }
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        self.time(|| self.inner.exec(id, req, events))
+    }
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
+        self.time(|| self.inner.process(id, exec_id))
+    }
+    fn wait(&self, id: &SandboxId, exec_id: u64, t: Duration) -> Result<ProcessInfo, ApiError> {
+        self.time(|| self.inner.wait(id, exec_id, t))
+    }
+    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
+        self.time(|| self.inner.kill(id, exec_id, signal))
+    }
+    fn write_stdin(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ApiError> {
+        self.time(|| self.inner.write_stdin(id, exec_id, data, close))
+    }
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
+        self.time(|| self.inner.read(id, req))
+    }
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
+        self.time(|| self.inner.write(id, req))
+    }
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
+        self.time(|| self.inner.edit(id, req))
+    }
+    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
+        self.time(|| self.inner.patch(id, req))
+    }
+    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
+        self.time(|| self.inner.list_dir(id, req))
+    }
+    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
+        self.time(|| self.inner.search(id, req))
+    }
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
+        self.time(|| self.inner.stat(id, req))
+    }
+    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
+        self.time(|| self.inner.remove(id, req))
+    }
+    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
+        self.time(|| self.inner.rename(id, req))
+    }
+    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
+        self.time(|| self.inner.diff(id, req))
+    }
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError> {
+        self.time(|| self.inner.checkpoint(id, req))
+    }
+    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
+        self.time(|| self.inner.restore(id, req))
+    }
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
+        self.time(|| self.inner.export(id, req))
+    }
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
+        self.time(|| self.inner.destroy(id))
+    }
 }
 
 fn report_of(op: &TraceOp) -> OpReport {
