@@ -172,6 +172,22 @@ fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
         json!({"from": "from-stdin.txt", "to": "stdin.txt"}),
     );
     sup.call("POST", &p("remove"), json!({"path": "stdin.txt"}));
+    sup.call(
+        "POST",
+        &p("patch"),
+        json!({"patch": "--- a/status.txt\n+++ b/status.txt\n@@ -1 +1 @@\n-fixed\n+patched\n"}),
+    );
+    sup.call("POST", &p("stat"), json!({"path": "status.txt"}));
+    sup.call("POST", &p("export"), json!({}));
+    let bg = exec(json!({"argv": ["sleep", "60"], "background": true}));
+    let pid = bg["exec_id"].as_u64().unwrap();
+    let running = sup.call("GET", &p(&format!("processes/{pid}")), Value::Null);
+    assert_eq!(running["running"], true);
+    sup.call(
+        "POST",
+        &p(&format!("processes/{pid}/kill")),
+        json!({"signal": 9}),
+    );
     let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
     assert_eq!(status, 204);
     drop(sup);
@@ -241,7 +257,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     let env = Env::new();
     let first_commit = repo(&env);
     let (trace, ops) = record(&env, "native", None);
-    assert_eq!(ops, 23);
+    assert_eq!(ops, 29);
 
     // Same backend: everything matches.
     let (code, report) = replay_json(&env, &trace, &[]);
@@ -252,7 +268,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("23 ops: 23 match, 0 diverged, 0 skipped"),
+        text.contains("29 ops: 29 match, 0 diverged, 0 skipped"),
         "{text}"
     );
 
@@ -293,7 +309,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert!(text.contains("incomplete line"), "{text}");
-    assert!(text.contains("22 ops: 22 match"), "{text}");
+    assert!(text.contains("28 ops: 28 match"), "{text}");
 
     // No repository with the commit: a clear error naming what is missing and the flag.
     let empty = env.dir.path().join("empty-repo");

@@ -86,6 +86,9 @@ pub const MAX_FIELD_BYTES: usize = 64 * 1024;
 /// What replaces a redacted secret.
 pub const REDACTED: &str = "[redacted]";
 
+/// The largest trace file read back (a guard against reading an arbitrary file into memory).
+pub const MAX_TRACE_BYTES: u64 = 1 << 30;
+
 /// How long each `git` query for the workspace base may take.
 const GIT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -109,6 +112,9 @@ pub enum TraceError {
     /// The first line is not a header.
     #[error("trace {} has no header: its first line must be a {{\"type\":\"header\"}} object", path.display())]
     MissingHeader { path: PathBuf },
+    /// The file is larger than [`MAX_TRACE_BYTES`].
+    #[error("trace {} is {size} bytes, more than the {max} this taskbox reads", path.display())]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
     /// The trace was written by a newer taskbox.
     #[error(
         "trace version {found} is newer than this taskbox understands ({supported}); upgrade taskbox"
@@ -1119,10 +1125,22 @@ pub fn redact(value: &mut Value) {
 /// an error; any other invalid line, a missing header, a newer version or a gap in the sequence
 /// numbers is an error.
 pub fn read_trace(path: &Path) -> Result<Trace, TraceError> {
-    let bytes = fs::read(path).map_err(|source| TraceError::Read {
+    let read_err = |source| TraceError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let size = fs::metadata(path).map_err(read_err)?.len();
+    if size > MAX_TRACE_BYTES {
+        return Err(TraceError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            max: MAX_TRACE_BYTES,
+        });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    File::open(path)
+        .and_then(|f| f.take(MAX_TRACE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_err)?;
     parse_trace(path, &bytes).map(|(t, _)| t)
 }
 
@@ -1178,10 +1196,21 @@ fn parse_trace(path: &Path, bytes: &[u8]) -> Result<(Trace, u64), TraceError> {
             });
         }
         Some(TRACE_VERSION) => {}
-        other => {
+        Some(v) => {
             return Err(invalid(
                 hline,
-                format!("unsupported trace version {other:?}"),
+                format!(
+                    "trace version {v} is older than any this taskbox reads (version \
+                     {TRACE_VERSION} is the first)"
+                ),
+            ));
+        }
+        None => {
+            return Err(invalid(
+                hline,
+                "the header has no numeric \"version\" field (this taskbox reads version \
+                 1)"
+                .into(),
             ));
         }
     }
@@ -1824,6 +1853,22 @@ mod tests {
         let missing = tempfile::tempdir().unwrap();
         let e = read_trace(&missing.path().join("nope.jsonl")).unwrap_err();
         assert!(e.to_string().starts_with("cannot read trace"), "{e}");
+    }
+
+    #[test]
+    fn older_and_unversioned_traces_are_refused_clearly() {
+        let full = String::from_utf8(sample()).unwrap();
+        let older = full.replacen("\"version\":1", "\"version\":0", 1);
+        let (_d, p) = write_tmp(older.as_bytes());
+        let e = read_trace(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1: trace version 0 is older than any"),
+            "{e}"
+        );
+        let none = full.replacen("\"version\":1,", "", 1);
+        let (_d, p) = write_tmp(none.as_bytes());
+        let e = read_trace(&p).unwrap_err().to_string();
+        assert!(e.contains("no numeric \"version\" field"), "{e}");
     }
 
     #[test]
