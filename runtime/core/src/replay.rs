@@ -682,13 +682,11 @@ pub fn replay(
         }
         ops.push(r);
     }
-    if !destroyed {
-        if let Err(e) = api.destroy(&info.id) {
-            notes.push(format!(
-                "cannot destroy the replay sandbox {}: {e}",
-                info.id
-            ));
-        }
+    if !destroyed && let Err(e) = api.destroy(&info.id) {
+        notes.push(format!(
+            "cannot destroy the replay sandbox {}: {e}",
+            info.id
+        ));
     }
     let count = |s| ops.iter().filter(|o: &&OpReport| o.status == s).count();
     Ok(ReplayReport {
