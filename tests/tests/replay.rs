@@ -636,3 +636,66 @@ fn serve_offers_the_trace_pages_at_ui() {
     assert_eq!(get("/ui/sb-0000000000000000").0, 404);
     assert_eq!(get("/ui/..%2Fetc").0, 400);
 }
+
+#[test]
+fn a_workspace_without_a_commit_comes_from_a_tar_or_a_directory_and_normalisations_apply() {
+    let env = Env::new();
+    env.write("data.txt", "plain\n");
+    let sup = Supervisor::start(&env, false);
+    let info = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        json!({"workspace": env.ws().display().to_string()}),
+    );
+    let id = info["id"].as_str().unwrap().to_string();
+    let exec = |shell: &str| {
+        sup.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            json!({ "shell": shell }),
+        )
+    };
+    exec("cat data.txt");
+    exec("date -u +%Y-%m-%dT%H:%M:%S.%NZ; echo took 0.$(date +%N | cut -c1-3)s");
+    let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    drop(sup);
+    let trace = env.state().join("traces").join(format!("{id}.jsonl"));
+
+    // No base recorded: say what to pass.
+    let out = replay(&env, &trace, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("--workspace-tar FILE or --workspace-dir DIR"),
+        "{}",
+        stderr(&out)
+    );
+
+    // From a directory, and from a tar: the clock output differs unless normalised.
+    let tar = env.dir.path().join("ws.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(env.ws())
+        .args(["-cf"])
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    for source in [
+        ["--workspace-dir", env.ws().to_str().unwrap()],
+        ["--workspace-tar", tar.to_str().unwrap()],
+    ] {
+        let (code, report) = replay_json(&env, &trace, &source);
+        assert_eq!(code, 1, "{report:#}");
+        let ops = report["ops"].as_array().unwrap();
+        assert_eq!(ops[1]["status"], "match", "{report:#}");
+        assert_eq!(ops[2]["status"], "diverged", "{report:#}");
+        assert_eq!(ops[2]["mismatches"][0]["field"], "stdout");
+        let mut args = source.to_vec();
+        args.extend(["--normalize", "timestamps,durations"]);
+        let (code, report) = replay_json(&env, &trace, &args);
+        assert_eq!(code, 0, "{report:#}");
+        assert_eq!(report["normalizations"], json!(["timestamps", "durations"]));
+    }
+}

@@ -40,14 +40,18 @@ pub struct ReplayArgs {
     pub policy: Option<String>,
     /// Mask volatile text before comparing output: timestamps, durations, temp-paths, pids, or
     /// all (comma-separated). The trace itself is never changed.
-    #[arg(long, value_name = "NAME,...", value_parser = Normalization::parse_list)]
-    pub normalize: Option<Vec<Normalization>>,
+    #[arg(long, value_name = "NAME,...")]
+    pub normalize: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: ReplayArgs, trace_path: &Path, state_dir: &Path) -> Result<u8> {
+    let normalize = match &args.normalize {
+        Some(list) => Normalization::parse_list(list).map_err(|e| anyhow!(e))?,
+        None => Vec::new(),
+    };
     let trace = taskbox_core::trace::read_trace(trace_path)?;
     let header = &trace.header;
     let backend = args
@@ -66,7 +70,8 @@ pub fn run(args: ReplayArgs, trace_path: &Path, state_dir: &Path) -> Result<u8> 
     }
 
     let scratch = scratch_dir(state_dir)?;
-    let result = replay_in(&args, &trace, &backend, &image, state_dir, &scratch);
+    let opts = ReplayOptions { normalize };
+    let result = replay_in(&args, &trace, &backend, &image, state_dir, &scratch, &opts);
     taskbox_core::native::remove_tree(&scratch);
     let report = result?;
     if args.json {
@@ -84,6 +89,7 @@ fn replay_in(
     image: &str,
     state_dir: &Path,
     scratch: &Path,
+    opts: &ReplayOptions,
 ) -> Result<replay::ReplayReport> {
     let header = &trace.header;
     let images = crate::docker::image_resolver(state_dir)?;
@@ -116,11 +122,8 @@ fn replay_in(
     };
     let (policy, policy_field) = setup.policy(header, scratch)?;
     let create = setup.create_request(header, &ws.dir, policy_field);
-    let opts = ReplayOptions {
-        normalize: args.normalize.clone().unwrap_or_default(),
-    };
     let api: &dyn SandboxApi = &router;
-    let mut report = replay::replay(trace, api, create, &policy, &opts)?;
+    let mut report = replay::replay(trace, api, create, &policy, opts)?;
     report.notes.splice(0..0, ws.notes);
     Ok(report)
 }
