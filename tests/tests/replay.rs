@@ -188,6 +188,8 @@ fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
         &p(&format!("processes/{pid}/kill")),
         json!({"signal": 9}),
     );
+    // #29: what the root file system is (the host's, or the image's).
+    exec(json!({"argv": ["head", "-n1", "/etc/os-release"]}));
     let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
     assert_eq!(status, 204);
     drop(sup);
@@ -257,7 +259,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     let env = Env::new();
     let first_commit = repo(&env);
     let (trace, ops) = record(&env, "native", None);
-    assert_eq!(ops, 29);
+    assert_eq!(ops, 30);
 
     // Same backend: everything matches.
     let (code, report) = replay_json(&env, &trace, &[]);
@@ -268,7 +270,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("29 ops: 29 match, 0 diverged, 0 skipped"),
+        text.contains("30 ops: 30 match, 0 diverged, 0 skipped"),
         "{text}"
     );
 
@@ -309,7 +311,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert!(text.contains("incomplete line"), "{text}");
-    assert!(text.contains("28 ops: 28 match"), "{text}");
+    assert!(text.contains("29 ops: 29 match"), "{text}");
 
     // No repository with the commit: a clear error naming what is missing and the flag.
     let empty = env.dir.path().join("empty-repo");
@@ -449,6 +451,26 @@ fn an_image_session_replays_on_the_other_backend() {
                 e.contains(&fake) && e.contains("taskbox image build"),
                 "{e}"
             );
+            // Another image: the create says so, and the first op that shows the root file
+            // system diverges; nothing else does.
+            if ensure_image("busybox") {
+                let (code, report) =
+                    replay_json(&env, &trace, &["--backend", other, "--image", "busybox"]);
+                assert_eq!(code, 1, "{report:#}");
+                let diverged: Vec<&Value> = report["ops"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|o| o["status"] != "match")
+                    .collect();
+                let seqs: Vec<u64> = diverged
+                    .iter()
+                    .map(|o| o["seq"].as_u64().unwrap())
+                    .collect();
+                assert_eq!(seqs, [1, 29], "{diverged:#?}");
+                assert_eq!(diverged[0]["mismatches"][0]["field"], "image");
+                assert_eq!(diverged[1]["mismatches"][0]["field"], "exit_code");
+            }
         }
     }
 }
