@@ -31,8 +31,13 @@
 #            127.0.0.1, inside a long-lived sandbox through its listener and the proxy (HTTP
 #            forwarding and CONNECT) against curl directly on the host (target >= 0.8x), and the
 #            latency a new connection through CONNECT adds (p50 < 1 ms).
-#   all      startup profile diff memory api docker egress (the profile is skipped when perf is
-#            not usable, docker when no daemon answers).
+#   replay   replay overhead beyond executing the operations themselves: `taskbox-bench replay`
+#            records a 1,000-operation trace (execs of /bin/true, writes and reads) on the native
+#            backend, then runs `taskbox replay TRACE --json` BENCH_REPLAY_ROUNDS times; the
+#            engine's time beyond the backend's calls (target < 5%), and the whole process's
+#            (start, trace parsing, clean checkout of the workspace, report).
+#   all      startup profile diff memory api docker egress replay (the profile is skipped when
+#            perf is not usable, docker when no daemon answers).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
 # the commands of a figure alternating between rounds), so a burst of noise on a shared machine
@@ -61,6 +66,8 @@
 #                     only used when `docker info` works)
 #   BENCH_DOCKER_CREATES  measured pool creates and cold docker runs (default 40)
 #   BENCH_DOCKER_EXECS    measured exec round trips of the backend (default 400; docker exec a quarter)
+#   BENCH_REPLAY_OPS     operations in the replayed trace (default 1000)
+#   BENCH_REPLAY_ROUNDS  replays measured (default 5)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -76,11 +83,11 @@ repo=$(pwd)
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
-want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0
+want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
-    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 want_egress=1 ;;
+    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 want_egress=1 want_replay=1 ;;
     startup) want_startup=1 ;;
     diff) want_diff=1 ;;
     memory) want_memory=1 ;;
@@ -88,6 +95,7 @@ for arg in "$@"; do
     api) want_api=1 ;;
     docker) want_docker=1 ;;
     egress) want_egress=1 ;;
+    replay) want_replay=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -189,7 +197,7 @@ else
   if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
-    if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ]; then
+    if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
@@ -201,7 +209,7 @@ fi
 [ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
 # The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
 BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
-if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
+if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
   die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
 fi
 
@@ -879,6 +887,21 @@ bench_egress() {
   py egress "$ROWS" "$SCRATCH/egress.json" | tee "$SCRATCH/egress.txt"
 }
 
+# ---- replay ----------------------------------------------------------------------------------
+bench_replay() {
+  log "replay: a ${BENCH_REPLAY_OPS:-1000}-operation trace, replayed ${BENCH_REPLAY_ROUNDS:-5} times"
+  "$BENCH_CLIENT" replay --taskbox "$TASKBOX" --dir "$SCRATCH/replay" \
+    --ops "${BENCH_REPLAY_OPS:-1000}" --rounds "${BENCH_REPLAY_ROUNDS:-5}" >"$SCRATCH/replay.json"
+  python3 - "$SCRATCH/replay.json" >>"$ROWS" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+b, e, w = d["backend_ms"]["mean_ms"], d["engine_ms"]["mean_ms"], d["wall_ms"]["mean_ms"]
+eo, po = d["engine_overhead_pct"], d["process_overhead_pct"]
+print(f"| replay of {d['ops']} ops: engine time beyond the backend's calls | {e:.0f} ms | {b:.0f} ms in the backend | +{eo:.1f}% | < 5% | {'yes' if eo < 5 else 'no'} |")
+print(f"| replay of {d['ops']} ops: whole `taskbox replay` process beyond the backend's calls | {w:.0f} ms | {b:.0f} ms in the backend | +{po:.1f}% | (informative) | |")
+PY
+}
+
 # ---- run -------------------------------------------------------------------------------------
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
@@ -887,6 +910,7 @@ bench_egress() {
 [ $want_api = 1 ] && bench_api
 [ $want_docker = 1 ] && bench_docker
 [ $want_egress = 1 ] && bench_egress
+[ $want_replay = 1 ] && bench_replay
 
 log "results"
 {

@@ -9,6 +9,7 @@ mod docker;
 mod egress;
 mod http;
 mod procfs;
+mod replay;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -67,6 +68,9 @@ enum Cmd {
     /// The client half of `egress`, run on the host and inside the sandbox.
     #[command(subcommand)]
     EgressClient(egress::ClientCmd),
+    /// Replay overhead beyond the operations themselves, for a trace of OPS operations
+    /// recorded here (`taskbox replay` run ROUNDS times).
+    Replay(replay::ReplayArgs),
 }
 
 #[derive(Args)]
@@ -165,6 +169,7 @@ fn main() -> Result<()> {
         Cmd::Docker(a) => docker::run(&a)?,
         Cmd::Egress(a) => egress::run(&a)?,
         Cmd::EgressClient(c) => return egress::client(c),
+        Cmd::Replay(a) => replay::run(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -226,6 +226,23 @@ taskbox_tests::backend_suite! {
         assert!(out.contains("LANG=C.UTF-8"), "{out}");
         assert!(out.contains("PATH="), "{out}");
     }
+    fn the_fixed_environment_is_the_same_whatever_the_host_sets(env: Env) {
+        // What replays on another host or backend rely on: zone, locale, build time, umask and
+        // hostname do not come from the caller.
+        let mut c = env.run_command();
+        c.env("TZ", "America/New_York")
+            .env("LANG", "de_DE.UTF-8")
+            .args(["--json", "--", "/bin/sh", "-c"])
+            .arg("echo TZ=$TZ LANG=$LANG SDE=$SOURCE_DATE_EPOCH; umask; cat /proc/sys/kernel/hostname");
+        let r = Run::from_output(c.output().unwrap());
+        r.ok();
+        assert_eq!(
+            r.stdout(),
+            "TZ=UTC LANG=C.UTF-8 SDE=315532800\n0022\ntaskbox\n",
+            "{}",
+            r.raw_stderr
+        );
+    }
     fn cwd_defaults_to_the_workspace_and_can_be_set(env: Env) {
         std::fs::create_dir(env.ws().join("sub")).unwrap();
         let ws = env.inside_ws();

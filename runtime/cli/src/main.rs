@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 mod client;
 mod docker;
 mod image;
+mod replay;
 mod verbs;
 use taskbox_core::approvals::{Refusal, refusal_detail};
 use taskbox_core::commands::{Check, Verdict};
@@ -56,6 +57,9 @@ enum Command {
     /// Show recorded traces.
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// Re-run a recorded trace in a clean sandbox (same image digest, policy and workspace base)
+    /// and report where it diverges: exit 0 when every operation matches, 1 when one diverges.
+    Replay(replay::ReplayArgs),
     /// Serve the HTTP API (the supervisor): on a Unix socket (default STATE/taskbox.sock) and/or
     /// a TCP address. The CLI verbs talk to it; they start one when none runs.
     Serve(ServeArgs),
@@ -88,6 +92,11 @@ enum TraceCommand {
         /// Print the parsed trace as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Write a trace as one self-contained HTML page (timeline, outputs, diffs) to stdout.
+    Html {
+        /// A trace file, or a sandbox id (looked up in STATE/traces).
+        trace: String,
     },
 }
 
@@ -234,18 +243,17 @@ fn dispatch(cli: Cli) -> Result<u8> {
         Command::Verb(v) => verbs::run(v, &cli.conn),
         Command::Serve(args) => serve(args, &cli.conn),
         Command::Mcp(args) => mcp(args, &cli.conn),
+        Command::Replay(args) => {
+            let path = trace_path(&cli.conn, &args.trace)?;
+            replay::run(args, &path, &cli.conn.state_dir())
+        }
+        Command::Trace(TraceCommand::Html { trace }) => {
+            let t = taskbox_core::trace::read_trace(&trace_path(&cli.conn, &trace)?)?;
+            print!("{}", taskbox_core::trace_html::render_html(&t));
+            Ok(0)
+        }
         Command::Trace(TraceCommand::Show { trace, json }) => {
-            let path = if std::path::Path::new(&trace).exists() {
-                PathBuf::from(&trace)
-            } else {
-                taskbox_core::api::SandboxId::parse(&trace)
-                    .map_err(|_| anyhow!("{trace}: no such trace file, and not a sandbox id"))?;
-                cli.conn
-                    .state_dir()
-                    .join("traces")
-                    .join(format!("{trace}.jsonl"))
-            };
-            let t = taskbox_core::trace::read_trace(&path)?;
+            let t = taskbox_core::trace::read_trace(&trace_path(&cli.conn, &trace)?)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&t)?);
             } else {
@@ -272,6 +280,19 @@ fn dispatch(cli: Cli) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+/// A trace file, or the trace of a sandbox id in STATE/traces.
+fn trace_path(conn: &verbs::Conn, trace: &str) -> Result<PathBuf> {
+    if std::path::Path::new(trace).exists() {
+        return Ok(PathBuf::from(trace));
+    }
+    taskbox_core::api::SandboxId::parse(trace)
+        .map_err(|_| anyhow!("{trace}: no such trace file, and not a sandbox id"))?;
+    Ok(conn
+        .state_dir()
+        .join("traces")
+        .join(format!("{trace}.jsonl")))
 }
 
 fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {

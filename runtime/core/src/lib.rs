@@ -25,6 +25,7 @@ pub mod layers;
 pub mod native;
 pub mod netpattern;
 pub mod policy;
+pub mod replay;
 pub mod result;
 pub mod router;
 pub mod sandbox;
@@ -32,3 +33,4 @@ pub mod shell;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod trace;
+pub mod trace_html;

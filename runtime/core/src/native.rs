@@ -237,8 +237,18 @@ fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
     }
 }
 
-/// Computes the environment of the command: the policy's allowlist of host variables, then the
-/// policy's own variables, then the request's.
+/// Variables every sandbox gets, on every backend, so that re-runs (and replays on another
+/// host or backend) see the same clock zone, locale and build timestamp: they replace what the
+/// host passes through, and an image's config, the policy's `[env] set` and the request's env
+/// replace them. `SOURCE_DATE_EPOCH` is 1980-01-01, the earliest time a zip file can hold.
+pub const FIXED_ENV: &[(&str, &str)] = &[
+    ("TZ", "UTC"),
+    ("LANG", "C.UTF-8"),
+    ("SOURCE_DATE_EPOCH", "315532800"),
+];
+
+/// Computes the environment of the command: the policy's allowlist of host variables, then
+/// [`FIXED_ENV`], then the image's, the policy's own variables, then the request's.
 pub fn sandbox_env(policy: &Policy, extra: &[(String, String)]) -> Vec<(String, String)> {
     compose_env(policy, None, extra)
 }
@@ -269,6 +279,9 @@ pub(crate) fn compose_env(
         if allowed && !(image.is_some() && host_path) {
             set(&mut env, k, v);
         }
+    }
+    for (k, v) in FIXED_ENV {
+        set(&mut env, k, v);
     }
     for (k, v) in image.unwrap_or_default() {
         set(&mut env, k, v);
@@ -1492,7 +1505,8 @@ mod tests {
         assert_eq!(get("HOME"), Some("/home/img"));
         assert_eq!(get("FROM_POLICY"), Some("policy"));
         assert_eq!(get("X"), Some("1"));
-        assert_eq!(get("LANG"), std::env::var("LANG").ok().as_deref());
+        assert_eq!(get("LANG"), Some("C.UTF-8"), "fixed, not the host's");
+        assert_eq!(get("TZ"), Some("UTC"));
         // Without an image nothing changes.
         let host = compose_env(&policy, None, &[]);
         assert_eq!(

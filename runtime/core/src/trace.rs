@@ -91,6 +91,9 @@ pub const MAX_FIELD_BYTES: usize = 64 * 1024;
 /// What replaces a redacted secret.
 pub const REDACTED: &str = "[redacted]";
 
+/// The largest trace file read back (a guard against reading an arbitrary file into memory).
+pub const MAX_TRACE_BYTES: u64 = 1 << 30;
+
 /// How long each `git` query for the workspace base may take.
 const GIT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -114,6 +117,9 @@ pub enum TraceError {
     /// The first line is not a header.
     #[error("trace {} has no header: its first line must be a {{\"type\":\"header\"}} object", path.display())]
     MissingHeader { path: PathBuf },
+    /// The file is larger than [`MAX_TRACE_BYTES`].
+    #[error("trace {} is {size} bytes, more than the {max} this taskbox reads", path.display())]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
     /// The trace was written by a newer taskbox.
     #[error(
         "trace version {found} is newer than this taskbox understands ({supported}); upgrade taskbox"
@@ -143,6 +149,9 @@ pub enum WorkspaceBase {
     /// A git checkout: `HEAD` and whether the work tree differed from it (`dirty` is also true
     /// when `git status` could not tell).
     Git { commit: String, dirty: bool },
+    /// A tar of the workspace, by the SHA-256 of the tar file (replay checks the tar it is
+    /// given against it).
+    Tar { sha256: String },
     /// Not a git checkout, or git could not say.
     None,
 }
@@ -515,7 +524,7 @@ fn sanitize(v: &mut Value) {
     cap_strings(v);
 }
 
-fn to_json<T: Serialize + ?Sized>(v: &T) -> Value {
+pub(crate) fn to_json<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v)
         .unwrap_or_else(|e| json!({ "unserializable": format!("cannot serialize: {e}") }))
 }
@@ -531,7 +540,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data)
         .iter()
         .fold(String::with_capacity(64), |mut s, b| {
@@ -555,6 +564,44 @@ fn add_exec_digests(r: &ExecResult, v: &mut Value) {
     }
 }
 
+/// An observation as the writer records it: shaped by `shape`, redacted and bounded (what
+/// replay compares with a recorded outcome).
+pub(crate) fn observe<T: Serialize>(
+    result: &Result<T, ApiError>,
+    shape: impl FnOnce(&T, &mut Value),
+) -> Outcome {
+    match result {
+        Ok(v) => {
+            let mut j = to_json(v);
+            shape(v, &mut j);
+            sanitize(&mut j);
+            Outcome::Ok(j)
+        }
+        Err(e) => {
+            let mut message = e.to_string();
+            mask_secrets(&mut message);
+            cap_string(&mut message);
+            Outcome::Error(ErrorBody {
+                code: e.code().to_string(),
+                message,
+            })
+        }
+    }
+}
+
+/// The digests an exec's recorded result carries.
+pub(crate) fn shape_exec(out: &ExecOutcome, v: &mut Value) {
+    match out {
+        ExecOutcome::Finished(res) => add_exec_digests(res, v),
+        ExecOutcome::Background(p) => add_process_digests(p, v),
+    }
+}
+
+/// The digests a background process's recorded result carries.
+pub(crate) fn shape_process(p: &ProcessInfo, v: &mut Value) {
+    add_process_digests(p, v);
+}
+
 fn add_process_digests(p: &ProcessInfo, v: &mut Value) {
     if let (Some(r), Some(rv)) = (&p.result, v.get_mut("result")) {
         add_exec_digests(r, rv);
@@ -562,7 +609,7 @@ fn add_process_digests(p: &ProcessInfo, v: &mut Value) {
 }
 
 /// Replaces `v[field]`, a string over [`MAX_FIELD_BYTES`], by its digest and length.
-fn digest_large_field(v: &mut Value, field: &str) {
+pub(crate) fn digest_large_field(v: &mut Value, field: &str) {
     if let Some(slot) = v.get_mut(field)
         && let Some(s) = slot.as_str()
         && s.len() > MAX_FIELD_BYTES
@@ -1090,10 +1137,22 @@ pub fn redact(value: &mut Value) {
 /// an error; any other invalid line, a missing header, a newer version or a gap in the sequence
 /// numbers is an error.
 pub fn read_trace(path: &Path) -> Result<Trace, TraceError> {
-    let bytes = fs::read(path).map_err(|source| TraceError::Read {
+    let read_err = |source| TraceError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let size = fs::metadata(path).map_err(read_err)?.len();
+    if size > MAX_TRACE_BYTES {
+        return Err(TraceError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            max: MAX_TRACE_BYTES,
+        });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    File::open(path)
+        .and_then(|f| f.take(MAX_TRACE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_err)?;
     parse_trace(path, &bytes).map(|(t, _)| t)
 }
 
@@ -1149,10 +1208,21 @@ fn parse_trace(path: &Path, bytes: &[u8]) -> Result<(Trace, u64), TraceError> {
             });
         }
         Some(TRACE_VERSION) => {}
-        other => {
+        Some(v) => {
             return Err(invalid(
                 hline,
-                format!("unsupported trace version {other:?}"),
+                format!(
+                    "trace version {v} is older than any this taskbox reads (version \
+                     {TRACE_VERSION} is the first)"
+                ),
+            ));
+        }
+        None => {
+            return Err(invalid(
+                hline,
+                "the header has no numeric \"version\" field (this taskbox reads version \
+                 1)"
+                .into(),
             ));
         }
     }
@@ -1220,6 +1290,9 @@ pub fn render_text(trace: &Trace) -> String {
             commit.get(..12).unwrap_or(commit),
             if *dirty { " (dirty)" } else { "" }
         ),
+        WorkspaceBase::Tar { sha256 } => {
+            format!("tar sha256 {}", sha256.get(..12).unwrap_or(sha256))
+        }
         WorkspaceBase::None => "not a git checkout".into(),
     };
     let _ = writeln!(out, "  workspace  {}  base {base}", h.workspace);
@@ -1348,7 +1421,7 @@ fn exec_status(v: &Value) -> String {
 }
 
 /// What an operation was about: the command, path, pattern, checkpoint...
-fn op_detail(op: &TraceOp) -> String {
+pub(crate) fn op_detail(op: &TraceOp) -> String {
     let r = &op.request;
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     let d = match op.op.as_str() {
@@ -1823,6 +1896,22 @@ mod tests {
         let missing = tempfile::tempdir().unwrap();
         let e = read_trace(&missing.path().join("nope.jsonl")).unwrap_err();
         assert!(e.to_string().starts_with("cannot read trace"), "{e}");
+    }
+
+    #[test]
+    fn older_and_unversioned_traces_are_refused_clearly() {
+        let full = String::from_utf8(sample()).unwrap();
+        let older = full.replacen("\"version\":1", "\"version\":0", 1);
+        let (_d, p) = write_tmp(older.as_bytes());
+        let e = read_trace(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1: trace version 0 is older than any"),
+            "{e}"
+        );
+        let none = full.replacen("\"version\":1,", "", 1);
+        let (_d, p) = write_tmp(none.as_bytes());
+        let e = read_trace(&p).unwrap_err().to_string();
+        assert!(e.contains("no numeric \"version\" field"), "{e}");
     }
 
     #[test]

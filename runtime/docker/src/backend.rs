@@ -801,11 +801,19 @@ impl Inner {
                 return Err(e);
             }
         };
-        let mut base_env: Vec<(String, String)> = image.config.env.clone();
+        // The same order as the native backend: the fixed variables, the image's, the
+        // policy's, the request's.
+        let mut base_env: Vec<(String, String)> = taskbox_core::native::FIXED_ENV
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let mut set = |k: &str, v: &str| {
             base_env.retain(|(ek, _)| ek != k);
             base_env.push((k.to_string(), v.to_string()));
         };
+        for (k, v) in &image.config.env {
+            set(k, v);
+        }
         let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
         policy_vars.sort();
         for (k, v) in policy_vars {

@@ -260,6 +260,9 @@ pub(crate) fn exec_command(config: &InitConfig) -> ! {
     if let Err(e) = setsid() {
         fail("setsid", e);
     }
+    // A fixed umask, whatever the caller's: files the command creates get the same modes on
+    // every host and in every backend (Docker's default is 022 too), so replays can match.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     if let Err(e) = std::env::set_current_dir(&config.cwd) {
         fail(
             "cwd",

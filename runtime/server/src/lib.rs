@@ -77,6 +77,7 @@ pub mod routes;
 mod serve;
 pub mod state;
 pub mod types;
+pub mod ui;
 
 pub use auth::{Auth, Tenant, Tokens};
 pub use config::{Limits, ServerConfig};

@@ -84,7 +84,11 @@ pub async fn serve(
         }
     };
 
-    let app = router(state.clone());
+    // The trace pages (`/ui`) beside the API.
+    let app = router(state.clone()).merge(crate::ui::router(
+        state.clone(),
+        config.state_dir.join("traces"),
+    ));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
     if let Some(listener) = tcp {

@@ -1,0 +1,1519 @@
+//! Replay: re-run a recorded trace in a clean sandbox and say where the new run diverges.
+//!
+//! Three steps, each usable alone:
+//!
+//! 1. [`prepare_workspace`] rebuilds the workspace at its recorded base in a fresh directory: a
+//!    clean checkout of the recorded git commit (from the repository given, else the recorded
+//!    workspace path), a tar whose SHA-256 is checked against the header when it records one, or
+//!    a copy of a directory.
+//! 2. [`ReplaySetup::create_request`] turns the header into a create request: the same image
+//!    digest, the recorded policy TOML (its hash checked), the recorded env.
+//! 3. [`replay`] creates the sandbox through any [`SandboxApi`], re-issues the recorded
+//!    operations in order and compares each new observation with the recorded one, shaped and
+//!    redacted exactly as the trace writer records it ([`crate::trace::observe`]).
+//!
+//! What is compared, per operation, is the part of the observation that a faithful re-run must
+//! reproduce: exit code, signal, timeout, output (digest and redacted text), changed files and
+//! violations of execs; contents, diffs and results of file operations; ok versus error (by
+//! code) for everything. Timings, ids, resource use and enforcement are not compared. Named
+//! [`Normalization`]s, chosen by the user, mask volatile text (timestamps, durations,
+//! temporary paths, pids) on both sides before output is compared; the trace is never altered.
+//! See `docs/replay.md`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use regex::Regex;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::api::*;
+use crate::commands::Verdict;
+use crate::policy::{self, Policy};
+use crate::trace::{self, ErrorBody, Outcome, Trace, TraceHeader, TraceOp, WorkspaceBase};
+
+/// Why a replay could not start (a divergence is not an error: it is in the report).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The trace records no workspace base and none was given.
+    #[error(
+        "the trace records no workspace base (the workspace was not a git checkout): pass the \
+         workspace's content with --workspace-tar FILE or --workspace-dir DIR"
+    )]
+    NoBase,
+    /// The recorded commit is in none of the repositories looked in.
+    #[error(
+        "commit {commit} of the recorded workspace is not in {looked}: pass a repository that \
+         has it with --repo DIR"
+    )]
+    MissingCommit { commit: String, looked: String },
+    /// A tar's digest differs from the recorded one.
+    #[error("workspace tar {} has sha256 {actual}, but the trace recorded {expected}", path.display())]
+    TarDigest {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    /// The workspace could not be rebuilt.
+    #[error("cannot prepare the workspace in {}: {reason}", dir.display())]
+    Workspace { dir: PathBuf, reason: String },
+    /// The header has no usable policy text.
+    #[error(
+        "the trace has no policy text (policy {name:?} was not recorded): pass the policy with \
+         --policy NAME|FILE"
+    )]
+    NoPolicy { name: String },
+    /// The recorded policy text does not hash to the recorded hash.
+    #[error(
+        "the trace's policy text does not match its hash {expected} (found {actual}): the trace was altered"
+    )]
+    PolicyHash { expected: String, actual: String },
+    /// The policy text does not parse.
+    #[error("the trace's policy text is invalid: {0}")]
+    Policy(#[from] policy::PolicyError),
+    /// The replay sandbox could not be created.
+    #[error("cannot create the replay sandbox: {0}")]
+    Create(ApiError),
+    /// Local I/O around the replay failed.
+    #[error("cannot {what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A named normalisation of volatile text, applied to both sides before output is compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Normalization {
+    /// RFC 3339 / ISO 8601 date-times, `HH:MM:SS` clock times and `Mon Nov 30` style dates.
+    Timestamps,
+    /// Numbers with a time unit: `0.42s`, `12 ms`, `1m30s`, `in 3.1 seconds`.
+    Durations,
+    /// Paths under `/tmp/` and `/var/tmp/` (their last part is usually random).
+    TempPaths,
+    /// Process ids written as `pid 123`, `pid=123`, `pid: 123`, `[123]` after a word.
+    Pids,
+}
+
+impl Normalization {
+    /// Every normalisation, by name.
+    pub const ALL: [Normalization; 4] = [
+        Normalization::Timestamps,
+        Normalization::Durations,
+        Normalization::TempPaths,
+        Normalization::Pids,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Normalization::Timestamps => "timestamps",
+            Normalization::Durations => "durations",
+            Normalization::TempPaths => "temp-paths",
+            Normalization::Pids => "pids",
+        }
+    }
+
+    /// Parses a comma-separated list (`all` selects every one).
+    pub fn parse_list(s: &str) -> Result<Vec<Normalization>, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "all" {
+                out.extend(Normalization::ALL);
+            } else {
+                out.push(part.parse()?);
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    fn pattern(self) -> (&'static str, &'static str) {
+        match self {
+            Normalization::Timestamps => (
+                r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?\b|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),? +(?:\d{1,2} +)?(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)(?: +\d{1,2})?\b|\b\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\b",
+                "<timestamp>",
+            ),
+            Normalization::Durations => (
+                r"\b\d+(?:\.\d+)?\s?(?:ns|µs|us|ms|s|sec|secs|seconds?|m|min|mins|minutes?|h)\b(?:\d+(?:\.\d+)?\s?(?:ms|s)\b)?",
+                "<duration>",
+            ),
+            Normalization::TempPaths => (r"(?:/var)?/tmp/[A-Za-z0-9._/+-]*", "/tmp/<tmp>"),
+            Normalization::Pids => (r"(?i)(\bpid\s*[:=]?\s*|\bprocess\s+|\w\[)\d+", "${1}<pid>"),
+        }
+    }
+}
+
+impl FromStr for Normalization {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Normalization::ALL
+            .into_iter()
+            .find(|n| n.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown normalisation {s:?}: use timestamps, durations, temp-paths, pids or all"
+                )
+            })
+    }
+}
+
+static NORMALIZERS: LazyLock<Vec<(Normalization, Option<Regex>)>> = LazyLock::new(|| {
+    Normalization::ALL
+        .into_iter()
+        .map(|n| (n, Regex::new(n.pattern().0).ok()))
+        .collect()
+});
+
+/// Applies `list` to `s` (a normalisation whose pattern failed to compile, a bug the unit
+/// tests catch, masks nothing).
+pub fn normalize(list: &[Normalization], s: &str) -> String {
+    let mut out = s.to_string();
+    for (n, re) in NORMALIZERS.iter() {
+        if let (true, Some(re)) = (list.contains(n), re) {
+            out = re.replace_all(&out, n.pattern().1).into_owned();
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workspace
+// ---------------------------------------------------------------------------------------------
+
+/// Where the workspace's content comes from.
+#[derive(Debug, Clone, Default)]
+pub enum BaseSource {
+    /// The recorded base: a git commit, looked for in `repo` when given, else in the recorded
+    /// workspace path.
+    #[default]
+    Recorded,
+    /// A git repository holding the recorded commit.
+    Repo(PathBuf),
+    /// A tar of the workspace (checked against the header's digest when it records one).
+    Tar(PathBuf),
+    /// A directory copied as the workspace.
+    Dir(PathBuf),
+}
+
+/// A workspace rebuilt for replay.
+#[derive(Debug, Clone)]
+pub struct PreparedWorkspace {
+    pub dir: PathBuf,
+    /// Things the user should know (e.g. the recorded workspace was dirty).
+    pub notes: Vec<String>,
+}
+
+/// Rebuilds the workspace at its recorded base in `into/workspace` (`into` must exist and be
+/// empty of a `workspace` entry).
+pub fn prepare_workspace(
+    header: &TraceHeader,
+    source: &BaseSource,
+    into: &Path,
+) -> Result<PreparedWorkspace, ReplayError> {
+    let dir = into.join("workspace");
+    let mut notes = Vec::new();
+    match (source, &header.workspace_base) {
+        (BaseSource::Tar(tar), base) => {
+            let actual = file_sha256(tar)?;
+            match base {
+                WorkspaceBase::Tar { sha256 } if *sha256 != actual => {
+                    return Err(ReplayError::TarDigest {
+                        path: tar.clone(),
+                        expected: sha256.clone(),
+                        actual,
+                    });
+                }
+                WorkspaceBase::Tar { .. } => {}
+                _ => notes.push(format!(
+                    "the trace records no tar digest; workspace taken from {} (sha256 {actual}) unchecked",
+                    tar.display()
+                )),
+            }
+            unpack_tar(tar, &dir)?;
+        }
+        (BaseSource::Dir(src), _) => {
+            notes.push(format!(
+                "workspace copied from {}; its content is not checked against the trace",
+                src.display()
+            ));
+            copy_dir(src, &dir)?;
+        }
+        (BaseSource::Recorded | BaseSource::Repo(_), WorkspaceBase::Git { commit, dirty }) => {
+            let repos: Vec<PathBuf> = match source {
+                BaseSource::Repo(r) => vec![r.clone()],
+                _ => vec![PathBuf::from(&header.workspace)],
+            };
+            let repo = repos
+                .iter()
+                .find(|r| has_commit(r, commit))
+                .ok_or_else(|| ReplayError::MissingCommit {
+                    commit: commit.clone(),
+                    looked: repos
+                        .iter()
+                        .map(|r| r.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+            checkout(repo, commit, &dir)?;
+            if *dirty {
+                notes.push(format!(
+                    "the recorded workspace had changes not in commit {}; the clean checkout \
+                     lacks them, so divergences may follow from that",
+                    short(commit)
+                ));
+            }
+        }
+        (BaseSource::Recorded | BaseSource::Repo(_), WorkspaceBase::Tar { .. }) => {
+            return Err(ReplayError::NoBase);
+        }
+        (BaseSource::Recorded | BaseSource::Repo(_), WorkspaceBase::None) => {
+            return Err(ReplayError::NoBase);
+        }
+    }
+    Ok(PreparedWorkspace { dir, notes })
+}
+
+/// SHA-256 of a file, streamed.
+pub fn file_sha256(path: &Path) -> Result<String, ReplayError> {
+    use sha2::Digest;
+    let io_err = |source| ReplayError::Io {
+        what: "read",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = fs::File::open(path).map_err(io_err)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    }))
+}
+
+fn unpack_tar(tar: &Path, dir: &Path) -> Result<(), ReplayError> {
+    let f = fs::File::open(tar).map_err(|source| ReplayError::Io {
+        what: "read",
+        path: tar.to_path_buf(),
+        source,
+    })?;
+    fs::create_dir_all(dir).map_err(|source| ReplayError::Io {
+        what: "create",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut archive = tar::Archive::new(f);
+    archive.set_preserve_permissions(true);
+    archive.set_overwrite(false);
+    // `unpack` refuses entries that would land outside `dir` (`..`, absolute paths, links).
+    archive
+        .unpack(dir)
+        .map_err(|e| workspace_err(dir, format!("cannot unpack {}: {e}", tar.display())))
+}
+
+fn copy_dir(src: &Path, dir: &Path) -> Result<(), ReplayError> {
+    if !src.is_dir() {
+        return Err(workspace_err(
+            dir,
+            format!("{} is not a directory", src.display()),
+        ));
+    }
+    let mut from = src.as_os_str().to_os_string();
+    from.push("/.");
+    run_tool(
+        Command::new("cp").arg("-a").arg("--").arg(&from).arg(dir),
+        dir,
+        "cp",
+    )
+}
+
+fn workspace_err(dir: &Path, reason: String) -> ReplayError {
+    ReplayError::Workspace {
+        dir: dir.to_path_buf(),
+        reason,
+    }
+}
+
+fn git_cmd(repo: &Path) -> Command {
+    let mut c = Command::new("git");
+    // A repository's config must not make us run its hooks or fsmonitor.
+    c.arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null());
+    c
+}
+
+fn has_commit(repo: &Path, commit: &str) -> bool {
+    repo.join(".git").exists()
+        && commit.bytes().all(|b| b.is_ascii_hexdigit())
+        && git_cmd(repo)
+            .args(["cat-file", "-e"])
+            .arg(format!("{commit}^{{commit}}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// A clean checkout of `commit` in `dir`: a local clone (objects copied, so the checkout does
+/// not depend on the source repository) detached at the commit.
+fn checkout(repo: &Path, commit: &str, dir: &Path) -> Result<(), ReplayError> {
+    run_tool(
+        Command::new("git")
+            .args(["clone", "--quiet", "--no-checkout", "--no-hardlinks", "--"])
+            .arg(repo)
+            .arg(dir)
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .stdin(Stdio::null()),
+        dir,
+        "git clone",
+    )?;
+    run_tool(
+        git_cmd(dir).args([
+            "-c",
+            "advice.detachedHead=false",
+            "checkout",
+            "--quiet",
+            "--detach",
+            commit,
+        ]),
+        dir,
+        "git checkout",
+    )
+}
+
+fn run_tool(cmd: &mut Command, dir: &Path, what: &str) -> Result<(), ReplayError> {
+    let out = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| workspace_err(dir, format!("cannot run {what}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(workspace_err(
+            dir,
+            format!(
+                "{what} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ))
+    }
+}
+
+fn short(s: &str) -> &str {
+    s.get(..12).unwrap_or(s)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sandbox
+// ---------------------------------------------------------------------------------------------
+
+/// How to rebuild the recorded sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct ReplaySetup {
+    /// The backend (default: the recorded one).
+    pub backend: Option<String>,
+    /// The image (default: the recorded digest; "host" for the host view).
+    pub image: Option<String>,
+    /// A policy name or file instead of the recorded policy text (whose hash is then not
+    /// checked against the header).
+    pub policy: Option<String>,
+}
+
+impl ReplaySetup {
+    /// The policy the replay runs under, and the `policy` field of its create request (a file
+    /// written in `scratch` holding the recorded TOML, or the override).
+    pub fn policy(
+        &self,
+        header: &TraceHeader,
+        scratch: &Path,
+    ) -> Result<(Policy, String), ReplayError> {
+        if let Some(p) = &self.policy {
+            let (policy, _) = policy::resolve(p)?;
+            return Ok((policy, p.clone()));
+        }
+        let text = header
+            .policy_toml
+            .as_deref()
+            .ok_or_else(|| ReplayError::NoPolicy {
+                name: header.policy.clone(),
+            })?;
+        let policy = policy::parse(text, "the trace header")?;
+        if policy.hash() != header.policy_hash {
+            return Err(ReplayError::PolicyHash {
+                expected: header.policy_hash.clone(),
+                actual: policy.hash(),
+            });
+        }
+        let path = scratch.join("policy.toml");
+        fs::write(&path, text).map_err(|source| ReplayError::Io {
+            what: "write",
+            path: path.clone(),
+            source,
+        })?;
+        Ok((policy, path.display().to_string()))
+    }
+
+    /// The create request of the replay sandbox.
+    pub fn create_request(
+        &self,
+        header: &TraceHeader,
+        workspace: &Path,
+        policy_field: String,
+    ) -> CreateRequest {
+        let image = self.image.clone().unwrap_or_else(|| header.image.clone());
+        let mut labels = header.labels.clone();
+        labels.insert("taskbox.replay-of".into(), header.sandbox.clone());
+        CreateRequest {
+            workspace: workspace.display().to_string(),
+            policy: Some(policy_field),
+            backend: Some(
+                self.backend
+                    .clone()
+                    .unwrap_or_else(|| header.backend.clone()),
+            ),
+            image: (image != "host").then_some(image),
+            env: header.env.clone(),
+            labels,
+            ttl_secs: None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+// ---------------------------------------------------------------------------------------------
+
+/// How one operation replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpStatus {
+    /// The new observation matches the recorded one.
+    Match,
+    /// It does not; see the mismatches.
+    Diverged,
+    /// It was not re-issued; see the reason.
+    Skipped,
+}
+
+/// One field that differs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mismatch {
+    /// e.g. `exit_code`, `stdout`, `changes`, `outcome`.
+    pub field: String,
+    pub expected: Value,
+    pub actual: Value,
+    /// A unified diff (expected -> actual) of a text field, when there is one.
+    pub diff: Option<String>,
+}
+
+/// One replayed operation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpReport {
+    pub seq: u64,
+    pub op: String,
+    /// The operation in a few words (its command, path, ...).
+    pub detail: String,
+    pub status: OpStatus,
+    /// Why it was skipped.
+    pub reason: Option<String>,
+    pub mismatches: Vec<Mismatch>,
+    pub recorded_ms: u64,
+    pub replay_ms: u64,
+}
+
+/// The result of a replay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayReport {
+    pub recorded_sandbox: String,
+    pub sandbox: String,
+    pub backend: String,
+    pub image: String,
+    pub normalizations: Vec<Normalization>,
+    pub ops: Vec<OpReport>,
+    pub matched: usize,
+    pub diverged: usize,
+    pub skipped: usize,
+    pub notes: Vec<String>,
+    /// Milliseconds spent inside the backend's calls (the operations themselves), to the
+    /// microsecond.
+    pub backend_ms: f64,
+    /// Milliseconds of the whole replay, create and destroy included.
+    pub total_ms: f64,
+}
+
+impl ReplayReport {
+    /// Whether every replayed operation matched.
+    pub fn ok(&self) -> bool {
+        self.diverged == 0
+    }
+
+    /// The first divergence.
+    pub fn first_divergence(&self) -> Option<&OpReport> {
+        self.ops.iter().find(|o| o.status == OpStatus::Diverged)
+    }
+}
+
+/// What to compare with.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    pub normalize: Vec<Normalization>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine
+// ---------------------------------------------------------------------------------------------
+
+/// Replays `trace` through `api`: creates the sandbox with `create` under `policy`, re-issues
+/// the operations in order, compares, destroys the sandbox. Fails only when the sandbox cannot
+/// be created; everything after that is in the report.
+pub fn replay(
+    trace: &Trace,
+    api: &dyn SandboxApi,
+    create: CreateRequest,
+    policy: &Policy,
+    opts: &ReplayOptions,
+) -> Result<ReplayReport, ReplayError> {
+    let started = Instant::now();
+    let mut notes = Vec::new();
+    if let Some(tail) = &trace.torn_tail {
+        notes.push(format!(
+            "the trace ends in an incomplete line ({} bytes, a write cut short by a crash); it \
+             was never acknowledged and is not replayed",
+            tail.len()
+        ));
+    }
+    if trace.header.adopted {
+        notes.push(
+            "the trace's header was made after create: the create request (its env) is unknown"
+                .into(),
+        );
+    }
+    if trace.header.env.values().any(|v| v == trace::REDACTED) {
+        notes.push(
+            "some env values were redacted in the trace; the replay sets them to the redaction \
+             marker"
+                .into(),
+        );
+    }
+    let image = create.image.clone().unwrap_or_else(|| "host".into());
+    let backend_name = create.backend.clone().unwrap_or_default();
+    let timed = Timed {
+        inner: api,
+        spent: std::sync::Mutex::new(Duration::ZERO),
+    };
+    let api: &dyn SandboxApi = &timed;
+    let info = api.create(create).map_err(ReplayError::Create)?;
+    let mut engine = Engine {
+        api,
+        id: info.id.clone(),
+        policy,
+        opts,
+        processes: HashMap::new(),
+        ws_subst: None,
+    };
+    let mut ops = Vec::with_capacity(trace.ops.len());
+    let mut destroyed = false;
+    for (i, op) in trace.ops.iter().enumerate() {
+        if i == 0 && op.op == "create" {
+            let mut r = report_of(op);
+            if let Outcome::Ok(rec) = &op.outcome {
+                // Outputs mention the workspace where commands see it: the host path with the
+                // host view, so a replay in another directory rewrites its own path back.
+                if let Some(rec_ws) = rec.get("workspace").and_then(Value::as_str)
+                    && rec_ws != info.workspace
+                    && image == "host"
+                {
+                    engine.ws_subst = Some((info.workspace.clone(), rec_ws.to_string()));
+                }
+                let fields = ["image", "policy_hash"];
+                let actual = trace::to_json(&info);
+                for f in fields {
+                    if rec.get(f) != actual.get(f) {
+                        r.mismatches.push(Mismatch {
+                            field: f.into(),
+                            expected: rec.get(f).cloned().unwrap_or(Value::Null),
+                            actual: actual.get(f).cloned().unwrap_or(Value::Null),
+                            diff: None,
+                        });
+                    }
+                }
+            }
+            r.status = if r.mismatches.is_empty() {
+                OpStatus::Match
+            } else {
+                OpStatus::Diverged
+            };
+            r.replay_ms = timed.spent().as_millis() as u64;
+            ops.push(r);
+            continue;
+        }
+        let before = timed.spent();
+        let mut r = engine.step(op);
+        r.replay_ms = (timed.spent() - before).as_millis() as u64;
+        if op.op == "destroy" && r.status != OpStatus::Skipped {
+            destroyed = true;
+        }
+        ops.push(r);
+    }
+    if !destroyed && let Err(e) = api.destroy(&info.id) {
+        notes.push(format!(
+            "cannot destroy the replay sandbox {}: {e}",
+            info.id
+        ));
+    }
+    let count = |s| ops.iter().filter(|o: &&OpReport| o.status == s).count();
+    Ok(ReplayReport {
+        recorded_sandbox: trace.header.sandbox.clone(),
+        sandbox: info.id.to_string(),
+        backend: if backend_name.is_empty() {
+            info.backend.clone()
+        } else {
+            backend_name
+        },
+        image,
+        normalizations: opts.normalize.clone(),
+        matched: count(OpStatus::Match),
+        diverged: count(OpStatus::Diverged),
+        skipped: count(OpStatus::Skipped),
+        ops,
+        notes,
+        backend_ms: timed.spent().as_secs_f64() * 1000.0,
+        total_ms: started.elapsed().as_secs_f64() * 1000.0,
+    })
+}
+
+/// The backend, with the time spent in its calls added up: what the operations themselves cost,
+/// apart from the engine's own work.
+struct Timed<'a> {
+    inner: &'a dyn SandboxApi,
+    spent: std::sync::Mutex<Duration>,
+}
+
+impl Timed<'_> {
+    fn spent(&self) -> Duration {
+        *self.spent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn time<T>(&self, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        *self.spent.lock().unwrap_or_else(|p| p.into_inner()) += t.elapsed();
+        r
+    }
+}
+
+impl SandboxApi for Timed<'_> {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        self.time(|| self.inner.create(req))
+    }
+    fn list(&self) -> Vec<SandboxInfo> {
+        self.inner.list()
+    }
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        self.inner.info(id)
+    }
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        self.time(|| self.inner.exec(id, req, events))
+    }
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
+        self.time(|| self.inner.process(id, exec_id))
+    }
+    fn wait(&self, id: &SandboxId, exec_id: u64, t: Duration) -> Result<ProcessInfo, ApiError> {
+        self.time(|| self.inner.wait(id, exec_id, t))
+    }
+    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
+        self.time(|| self.inner.kill(id, exec_id, signal))
+    }
+    fn write_stdin(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ApiError> {
+        self.time(|| self.inner.write_stdin(id, exec_id, data, close))
+    }
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
+        self.time(|| self.inner.read(id, req))
+    }
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
+        self.time(|| self.inner.write(id, req))
+    }
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
+        self.time(|| self.inner.edit(id, req))
+    }
+    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
+        self.time(|| self.inner.patch(id, req))
+    }
+    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
+        self.time(|| self.inner.list_dir(id, req))
+    }
+    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
+        self.time(|| self.inner.search(id, req))
+    }
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
+        self.time(|| self.inner.stat(id, req))
+    }
+    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
+        self.time(|| self.inner.remove(id, req))
+    }
+    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
+        self.time(|| self.inner.rename(id, req))
+    }
+    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
+        self.time(|| self.inner.diff(id, req))
+    }
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError> {
+        self.time(|| self.inner.checkpoint(id, req))
+    }
+    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
+        self.time(|| self.inner.restore(id, req))
+    }
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
+        self.time(|| self.inner.export(id, req))
+    }
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
+        self.time(|| self.inner.destroy(id))
+    }
+}
+
+fn report_of(op: &TraceOp) -> OpReport {
+    OpReport {
+        seq: op.seq,
+        op: op.op.clone(),
+        detail: trace::op_detail(op),
+        status: OpStatus::Match,
+        reason: None,
+        mismatches: Vec::new(),
+        recorded_ms: op.duration_ms,
+        replay_ms: 0,
+    }
+}
+
+struct Engine<'a> {
+    api: &'a dyn SandboxApi,
+    id: SandboxId,
+    policy: &'a Policy,
+    opts: &'a ReplayOptions,
+    /// Recorded background exec id -> the replay's.
+    processes: HashMap<u64, u64>,
+    /// (the replay's workspace path, the recorded one), rewritten in new observations.
+    ws_subst: Option<(String, String)>,
+}
+
+/// Why an operation cannot be re-issued.
+struct Skip(String);
+
+impl Engine<'_> {
+    fn step(&mut self, op: &TraceOp) -> OpReport {
+        let mut r = report_of(op);
+        match self.issue(op) {
+            Ok(actual) => {
+                r.mismatches = self.compare(op, &op.outcome, &actual);
+                r.status = if r.mismatches.is_empty() {
+                    OpStatus::Match
+                } else {
+                    OpStatus::Diverged
+                };
+            }
+            Err(Skip(reason)) => {
+                r.status = OpStatus::Skipped;
+                r.reason = Some(reason);
+            }
+        }
+        r
+    }
+
+    /// Re-issues `op`; the new observation as the trace writer would record it.
+    fn issue(&mut self, op: &TraceOp) -> Result<Outcome, Skip> {
+        if let Some(cut) = find_cut(&op.request) {
+            return Err(Skip(format!(
+                "its request was cut in the trace ({cut}); it cannot be re-issued faithfully"
+            )));
+        }
+        let api = self.api;
+        let id = &self.id;
+        let rq = &op.request;
+        let out = match op.op.as_str() {
+            "exec" => {
+                let req: ExecRequest = parse_request(rq)?;
+                let argv = req
+                    .resolved_argv()
+                    .map_err(|e| Skip(format!("invalid recorded exec: {e}")))?;
+                match self.policy.commands.check(&argv).verdict {
+                    Verdict::Allow => {}
+                    Verdict::Ask => {
+                        return Err(Skip(
+                            "the command policy asks a person about it; replay does not answer \
+                             approvals"
+                                .into(),
+                        ));
+                    }
+                    Verdict::Forbid => {
+                        // Refused without running, as the command policy would.
+                        return Ok(Outcome::Ok(json!({ "refused": true })));
+                    }
+                }
+                let background = req.background;
+                let r = api.exec(id, req, None);
+                if let (Ok(ExecOutcome::Background(p)), Outcome::Ok(rec)) = (&r, &op.outcome)
+                    && background
+                    && let Some(old) = rec.get("exec_id").and_then(Value::as_u64)
+                {
+                    self.processes.insert(old, p.exec_id);
+                }
+                trace::observe(&r, trace::shape_exec)
+            }
+            "process" | "wait" | "kill" | "stdin" => {
+                let old = rq
+                    .get("exec_id")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| Skip("the request has no exec_id".into()))?;
+                let Some(&new) = self.processes.get(&old) else {
+                    return Err(Skip(format!(
+                        "background exec #{old} was not started by this replay"
+                    )));
+                };
+                match op.op.as_str() {
+                    "process" => trace::observe(&api.process(id, new), trace::shape_process),
+                    "wait" => {
+                        let ms = rq.get("timeout_ms").and_then(Value::as_u64).unwrap_or(0);
+                        let r = api.wait(id, new, Duration::from_millis(ms));
+                        trace::observe(&r, trace::shape_process)
+                    }
+                    "kill" => {
+                        let sig = rq
+                            .get("signal")
+                            .and_then(Value::as_i64)
+                            .and_then(|s| i32::try_from(s).ok())
+                            .ok_or_else(|| Skip("the request has no valid signal".into()))?;
+                        trace::observe(&api.kill(id, new, sig), trace::shape_process)
+                    }
+                    _ => {
+                        let data = stdin_bytes(rq)?;
+                        let close = rq.get("close").and_then(Value::as_bool).unwrap_or(false);
+                        trace::observe(&api.write_stdin(id, new, &data, close), |_, _| {})
+                    }
+                }
+            }
+            "read" => trace::observe(&api.read(id, parse_request(rq)?), |_, v| {
+                trace::digest_large_field(v, "content")
+            }),
+            "write" => {
+                if rq.get("content").is_some_and(Value::is_object) {
+                    return Err(Skip(
+                        "its content (over 64 KiB) was recorded as a digest only".into(),
+                    ));
+                }
+                trace::observe(&api.write(id, parse_request(rq)?), |_, _| {})
+            }
+            "edit" => trace::observe(&api.edit(id, parse_request(rq)?), |_, _| {}),
+            "patch" => trace::observe(&api.patch(id, parse_request(rq)?), |_, _| {}),
+            "list" => trace::observe(&api.list_dir(id, parse_request(rq)?), |_, _| {}),
+            "search" => trace::observe(&api.search(id, parse_request(rq)?), |_, _| {}),
+            "stat" => trace::observe(&api.stat(id, parse_request(rq)?), |_, _| {}),
+            "remove" => trace::observe(&api.remove(id, parse_request(rq)?), |_, _| {}),
+            "move" => trace::observe(&api.rename(id, parse_request(rq)?), |_, _| {}),
+            "diff" => trace::observe(&api.diff(id, parse_request(rq)?), |_, _| {}),
+            "checkpoint" => trace::observe(&api.checkpoint(id, parse_request(rq)?), |_, _| {}),
+            "restore" => trace::observe(&api.restore(id, parse_request(rq)?), |_, _| {}),
+            "export" => {
+                let mut req: ExportRequest = parse_request(rq)?;
+                // The replay never writes to a host workspace.
+                req.apply = false;
+                trace::observe(&api.export(id, req), |_, _| {})
+            }
+            "destroy" => trace::observe(&api.destroy(id), |_, _| {}),
+            "approve" | "deny" => {
+                return Err(Skip(
+                    "approvals are a person's answers; replay does not re-answer them".into(),
+                ));
+            }
+            "create" => return Err(Skip("a second create in one trace".into())),
+            other => {
+                return Err(Skip(format!(
+                    "operation kind {other:?} is not known to this taskbox"
+                )));
+            }
+        };
+        Ok(out)
+    }
+
+    /// The fields of the two observations that differ.
+    fn compare(&self, op: &TraceOp, expected: &Outcome, actual: &Outcome) -> Vec<Mismatch> {
+        let mut m = Vec::new();
+        let (rec, new) = match (expected, actual) {
+            (Outcome::Error(a), Outcome::Error(b)) => {
+                if a.code != b.code {
+                    m.push(outcome_mismatch(expected, actual));
+                }
+                return m;
+            }
+            (Outcome::Ok(a), Outcome::Ok(b)) => (a, b),
+            _ => {
+                m.push(outcome_mismatch(expected, actual));
+                return m;
+            }
+        };
+        let new = &self.subst(new);
+        match op.op.as_str() {
+            "exec" if new.get("refused").is_some() => {
+                let refused = violation_kinds(rec).contains(&"command".to_string());
+                if !refused {
+                    m.push(Mismatch {
+                        field: "outcome".into(),
+                        expected: json!("ran"),
+                        actual: json!("refused by the command policy"),
+                        diff: None,
+                    });
+                }
+            }
+            "exec" if rec.get("exec_id").is_some() || new.get("exec_id").is_some() => {
+                self.compare_fields(&mut m, rec, new, &["argv"]);
+            }
+            "exec" => self.compare_exec(&mut m, "", rec, new),
+            "wait" => {
+                self.compare_fields(&mut m, rec, new, &["running"]);
+                if let (Some(a), Some(b)) = (rec.get("result"), new.get("result"))
+                    && !a.is_null()
+                    && !b.is_null()
+                {
+                    self.compare_exec(&mut m, "result.", a, b);
+                }
+            }
+            // Snapshots of a running process and the answer to a signal depend on timing.
+            "process" | "kill" | "stdin" => {}
+            "read" => self.compare_fields(
+                &mut m,
+                rec,
+                new,
+                &["content", "encoding", "total_bytes", "truncated", "binary"],
+            ),
+            "write" => self.compare_fields(&mut m, rec, new, &["bytes_written", "created"]),
+            "edit" => self.compare_fields(&mut m, rec, new, &["replacements", "diff"]),
+            "patch" => self.compare_fields(&mut m, rec, new, &["files"]),
+            "list" => {
+                let a = entries_view(rec);
+                let b = entries_view(new);
+                if a != b {
+                    m.push(Mismatch {
+                        field: "entries".into(),
+                        diff: text_diff(&pretty(&a), &pretty(&b)),
+                        expected: a,
+                        actual: b,
+                    });
+                }
+                self.compare_fields(&mut m, rec, new, &["truncated"]);
+            }
+            "search" => self.compare_fields(&mut m, rec, new, &["matches", "truncated"]),
+            "stat" => {
+                let file = rec.get("kind") == Some(&json!("file"));
+                let fields: &[&str] = if file {
+                    &["kind", "size", "mode", "symlink_target"]
+                } else {
+                    &["kind", "mode", "symlink_target"]
+                };
+                self.compare_fields(&mut m, rec, new, fields);
+            }
+            "diff" => self.compare_fields(&mut m, rec, new, &["files", "diff", "stats"]),
+            "checkpoint" => self.compare_fields(&mut m, rec, new, &["name", "files"]),
+            "export" => self.compare_fields(&mut m, rec, new, &["format", "patch", "changes"]),
+            _ => {}
+        }
+        m
+    }
+
+    fn compare_exec(&self, m: &mut Vec<Mismatch>, prefix: &str, rec: &Value, new: &Value) {
+        for f in ["exit_code", "signal", "timed_out"] {
+            if rec.get(f) != new.get(f) {
+                m.push(Mismatch {
+                    field: format!("{prefix}{f}"),
+                    expected: rec.get(f).cloned().unwrap_or(Value::Null),
+                    actual: new.get(f).cloned().unwrap_or(Value::Null),
+                    diff: None,
+                });
+            }
+        }
+        for stream in ["stdout", "stderr"] {
+            let text = |v: &Value| {
+                v.get(stream)
+                    .and_then(|s| s.get("text"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let digest = |v: &Value| {
+                v.get(format!("{stream}_sha256"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let (a, b) = (text(rec), text(new));
+            let same = if self.opts.normalize.is_empty() {
+                a == b && digest(rec) == digest(new)
+            } else {
+                normalize(&self.opts.normalize, &a) == normalize(&self.opts.normalize, &b)
+            };
+            if !same {
+                m.push(Mismatch {
+                    field: format!("{prefix}{stream}"),
+                    expected: json!({ "sha256": digest(rec), "bytes": a.len() }),
+                    actual: json!({ "sha256": digest(new), "bytes": b.len() }),
+                    diff: text_diff(&a, &b),
+                });
+            }
+        }
+        let changes = |v: &Value| {
+            let mut c: Vec<(String, String)> = v
+                .get("changes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let s = |k| c.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                    (s("path"), s("kind"))
+                })
+                .collect();
+            c.sort();
+            c
+        };
+        let (a, b) = (changes(rec), changes(new));
+        if a != b {
+            let lines = |c: &[(String, String)]| {
+                c.iter()
+                    .map(|(p, k)| format!("{k} {p}\n"))
+                    .collect::<String>()
+            };
+            m.push(Mismatch {
+                field: format!("{prefix}changes"),
+                expected: json!(a),
+                actual: json!(b),
+                diff: text_diff(&lines(&a), &lines(&b)),
+            });
+        }
+        let (a, b) = (violation_kinds(rec), violation_kinds(new));
+        if a != b {
+            m.push(Mismatch {
+                field: format!("{prefix}violations"),
+                expected: json!(a),
+                actual: json!(b),
+                diff: None,
+            });
+        }
+    }
+
+    fn compare_fields(&self, m: &mut Vec<Mismatch>, rec: &Value, new: &Value, fields: &[&str]) {
+        for f in fields {
+            let (a, b) = (rec.get(*f), new.get(*f));
+            let same = match (a.and_then(Value::as_str), b.and_then(Value::as_str)) {
+                (Some(x), Some(y)) if !self.opts.normalize.is_empty() => {
+                    normalize(&self.opts.normalize, x) == normalize(&self.opts.normalize, y)
+                }
+                _ => a == b,
+            };
+            if !same {
+                let a = a.cloned().unwrap_or(Value::Null);
+                let b = b.cloned().unwrap_or(Value::Null);
+                let diff = match (a.as_str(), b.as_str()) {
+                    (Some(x), Some(y)) => text_diff(x, y),
+                    _ if a.is_array() || a.is_object() => text_diff(&pretty(&a), &pretty(&b)),
+                    _ => None,
+                };
+                m.push(Mismatch {
+                    field: (*f).to_string(),
+                    expected: a,
+                    actual: b,
+                    diff,
+                });
+            }
+        }
+    }
+
+    /// `v` with the replay's workspace path written as the recorded one; exec digests are
+    /// recomputed over the rewritten text.
+    fn subst(&self, v: &Value) -> Value {
+        let Some((from, to)) = &self.ws_subst else {
+            return v.clone();
+        };
+        let mut out = v.clone();
+        replace_strings(&mut out, from, to);
+        fix_digests(&mut out);
+        if let Some(r) = out.get_mut("result") {
+            fix_digests(r);
+        }
+        out
+    }
+}
+
+fn replace_strings(v: &mut Value, from: &str, to: &str) {
+    match v {
+        Value::String(s) if s.contains(from) => *s = s.replace(from, to),
+        Value::Array(a) => a.iter_mut().for_each(|x| replace_strings(x, from, to)),
+        Value::Object(o) => o.values_mut().for_each(|x| replace_strings(x, from, to)),
+        _ => {}
+    }
+}
+
+/// After a rewrite, the digests of exec output follow the text (the raw text's digest is only
+/// known for the rewritten text when nothing was redacted or cut, which is then the same).
+fn fix_digests(v: &mut Value) {
+    for stream in ["stdout", "stderr"] {
+        let text = v
+            .get(stream)
+            .and_then(|s| s.get("text"))
+            .and_then(Value::as_str)
+            .map(|t| trace::sha256_hex(t.as_bytes()));
+        if let (Some(d), Some(o)) = (text, v.as_object_mut())
+            && o.contains_key(&format!("{stream}_sha256"))
+        {
+            o.insert(format!("{stream}_sha256"), Value::String(d));
+        }
+    }
+}
+
+fn violation_kinds(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .get("violations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.get("kind").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    k.sort();
+    k
+}
+
+/// List entries without directory sizes (they depend on the filesystem, not the content).
+fn entries_view(v: &Value) -> Value {
+    let entries: Vec<Value> = v
+        .get("entries")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let kind = e.get("kind").cloned().unwrap_or(Value::Null);
+            let size = if kind == "file" {
+                e.get("size").cloned().unwrap_or(Value::Null)
+            } else {
+                Value::Null
+            };
+            json!({ "path": e.get("path"), "kind": kind, "size": size })
+        })
+        .collect();
+    Value::Array(entries)
+}
+
+fn outcome_mismatch(expected: &Outcome, actual: &Outcome) -> Mismatch {
+    let show = |o: &Outcome| match o {
+        Outcome::Ok(_) => json!("ok"),
+        Outcome::Error(ErrorBody { code, message }) => json!(format!("error {code}: {message}")),
+    };
+    Mismatch {
+        field: "outcome".into(),
+        expected: show(expected),
+        actual: show(actual),
+        diff: None,
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// A unified diff of two texts (None when they are equal).
+fn text_diff(a: &str, b: &str) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let d = similar::TextDiff::from_lines(a, b);
+    let mut out = d
+        .unified_diff()
+        .context_radius(3)
+        .header("expected", "actual")
+        .to_string();
+    if out.len() > 16 * 1024 {
+        let mut cut = 16 * 1024;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str("\n[diff cut at 16 KiB]\n");
+    }
+    Some(out)
+}
+
+fn parse_request<T: DeserializeOwned>(v: &Value) -> Result<T, Skip> {
+    serde_json::from_value(v.clone())
+        .map_err(|e| Skip(format!("its recorded request does not parse: {e}")))
+}
+
+fn stdin_bytes(rq: &Value) -> Result<Vec<u8>, Skip> {
+    let data = match rq.get("data") {
+        Some(Value::String(s)) => s,
+        Some(Value::Object(_)) => {
+            return Err(Skip(
+                "its data (over 64 KiB) was recorded as a digest only".into(),
+            ));
+        }
+        _ => return Err(Skip("the request has no data".into())),
+    };
+    match rq.get("encoding").and_then(Value::as_str) {
+        Some("base64") => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|e| Skip(format!("its base64 data does not decode: {e}")))
+        }
+        _ => Ok(data.as_bytes().to_vec()),
+    }
+}
+
+/// The first string in `v` that the trace writer cut, as a short description.
+fn find_cut(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s)
+            if s.ends_with("more bytes not recorded]") && s.contains("[taskbox trace: ") =>
+        {
+            Some(format!("a string of {} bytes", s.len()))
+        }
+        Value::Array(a) => a.iter().find_map(find_cut),
+        Value::Object(o) => o.values().find_map(find_cut),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text
+// ---------------------------------------------------------------------------------------------
+
+/// The report for a person: the first divergence side by side, then a summary of all.
+pub fn render_report(r: &ReplayReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "replay of {} as {} (backend {}, image {})",
+        r.recorded_sandbox,
+        r.sandbox,
+        r.backend,
+        short_image(&r.image)
+    );
+    if !r.normalizations.is_empty() {
+        let names: Vec<&str> = r.normalizations.iter().map(|n| n.name()).collect();
+        let _ = writeln!(out, "normalised: {}", names.join(", "));
+    }
+    for n in &r.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    if let Some(first) = r.first_divergence() {
+        let _ = writeln!(
+            out,
+            "\nfirst divergence at #{} {}  {}",
+            first.seq, first.op, first.detail
+        );
+        let width = 40;
+        let _ = writeln!(out, "  {:<22} {:<width$} actual", "field", "expected");
+        for mm in &first.mismatches {
+            let _ = writeln!(
+                out,
+                "  {:<22} {:<width$} {}",
+                mm.field,
+                cell(&mm.expected, width),
+                cell(&mm.actual, width)
+            );
+        }
+        for mm in &first.mismatches {
+            if let Some(d) = &mm.diff {
+                let _ = writeln!(out, "\n  {}:", mm.field);
+                for line in d.lines() {
+                    let _ = writeln!(out, "  {line}");
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{} ops: {} match, {} diverged, {} skipped",
+        r.ops.len(),
+        r.matched,
+        r.diverged,
+        r.skipped
+    );
+    for o in &r.ops {
+        match o.status {
+            OpStatus::Diverged => {
+                let fields: Vec<&str> = o.mismatches.iter().map(|m| m.field.as_str()).collect();
+                let _ = writeln!(
+                    out,
+                    "  diverged #{:<4} {:<10} {}  ({})",
+                    o.seq,
+                    o.op,
+                    fields.join(", "),
+                    o.detail
+                );
+            }
+            OpStatus::Skipped => {
+                let _ = writeln!(
+                    out,
+                    "  skipped  #{:<4} {:<10} {}",
+                    o.seq,
+                    o.op,
+                    o.reason.as_deref().unwrap_or("")
+                );
+            }
+            OpStatus::Match => {}
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{}",
+        if r.ok() {
+            "replay matches the trace"
+        } else {
+            "replay diverges from the trace"
+        }
+    );
+    out
+}
+
+fn short_image(s: &str) -> &str {
+    s.get(..19).unwrap_or(s)
+}
+
+fn cell(v: &Value, width: usize) -> String {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Object(o) if o.contains_key("sha256") => format!(
+            "sha256 {}… ({} bytes)",
+            o.get("sha256")
+                .and_then(Value::as_str)
+                .map(short)
+                .unwrap_or(""),
+            o.get("bytes").and_then(Value::as_u64).unwrap_or(0)
+        ),
+        other => other.to_string(),
+    };
+    let first = s.lines().next().unwrap_or("");
+    let mut c: String = first.chars().take(width - 1).collect();
+    if first.chars().count() >= width || s.lines().nth(1).is_some() {
+        c.push('…');
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalisations_compile_and_mask() {
+        for (n, re) in NORMALIZERS.iter() {
+            assert!(re.is_some(), "{n:?}");
+        }
+        let all = Normalization::ALL;
+        assert_eq!(
+            normalize(&all, "at 2026-11-30T03:55:02.123Z done"),
+            "at <timestamp> done"
+        );
+        assert_eq!(
+            normalize(&all, "Mon Nov 30 03:54:58 UTC 2026"),
+            "<timestamp> <timestamp> UTC 2026"
+        );
+        assert_eq!(
+            normalize(&[Normalization::Durations], "finished in 0.42s (12 ms)"),
+            "finished in <duration> (<duration>)"
+        );
+        assert_eq!(
+            normalize(
+                &[Normalization::TempPaths],
+                "wrote /tmp/tmp.Xy12ab/out.txt ok"
+            ),
+            "wrote /tmp/<tmp> ok"
+        );
+        assert_eq!(
+            normalize(&[Normalization::Pids], "started pid 4242, sh[77]: x"),
+            "started pid <pid>, sh[<pid>]: x"
+        );
+        assert_eq!(
+            normalize(&[], "pid 4242 at 0.4s"),
+            "pid 4242 at 0.4s",
+            "nothing unless asked"
+        );
+        assert_eq!(
+            normalize(&[Normalization::Durations], "test result: ok. 3 passed"),
+            "test result: ok. 3 passed",
+            "counts are not durations"
+        );
+    }
+
+    #[test]
+    fn normalisation_lists_parse() {
+        assert_eq!(
+            Normalization::parse_list("pids, timestamps,pids").unwrap(),
+            [Normalization::Timestamps, Normalization::Pids]
+        );
+        assert_eq!(Normalization::parse_list("all").unwrap().len(), 4);
+        let e = Normalization::parse_list("clock").unwrap_err();
+        assert!(e.contains("unknown normalisation \"clock\""), "{e}");
+    }
+
+    #[test]
+    fn cut_requests_are_found() {
+        let v = json!({"a": [format!("xyz\n[taskbox trace: 5 more bytes not recorded]")]});
+        assert!(find_cut(&v).is_some());
+        assert!(find_cut(&json!({"a": "more bytes not recorded]"})).is_none());
+    }
+
+    #[test]
+    fn stdin_data_decodes() {
+        assert_eq!(
+            stdin_bytes(&json!({"data": "aGk=", "encoding": "base64"})).ok(),
+            Some(b"hi".to_vec())
+        );
+        assert!(stdin_bytes(&json!({"data": "!!", "encoding": "base64"})).is_err());
+        assert!(stdin_bytes(&json!({"data": {"sha256": "x", "bytes": 1}})).is_err());
+    }
+
+    #[test]
+    fn text_diffs_are_unified() {
+        let d = text_diff("a\nb\n", "a\nc\n").unwrap();
+        assert!(d.contains("--- expected\n+++ actual\n"), "{d}");
+        assert!(d.contains("-b\n+c\n"), "{d}");
+        assert!(text_diff("same", "same").is_none());
+    }
+}

@@ -1,0 +1,723 @@
+//! `taskbox replay` end to end: a session recorded through a real `taskbox serve` (edits, a
+//! failing then passing test run, a checkpoint and restore, a background process fed on stdin,
+//! an exec with stdin, file operations) replays without divergence on the same backend and, for
+//! image-rooted traces, on the other backend; a tampered workspace base, image or output is
+//! reported at the right operation; truncated and hostile traces get a clear report.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use taskbox_tests::{
+    Env, SUITE_IMAGE, docker_available, ensure_image, http, is_root, require, taskbox,
+    test_image_dir,
+};
+
+struct Supervisor {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Supervisor {
+    fn start(env: &Env, docker: bool) -> Supervisor {
+        let socket = env.state().join("replay-test.sock");
+        let mut c = Command::new(taskbox());
+        c.arg("serve");
+        if docker {
+            c.arg("--docker");
+        }
+        let mut child = c
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(env.state())
+            .env("HOME", env.home())
+            .env("TASKBOX_IMAGE_DIR", test_image_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                return Supervisor { child, socket };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the supervisor did not come up");
+    }
+
+    fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let body = (!body.is_null()).then_some(body);
+        let (status, v) = http::call(&self.socket, method, path, body.as_ref());
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {v}"
+        );
+        v
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory arguments; the pid is our child's.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args(["-c", "commit.gpgsign=false"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A repository with two commits; HEAD's README says "v2". Returns the first commit.
+fn repo(env: &Env) -> String {
+    let ws = env.ws();
+    git(&ws, &["init", "-q"]);
+    env.write("README", "v1\n");
+    git(&ws, &["add", "README"]);
+    git(&ws, &["commit", "-qm", "one"]);
+    let first = git(&ws, &["rev-parse", "HEAD"]);
+    env.write("README", "v2\n");
+    git(&ws, &["commit", "-qam", "two"]);
+    first
+}
+
+/// Records the session; returns the trace path and the number of ops.
+fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
+    let sup = Supervisor::start(env, backend == "docker");
+    let mut create = json!({"workspace": env.ws().display().to_string(), "backend": backend});
+    if let Some(i) = image {
+        create["image"] = json!(i);
+    }
+    let info = sup.call("POST", "/v1/sandboxes", create);
+    let id = info["id"].as_str().unwrap().to_string();
+    let p = |s: &str| format!("/v1/sandboxes/{id}/{s}");
+    let exec = |body: Value| sup.call("POST", &p("exec"), body);
+
+    let r = exec(json!({"shell": "cat README"})); // #2: the workspace base shows here
+    assert_eq!(r["stdout"]["text"], "v2\n", "{r}");
+    sup.call(
+        "POST",
+        &p("write"),
+        json!({"path": "status.txt", "content": "broken\n"}),
+    );
+    sup.call(
+        "POST",
+        &p("write"),
+        json!({"path": "check.sh", "content":
+            "if grep -q fixed status.txt; then echo PASS; else echo FAIL >&2; exit 1; fi\n"}),
+    );
+    let r = exec(json!({"argv": ["/bin/sh", "check.sh"]}));
+    assert_eq!(r["exit_code"], 1, "{r}");
+    sup.call(
+        "POST",
+        &p("edit"),
+        json!({"path": "status.txt", "old": "broken", "new": "fixed"}),
+    );
+    let r = exec(json!({"argv": ["/bin/sh", "check.sh"]}));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    sup.call("POST", &p("checkpoints"), json!({"name": "good"}));
+    sup.call(
+        "POST",
+        &p("write"),
+        json!({"path": "status.txt", "content": "oops\n"}),
+    );
+    let r = exec(json!({"shell": "cat status.txt"})); // #10
+    assert_eq!(r["stdout"]["text"], "oops\n");
+    sup.call("POST", &p("restore"), json!({"name": "good"}));
+    let r = exec(json!({"shell": "cat status.txt"}));
+    assert_eq!(r["stdout"]["text"], "fixed\n");
+    let bg = exec(json!({"shell": "cat > from-stdin.txt; echo got", "background": true}));
+    let pid = bg["exec_id"].as_u64().unwrap();
+    sup.call(
+        "POST",
+        &p(&format!("processes/{pid}/stdin")),
+        json!({"data": "hello\n", "close": true}),
+    );
+    let w = sup.call(
+        "POST",
+        &p(&format!("processes/{pid}/wait?timeout_ms=20000")),
+        Value::Null,
+    );
+    assert_eq!(w["result"]["stdout"]["text"], "got\n", "{w}");
+    let r = exec(json!({"argv": ["tr", "a-z", "A-Z"], "stdin": "abc\n"}));
+    assert_eq!(r["stdout"]["text"], "ABC\n");
+    sup.call("POST", &p("read"), json!({"path": "from-stdin.txt"}));
+    sup.call("POST", &p("list"), json!({}));
+    sup.call("POST", &p("search"), json!({"pattern": "fix"}));
+    sup.call("POST", &p("diff"), json!({}));
+    sup.call(
+        "POST",
+        &p("move"),
+        json!({"from": "from-stdin.txt", "to": "stdin.txt"}),
+    );
+    sup.call("POST", &p("remove"), json!({"path": "stdin.txt"}));
+    sup.call(
+        "POST",
+        &p("patch"),
+        json!({"patch": "--- a/status.txt\n+++ b/status.txt\n@@ -1 +1 @@\n-fixed\n+patched\n"}),
+    );
+    sup.call("POST", &p("stat"), json!({"path": "status.txt"}));
+    sup.call("POST", &p("export"), json!({}));
+    let bg = exec(json!({"argv": ["sleep", "60"], "background": true}));
+    let pid = bg["exec_id"].as_u64().unwrap();
+    let running = sup.call("GET", &p(&format!("processes/{pid}")), Value::Null);
+    assert_eq!(running["running"], true);
+    sup.call(
+        "POST",
+        &p(&format!("processes/{pid}/kill")),
+        json!({"signal": 9}),
+    );
+    // #29: what the root file system is (the host's, or the image's).
+    exec(json!({"argv": ["head", "-n1", "/etc/os-release"]}));
+    let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    drop(sup);
+    let path = env.state().join("traces").join(format!("{id}.jsonl"));
+    let ops = std::fs::read_to_string(&path).unwrap().lines().count() - 1;
+    (path, ops)
+}
+
+fn replay(env: &Env, trace: &Path, extra: &[&str]) -> Output {
+    Command::new(taskbox())
+        .arg("replay")
+        .arg(trace)
+        .args(extra)
+        .arg("--state-dir")
+        .arg(env.state())
+        .env("HOME", env.home())
+        .env("TASKBOX_IMAGE_DIR", test_image_dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn replay_json(env: &Env, trace: &Path, extra: &[&str]) -> (i32, Value) {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let out = replay(env, trace, &args);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn assert_clean(code: i32, report: &Value, ops: usize) {
+    let bad: Vec<&Value> = report["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["status"] != "match")
+        .collect();
+    assert_eq!(code, 0, "divergent or skipped ops: {bad:#?}");
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert_eq!(report["ops"].as_array().unwrap().len(), ops);
+    assert_eq!(report["diverged"], 0);
+}
+
+/// Rewrites one JSON line of a trace file.
+fn tamper(src: &Path, dst: &Path, line: usize, f: impl FnOnce(&mut Value)) {
+    let text = std::fs::read_to_string(src).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let mut v: Value = serde_json::from_str(&lines[line]).unwrap();
+    f(&mut v);
+    lines[line] = serde_json::to_string(&v).unwrap();
+    std::fs::write(dst, lines.join("\n") + "\n").unwrap();
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
+    let env = Env::new();
+    let first_commit = repo(&env);
+    let (trace, ops) = record(&env, "native", None);
+    assert_eq!(ops, 30);
+
+    // Same backend: everything matches.
+    let (code, report) = replay_json(&env, &trace, &[]);
+    assert_clean(code, &report, ops);
+
+    // The text report of a clean replay.
+    let out = replay(&env, &trace, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("30 ops: 30 match, 0 diverged, 0 skipped"),
+        "{text}"
+    );
+
+    // A tampered output: the divergence is at that op, side by side, with a diff.
+    let t = env.dir.path().join("output.jsonl");
+    tamper(&trace, &t, 10, |v| {
+        assert_eq!(v["seq"], 10);
+        v["outcome"]["ok"]["stdout"]["text"] = json!("oops!\n");
+    });
+    let out = replay(&env, &t, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("first divergence at #10 exec"), "{text}");
+    assert!(text.contains("-oops!\n  +oops\n"), "{text}");
+    assert!(text.contains("1 diverged"), "{text}");
+
+    // A tampered workspace base: the first op that sees the workspace diverges.
+    let t = env.dir.path().join("base.jsonl");
+    tamper(&trace, &t, 0, |v| {
+        v["workspace_base"]["commit"] = json!(first_commit);
+    });
+    let (code, report) = replay_json(&env, &t, &[]);
+    assert_eq!(code, 1);
+    let first = report["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["status"] == "diverged")
+        .unwrap();
+    assert_eq!(first["seq"], 2, "{first:#}");
+    assert_eq!(first["mismatches"][0]["field"], "stdout");
+
+    // A truncated trace (the destroy line torn): replayed, and the tear reported.
+    let bytes = std::fs::read(&trace).unwrap();
+    let t = env.dir.path().join("torn.jsonl");
+    std::fs::write(&t, &bytes[..bytes.len() - 10]).unwrap();
+    let out = replay(&env, &t, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(text.contains("incomplete line"), "{text}");
+    assert!(text.contains("29 ops: 29 match"), "{text}");
+
+    // No repository with the commit: a clear error naming what is missing and the flag.
+    let empty = env.dir.path().join("empty-repo");
+    std::fs::create_dir(&empty).unwrap();
+    git(&empty, &["init", "-q"]);
+    let out = replay(&env, &trace, &["--repo", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    let e = stderr(&out);
+    assert!(e.contains("is not in") && e.contains("--repo DIR"), "{e}");
+}
+
+#[test]
+fn hostile_traces_get_clear_reports() {
+    let env = Env::new();
+    repo(&env);
+    let (trace, _) = record(&env, "native", None);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+
+    // A recorded read of a path outside the workspace, and an op kind this taskbox does not
+    // know: the read is refused by the sandbox (a divergence, never the host file), the
+    // unknown op is skipped.
+    let mut evil: Vec<String> = lines[..3].iter().map(|s| s.to_string()).collect();
+    evil.push(
+        json!({"type": "op", "seq": 3, "op": "read", "started_at_ms": 1, "duration_ms": 1,
+            "request": {"path": "../../../../etc/passwd"},
+            "outcome": {"ok": {"path": "x", "content": "root:x:0:0", "encoding": "utf-8",
+                "total_bytes": 10, "total_lines": 1, "truncated": false, "binary": false}}})
+        .to_string(),
+    );
+    evil.push(
+        json!({"type": "op", "seq": 4, "op": "network", "started_at_ms": 1, "duration_ms": 1,
+            "request": {"allow": ["example.org"]}, "outcome": {"ok": null}})
+        .to_string(),
+    );
+    let t = env.dir.path().join("evil.jsonl");
+    std::fs::write(&t, evil.join("\n") + "\n").unwrap();
+    let (code, report) = replay_json(&env, &t, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let ops = report["ops"].as_array().unwrap();
+    assert_eq!(ops[2]["status"], "diverged");
+    assert_eq!(ops[2]["mismatches"][0]["field"], "outcome");
+    let actual = ops[2]["mismatches"][0]["actual"].as_str().unwrap();
+    assert!(actual.starts_with("error "), "{actual}");
+    assert!(!report.to_string().contains("root:x:0:0:"), "no host file");
+    assert_eq!(ops[3]["status"], "skipped");
+    assert!(
+        ops[3]["reason"].as_str().unwrap().contains("\"network\""),
+        "{}",
+        ops[3]
+    );
+
+    // Bad JSON in the middle: refused with the line number.
+    let mut bad: Vec<&str> = lines.clone();
+    bad[3] = "{\"type\":\"op\",";
+    let t = env.dir.path().join("bad.jsonl");
+    std::fs::write(&t, bad.join("\n") + "\n").unwrap();
+    let out = replay(&env, &t, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("line 4: invalid json"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A newer trace version: refused with what to do.
+    let t = env.dir.path().join("newer.jsonl");
+    std::fs::write(&t, text.replacen("\"version\":1", "\"version\":7", 1)).unwrap();
+    let out = replay(&env, &t, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("upgrade taskbox"), "{}", stderr(&out));
+
+    // An altered policy text: its hash no longer matches.
+    let t = env.dir.path().join("policy.jsonl");
+    tamper(&trace, &t, 0, |v| {
+        let p = v["policy_toml"]
+            .as_str()
+            .unwrap()
+            .replacen("true", "false", 1);
+        v["policy_toml"] = json!(p);
+    });
+    let out = replay(&env, &t, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("does not match its hash"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Not a trace at all.
+    let t = env.dir.path().join("garbage.jsonl");
+    std::fs::write(&t, vec![b'x'; 3 << 20]).unwrap();
+    let out = replay(&env, &t, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("has no header"), "{}", stderr(&out));
+}
+
+fn cross_ready() -> bool {
+    require(
+        is_root(),
+        "the docker backend and the image store need root",
+    ) && require(
+        docker_available(),
+        "no Docker daemon answers (start dockerd)",
+    ) && ensure_image(SUITE_IMAGE)
+}
+
+#[test]
+fn an_image_session_replays_on_the_other_backend() {
+    if !cross_ready() {
+        return;
+    }
+    // Recorded on docker, replayed on native with the same image digest, and the reverse.
+    for (recorded, other) in [("docker", "native"), ("native", "docker")] {
+        let env = Env::new();
+        repo(&env);
+        let (trace, ops) = record(&env, recorded, Some(SUITE_IMAGE));
+        let (code, report) = replay_json(&env, &trace, &["--backend", other]);
+        assert_eq!(report["backend"], other);
+        assert!(
+            report["image"].as_str().unwrap().starts_with("sha256:"),
+            "{report:#}"
+        );
+        assert_clean(code, &report, ops);
+        if recorded == "docker" {
+            // The same backend, too.
+            let (code, report) = replay_json(&env, &trace, &[]);
+            assert_clean(code, &report, ops);
+            // An image that is not in the store: what is missing and how to supply it.
+            let t = env.dir.path().join("image.jsonl");
+            let fake = format!("sha256:{}", "0".repeat(64));
+            tamper(&trace, &t, 0, |v| v["image"] = json!(fake));
+            let out = replay(&env, &t, &["--backend", other]);
+            assert_eq!(out.status.code(), Some(125));
+            let e = stderr(&out);
+            assert!(
+                e.contains(&fake) && e.contains("taskbox image build"),
+                "{e}"
+            );
+            // Another image: the create says so, and the first op that shows the root file
+            // system diverges; nothing else does.
+            if ensure_image("busybox") {
+                let (code, report) =
+                    replay_json(&env, &trace, &["--backend", other, "--image", "busybox"]);
+                assert_eq!(code, 1, "{report:#}");
+                let diverged: Vec<&Value> = report["ops"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|o| o["status"] != "match")
+                    .collect();
+                let seqs: Vec<u64> = diverged
+                    .iter()
+                    .map(|o| o["seq"].as_u64().unwrap())
+                    .collect();
+                assert_eq!(seqs, [1, 29], "{diverged:#?}");
+                assert_eq!(diverged[0]["mismatches"][0]["field"], "image");
+                assert_eq!(diverged[1]["mismatches"][0]["field"], "exit_code");
+            }
+        }
+    }
+}
+
+/// Chromium from Debian's `chromium` package (or a path in `$TASKBOX_CHROMIUM`).
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TASKBOX_CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// Where CI collects artifacts: `$TASKBOX_ARTIFACT_DIR`, else `target/artifacts`.
+fn artifact_dir() -> PathBuf {
+    let dir = std::env::var_os("TASKBOX_ARTIFACT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .join("target/artifacts")
+        });
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs headless Chromium with `args` (at most 90 s); its stdout.
+fn headless(browser: &Path, profile: &Path, args: &[String]) -> String {
+    let mut child = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut s).unwrap();
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish in 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reader.join().unwrap()
+}
+
+fn unescape_attr(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+#[test]
+fn the_html_report_renders_in_headless_chromium() {
+    let Some(browser) = chromium() else {
+        require(
+            false,
+            "chromium is not installed (apt-get install chromium)",
+        );
+        return;
+    };
+    let env = Env::new();
+    repo(&env);
+    let (trace, ops) = record(&env, "native", None);
+    let out = Command::new(taskbox())
+        .args(["trace", "html"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = env.dir.path().join("report.html");
+    std::fs::write(&page, &out.stdout).unwrap();
+    let html = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no network"
+    );
+
+    // Op 10 printed "oops": opening its item (a click on its summary, by the page's test
+    // hook) shows that output with a height on the page.
+    let url = format!("file://{}?open=10", page.display());
+    let profile = env.dir.path().join("chromium");
+    let dom = headless(&browser, &profile, &["--dump-dom".to_string(), url.clone()]);
+    let start = dom.find("data-check=\"").expect("the page's script ran") + 12;
+    let end = start + dom[start..].find('"').unwrap();
+    let check: Value = serde_json::from_str(&unescape_attr(&dom[start..end])).unwrap();
+    assert_eq!(check["bars"], ops, "{check}");
+    assert_eq!(check["items"], ops, "{check}");
+    let open = check["open"].as_array().unwrap();
+    assert_eq!(open.len(), 1, "{check}");
+    assert_eq!(open[0]["seq"], "10");
+    assert!(open[0]["height"].as_f64().unwrap() > 0.0, "{check}");
+    assert!(
+        open[0]["text"].as_str().unwrap().contains("oops"),
+        "{check}"
+    );
+    assert!(dom.contains("id=\"op-10\" open=\"\""), "the item is open");
+    assert!(!dom.contains("id=\"op-9\" open"), "only that one");
+
+    // A screenshot of the page with that item open, kept as a CI artifact.
+    let shot = artifact_dir().join("trace-report.png");
+    let _ = std::fs::remove_file(&shot);
+    headless(
+        &browser,
+        &profile,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,2400".to_string(),
+            url,
+        ],
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{}",
+        png.len()
+    );
+}
+
+#[test]
+fn serve_offers_the_trace_pages_at_ui() {
+    let env = Env::new();
+    let sup = Supervisor::start(&env, false);
+    let info = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        json!({"workspace": env.ws().display().to_string()}),
+    );
+    let id = info["id"].as_str().unwrap().to_string();
+    sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        json!({"shell": "echo live-output"}),
+    );
+    let get = |path: &str| {
+        let (status, body) = http::call(&sup.socket, "GET", path, None);
+        (status, body.as_str().unwrap_or_default().to_string())
+    };
+
+    // Live: listed, and its page shows both ops so far and reloads itself.
+    let (status, index) = get("/ui");
+    assert_eq!(status, 200, "{index}");
+    assert!(
+        index.contains(&format!("<a href=\"/ui/{id}\">{id}</a></td><td>live")),
+        "{index}"
+    );
+    let (status, page) = get(&format!("/ui/{id}"));
+    assert_eq!(status, 200);
+    assert_eq!(page.matches("class=\"bar ").count(), 2, "{page}");
+    assert!(page.contains("live-output"));
+    assert!(page.contains("http-equiv=\"refresh\""));
+
+    // Finished: the destroy is on the page, which no longer reloads.
+    let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    let (_, page) = get(&format!("/ui/{id}"));
+    assert_eq!(page.matches("class=\"bar ").count(), 3);
+    assert!(!page.contains("http-equiv=\"refresh\""));
+    let (_, index) = get("/ui");
+    assert!(index.contains("finished"), "{index}");
+
+    // Unknown and invalid ids.
+    assert_eq!(get("/ui/sb-0000000000000000").0, 404);
+    assert_eq!(get("/ui/..%2Fetc").0, 400);
+}
+
+#[test]
+fn a_workspace_without_a_commit_comes_from_a_tar_or_a_directory_and_normalisations_apply() {
+    let env = Env::new();
+    env.write("data.txt", "plain\n");
+    let sup = Supervisor::start(&env, false);
+    let info = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        json!({"workspace": env.ws().display().to_string()}),
+    );
+    let id = info["id"].as_str().unwrap().to_string();
+    let exec = |shell: &str| {
+        sup.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            json!({ "shell": shell }),
+        )
+    };
+    exec("cat data.txt");
+    exec("date -u +%Y-%m-%dT%H:%M:%S.%NZ; echo took 0.$(date +%N | cut -c1-3)s");
+    let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    drop(sup);
+    let trace = env.state().join("traces").join(format!("{id}.jsonl"));
+
+    // No base recorded: say what to pass.
+    let out = replay(&env, &trace, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("--workspace-tar FILE or --workspace-dir DIR"),
+        "{}",
+        stderr(&out)
+    );
+
+    // From a directory, and from a tar: the clock output differs unless normalised.
+    let tar = env.dir.path().join("ws.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(env.ws())
+        .args(["-cf"])
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    for source in [
+        ["--workspace-dir", env.ws().to_str().unwrap()],
+        ["--workspace-tar", tar.to_str().unwrap()],
+    ] {
+        let (code, report) = replay_json(&env, &trace, &source);
+        assert_eq!(code, 1, "{report:#}");
+        let ops = report["ops"].as_array().unwrap();
+        assert_eq!(ops[1]["status"], "match", "{report:#}");
+        assert_eq!(ops[2]["status"], "diverged", "{report:#}");
+        assert_eq!(ops[2]["mismatches"][0]["field"], "stdout");
+        let mut args = source.to_vec();
+        args.extend(["--normalize", "timestamps,durations"]);
+        let (code, report) = replay_json(&env, &trace, &args);
+        assert_eq!(code, 0, "{report:#}");
+        assert_eq!(report["normalizations"], json!(["timestamps", "durations"]));
+    }
+}
