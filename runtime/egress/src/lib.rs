@@ -65,8 +65,10 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Connections served at once; further clients wait to be accepted.
     pub max_connections: usize,
-    /// Pipe per direction of a connection for zero-copy relaying with splice(2); 0 copies
-    /// through `buffer_bytes` of memory instead (also the fallback when a pipe cannot be had).
+    /// Largest pipe per direction of a connection for zero-copy relaying with splice(2); 0
+    /// copies through `buffer_bytes` of memory instead (also the fallback when a pipe cannot be
+    /// had). A pipe starts at the system's default (64 KiB) and grows while its direction keeps
+    /// it full, so only bulk transfers hold large pipes.
     pub pipe_bytes: usize,
     /// Copy buffer per direction when not splicing.
     pub buffer_bytes: usize,
@@ -80,7 +82,7 @@ impl Default for Limits {
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             max_connections: 256,
-            pipe_bytes: 256 * 1024,
+            pipe_bytes: 1024 * 1024,
             buffer_bytes: 64 * 1024,
         }
     }
