@@ -30,7 +30,8 @@
 #            curl downloading BENCH_EGRESS_BYTES (1 GiB) from a local server on the host's
 #            127.0.0.1, inside a long-lived sandbox through its listener and the proxy (HTTP
 #            forwarding and CONNECT) against curl directly on the host (target >= 0.8x), and the
-#            latency a new connection through CONNECT adds (p50 < 1 ms).
+#            latency a new connection through CONNECT adds (p50 < 1 ms); with the CPU seconds per
+#            GiB of the server and proxy together and of the proxy's threads alone.
 #   replay   replay overhead beyond executing the operations themselves: `taskbox-bench replay`
 #            records a 1,000-operation trace (execs of /bin/true, writes and reads) on the native
 #            backend, then runs `taskbox replay TRACE --json` BENCH_REPLAY_ROUNDS times; the
@@ -508,7 +509,9 @@ def egress(args):
     for name, r in d.items():
         print(f"  egress: {name}: median {r['median_s']:.3f} s ({r['mib_per_s']:.0f} MiB/s), best"
               f" {r['best_s']:.3f} s" + (f", {r['vs_direct_median_of_rounds']:.2f}x of direct"
-                                        if r["vs_direct_median_of_rounds"] is not None else ""))
+                                        if r["vs_direct_median_of_rounds"] is not None else "")
+              + (f"; CPU s/GiB: server+proxy {r['server_proxy_cpu_s_per_gib']:.2f}, proxy"
+                 f" {r['proxy_cpu_s_per_gib']:.2f}" if "proxy_cpu_s_per_gib" in r else ""))
     for name in ["curl in sandbox, HTTP forwarding", "curl in sandbox, CONNECT"]:
         r = d[name]
         ratio = r["vs_direct_median_of_rounds"]

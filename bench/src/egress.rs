@@ -43,14 +43,39 @@ pub struct EgressArgs {
     /// New connections timed per side per round.
     #[arg(long, default_value_t = 500)]
     conns: usize,
+    /// Worker threads of the proxy's service (the supervisor's has 1 or 2).
+    #[arg(long, default_value_t = 2)]
+    proxy_threads: usize,
     /// The proxy's splice pipe per direction (0: copy through buffers); default the proxy's own.
     #[arg(long)]
     pipe_bytes: Option<usize>,
 }
 
-/// CPU seconds (user + system) this process (the server and the proxy) has used so far.
-fn own_cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// CPU seconds (user + system) this process (the server and the proxy) has used so far, and
+/// the part of it on the proxy's threads (named `taskbox-egress` by its service).
+fn own_cpu_secs() -> (f64, f64) {
+    let all = stat_cpu_secs("/proc/self/stat");
+    let mut proxy = 0.0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() == "taskbox-egress" {
+                proxy += stat_cpu_secs(&task.path().join("stat").display().to_string());
+            }
+        }
+    }
+    (all, proxy)
+}
+
+/// CPU seconds used since `before` (an [`own_cpu_secs`]): in all, and by the proxy.
+fn cpu_since(before: (f64, f64)) -> (f64, f64) {
+    let now = own_cpu_secs();
+    (now.0 - before.0, now.1 - before.1)
+}
+
+/// utime + stime of a /proc stat file, in seconds.
+fn stat_cpu_secs(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     // The fields after the command name, which ends in the last ')'.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -260,7 +285,7 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
         &policy,
         "[network]\nmode = \"proxy\"\nallow = [\"bench.test\"]\n[network.hosts]\n\"bench.test\" = [\"127.0.0.1\"]\n",
     )?;
-    let mut service = taskbox_egress::ProxyService::new(2)?;
+    let mut service = taskbox_egress::ProxyService::new(a.proxy_threads)?;
     if let Some(pipe) = a.pipe_bytes {
         service = service.limits(taskbox_egress::Limits {
             pipe_bytes: pipe,
@@ -334,19 +359,19 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
                     let (t, b) = curl_host(&host_url)?;
                     ensure!(b == a.bytes, "direct: {b} bytes");
                     direct.push(t);
-                    cpu_direct.push(own_cpu_secs() - cpu);
+                    cpu_direct.push(cpu_since(cpu));
                 }
                 1 => {
                     let (t, b) = curl_in(&[], &url)?;
                     ensure!(b == a.bytes, "forward: {b} bytes");
                     forward.push(t);
-                    cpu_forward.push(own_cpu_secs() - cpu);
+                    cpu_forward.push(cpu_since(cpu));
                 }
                 2 => {
                     let (t, b) = curl_in(&["--proxytunnel"], &url)?;
                     ensure!(b == a.bytes, "connect: {b} bytes");
                     connect.push(t);
-                    cpu_connect.push(own_cpu_secs() - cpu);
+                    cpu_connect.push(cpu_since(cpu));
                 }
                 3 => lat_direct.extend(latency_host(a.conns)?),
                 _ => lat_proxy.extend(latency_in(a.conns)?),
@@ -369,14 +394,15 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
     let gib = a.bytes as f64 / f64::from(1u32 << 30);
     let row = |name: &str,
                times: &mut Vec<f64>,
-               cpu: &mut Vec<f64>,
+               cpu: &mut Vec<(f64, f64)>,
                ratios: Option<&mut Vec<f64>>|
      -> Value {
         let best = times.iter().copied().fold(f64::INFINITY, f64::min);
         let med = median(times);
         json!({
             "name": name,
-            "server_proxy_cpu_s_per_gib": ((median(cpu) / gib) * 100.0).round() / 100.0,
+            "server_proxy_cpu_s_per_gib": ((median(&mut cpu.iter().map(|c| c.0).collect::<Vec<_>>()) / gib) * 100.0).round() / 100.0,
+            "proxy_cpu_s_per_gib": ((median(&mut cpu.iter().map(|c| c.1).collect::<Vec<_>>()) / gib) * 100.0).round() / 100.0,
             "median_s": (med * 1000.0).round() / 1000.0,
             "best_s": (best * 1000.0).round() / 1000.0,
             "mib_per_s": ((a.bytes as f64 / (1 << 20) as f64) / med).round(),

@@ -12,7 +12,7 @@
 //! client thread, each sending a small request and reading the whole response: directly, and
 //! through the proxy with CONNECT (what an HTTPS client does before its TLS handshake; the TLS
 //! cost is the same on both paths). Reported: p50 and p99 of both and the added p50 (target
-//! < 1 ms). EGRESS_BENCH_PIPE sets the proxy's splice pipe size per direction (0: copy through memory),
+//! < 1 ms). EGRESS_BENCH_PIPE sets the proxy's largest splice pipe per direction (0: copy through memory),
 //! EGRESS_BENCH_BUFFER its copy buffer (defaults: the proxy's).
 
 use std::collections::BTreeMap;

@@ -92,20 +92,60 @@ pub(crate) struct Pipe {
     write: OwnedFd,
     /// Capacity in bytes.
     size: usize,
+    /// Largest capacity to grow to ([`Pipe::grow`]).
+    max: usize,
 }
 
 impl Pipe {
-    /// A non-blocking pipe of (up to) `size` bytes; smaller when the system's limits say so.
-    pub(crate) fn new(size: usize) -> io::Result<Pipe> {
+    /// A non-blocking pipe of the system's default size (64 KiB), or of `max` bytes when that is
+    /// smaller; [`Pipe::grow`] takes it up to `max`.
+    pub(crate) fn new(max: usize) -> io::Result<Pipe> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+        let size = fcntl(write.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)
+            .ok()
+            .and_then(|size| usize::try_from(size).ok())
+            .unwrap_or(64 * 1024);
+        let mut pipe = Pipe {
+            read,
+            write,
+            size,
+            max,
+        };
+        if max < size {
+            pipe.resize(max);
+        }
+        Ok(pipe)
+    }
+
+    /// Capacity in bytes.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Makes the pipe four times larger, up to its `max`; for a direction that keeps it full.
+    /// Call it when the pipe is empty. Past the system's limits (/proc/sys/fs/pipe-max-size, the
+    /// user's pipe quota) the pipe keeps its size and stops growing.
+    pub(crate) fn grow(&mut self) {
+        if self.size < self.max {
+            let want = self.size.saturating_mul(4).min(self.max);
+            if !self.resize(want) {
+                self.max = self.size;
+            }
+        }
+    }
+
+    fn resize(&mut self, size: usize) -> bool {
         let asked = i32::try_from(size).unwrap_or(i32::MAX);
-        // Growing the pipe is an optimisation; past /proc/sys/fs/pipe-max-size or the user's
-        // pipe quota it fails and the default (64 KiB) stays.
-        let size = fcntl(write.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(asked))
+        match fcntl(self.write.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(asked))
             .ok()
             .and_then(|granted| usize::try_from(granted).ok())
-            .unwrap_or(64 * 1024);
-        Ok(Pipe { read, write, size })
+        {
+            Some(granted) => {
+                self.size = granted;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Moves what `from` has (up to the pipe's size) into the pipe; 0 at end of stream.
@@ -148,4 +188,31 @@ fn flags() -> SpliceFFlags {
 /// The error splice gives for descriptors it cannot join (then the relay copies instead).
 pub(crate) fn unsupported(err: &io::Error) -> bool {
     err.raw_os_error() == Some(Errno::EINVAL as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pipe_starts_small_and_grows_to_its_limit() {
+        let mut pipe = Pipe::new(1 << 20).unwrap();
+        // The system's default, 64 KiB unless the user's pipe quota is spent.
+        let start = pipe.size();
+        assert!(start <= 64 * 1024, "{start}");
+        for _ in 0..8 {
+            pipe.grow();
+        }
+        // Up to 1 MiB, unless the system's limits stopped it earlier (then it stays put).
+        let grown = pipe.size();
+        assert!(grown >= start && grown <= 1 << 20, "{grown}");
+        if start == 64 * 1024 && nix::unistd::geteuid().is_root() {
+            assert_eq!(grown, 1 << 20);
+        }
+        // Smaller than the default: shrunk at once, never grown.
+        let mut pipe = Pipe::new(16 * 1024).unwrap();
+        assert_eq!(pipe.size(), 16 * 1024);
+        pipe.grow();
+        assert_eq!(pipe.size(), 16 * 1024);
+    }
 }
