@@ -107,6 +107,9 @@ impl BaseUrl {
             }
             _ => (authority, 80),
         };
+        if host.is_empty() {
+            return Err(bad("the host is missing"));
+        }
         Ok(BaseUrl {
             endpoint: Endpoint::Tcp {
                 host: host.to_owned(),

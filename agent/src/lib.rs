@@ -17,6 +17,7 @@ pub mod agent;
 pub mod context;
 pub mod contract;
 pub mod http;
+pub mod mock;
 pub mod model;
 pub mod report;
 pub mod state;
