@@ -644,3 +644,45 @@ fn resume_continues_a_task_from_its_last_completed_turn() {
         assert_eq!(messages(&got[2].body).len(), 6);
     }
 }
+
+#[test]
+fn replay_matches_the_original_and_reports_a_divergence() {
+    let fx = Fx::new();
+    let mut steps = vec![Step::raw_call("read_file", "{}")];
+    steps.extend(fixing_steps());
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let original = fx.run(&mock, Provider::Openai, fx.contract());
+    assert_eq!(original.termination, Termination::Completed);
+    let trace = fx.task_dir.join("trace.jsonl");
+
+    // No model server at all: the responses come from the trace.
+    drop(mock);
+    let dir = fx.env.dir.path().join("replay-1");
+    let r = taskbox_agent::replay::replay(fx.api.clone(), &trace, dir.clone(), None).unwrap();
+    assert!(r.matched, "{}", r.render());
+    assert_eq!(r.compared, 5);
+    assert_eq!(r.replay_termination, "completed");
+    assert_ne!(
+        std::fs::read_to_string(dir.join("state.json")).unwrap(),
+        "",
+        "the replay has its own state"
+    );
+    let replayed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    assert_ne!(
+        replayed["sandbox"].as_str(),
+        Some(original.sandbox.as_str()),
+        "a fresh sandbox"
+    );
+
+    // The repository changed under the recording: the replay says where it diverges.
+    fx.env
+        .write("src/math.sh", "add() { echo $(( $1 - $2 )) ; }\n");
+    let dir = fx.env.dir.path().join("replay-2");
+    let r = taskbox_agent::replay::replay(fx.api.clone(), &trace, dir, None).unwrap();
+    assert!(!r.matched, "{}", r.render());
+    let d = r.divergence.as_ref().unwrap();
+    assert_eq!(d.index, 2, "{}", r.render());
+    assert_eq!(d.tool, "read_file");
+    assert!(r.render().contains("DIVERGES"));
+}
