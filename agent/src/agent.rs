@@ -211,7 +211,7 @@ pub fn start(
     let info = api.create(CreateRequest {
         workspace: spec.workspace.clone(),
         policy: spec.policy.clone(),
-        labels: [("taskbox.agent".to_owned(), "1".to_owned())].into(),
+        labels: [("agent.task".to_owned(), task_label(&opts.task_dir))].into(),
         ..CreateRequest::default()
     })?;
     let rules = context::rule_files(&api, &info.id);
@@ -297,7 +297,7 @@ pub fn resume(
             let info = api.create(CreateRequest {
                 workspace: st.workspace.clone(),
                 policy: Some(st.policy.clone()),
-                labels: [("taskbox.agent".to_owned(), "1".to_owned())].into(),
+                labels: [("agent.task".to_owned(), task_label(&opts.task_dir))].into(),
                 ..CreateRequest::default()
             })?;
             if !st.workspace_patch.is_empty() {
@@ -1226,4 +1226,12 @@ pub fn tail(text: &str, max: usize) -> String {
         start += 1;
     }
     format!("[...]{}", &text[start..])
+}
+
+/// The label value that ties a sandbox to its task: the task directory's name.
+fn task_label(task_dir: &Path) -> String {
+    task_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "task".into())
 }

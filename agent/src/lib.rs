@@ -19,6 +19,7 @@ pub mod contract;
 pub mod http;
 pub mod mock;
 pub mod model;
+pub mod remote;
 pub mod replay;
 pub mod report;
 pub mod state;
