@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod context;
 pub mod contract;
+pub mod eval;
 pub mod http;
 pub mod mock;
 pub mod model;

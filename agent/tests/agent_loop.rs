@@ -686,3 +686,75 @@ fn replay_matches_the_original_and_reports_a_divergence() {
     assert_eq!(d.tool, "read_file");
     assert!(r.render().contains("DIVERGES"));
 }
+
+#[test]
+fn eval_runs_the_three_sample_tasks_and_prints_the_table() {
+    let fx = Fx::new();
+    let tasks = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tasks");
+    let scripts = vec![
+        (
+            "src/math.sh so that".to_owned(),
+            vec![
+                Step::call(
+                    "edit_file",
+                    json!({"path": "src/math.sh", "old": "$1 - $2", "new": "$1 + $2"}),
+                ),
+                Step::call("finish", json!({"summary": "fixed add"})),
+            ],
+        ),
+        (
+            "greeting typo".to_owned(),
+            vec![
+                Step::call(
+                    "edit_file",
+                    json!({"path": "greet.sh", "old": "Helo", "new": "Hello"}),
+                ),
+                Step::call("exec", json!({"command": "sh check.sh"})),
+                Step::call("finish", json!({"summary": "fixed the typo"})),
+            ],
+        ),
+        (
+            "VERSION file".to_owned(),
+            vec![
+                // Plan-first: this first write is refused, the plan accepted, the write retried.
+                Step::call(
+                    "write_file",
+                    json!({"path": "VERSION", "content": "1.0.0\n"}),
+                ),
+                Step::call(
+                    "plan",
+                    json!({"steps": ["write VERSION"], "files": ["VERSION"]}),
+                ),
+                Step::call(
+                    "write_file",
+                    json!({"path": "VERSION", "content": "1.0.0\n"}),
+                ),
+                Step::call("finish", json!({"summary": "added VERSION"})),
+            ],
+        ),
+    ];
+    let mock = MockServer::keyed(Provider::Openai, scripts).unwrap();
+    let out = fx.env.dir.path().join("eval");
+    let cfg = model_config(&mock, Provider::Openai);
+    let report = taskbox_agent::eval::run(fx.api.clone(), &tasks, &cfg, 3, &out).unwrap();
+    let table = taskbox_agent::eval::render_table(&report);
+    println!("{table}");
+    assert_eq!(report.tasks.len(), 3, "{table}");
+    for t in &report.tasks {
+        assert_eq!(t.termination, "completed", "{table}\n{t:#?}");
+    }
+    assert_eq!(report.success_rate, 1.0);
+    assert_eq!(mock.used(), [2, 3, 4], "each task followed its own script");
+    assert!(table.contains("add-version"), "{table}");
+    assert!(table.contains("success rate 100% (3 of 3)"), "{table}");
+    let names: Vec<&str> = report.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["add-version", "fix-add", "fix-greeting"]);
+    assert_eq!(
+        report.tasks[0].metrics.refusals, 1,
+        "the write before the plan"
+    );
+    assert!(out.join("eval.json").is_file());
+    assert!(out.join("fix-add").join("report.md").is_file());
+    // The sample repositories stay pristine: the changes lived in the sandboxes.
+    assert!(!tasks.join("add-version/repo/VERSION").exists());
+}
