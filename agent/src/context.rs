@@ -141,3 +141,72 @@ pub fn rule_files(api: &Arc<dyn SandboxApi>, id: &SandboxId) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Contract;
+    use crate::model::ToolCall;
+    use crate::state::{Metrics, STATE_VERSION};
+
+    fn state() -> TaskState {
+        TaskState {
+            version: STATE_VERSION,
+            task_id: "t".into(),
+            contract: Contract::with_goal("g"),
+            workspace: "/w".into(),
+            policy: "default".into(),
+            model: "m".into(),
+            system_prompt: String::new(),
+            sandbox: "sb-1".into(),
+            turn: 0,
+            messages: Vec::new(),
+            plan: None,
+            completed_steps: vec!["turn 2: edited src/a.rs".into()],
+            failed_attempts: vec!["turn 3: `cargo test` exit 101".into()],
+            pending_verification: vec!["cargo test".into()],
+            files_touched: ["src/a.rs".to_owned()].into(),
+            out_of_scope: Default::default(),
+            verify_attempts: 0,
+            metrics: Metrics::default(),
+            checkpoint: None,
+            workspace_patch: String::new(),
+            elapsed_before_ms: 0,
+            termination: None,
+        }
+    }
+
+    #[test]
+    fn old_turns_become_a_summary_of_kept_facts() {
+        let mut messages = vec![Message::user("Task: fix it")];
+        for i in 0..20 {
+            messages.push(Message::assistant(
+                "",
+                vec![ToolCall {
+                    id: format!("c{i}"),
+                    name: "read_file".into(),
+                    arguments: "{}".into(),
+                }],
+            ));
+            messages.push(Message::tool(format!("c{i}"), "x".repeat(2000)));
+        }
+        let before = messages.len();
+        assert!(compact(&mut messages, "sys", 4000, &state()));
+        assert!(messages.len() < before);
+        assert_eq!(messages[0].content, "Task: fix it");
+        let summary = &messages[1].content;
+        assert!(summary.starts_with("[context compacted"), "{summary}");
+        for fact in ["src/a.rs", "`cargo test` exit 101", "checks still pending"] {
+            assert!(summary.contains(fact), "{summary}");
+        }
+        assert_eq!(
+            messages[2].role,
+            Role::Assistant,
+            "a kept turn starts with its call"
+        );
+        assert!(estimate_messages(&messages) <= 4000);
+        // Under the budget nothing changes.
+        let mut small = vec![Message::user("t"), Message::user("u")];
+        assert!(!compact(&mut small, "sys", 4000, &state()));
+    }
+}

@@ -758,3 +758,93 @@ fn eval_runs_the_three_sample_tasks_and_prints_the_table() {
     // The sample repositories stay pristine: the changes lived in the sandboxes.
     assert!(!tasks.join("add-version/repo/VERSION").exists());
 }
+
+#[test]
+fn a_long_history_is_compacted_and_rule_files_are_bounded() {
+    let fx = Fx::new();
+    fx.env
+        .write("AGENTS.md", &"Rule: keep it short.\n".repeat(1000));
+    fx.env
+        .write("big.txt", &"a line of filler text\n".repeat(200));
+    let mut contract = fx.contract();
+    contract.budget.context_tokens = 4000;
+    let mut steps = vec![Step::call("read_file", json!({"path": "big.txt"})); 6];
+    steps.extend(fixing_steps());
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let report = fx.run(&mock, Provider::Openai, contract);
+    assert_eq!(report.termination, Termination::Completed, "{report:#?}");
+    assert!(report.metrics.compactions >= 1, "{:?}", report.metrics);
+    let got = mock.received();
+    let system = messages(&got[0].body)[0]["content"].as_str().unwrap();
+    assert!(system.contains("Rule: keep it short."));
+    assert!(
+        system.contains("[cut at 4096 of 21000 bytes"),
+        "bounded rules"
+    );
+    assert!(system.len() < 8000, "{}", system.len());
+    let last = &got.last().unwrap().body;
+    let msgs = messages(last);
+    assert_eq!(
+        msgs[1]["content"], "Task: make tests/test_math.sh pass",
+        "the task is kept"
+    );
+    assert!(
+        msgs[2]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("[context compacted"),
+        "{:#?}",
+        msgs[2]
+    );
+    let sent: usize = msgs.iter().map(|m| m.to_string().len()).sum();
+    assert!(
+        sent < 4 * 4000 * 2,
+        "the request stays near its budget: {sent} bytes"
+    );
+}
+
+/// Harness time per turn: everything but the model and the sandbox calls (validation, context,
+/// rendering, the trace line, the state file). Measured with recorded responses, so no HTTP.
+/// `cargo nextest run -p taskbox-agent --cargo-profile release --run-ignored only
+/// -E 'test(harness_overhead)' --no-capture`
+#[test]
+#[ignore = "a measurement; see BENCHMARKS.md"]
+fn harness_overhead_per_turn() {
+    use taskbox_agent::model::{Finish, ModelResponse, Recorded, ToolCall, Usage};
+    let fx = Fx::new();
+    let turns = 200;
+    let mut responses = Vec::new();
+    for i in 0..turns {
+        responses.push(ModelResponse {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: format!("c{i}"),
+                name: "read_file".into(),
+                arguments: json!({"path": "src/math.sh"}).to_string(),
+            }],
+            finish: Finish::ToolCalls,
+            usage: Usage {
+                input_tokens: 1000,
+                output_tokens: 20,
+            },
+            cost_usd: 0.0,
+            attempts: 1,
+            latency_ms: 0,
+        });
+    }
+    let mut contract = fx.contract();
+    contract.budget.max_turns = turns;
+    let report = taskbox_agent::start(
+        fx.api.clone(),
+        Box::new(Recorded::new(responses)),
+        fx.spec(contract),
+        fx.options(),
+    )
+    .unwrap();
+    assert_eq!(report.termination, Termination::MaxTurns);
+    println!(
+        "harness overhead per turn over {turns} turns: p50 {} us",
+        report.metrics.overhead_p50_us
+    );
+    assert!(report.metrics.overhead_p50_us < 50_000);
+}
