@@ -58,6 +58,9 @@ fn io(what: &str, path: &Path, e: impl std::fmt::Display) -> AgentError {
 pub enum Decision {
     Approve,
     Deny(String),
+    /// Leave it to someone else: the approval stays pending for a person to answer through the
+    /// API (`taskbox approve`, the HTTP routes) until the policy's `ask_timeout` denies it.
+    Defer,
 }
 
 /// Answers the execs the command policy `ask`s about.
@@ -77,6 +80,16 @@ pub struct NoOneToAsk;
 impl Approver for NoOneToAsk {
     fn decide(&self, _approval: &Approval) -> Decision {
         Decision::Deny("no one is there to approve it (the agent runs unattended)".into())
+    }
+}
+
+/// Leaves every `ask` pending for a person to answer through the API.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThroughTheApi;
+
+impl Approver for ThroughTheApi {
+    fn decide(&self, _approval: &Approval) -> Decision {
+        Decision::Defer
     }
 }
 
@@ -314,6 +327,8 @@ pub fn resume(
     tracing::info!(task = %st.task_id, sandbox = %info.id, turn = st.turn, restored_by = %restored_by, "resuming");
     st.sandbox = info.id.to_string();
     st.model = model.describe();
+    // The time budget counts the earlier runs up to their last completed turn.
+    st.elapsed_before_ms = st.metrics.wall_ms;
     let trace_path = opts.task_dir.join(TRACE_FILE);
     let mut trace =
         Trajectory::open(&trace_path).map_err(|e| io("open the trace", &trace_path, e))?;
@@ -974,7 +989,7 @@ impl Runner {
         let mut text = "plan recorded".to_owned();
         if let Some(reviewer) = &self.opts.plan_reviewer {
             match reviewer.review(&plan) {
-                Decision::Approve => text = "plan approved by a person".into(),
+                Decision::Approve | Decision::Defer => text = "plan approved by a person".into(),
                 Decision::Deny(reason) => {
                     plan.accepted = false;
                     text = format!("plan rejected by a person: {reason}; submit a revised plan");
@@ -1155,6 +1170,7 @@ impl Runner {
             termination: term,
             detail: detail.clone(),
             goal: self.st.contract.goal.clone(),
+            deliverables: self.st.contract.deliverables.clone(),
             summary: self.summary.clone(),
             model: self.st.model.clone(),
             sandbox: self.id.to_string(),
@@ -1210,6 +1226,10 @@ fn answer_approval(
     let result = match approver.decide(approval) {
         Decision::Approve => api.approve(id, &approval.id),
         Decision::Deny(reason) => api.deny(id, &approval.id, &reason),
+        Decision::Defer => {
+            tracing::info!(approval = %approval.id, "left pending for a person to answer through the API");
+            return;
+        }
     };
     if let Err(e) = result {
         tracing::warn!(approval = %approval.id, error = %e, "cannot answer an approval");

@@ -17,6 +17,9 @@ pub struct Report {
     /// Why it ended, in words.
     pub detail: String,
     pub goal: String,
+    /// What the contract asked to be delivered.
+    #[serde(default)]
+    pub deliverables: Vec<String>,
     /// The model's summary (from `finish`), if it gave one.
     pub summary: Option<String>,
     pub model: String,
@@ -49,6 +52,9 @@ impl Report {
         );
         let _ = writeln!(s, "- **Why**: {}", self.detail);
         let _ = writeln!(s, "- **Goal**: {}", self.goal);
+        if !self.deliverables.is_empty() {
+            let _ = writeln!(s, "- **Deliverables**: {}", self.deliverables.join("; "));
+        }
         let _ = writeln!(s, "- **Model**: {}", self.model);
         let _ = writeln!(
             s,

@@ -111,3 +111,48 @@ fn the_loop_runs_against_the_http_api() {
     assert!(trace.contains("\"op\":\"deny\""));
     api.destroy(&id).unwrap();
 }
+
+#[test]
+fn an_ask_left_to_the_api_is_answered_by_a_person_through_it() {
+    let fx = Fx::new();
+    let state = fx.env.dir.path().join("serve-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let sup = supervisor(&state);
+    let url = format!("unix:{}", sup.socket.display());
+    let api: Arc<dyn SandboxApi> = Arc::new(Remote::new(&url, None).unwrap());
+
+    let policy = fx.env.policy("ask", "[commands]\nask = [\"touch\"]\n");
+    let mut steps = vec![Step::call("exec", json!({"command": "touch approved.txt"}))];
+    steps.extend(fixing_steps());
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let mut spec = fx.spec(fx.contract());
+    spec.policy = Some(policy.display().to_string());
+    let mut opts = fx.options();
+    opts.approver = Arc::new(taskbox_agent::agent::ThroughTheApi);
+    let model = model_config(&mock, Provider::Openai).build().unwrap();
+
+    // The person: another client of the same supervisor.
+    let person = std::thread::spawn(move || {
+        let client = Remote::new(&url, None).unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until {
+            for info in client.list() {
+                if let Ok(list) = client.list_approvals(&info.id, Some(Duration::from_millis(200)))
+                    && let Some(a) = list.first()
+                {
+                    client.approve(&info.id, &a.id).unwrap();
+                    return a.command.clone();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no approval appeared");
+    });
+    let report = taskbox_agent::start(api.clone(), model, spec, opts).unwrap();
+    assert_eq!(person.join().unwrap(), "touch approved.txt");
+    assert_eq!(report.termination, Termination::Completed, "{report:#?}");
+    assert_eq!(report.metrics.approvals_asked, 1);
+    assert!(report.files_changed.iter().any(|f| f == "approved.txt"));
+    api.destroy(&taskbox_core::api::SandboxId::parse(&report.sandbox).unwrap())
+        .unwrap();
+}

@@ -56,6 +56,10 @@ pub struct ModelArgs {
     /// Use the supervisor's sandboxes (taskbox serve) instead of an in-process backend.
     #[arg(long)]
     remote: bool,
+    /// Who answers the command policy's `ask`: terminal (the default when stdin is one), api
+    /// (left pending for `taskbox approve`/`deny` or the HTTP API; needs --remote), or deny.
+    #[arg(long, value_name = "terminal|api|deny")]
+    approvals: Option<String>,
 }
 
 #[derive(Args)]
@@ -301,11 +305,21 @@ impl PlanReviewer for Terminal {
     }
 }
 
-fn options(task_dir: PathBuf, confirm_plan: bool) -> Result<Options> {
+fn options(task_dir: PathBuf, confirm_plan: bool, model: &ModelArgs) -> Result<Options> {
     let mut opts = Options::new(task_dir);
     let terminal = std::io::stdin().is_terminal();
-    if terminal {
-        opts.approver = Arc::new(Terminal);
+    match model.approvals.as_deref() {
+        None if terminal => opts.approver = Arc::new(Terminal),
+        None | Some("deny") => {}
+        Some("terminal") if terminal => opts.approver = Arc::new(Terminal),
+        Some("terminal") => bail!("--approvals terminal needs a terminal on stdin"),
+        Some("api") if model.remote => {
+            opts.approver = Arc::new(taskbox_agent::agent::ThroughTheApi)
+        }
+        Some("api") => bail!(
+            "--approvals api needs --remote: an in-process sandbox has no API for a person to answer through"
+        ),
+        Some(other) => bail!("unknown --approvals {other:?}: use terminal, api or deny"),
     }
     if confirm_plan {
         if !terminal {
@@ -336,7 +350,7 @@ pub fn run(cmd: AgentCommand, conn: &Conn) -> Result<u8> {
             )
             .map_err(|e| anyhow!(e))?;
             let cfg = model_config(state.contract.model.clone(), &a.model)?;
-            let opts = options(a.task_dir.clone(), false)?;
+            let opts = options(a.task_dir.clone(), false, &a.model)?;
             let report = taskbox_agent::resume(b.api.clone(), cfg.build()?, opts)?;
             finish_sandbox(&b, &report, false)?;
             print_report(&report, a.json)
@@ -435,7 +449,7 @@ fn run_task(a: RunArgs, conn: &Conn) -> Result<u8> {
             .join(format!("task-{}", stamp()))
     });
     let b = backend(conn, a.model.remote)?;
-    let opts = options(task_dir.clone(), a.confirm_plan)?;
+    let opts = options(task_dir.clone(), a.confirm_plan, &a.model)?;
     eprintln!("taskbox: task directory {}", task_dir.display());
     let spec = TaskSpec {
         contract,
