@@ -363,6 +363,7 @@ struct Runner {
     /// Time spent in the model and the sandbox during the current turn.
     external: Duration,
     fatal: Option<String>,
+    tools: Vec<crate::model::ToolSpec>,
 }
 
 impl Runner {
@@ -406,6 +407,7 @@ impl Runner {
             overheads_us: Vec::new(),
             external: Duration::ZERO,
             fatal: None,
+            tools: tools::specs(),
             st,
         })
     }
@@ -480,10 +482,18 @@ impl Runner {
                 self.st.metrics.compactions += 1;
                 self.recorded = 0;
             }
+            let new_messages =
+                self.st.messages[self.recorded.min(self.st.messages.len())..].to_vec();
+            self.record(Record::ModelRequest {
+                turn,
+                messages_total: self.st.messages.len(),
+                new_messages,
+            })?;
+            // The request borrows the conversation and the tools for the call (no copies).
             let req = ModelRequest {
-                system: self.st.system_prompt.clone(),
-                messages: self.st.messages.clone(),
-                tools: tools::specs(),
+                system: std::mem::take(&mut self.st.system_prompt),
+                messages: std::mem::take(&mut self.st.messages),
+                tools: std::mem::take(&mut self.tools),
                 max_tokens: self
                     .st
                     .contract
@@ -492,16 +502,12 @@ impl Runner {
                     .map(|m| m.max_tokens)
                     .unwrap_or(4096),
             };
-            let new_messages =
-                self.st.messages[self.recorded.min(self.st.messages.len())..].to_vec();
-            self.record(Record::ModelRequest {
-                turn,
-                messages_total: self.st.messages.len(),
-                new_messages,
-            })?;
             let t = Instant::now();
             let result = self.model.complete(&req);
             self.external += t.elapsed();
+            self.st.system_prompt = req.system;
+            self.st.messages = req.messages;
+            self.tools = req.tools;
             let resp = match result {
                 Ok(r) => r,
                 Err(e) => {

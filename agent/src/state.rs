@@ -129,7 +129,7 @@ impl TaskState {
     /// Writes the state to `path` atomically (a temporary file renamed into place).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let tmp = path.with_extension("json.tmp");
-        let data = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        let data = serde_json::to_vec(self).map_err(std::io::Error::other)?;
         std::fs::write(&tmp, data)?;
         std::fs::rename(&tmp, path)
     }
