@@ -522,6 +522,37 @@ mod tests {
     }
 
     #[test]
+    fn a_client_error_is_not_retried_and_5xx_are() {
+        use crate::mock::{MockServer, Step};
+        let req = ModelRequest {
+            system: "s".into(),
+            messages: vec![Message::user("u")],
+            tools: vec![],
+            max_tokens: 10,
+        };
+        for provider in [Provider::Openai, Provider::Anthropic] {
+            let mock = MockServer::start(provider, vec![Step::status(401, None)]).unwrap();
+            let mut cfg = ModelConfig::new(provider, &mock.base_url(), "m");
+            cfg.backoff_ms = 1;
+            let e = cfg.build().unwrap().complete(&req).unwrap_err();
+            assert!(matches!(e, ModelError::Status { status: 401, .. }), "{e}");
+            assert_eq!(mock.received().len(), 1, "no retry on 401");
+
+            let mock = MockServer::start(
+                provider,
+                vec![Step::status(502, None), Step::cut("partial")],
+            )
+            .unwrap();
+            let mut cfg = ModelConfig::new(provider, &mock.base_url(), "m");
+            cfg.backoff_ms = 1;
+            let r = cfg.build().unwrap().complete(&req).unwrap();
+            assert_eq!(r.finish, Finish::Length, "{provider:?}");
+            assert_eq!(r.text, "partial");
+            assert_eq!(r.attempts, 2);
+        }
+    }
+
+    #[test]
     fn bad_configuration_is_an_error() {
         assert!("gemini".parse::<Provider>().is_err());
         let c = ModelConfig::new(Provider::Openai, "https://x", "m");
