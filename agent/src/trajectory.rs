@@ -7,7 +7,9 @@
 //! messages added since the previous request, and the total), `model_response`, `model_error`,
 //! `tool` (the call and the observation as rendered for the model), `verify`, `turn_end`,
 //! `resume`, `end`. Each line is written with one `write` and flushed; it is not synced to
-//! disk (the state file is what resume relies on).
+//! disk (the state file is what resume relies on). Secrets are masked as in the sandbox's
+//! trace; the state file keeps the conversation as the model saw it (resume needs it), so it
+//! is written beside the trace with the same care.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -105,8 +107,13 @@ impl Trajectory {
         &self.path
     }
 
+    /// Appends one record, with secrets masked as in the sandbox's trace
+    /// ([`taskbox_core::trace::redact`]: token shapes, `Bearer` credentials, secret-named
+    /// variables).
     pub fn record(&mut self, r: &Record) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(r).map_err(std::io::Error::other)?;
+        let mut value = serde_json::to_value(r).map_err(std::io::Error::other)?;
+        taskbox_core::trace::redact(&mut value);
+        let mut line = serde_json::to_vec(&value).map_err(std::io::Error::other)?;
         line.push(b'\n');
         self.file.write_all(&line)?;
         self.file.flush()

@@ -848,3 +848,20 @@ fn harness_overhead_per_turn() {
     );
     assert!(report.metrics.overhead_p50_us < 50_000);
 }
+
+#[test]
+fn secrets_in_observations_are_masked_in_the_trace() {
+    let fx = Fx::new();
+    let token = format!("ghp_{}", "a1B2c3D4e5".repeat(4));
+    fx.env.write("config.env", &format!("TOKEN={token}\n"));
+    let mut steps = vec![Step::call("read_file", json!({"path": "config.env"}))];
+    steps.extend(fixing_steps());
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let report = fx.run(&mock, Provider::Openai, fx.contract());
+    assert_eq!(report.termination, Termination::Completed);
+    // The model saw the file as it is; the trace does not keep the token.
+    assert!(last_content(&mock.received()[1].body).contains(&token));
+    let trace = std::fs::read_to_string(fx.task_dir.join("trace.jsonl")).unwrap();
+    assert!(trace.contains("config.env"));
+    assert!(!trace.contains(&token), "the token leaked into the trace");
+}
