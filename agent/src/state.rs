@@ -126,11 +126,21 @@ pub struct TaskState {
 }
 
 impl TaskState {
-    /// Writes the state to `path` atomically (a temporary file renamed into place).
+    /// Writes the state to `path` atomically (a temporary file renamed into place), readable by
+    /// its owner only: it holds the conversation unmasked.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let tmp = path.with_extension("json.tmp");
         let data = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, data)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&data)?;
+        drop(f);
         std::fs::rename(&tmp, path)
     }
 

@@ -106,6 +106,16 @@ fn fixes_a_failing_test_with_an_openai_model() {
     let state = taskbox_agent::state::TaskState::load(&fx.task_dir.join("state.json")).unwrap();
     assert_eq!(state.termination, Some(Termination::Completed));
     assert!(state.files_touched.contains("src/math.sh"));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(fx.task_dir.join("state.json"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "the state holds the conversation unmasked"
+    );
 }
 
 #[test]
