@@ -875,3 +875,28 @@ fn secrets_in_observations_are_masked_in_the_trace() {
     assert!(trace.contains("config.env"));
     assert!(!trace.contains(&token), "the token leaked into the trace");
 }
+
+#[test]
+fn a_long_output_comes_back_as_head_and_tail_with_the_spill_path() {
+    let fx = Fx::new();
+    let mut steps = vec![Step::call(
+        "exec",
+        json!({"command": "echo FIRST; seq 1 20000; echo LAST; echo oops >&2; exit 3"}),
+    )];
+    steps.extend(fixing_steps());
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let report = fx.run(&mock, Provider::Openai, fx.contract());
+    assert_eq!(report.termination, Termination::Completed);
+    let obs = last_content(&mock.received()[1].body);
+    assert!(obs.starts_with("exit_code: 3 ("), "{obs}");
+    assert!(
+        obs.contains("cut: head and tail shown; the whole stream is in "),
+        "{obs}"
+    );
+    assert!(
+        obs.contains("FIRST") && obs.contains("LAST"),
+        "head and tail: {obs}"
+    );
+    assert!(obs.contains("stderr:\noops"), "{obs}");
+    assert!(obs.len() < 20_000, "bounded: {} bytes", obs.len());
+}
