@@ -12,7 +12,7 @@ use taskbox_core::commands::{Commands, Verdict};
 
 use crate::context;
 use crate::contract::{Contract, Scope, normalise};
-use crate::model::{Finish, Message, Model, ModelRequest, ToolCall};
+use crate::model::{Finish, Message, Model, ModelError, ModelRequest, ToolCall};
 use crate::report::Report;
 use crate::state::{Metrics, Plan, STATE_VERSION, TaskState, Termination};
 use crate::tools::{self, Action};
@@ -503,6 +503,7 @@ impl Runner {
                     .unwrap_or(4096),
             };
             let t = Instant::now();
+            self.model.set_deadline(Some(self.deadline));
             let result = self.model.complete(&req);
             self.external += t.elapsed();
             self.st.system_prompt = req.system;
@@ -515,6 +516,15 @@ impl Runner {
                         turn,
                         error: e.to_string(),
                     })?;
+                    if matches!(e, ModelError::Deadline) || Instant::now() >= self.deadline {
+                        break (
+                            Termination::TimeBudget,
+                            format!(
+                                "the time budget ({}) ran out during a model call",
+                                humantime::format_duration(self.st.contract.budget.time)
+                            ),
+                        );
+                    }
                     break (
                         Termination::UnrecoverableError,
                         format!("model call failed: {e}"),

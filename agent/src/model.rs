@@ -158,6 +158,9 @@ pub enum ModelError {
     /// the configuration is incomplete or wrong
     #[error("model configuration: {0}")]
     Config(String),
+    /// the task's time budget ran out before the model answered
+    #[error("the time budget ran out during the model call")]
+    Deadline,
 }
 
 /// A model: given the conversation and the tools, the next answer.
@@ -165,6 +168,11 @@ pub trait Model: Send {
     /// What this model is, for reports (`provider:model`).
     fn describe(&self) -> String;
     fn complete(&mut self, req: &ModelRequest) -> Result<ModelResponse, ModelError>;
+    /// Calls must end by `deadline` (the task's time budget): attempts are cut short and no
+    /// retry waits past it.
+    fn set_deadline(&mut self, deadline: Option<Instant>) {
+        let _ = deadline;
+    }
 }
 
 /// Which wire protocol a model server speaks.
@@ -338,6 +346,7 @@ pub struct Transport {
     max_retries: u32,
     backoff: Duration,
     max_backoff: Duration,
+    deadline: Option<Instant>,
 }
 
 /// A successful exchange: the JSON body and how many attempts it took.
@@ -359,7 +368,27 @@ impl Transport {
             max_retries: cfg.max_retries,
             backoff: Duration::from_millis(cfg.backoff_ms),
             max_backoff: Duration::from_millis(cfg.max_backoff_ms),
+            deadline: None,
         })
+    }
+
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// The time one attempt may take: the timeout, or less when the deadline is nearer.
+    fn attempt_timeout(&self) -> Result<Duration, ModelError> {
+        match self.deadline {
+            None => Ok(self.timeout),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    Err(ModelError::Deadline)
+                } else {
+                    Ok(self.timeout.min(left))
+                }
+            }
+        }
     }
 
     /// POSTs `body` to `path`; retries on 429, 5xx and connection failures.
@@ -376,7 +405,8 @@ impl Transport {
             let mut req = http::Request::new("POST", path);
             req.headers = headers.to_vec();
             req.body = Some(&payload);
-            let wait = match http::send(&self.base, &req, self.timeout) {
+            let timeout = self.attempt_timeout()?;
+            let wait = match http::send(&self.base, &req, timeout) {
                 Ok(resp) if (200..300).contains(&resp.status) => {
                     let body = serde_json::from_slice(&resp.body).map_err(|e| {
                         ModelError::Malformed(format!(
@@ -407,6 +437,11 @@ impl Transport {
                         body: snippet(&resp.body),
                     });
                 }
+                Err(HttpError::Timeout { .. })
+                    if self.deadline.is_some_and(|d| Instant::now() >= d) =>
+                {
+                    return Err(ModelError::Deadline);
+                }
                 Err(e) if e.is_transient() && attempt <= self.max_retries => {
                     tracing::info!(error = %e, attempt, "model call failed; retrying");
                     self.backoff_for(attempt)
@@ -418,7 +453,11 @@ impl Transport {
                     });
                 }
             };
-            std::thread::sleep(wait.min(self.max_backoff));
+            let wait = wait.min(self.max_backoff);
+            if self.deadline.is_some_and(|d| Instant::now() + wait >= d) {
+                return Err(ModelError::Deadline);
+            }
+            std::thread::sleep(wait);
         }
     }
 

@@ -900,3 +900,25 @@ fn a_long_output_comes_back_as_head_and_tail_with_the_spill_path() {
     assert!(obs.contains("stderr:\noops"), "{obs}");
     assert!(obs.len() < 20_000, "bounded: {} bytes", obs.len());
 }
+
+#[test]
+fn a_slow_model_is_cut_at_the_time_budget() {
+    let fx = Fx::new();
+    let mut contract = fx.contract();
+    contract.budget.time = Duration::from_millis(1500);
+    let steps = vec![Step::call("list", json!({})).delayed(Duration::from_secs(30))];
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let started = Instant::now();
+    let report = fx.run(&mock, Provider::Openai, contract);
+    assert_eq!(report.termination, Termination::TimeBudget, "{report:#?}");
+    assert!(
+        report.detail.contains("during a model call"),
+        "{}",
+        report.detail
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}

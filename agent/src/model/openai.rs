@@ -151,6 +151,10 @@ impl Model for OpenAi {
         let resp = parse(&answer.body)?;
         Ok(finish_response(&self.cfg, started, answer.attempts, resp))
     }
+
+    fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.transport.set_deadline(deadline);
+    }
 }
 
 #[cfg(test)]
