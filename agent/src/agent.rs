@@ -652,9 +652,12 @@ impl Runner {
             observation: observation.clone(),
             duration_ms: started.elapsed().as_millis() as u64,
         })?;
-        self.st
-            .messages
-            .push(Message::tool(call.id.clone(), observation));
+        let message = if ok {
+            Message::tool(call.id.clone(), observation)
+        } else {
+            Message::tool_error(call.id.clone(), observation)
+        };
+        self.st.messages.push(message);
         self.recorded = self.st.messages.len();
         Ok(())
     }

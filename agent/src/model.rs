@@ -40,6 +40,10 @@ pub struct Message {
     /// The call a tool message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// A tool result that reports a failure (a refusal, a validation message, an error, a
+    /// non-zero exit).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
 }
 
 impl Message {
@@ -49,6 +53,7 @@ impl Message {
             content: text.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            is_error: false,
         }
     }
 
@@ -58,6 +63,7 @@ impl Message {
             content: text.into(),
             tool_calls,
             tool_call_id: None,
+            is_error: false,
         }
     }
 
@@ -67,6 +73,15 @@ impl Message {
             content: text.into(),
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
+            is_error: false,
+        }
+    }
+
+    /// A tool result that reports a failure.
+    pub fn tool_error(call_id: impl Into<String>, text: impl Into<String>) -> Message {
+        Message {
+            is_error: true,
+            ..Message::tool(call_id, text)
         }
     }
 }

@@ -32,12 +32,15 @@ pub fn body(model: &str, req: &ModelRequest) -> Value {
     for m in &req.messages {
         let (role, blocks) = match m.role {
             Role::User => ("user", vec![json!({"type": "text", "text": m.content})]),
-            Role::Tool => (
-                "user",
-                vec![json!({"type": "tool_result",
+            Role::Tool => {
+                let mut block = json!({"type": "tool_result",
                     "tool_use_id": m.tool_call_id.clone().unwrap_or_default(),
-                    "content": m.content})],
-            ),
+                    "content": m.content});
+                if m.is_error {
+                    block["is_error"] = Value::Bool(true);
+                }
+                ("user", vec![block])
+            }
             Role::Assistant => {
                 let mut blocks = Vec::new();
                 if !m.content.is_empty() {
@@ -177,7 +180,7 @@ mod tests {
                 Message::user("task"),
                 Message::assistant("thinking", vec![call("a"), call("b")]),
                 Message::tool("a", "one"),
-                Message::tool("b", "two"),
+                Message::tool_error("b", "two"),
             ],
             tools: vec![],
             max_tokens: 10,
@@ -189,6 +192,8 @@ mod tests {
         assert_eq!(msgs[1]["content"][1]["input"]["shell"], "ls");
         assert_eq!(msgs[2]["content"].as_array().unwrap().len(), 2);
         assert_eq!(msgs[2]["content"][1]["tool_use_id"], "b");
+        assert_eq!(msgs[2]["content"][1]["is_error"], true);
+        assert!(msgs[2]["content"][0].get("is_error").is_none());
 
         let r = parse(&json!({"content": [{"type": "text", "text": "ok"},
             {"type": "tool_use", "id": "t", "name": "diff", "input": {}}],
