@@ -580,23 +580,16 @@ mod tests {
 
     #[test]
     fn a_timeout_comes_with_a_hint() {
-        let r = ExecResult {
-            exit_code: None,
-            signal: Some(9),
-            timed_out: true,
-            duration_ms: 1000,
-            stdout: Default::default(),
-            stderr: Default::default(),
-            changes: vec![],
-            violations: vec![],
-            resources: Default::default(),
-            enforcement: taskbox_core::result::Enforcement {
-                landlock: "full".into(),
-                seccomp: true,
-                network: "none".into(),
-                limits: "none".into(),
-            },
-        };
+        // From the JSON contract, so that fields added to ExecResult later keep their defaults.
+        let r: ExecResult = serde_json::from_value(json!({
+            "exit_code": null, "signal": 9, "timed_out": true, "duration_ms": 1000,
+            "stdout": {"text": "", "bytes": 0, "truncated": false, "spill_path": null},
+            "stderr": {"text": "", "bytes": 0, "truncated": false, "spill_path": null},
+            "changes": [], "violations": [],
+            "resources": {"cpu_ms": 0, "max_rss_bytes": 0, "oom_killed": false},
+            "enforcement": {"landlock": "full", "seccomp": true, "network": "none", "limits": "none"}
+        }))
+        .unwrap();
         let text = render_exec(&r, Some(1000));
         assert!(text.contains("hint: narrow the command"), "{text}");
     }
