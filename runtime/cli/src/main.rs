@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
+mod agent;
 mod client;
 mod docker;
 mod image;
@@ -66,6 +67,9 @@ enum Command {
     /// Build, list, inspect, verify and remove reproducible images.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Run an AI coding agent in a sandbox under a work contract (run, resume, replay, eval).
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     #[command(flatten)]
     Verb(verbs::Verb),
 }
@@ -241,6 +245,7 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Verb(v) => verbs::run(v, &cli.conn),
+        Command::Agent(cmd) => agent::run(cmd, &cli.conn),
         Command::Serve(args) => serve(args, &cli.conn),
         Command::Mcp(args) => mcp(args, &cli.conn),
         Command::Replay(args) => {

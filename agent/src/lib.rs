@@ -1,0 +1,33 @@
+//! taskbox-agent: a harness in which the model proposes and the runtime enforces.
+//!
+//! It owns the model adapters ([`model`]: OpenAI-compatible chat completions and Anthropic
+//! Messages behind one trait, over the small HTTP client of [`http`]), the tools the model may
+//! call ([`tools`]: the narrow API plus `plan` and `finish`, with JSON schemas and argument
+//! validation), the work contract ([`contract`]), the loop with its budgets and verification
+//! gate ([`agent`]), context management ([`context`]), the externalised task state ([`state`]),
+//! the agent's trace ([`trajectory`]) and its replay ([`replay`]), the handoff report
+//! ([`report`]) and the evaluation of task sets ([`eval`]).
+//!
+//! It reaches sandboxes only through [`taskbox_core::api::SandboxApi`]: in-process (a backend
+//! wrapped in the command policy and the trace) or over HTTP to `taskbox serve`
+//! ([`remote::Remote`]). [`mock`] holds scripted model servers that speak both protocols over
+//! real HTTP, for tests and offline evaluation.
+
+pub mod agent;
+pub mod context;
+pub mod contract;
+pub mod eval;
+pub mod http;
+pub mod mock;
+pub mod model;
+pub mod remote;
+pub mod replay;
+pub mod report;
+pub mod state;
+pub mod tools;
+pub mod trajectory;
+
+pub use agent::{Approver, Decision, NoOneToAsk, Options, PlanReviewer, TaskSpec, resume, start};
+pub use contract::Contract;
+pub use report::Report;
+pub use state::Termination;

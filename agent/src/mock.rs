@@ -1,0 +1,450 @@
+//! Scripted model servers for tests and offline evaluation: they speak the real OpenAI
+//! chat-completions or Anthropic Messages protocol over real HTTP on a local TCP socket, answer
+//! each request with the next [`Step`] of a script, and record every request they receive.
+//!
+//! Several scripts can share one server: each has a key, and a request goes to the first script
+//! whose key occurs in the request body (e.g. a word of the task's goal), so parallel tasks each
+//! follow their own script.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::model::Provider;
+
+/// One scripted answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// A model answer: text, tool calls (name and raw JSON arguments), and why it stopped.
+    Reply {
+        text: String,
+        calls: Vec<(String, String)>,
+        cut: bool,
+        usage: Option<(u64, u64)>,
+    },
+    /// An HTTP error status (429, 500, ...), with an optional `Retry-After` in seconds.
+    Status {
+        status: u16,
+        retry_after: Option<String>,
+    },
+    /// Waits before answering with the inner step.
+    Delay(Duration, Box<Step>),
+}
+
+impl Step {
+    /// One tool call.
+    pub fn call(name: &str, args: Value) -> Step {
+        Step::calls(vec![(name, args)])
+    }
+
+    /// Several tool calls in one answer.
+    pub fn calls(calls: Vec<(&str, Value)>) -> Step {
+        Step::Reply {
+            text: String::new(),
+            calls: calls
+                .into_iter()
+                .map(|(n, a)| (n.to_owned(), a.to_string()))
+                .collect(),
+            cut: false,
+            usage: None,
+        }
+    }
+
+    /// A tool call whose arguments are given as raw text (possibly invalid JSON).
+    pub fn raw_call(name: &str, arguments: &str) -> Step {
+        Step::Reply {
+            text: String::new(),
+            calls: vec![(name.to_owned(), arguments.to_owned())],
+            cut: false,
+            usage: None,
+        }
+    }
+
+    /// A text answer that ends the model's turn.
+    pub fn text(text: &str) -> Step {
+        Step::Reply {
+            text: text.to_owned(),
+            calls: Vec::new(),
+            cut: false,
+            usage: None,
+        }
+    }
+
+    /// A text answer cut off at the length limit.
+    pub fn cut(text: &str) -> Step {
+        Step::Reply {
+            text: text.to_owned(),
+            calls: Vec::new(),
+            cut: true,
+            usage: None,
+        }
+    }
+
+    /// An HTTP error.
+    pub fn status(status: u16, retry_after: Option<&str>) -> Step {
+        Step::Status {
+            status,
+            retry_after: retry_after.map(str::to_owned),
+        }
+    }
+
+    /// Sets the usage the answer reports (input, output tokens).
+    pub fn with_usage(mut self, input: u64, output: u64) -> Step {
+        if let Step::Reply { usage, .. } = &mut self {
+            *usage = Some((input, output));
+        }
+        self
+    }
+
+    /// Waits `d` before answering.
+    pub fn delayed(self, d: Duration) -> Step {
+        Step::Delay(d, Box::new(self))
+    }
+}
+
+/// A request the server received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+    /// The script that answered it.
+    pub script: usize,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+struct Script {
+    key: String,
+    steps: Vec<Step>,
+    next: usize,
+}
+
+struct Shared {
+    provider: Provider,
+    scripts: Mutex<Vec<Script>>,
+    received: Mutex<Vec<Received>>,
+    stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running mock model server; stopped when dropped.
+pub struct MockServer {
+    shared: Arc<Shared>,
+    addr: std::net::SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MockServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MockServer {
+    /// A server with one script.
+    pub fn start(provider: Provider, steps: Vec<Step>) -> std::io::Result<MockServer> {
+        MockServer::keyed(provider, vec![(String::new(), steps)])
+    }
+
+    /// A server with several scripts, chosen by key (see the module docs).
+    pub fn keyed(
+        provider: Provider,
+        scripts: Vec<(String, Vec<Step>)>,
+    ) -> std::io::Result<MockServer> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            provider,
+            scripts: Mutex::new(
+                scripts
+                    .into_iter()
+                    .map(|(key, steps)| Script {
+                        key,
+                        steps,
+                        next: 0,
+                    })
+                    .collect(),
+            ),
+            received: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let _ = serve(&s, conn);
+                });
+            }
+        });
+        Ok(MockServer {
+            shared,
+            addr,
+            thread: Some(thread),
+        })
+    }
+
+    /// The base URL to configure: `http://127.0.0.1:PORT/v1` for OpenAI (whose paths are
+    /// `/chat/completions` below it), `http://127.0.0.1:PORT` for Anthropic.
+    pub fn base_url(&self) -> String {
+        match self.shared.provider {
+            Provider::Openai => format!("http://{}/v1", self.addr),
+            Provider::Anthropic => format!("http://{}", self.addr),
+        }
+    }
+
+    /// The requests received so far.
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.shared.received).clone()
+    }
+
+    /// How many steps of each script have been used.
+    pub fn used(&self) -> Vec<usize> {
+        lock(&self.shared.scripts).iter().map(|s| s.next).collect()
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let path = parts.next().unwrap_or_default().to_owned();
+    let mut headers = Vec::new();
+    let mut length = 0usize;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            headers.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+    }
+    let mut raw = vec![0u8; length];
+    reader.read_exact(&mut raw)?;
+    let mut out = conn;
+    let expected = match s.provider {
+        Provider::Openai => "/v1/chat/completions",
+        Provider::Anthropic => "/v1/messages",
+    };
+    if method != "POST" || path != expected {
+        return respond(
+            &mut out,
+            404,
+            None,
+            &json!({"error": {"message": "no such route"}}),
+        );
+    }
+    let Ok(body) = serde_json::from_slice::<Value>(&raw) else {
+        return respond(
+            &mut out,
+            400,
+            None,
+            &json!({"error": {"message": "body is not JSON"}}),
+        );
+    };
+    let text = body.to_string();
+    let (index, step) = {
+        let mut scripts = lock(&s.scripts);
+        let found = scripts
+            .iter()
+            .position(|sc| !sc.key.is_empty() && text.contains(&sc.key))
+            .or_else(|| scripts.iter().position(|sc| sc.key.is_empty()));
+        match found {
+            Some(i) => {
+                let sc = &mut scripts[i];
+                let step = sc.steps.get(sc.next).cloned();
+                if step.is_some() {
+                    sc.next += 1;
+                }
+                (i, step)
+            }
+            None => (usize::MAX, None),
+        }
+    };
+    lock(&s.received).push(Received {
+        method,
+        path,
+        headers,
+        body: body.clone(),
+        script: index,
+    });
+    let Some(mut step) = step else {
+        return respond(
+            &mut out,
+            400,
+            None,
+            &json!({"error": {"message": "mock script exhausted"}}),
+        );
+    };
+    while let Step::Delay(d, inner) = step {
+        std::thread::sleep(d);
+        step = *inner;
+    }
+    match step {
+        Step::Status {
+            status,
+            retry_after,
+        } => respond(
+            &mut out,
+            status,
+            retry_after.as_deref(),
+            &json!({"error": {"message": format!("scripted status {status}")}}),
+        ),
+        Step::Reply {
+            text,
+            calls,
+            cut,
+            usage,
+        } => {
+            let (input, output) = usage.unwrap_or(((raw.len() as u64).div_ceil(4), 20));
+            let seq = lock(&s.received).len();
+            let answer = match s.provider {
+                Provider::Openai => openai_answer(&text, &calls, cut, input, output, seq),
+                Provider::Anthropic => anthropic_answer(&text, &calls, cut, input, output, seq),
+            };
+            respond(&mut out, 200, None, &answer)
+        }
+        Step::Delay(..) => Ok(()),
+    }
+}
+
+fn openai_answer(
+    text: &str,
+    calls: &[(String, String)],
+    cut: bool,
+    input: u64,
+    output: u64,
+    seq: usize,
+) -> Value {
+    let tool_calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({"id": format!("call_{seq}_{i}"), "type": "function",
+                   "function": {"name": name, "arguments": args}})
+        })
+        .collect();
+    let mut message = json!({"role": "assistant",
+        "content": if text.is_empty() { Value::Null } else { Value::String(text.to_owned()) }});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    let finish = if cut {
+        "length"
+    } else if calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    json!({
+        "id": format!("chatcmpl-{seq}"), "object": "chat.completion", "model": "mock",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": input, "completion_tokens": output,
+                  "total_tokens": input + output}
+    })
+}
+
+fn anthropic_answer(
+    text: &str,
+    calls: &[(String, String)],
+    cut: bool,
+    input: u64,
+    output: u64,
+    seq: usize,
+) -> Value {
+    let mut content = Vec::new();
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for (i, (name, args)) in calls.iter().enumerate() {
+        // The protocol carries arguments as an object; invalid JSON is sent as a string field
+        // so that the harness sees it as a bad argument.
+        let input =
+            serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!({"_unparsed": args}));
+        content.push(json!({"type": "tool_use", "id": format!("toolu_{seq}_{i}"),
+                            "name": name, "input": input}));
+    }
+    let stop = if cut {
+        "max_tokens"
+    } else if calls.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    };
+    json!({
+        "id": format!("msg_{seq}"), "type": "message", "role": "assistant", "model": "mock",
+        "content": content, "stop_reason": stop,
+        "usage": {"input_tokens": input, "output_tokens": output}
+    })
+}
+
+fn respond(
+    out: &mut TcpStream,
+    status: u16,
+    retry_after: Option<&str>,
+    body: &Value,
+) -> std::io::Result<()> {
+    let payload = body.to_string();
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        payload.len()
+    );
+    if let Some(r) = retry_after {
+        head.push_str(&format!("Retry-After: {r}\r\n"));
+    }
+    head.push_str("\r\n");
+    out.write_all(head.as_bytes())?;
+    out.write_all(payload.as_bytes())?;
+    out.flush()
+}

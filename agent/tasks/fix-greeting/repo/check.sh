@@ -1,0 +1,2 @@
+out=$(sh greet.sh world)
+[ "$out" = "Hello, world" ] || { echo "FAIL: got $out"; exit 1; }
