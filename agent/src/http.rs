@@ -402,11 +402,7 @@ pub fn open(base: &BaseUrl, req: &Request<'_>, timeout: Duration) -> Result<Stre
     let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.contains("chunked"));
     let length = header(&headers, "content-length").and_then(|v| v.parse::<u64>().ok());
     let body: Box<dyn BufRead + Send> = if chunked {
-        Box::new(BufReader::new(Chunked {
-            inner: reader,
-            left: 0,
-            done: false,
-        }))
+        Box::new(BufReader::new(Chunked::new(reader)))
     } else if let Some(n) = length {
         Box::new(BufReader::new(reader.take(n)))
     } else {
@@ -434,11 +430,22 @@ pub fn send(base: &BaseUrl, req: &Request<'_>, timeout: Duration) -> Result<Resp
     })
 }
 
-/// A reader of an HTTP/1.1 chunked body.
-struct Chunked<R> {
+/// A reader of an HTTP/1.1 chunked body (also the CLI's, for the supervisor's answers).
+pub struct Chunked<R> {
     inner: R,
     left: usize,
     done: bool,
+}
+
+impl<R: BufRead> Chunked<R> {
+    /// Reads the chunked body that follows the headers already read from `inner`.
+    pub fn new(inner: R) -> Chunked<R> {
+        Chunked {
+            inner,
+            left: 0,
+            done: false,
+        }
+    }
 }
 
 impl<R: BufRead> Read for Chunked<R> {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
+use taskbox_agent::http::Chunked;
 
 /// A connection target: the supervisor's Unix socket.
 pub struct Client {
@@ -141,11 +142,7 @@ impl Client {
         }
         let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.contains("chunked"));
         let mut source: Box<dyn BufRead> = if chunked {
-            Box::new(BufReader::new(Chunked {
-                inner: reader,
-                left: 0,
-                done: false,
-            }))
+            Box::new(BufReader::new(Chunked::new(reader)))
         } else {
             Box::new(reader)
         };
@@ -251,11 +248,7 @@ fn read_head(reader: &mut impl BufRead) -> Result<(u16, Headers)> {
 fn read_body(reader: &mut impl BufRead, headers: &Headers) -> Result<Vec<u8>> {
     let mut body = Vec::new();
     if header(headers, "transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-        let mut chunked = Chunked {
-            inner: reader,
-            left: 0,
-            done: false,
-        };
+        let mut chunked = Chunked::new(reader);
         chunked.read_to_end(&mut body)?;
     } else if let Some(n) = header(headers, "content-length").and_then(|v| v.parse::<usize>().ok())
     {
@@ -265,42 +258,4 @@ fn read_body(reader: &mut impl BufRead, headers: &Headers) -> Result<Vec<u8>> {
         reader.read_to_end(&mut body)?;
     }
     Ok(body)
-}
-
-/// A reader of an HTTP/1.1 chunked body.
-struct Chunked<R> {
-    inner: R,
-    left: usize,
-    done: bool,
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.done {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let mut line = String::new();
-            self.inner.read_line(&mut line)?;
-            if line.trim().is_empty() {
-                // The CRLF that ends the previous chunk.
-                line.clear();
-                self.inner.read_line(&mut line)?;
-            }
-            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-                .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
-            if size == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-            self.left = size;
-        }
-        let n = buf.len().min(self.left);
-        let got = self.inner.read(&mut buf[..n])?;
-        if got == 0 {
-            self.done = true;
-        }
-        self.left -= got;
-        Ok(got)
-    }
 }
