@@ -343,8 +343,15 @@ fn hostile_traces_get_clear_reports() {
         .to_string(),
     );
     evil.push(
-        json!({"type": "op", "seq": 4, "op": "network", "started_at_ms": 1, "duration_ms": 1,
+        json!({"type": "op", "seq": 4, "op": "teleport", "started_at_ms": 1, "duration_ms": 1,
             "request": {"allow": ["example.org"]}, "outcome": {"ok": null}})
+        .to_string(),
+    );
+    // A rule change is re-issued: this sandbox has no proxy, so it is refused as recorded.
+    evil.push(
+        json!({"type": "op", "seq": 5, "op": "network", "started_at_ms": 1, "duration_ms": 1,
+            "request": {"allow": ["example.org"]},
+            "outcome": {"error": {"code": "conflict", "message": "no proxy"}}})
         .to_string(),
     );
     let t = env.dir.path().join("evil.jsonl");
@@ -359,10 +366,11 @@ fn hostile_traces_get_clear_reports() {
     assert!(!report.to_string().contains("root:x:0:0:"), "no host file");
     assert_eq!(ops[3]["status"], "skipped");
     assert!(
-        ops[3]["reason"].as_str().unwrap().contains("\"network\""),
+        ops[3]["reason"].as_str().unwrap().contains("\"teleport\""),
         "{}",
         ops[3]
     );
+    assert_eq!(ops[4]["status"], "match", "{}", ops[4]);
 
     // Bad JSON in the middle: refused with the line number.
     let mut bad: Vec<&str> = lines.clone();

@@ -93,12 +93,18 @@ fn replay_in(
 ) -> Result<replay::ReplayReport> {
     let header = &trace.header;
     let images = crate::docker::image_resolver(state_dir)?;
+    // A sandbox recorded with network mode "proxy" replays behind the egress proxy too.
+    let egress = crate::egress_service(1)?;
     let native = NativeBackend::new(scratch.join("state"))
         .map_err(|e| anyhow!(e))?
-        .with_images(images.clone());
+        .with_images(images.clone())
+        .with_egress(egress.clone());
     let mut router = BackendRouter::new().with("native", Arc::new(native));
     if backend == "docker" {
-        let config = DockerConfig::default();
+        let config = DockerConfig {
+            egress: Some(egress),
+            ..DockerConfig::default()
+        };
         let docker_images = crate::docker::docker_image_resolver(state_dir, &config)?;
         check_image(&*docker_images, image)?;
         let docker = DockerBackend::new(&scratch.join("state"), docker_images, config)

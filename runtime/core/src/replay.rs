@@ -811,6 +811,9 @@ impl SandboxApi for Timed<'_> {
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
         self.time(|| self.inner.destroy(id))
     }
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.time(|| self.inner.set_network(id, rules))
+    }
 }
 
 fn report_of(op: &TraceOp) -> OpReport {
@@ -959,6 +962,7 @@ impl Engine<'_> {
                 req.apply = false;
                 trace::observe(&api.export(id, req), |_, _| {})
             }
+            "network" => trace::observe(&api.set_network(id, parse_request(rq)?), |_, _| {}),
             "destroy" => trace::observe(&api.destroy(id), |_, _| {}),
             "approve" | "deny" => {
                 return Err(Skip(
@@ -1054,6 +1058,7 @@ impl Engine<'_> {
             "diff" => self.compare_fields(&mut m, rec, new, &["files", "diff", "stats"]),
             "checkpoint" => self.compare_fields(&mut m, rec, new, &["name", "files"]),
             "export" => self.compare_fields(&mut m, rec, new, &["format", "patch", "changes"]),
+            "network" => self.compare_fields(&mut m, rec, new, &["allow", "deny", "hosts"]),
             _ => {}
         }
         m
