@@ -158,6 +158,14 @@ fn refused(host: &str, target: &str, err: &rustls::Error) -> HttpError {
                  if the server uses a private CA, give that CA's certificate (PEM) as the CA file"
                     .to_owned()
             }
+            CertificateError::BadSignature => {
+                unknown_issuer = true;
+                "the server's certificate does not verify against the trusted certificate \
+                 authority of its issuer's name (bad signature: another CA of the same name, \
+                 such as a regenerated one, signed it); give the certificate (PEM) of the CA \
+                 that signed it as the CA file"
+                    .to_owned()
+            }
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
                 format!(
                     "the server's certificate is not valid for the host {host:?} ({c}); use the \
