@@ -64,9 +64,15 @@ impl HttpError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
     /// Plain HTTP over TCP.
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
     /// HTTPS: TLS over TCP.
-    Tls { host: String, port: u16 },
+    Tls {
+        host: String,
+        port: u16,
+    },
     Unix(PathBuf),
 }
 
@@ -350,7 +356,12 @@ fn connect(client: &Client, until: Instant, timeout: Duration) -> Result<Deadlin
     Ok(Deadline { conn, until })
 }
 
-fn tcp_connect(host: &str, port: u16, target: &str, until: Instant) -> Result<TcpStream, HttpError> {
+fn tcp_connect(
+    host: &str,
+    port: u16,
+    target: &str,
+    until: Instant,
+) -> Result<TcpStream, HttpError> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| HttpError::Connect {
@@ -624,7 +635,10 @@ mod tests {
         std::fs::write(&ca, "").unwrap();
         // An empty CA file is refused up front, with its path.
         let e = Client::new(&format!("https://localhost:{port}"), Some(&ca)).unwrap_err();
-        assert!(matches!(e, HttpError::TlsSetup(TlsError::CaFileEmpty { .. })), "{e}");
+        assert!(
+            matches!(e, HttpError::TlsSetup(TlsError::CaFileEmpty { .. })),
+            "{e}"
+        );
         assert!(e.to_string().contains(&ca.display().to_string()), "{e}");
         std::fs::remove_file(&ca).unwrap();
         let client = match Client::new(&format!("https://localhost:{port}"), None) {
@@ -639,7 +653,11 @@ mod tests {
             .send(&Request::new("GET", "/"), Duration::from_millis(300))
             .unwrap_err();
         assert!(matches!(e, HttpError::Timeout { .. }), "{e}");
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
         drop(hold.join());
     }
 }

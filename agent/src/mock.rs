@@ -325,7 +325,8 @@ fn accept(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
     match &s.tls {
         None => serve(s, conn),
         Some(tls) => {
-            let session = ServerConnection::new(tls.config.clone()).map_err(std::io::Error::other)?;
+            let session =
+                ServerConnection::new(tls.config.clone()).map_err(std::io::Error::other)?;
             let mut stream = StreamOwned::new(session, conn);
             // A client that refuses the certificate fails the handshake here: nothing is
             // recorded, since no request arrived.

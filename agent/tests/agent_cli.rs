@@ -220,12 +220,23 @@ fn run_talks_https_with_the_ca_from_the_flag_or_the_environment() {
         return;
     };
     let ca = pki.ca.display().to_string();
+    let none: Vec<(&str, &str)> = Vec::new();
     // How the CA is given, and whether the task completes.
-    let cases: [(&str, Vec<&str>, Vec<(&str, &str)>, bool); 4] = [
-        ("--ca-file", vec!["--ca-file", &ca], vec![], true),
-        ("TASKBOX_MODEL_CA_FILE", vec![], vec![("TASKBOX_MODEL_CA_FILE", &ca)], true),
+    let cases = [
+        (
+            "--ca-file",
+            vec!["--ca-file", ca.as_str()],
+            none.clone(),
+            true,
+        ),
+        (
+            "TASKBOX_MODEL_CA_FILE",
+            vec![],
+            vec![("TASKBOX_MODEL_CA_FILE", &ca)],
+            true,
+        ),
         ("SSL_CERT_FILE", vec![], vec![("SSL_CERT_FILE", &ca)], true),
-        ("no CA", vec![], vec![], false),
+        ("no CA", vec![], none, false),
     ];
     for (how, flags, env, completes) in cases {
         let fx = Fx::new();
@@ -242,8 +253,8 @@ fn run_talks_https_with_the_ca_from_the_flag_or_the_environment() {
             .arg(&fx.task_dir);
         let out = cmd.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let report: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{how}: {e}: {stderr}"));
+        let report: Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{how}: {e}: {stderr}"));
         if completes {
             assert_eq!(out.status.code(), Some(0), "{how}: {report:#} {stderr}");
             assert_eq!(report["termination"], "completed", "{how}: {report:#}");
@@ -252,7 +263,10 @@ fn run_talks_https_with_the_ca_from_the_flag_or_the_environment() {
             assert_eq!(out.status.code(), Some(1), "{how}: {report:#} {stderr}");
             assert_eq!(report["termination"], "unrecoverable_error", "{report:#}");
             let detail = report["detail"].as_str().unwrap();
-            assert!(detail.contains("not signed by a certificate authority"), "{detail}");
+            assert!(
+                detail.contains("not signed by a certificate authority"),
+                "{detail}"
+            );
             assert!(detail.contains("--ca-file"), "{detail}");
             assert!(mock.received().is_empty(), "refused before any request");
         }

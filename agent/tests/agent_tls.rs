@@ -39,7 +39,11 @@ fn the_loop_fixes_the_repository_over_https_with_both_protocols() {
     for provider in [Provider::Openai, Provider::Anthropic] {
         let fx = Fx::new();
         let mock = MockServer::start_tls(provider, fixing_steps(), pki.server()).unwrap();
-        assert!(mock.base_url().starts_with("https://localhost:"), "{}", mock.base_url());
+        assert!(
+            mock.base_url().starts_with("https://localhost:"),
+            "{}",
+            mock.base_url()
+        );
         let model = trusting(&mock, provider, &pki).build().unwrap();
         let report =
             taskbox_agent::start(fx.api.clone(), model, fx.spec(fx.contract()), fx.options())
@@ -77,8 +81,7 @@ fn over_https_5xx_is_retried_and_chunked_answers_are_read() {
     for provider in [Provider::Openai, Provider::Anthropic] {
         let steps = vec![
             Step::status(503, Some("0")),
-            Step::cut("partial answer, long enough to span several chunks of the body")
-                .chunked(),
+            Step::cut("partial answer, long enough to span several chunks of the body").chunked(),
         ];
         let mock = MockServer::start_tls(provider, steps, pki.server()).unwrap();
         let r = trusting(&mock, provider, &pki)
@@ -86,7 +89,10 @@ fn over_https_5xx_is_retried_and_chunked_answers_are_read() {
             .unwrap()
             .complete(&request())
             .unwrap();
-        assert_eq!(r.attempts, 2, "{provider:?}: a new connection and handshake");
+        assert_eq!(
+            r.attempts, 2,
+            "{provider:?}: a new connection and handshake"
+        );
         assert_eq!(r.finish, Finish::Length, "{provider:?}");
         assert_eq!(
             r.text,
@@ -118,7 +124,11 @@ fn an_https_answer_is_bounded_by_the_timeout() {
         ),
         "{e}"
     );
-    assert!(started.elapsed() < Duration::from_millis(2500), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -127,7 +137,8 @@ fn an_untrusted_certificate_is_refused_and_the_message_says_what_to_do() {
         return;
     };
     for provider in [Provider::Openai, Provider::Anthropic] {
-        let mock = MockServer::start_tls(provider, vec![Step::text("never")], pki.server()).unwrap();
+        let mock =
+            MockServer::start_tls(provider, vec![Step::text("never")], pki.server()).unwrap();
         // The system's roots only, then another CA's file: neither signed the server's
         // certificate.
         for ca_file in [None, Some(other.ca.clone())] {
@@ -187,8 +198,7 @@ fn a_certificate_from_another_ca_of_the_same_name_is_refused() {
 
 #[test]
 fn a_certificate_for_another_host_is_refused() {
-    let (Some(localhost), Some(elsewhere)) =
-        (Pki::new(&["localhost"]), Pki::new(&["model.test"]))
+    let (Some(localhost), Some(elsewhere)) = (Pki::new(&["localhost"]), Pki::new(&["model.test"]))
     else {
         return;
     };
@@ -208,9 +218,15 @@ fn a_certificate_for_another_host_is_refused() {
         ),
         "{msg}"
     );
-    assert!(msg.contains("not valid for the host \"127.0.0.1\""), "{msg}");
+    assert!(
+        msg.contains("not valid for the host \"127.0.0.1\""),
+        "{msg}"
+    );
     assert!(msg.contains("localhost"), "the names it holds: {msg}");
-    assert!(!msg.contains("--ca-file"), "a CA file would not help: {msg}");
+    assert!(
+        !msg.contains("--ca-file"),
+        "a CA file would not help: {msg}"
+    );
     assert!(mock.received().is_empty());
 
     // A certificate made for model.test, reached as localhost.
@@ -220,9 +236,15 @@ fn a_certificate_for_another_host_is_refused() {
         .send(&Request::new("GET", "/v1/models"), Duration::from_secs(10))
         .unwrap_err();
     assert!(matches!(e, HttpError::Tls { .. }), "{e}");
-    assert!(!e.is_transient(), "a refused certificate is not retried: {e}");
+    assert!(
+        !e.is_transient(),
+        "a refused certificate is not retried: {e}"
+    );
     let msg = e.to_string();
-    assert!(msg.contains("\"localhost\"") && msg.contains("model.test"), "{msg}");
+    assert!(
+        msg.contains("\"localhost\"") && msg.contains("model.test"),
+        "{msg}"
+    );
     assert!(mock.received().is_empty());
 }
 

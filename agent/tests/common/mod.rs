@@ -148,12 +148,20 @@ impl Pki {
             .arg("version")
             .output()
             .is_ok_and(|o| o.status.success());
-        if !taskbox_tests::require(have, "the openssl command is not installed (apt-get install openssl)") {
+        if !taskbox_tests::require(
+            have,
+            "the openssl command is not installed (apt-get install openssl)",
+        ) {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let p = |name: &str| dir.path().join(name);
-        let unique = dir.path().file_name().unwrap().to_string_lossy().into_owned();
+        let unique = dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let ca_subject = format!(
             "/CN={}",
             ca_name.map_or_else(|| format!("taskbox test CA {unique}"), str::to_owned)
@@ -170,7 +178,13 @@ impl Pki {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
         openssl(
             &[
                 &["req", "-x509"][..],
@@ -202,8 +216,21 @@ impl Pki {
         )
         .unwrap();
         openssl(&[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
         ]);
         Some(Pki {
             ca: p("ca.pem"),
