@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use taskbox_agent::Termination;
 use taskbox_agent::http::{Client, HttpError, Request};
-use taskbox_agent::mock::{MockServer, Step};
+use taskbox_agent::mock::{MockServer, MockTls, Step};
 use taskbox_agent::model::{Finish, Message, ModelConfig, ModelError, ModelRequest, Provider};
 
 fn request() -> ModelRequest {
@@ -246,6 +246,68 @@ fn a_certificate_for_another_host_is_refused() {
         "{msg}"
     );
     assert!(mock.received().is_empty());
+}
+
+#[test]
+fn a_server_presenting_a_ca_certificate_is_refused_with_how_to_make_one() {
+    let Some(pki) = Pki::new(&["localhost"]) else {
+        return;
+    };
+    // The CA's own certificate (CA:TRUE, self-signed) as the server's, the CA trusted.
+    let tls = MockTls::from_pem_files(&pki.ca, &pki.ca_key).unwrap();
+    let mock = MockServer::start_tls(Provider::Openai, vec![Step::text("never")], tls).unwrap();
+    let e = trusting(&mock, Provider::Openai, &pki)
+        .build()
+        .unwrap()
+        .complete(&request())
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, ModelError::Tls(_)), "{msg}");
+    assert!(msg.contains("CA:FALSE"), "{msg}");
+    assert!(mock.received().is_empty());
+}
+
+#[test]
+fn a_self_signed_server_certificate_is_its_own_ca_file() {
+    let Some(pki) = Pki::new(&["localhost"]) else {
+        return;
+    };
+    // A self-signed leaf (CA:FALSE, the host in subjectAltName), as private servers often have.
+    let dir = pki.dir.path();
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args([
+            "-nodes", "-keyout", "self.key", "-out", "self.pem", "-days", "2",
+        ])
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tls = MockTls::from_pem_files(&dir.join("self.pem"), &dir.join("self.key")).unwrap();
+    let mock = MockServer::start_tls(Provider::Openai, vec![Step::text("hello")], tls).unwrap();
+    let mut cfg = model_config(&mock, Provider::Openai);
+    cfg.ca_file = Some(dir.join("self.pem"));
+    let r = cfg.build().unwrap().complete(&request()).unwrap();
+    assert_eq!(r.text, "hello");
+    assert_eq!(mock.received().len(), 1);
 }
 
 #[test]

@@ -179,6 +179,17 @@ fn refused(host: &str, target: &str, err: &rustls::Error) -> HttpError {
                 "the server's certificate is outside its validity period ({c}); check this \
                  machine's clock, or have the server's certificate renewed"
             ),
+            // webpki's reason comes wrapped in `Other`; its name is the stable part.
+            CertificateError::Other(inner)
+                if format!("{inner:?}").contains("CaUsedAsEndEntity") =>
+            {
+                "the server presents a CA certificate (basicConstraints CA:TRUE) as its own, \
+                 as a self-signed certificate made with `openssl req -x509` defaults is; give \
+                 the server a certificate with CA:FALSE and the host in subjectAltName (signed \
+                 by a CA whose certificate is the CA file, or self-signed and itself the CA \
+                 file)"
+                    .to_owned()
+            }
             other => format!("the server's certificate is refused: {other}"),
         },
         rustls::Error::AlertReceived(alert) => {

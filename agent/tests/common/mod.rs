@@ -128,6 +128,8 @@ pub struct Pki {
     pub dir: tempfile::TempDir,
     /// The CA's certificate (PEM): what a client is given to trust the server.
     pub ca: PathBuf,
+    /// The CA's private key (PEM).
+    pub ca_key: PathBuf,
     /// The server's certificate (PEM).
     pub cert: PathBuf,
     /// The server's private key (PEM).
@@ -234,6 +236,7 @@ impl Pki {
         ]);
         Some(Pki {
             ca: p("ca.pem"),
+            ca_key: p("ca.key"),
             cert: p("server.pem"),
             key: p("server.key"),
             dir,
