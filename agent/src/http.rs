@@ -164,7 +164,7 @@ impl BaseUrl {
 /// session cache), built once.
 #[derive(Debug, Clone)]
 pub struct Client {
-    pub base: BaseUrl,
+    base: BaseUrl,
     tls: Option<Tls>,
 }
 
@@ -178,6 +178,11 @@ impl Client {
             _ => None,
         };
         Ok(Client { base, tls })
+    }
+
+    /// Where requests go.
+    pub fn base(&self) -> &BaseUrl {
+        &self.base
     }
 
     /// Sends `req` and returns once the response head has arrived.
