@@ -9,7 +9,7 @@ export CARGO_TERM_COLOR=never
 # System packages the suites use: python3 (escape probes), util-linux (unshare, mount), the
 # Docker Engine (the docker backend), mmdebstrap (Debian-based images), busybox-static (the
 # busybox image and test root filesystems) and chromium (the trace report's browser test, whose
-# screenshot lands in target/artifacts/).
+# screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA).
 missing=()
 [ -x /usr/bin/python3 ] || missing+=(python3)
 command -v unshare >/dev/null || missing+=(util-linux)
@@ -20,6 +20,7 @@ command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ! ldd /bin/busybox >/dev/null 2>&1 \
   || missing+=(busybox-static)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

@@ -21,6 +21,7 @@
 //! provider = "openai"
 //! base_url = "http://127.0.0.1:8000/v1"
 //! model = "qwen2.5-coder"
+//! # ca_file = "private-ca.pem"            # an https server signed by a private CA
 //! ```
 
 use std::path::Path;

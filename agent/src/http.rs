@@ -1,16 +1,23 @@
-//! A small synchronous HTTP/1.1 client over TCP or a Unix socket.
+//! A small synchronous HTTP/1.1 client over TCP, TLS or a Unix socket.
 //!
 //! The agent loop is synchronous (so is [`taskbox_core::api::SandboxApi`]), and both of its
-//! network peers speak plain HTTP/1.1 with JSON bodies: model servers (OpenAI-compatible or
-//! Anthropic Messages) and `taskbox serve`. One request per connection (`Connection: close`),
-//! `Content-Length` or chunked bodies, and a deadline over the whole exchange. TLS is not built
-//! in: an `https` base URL is refused with an error that says so.
+//! network peers speak HTTP/1.1 with JSON bodies: model servers (OpenAI-compatible or Anthropic
+//! Messages, local or hosted) and `taskbox serve`. One request per connection
+//! (`Connection: close`), `Content-Length` or chunked bodies, and a deadline over the whole
+//! exchange, TLS handshake included. `https` URLs go through [`tls`] (rustls; the server's
+//! certificate is verified against the trusted roots and the host name checked).
+
+pub mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use rustls::{ClientConnection, StreamOwned};
+
+pub use tls::{Tls, TlsError};
 
 /// Errors of one HTTP exchange.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +37,17 @@ pub enum HttpError {
     /// the peer did not speak HTTP/1.1
     #[error("malformed HTTP answer from {target}: {why}")]
     Malformed { target: String, why: String },
+    /// the TLS handshake failed: most often the server's certificate was refused
+    #[error("TLS handshake with {target} failed: {why}")]
+    Tls {
+        target: String,
+        why: String,
+        /// The certificate does not chain to a trusted root (a CA file may fix that).
+        unknown_issuer: bool,
+    },
+    /// TLS cannot be set up (CA file, trusted roots)
+    #[error(transparent)]
+    TlsSetup(#[from] TlsError),
 }
 
 impl HttpError {
@@ -45,16 +63,35 @@ impl HttpError {
 /// Where requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
-    Tcp { host: String, port: u16 },
+    /// Plain HTTP over TCP.
+    Tcp {
+        host: String,
+        port: u16,
+    },
+    /// HTTPS: TLS over TCP.
+    Tls {
+        host: String,
+        port: u16,
+    },
     Unix(PathBuf),
 }
 
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Endpoint::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Endpoint::Tcp { host, port } => write!(f, "{}:{port}", bracketed(host)),
+            Endpoint::Tls { host, port } => write!(f, "https://{}:{port}", bracketed(host)),
             Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
         }
+    }
+}
+
+/// An IPv6 address in brackets, as URLs and `Host` headers write it.
+fn bracketed(host: &str) -> std::borrow::Cow<'_, str> {
+    if host.contains(':') {
+        format!("[{host}]").into()
+    } else {
+        host.into()
     }
 }
 
@@ -67,7 +104,8 @@ pub struct BaseUrl {
 }
 
 impl BaseUrl {
-    /// Parses `http://HOST[:PORT][/PREFIX]` or `unix:/PATH/TO.sock`.
+    /// Parses `http://HOST[:PORT][/PREFIX]`, `https://HOST[:PORT][/PREFIX]` or
+    /// `unix:/PATH/TO.sock`.
     pub fn parse(url: &str) -> Result<BaseUrl, HttpError> {
         let bad = |why: &str| HttpError::Url {
             url: url.to_owned(),
@@ -82,15 +120,15 @@ impl BaseUrl {
                 prefix: String::new(),
             });
         }
-        if url.starts_with("https://") {
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (false, rest)
+        } else {
             return Err(bad(
-                "https is not supported by the built-in client (plain http only); put a \
-                 TLS-terminating proxy on localhost in front of the server and give its http URL",
+                "expected http://HOST[:PORT][/PATH], https://HOST[:PORT][/PATH] or unix:/PATH",
             ));
-        }
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| bad("expected http://HOST[:PORT][/PATH] or unix:/PATH"))?;
+        };
         let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
@@ -105,17 +143,63 @@ impl BaseUrl {
                     .map_err(|_| bad("the port is not a number"))?;
                 (h.trim_start_matches('[').trim_end_matches(']'), port)
             }
-            _ => (authority, 80),
+            _ => (authority, if tls { 443 } else { 80 }),
         };
         if host.is_empty() {
             return Err(bad("the host is missing"));
         }
+        let host = host.to_owned();
         Ok(BaseUrl {
-            endpoint: Endpoint::Tcp {
-                host: host.to_owned(),
-                port,
+            endpoint: if tls {
+                Endpoint::Tls { host, port }
+            } else {
+                Endpoint::Tcp { host, port }
             },
             prefix: prefix.to_owned(),
+        })
+    }
+}
+
+/// A base URL ready for requests: for `https`, with its TLS configuration (trusted roots and
+/// session cache), built once.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: BaseUrl,
+    tls: Option<Tls>,
+}
+
+impl Client {
+    /// A client of `url` (see [`BaseUrl::parse`]). An `https` URL trusts the system's roots
+    /// and, when given, the certificates of `ca_file` (PEM); other URLs ignore `ca_file`.
+    pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Client, HttpError> {
+        let base = BaseUrl::parse(url)?;
+        let tls = match base.endpoint {
+            Endpoint::Tls { .. } => Some(Tls::new(ca_file)?),
+            _ => None,
+        };
+        Ok(Client { base, tls })
+    }
+
+    /// Where requests go.
+    pub fn base(&self) -> &BaseUrl {
+        &self.base
+    }
+
+    /// Sends `req` and returns once the response head has arrived.
+    pub fn open(&self, req: &Request<'_>, timeout: Duration) -> Result<Streaming, HttpError> {
+        open(self, req, timeout)
+    }
+
+    /// Sends `req` and reads the whole response.
+    pub fn send(&self, req: &Request<'_>, timeout: Duration) -> Result<Response, HttpError> {
+        let s = self.open(req, timeout)?;
+        let status = s.status;
+        let headers = s.headers.clone();
+        let body = s.read_all()?;
+        Ok(Response {
+            status,
+            headers,
+            body,
         })
     }
 }
@@ -144,6 +228,7 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 enum Conn {
     Tcp(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
     Unix(UnixStream),
 }
 
@@ -154,6 +239,10 @@ impl Conn {
             Conn::Tcp(s) => {
                 s.set_read_timeout(t)?;
                 s.set_write_timeout(t)
+            }
+            Conn::Tls(s) => {
+                s.sock.set_read_timeout(t)?;
+                s.sock.set_write_timeout(t)
             }
             Conn::Unix(s) => {
                 s.set_read_timeout(t)?;
@@ -167,6 +256,7 @@ impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Conn::Tcp(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
             Conn::Unix(s) => s.read(buf),
         }
     }
@@ -176,12 +266,14 @@ impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Conn::Tcp(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
             Conn::Unix(s) => s.write(buf),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Conn::Tcp(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
             Conn::Unix(s) => s.flush(),
         }
     }
@@ -193,19 +285,26 @@ struct Deadline {
     until: Instant,
 }
 
-impl Read for Deadline {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+impl Deadline {
+    fn arm(&self) -> std::io::Result<()> {
         let left = self.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(std::io::ErrorKind::TimedOut.into());
         }
-        self.conn.set_timeouts(left)?;
+        self.conn.set_timeouts(left)
+    }
+}
+
+impl Read for Deadline {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.arm()?;
         self.conn.read(buf)
     }
 }
 
 impl Write for Deadline {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.arm()?;
         self.conn.write(buf)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -236,9 +335,9 @@ impl<'a> Request<'a> {
     }
 }
 
-fn connect(endpoint: &Endpoint, until: Instant) -> Result<Deadline, HttpError> {
+fn connect(client: &Client, until: Instant, timeout: Duration) -> Result<Deadline, HttpError> {
+    let endpoint = &client.base.endpoint;
     let target = endpoint.to_string();
-    let timeout = until.saturating_duration_since(Instant::now());
     let conn = match endpoint {
         Endpoint::Unix(path) => {
             UnixStream::connect(path)
@@ -248,33 +347,47 @@ fn connect(endpoint: &Endpoint, until: Instant) -> Result<Deadline, HttpError> {
                     why: e.to_string(),
                 })?
         }
-        Endpoint::Tcp { host, port } => {
-            let addrs =
-                (host.as_str(), *port)
-                    .to_socket_addrs()
-                    .map_err(|e| HttpError::Connect {
-                        target: target.clone(),
-                        why: format!("cannot resolve the host: {e}"),
-                    })?;
-            let mut last = String::from("the host has no address");
-            let mut found = None;
-            for addr in addrs {
-                match TcpStream::connect_timeout(&addr, timeout.max(Duration::from_millis(1))) {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        found = Some(s);
-                        break;
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Conn::Tcp(found.ok_or(HttpError::Connect {
-                target: target.clone(),
-                why: last,
-            })?)
+        Endpoint::Tcp { host, port } => Conn::Tcp(tcp_connect(host, *port, &target, until)?),
+        Endpoint::Tls { host, port } => {
+            let tcp = tcp_connect(host, *port, &target, until)?;
+            // A client is built with its TLS configuration for every https endpoint.
+            let tls = client.tls.as_ref().ok_or_else(|| HttpError::Url {
+                url: target.clone(),
+                why: "https needs a TLS configuration (use Client::new)".into(),
+            })?;
+            Conn::Tls(Box::new(tls.handshake(host, tcp, &target, until, timeout)?))
         }
     };
     Ok(Deadline { conn, until })
+}
+
+fn tcp_connect(
+    host: &str,
+    port: u16,
+    target: &str,
+    until: Instant,
+) -> Result<TcpStream, HttpError> {
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| HttpError::Connect {
+            target: target.to_owned(),
+            why: format!("cannot resolve the host: {e}"),
+        })?;
+    let mut last = String::from("the host has no address");
+    for addr in addrs {
+        let left = until.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(HttpError::Connect {
+        target: target.to_owned(),
+        why: last,
+    })
 }
 
 fn io_err(target: &str, timeout: Duration, e: std::io::Error) -> HttpError {
@@ -331,13 +444,15 @@ impl Streaming {
     }
 }
 
-/// Sends `req` and returns once the response head has arrived.
-pub fn open(base: &BaseUrl, req: &Request<'_>, timeout: Duration) -> Result<Streaming, HttpError> {
+fn open(client: &Client, req: &Request<'_>, timeout: Duration) -> Result<Streaming, HttpError> {
+    let base = &client.base;
     let until = Instant::now() + timeout;
     let target = base.endpoint.to_string();
-    let mut conn = connect(&base.endpoint, until)?;
+    let mut conn = connect(client, until, timeout)?;
     let host = match &base.endpoint {
-        Endpoint::Tcp { host, port } => format!("{host}:{port}"),
+        Endpoint::Tcp { host, port } => format!("{}:{port}", bracketed(host)),
+        Endpoint::Tls { host, port: 443 } => bracketed(host).into_owned(),
+        Endpoint::Tls { host, port } => format!("{}:{port}", bracketed(host)),
         Endpoint::Unix(_) => "taskbox".to_owned(),
     };
     let mut head = format!(
@@ -417,19 +532,6 @@ pub fn open(base: &BaseUrl, req: &Request<'_>, timeout: Duration) -> Result<Stre
     })
 }
 
-/// Sends `req` and reads the whole response.
-pub fn send(base: &BaseUrl, req: &Request<'_>, timeout: Duration) -> Result<Response, HttpError> {
-    let s = open(base, req, timeout)?;
-    let status = s.status;
-    let headers = s.headers.clone();
-    let body = s.read_all()?;
-    Ok(Response {
-        status,
-        headers,
-        body,
-    })
-}
-
 /// A reader of an HTTP/1.1 chunked body (also the CLI's, for the supervisor's answers).
 pub struct Chunked<R> {
     inner: R,
@@ -499,9 +601,19 @@ mod tests {
         assert!(matches!(b.endpoint, Endpoint::Tcp { port: 80, .. }));
         let b = BaseUrl::parse("unix:/run/x.sock").unwrap();
         assert_eq!(b.endpoint, Endpoint::Unix("/run/x.sock".into()));
-        let e = BaseUrl::parse("https://example.com").unwrap_err();
-        assert!(e.to_string().contains("https is not supported"), "{e}");
-        assert!(BaseUrl::parse("ftp://x").is_err());
+        let b = BaseUrl::parse("https://api.example.com/v1").unwrap();
+        assert_eq!(
+            b.endpoint,
+            Endpoint::Tls {
+                host: "api.example.com".into(),
+                port: 443
+            }
+        );
+        assert_eq!(b.prefix, "/v1");
+        let b = BaseUrl::parse("https://[::1]:8443").unwrap();
+        assert_eq!(b.endpoint.to_string(), "https://[::1]:8443");
+        let e = BaseUrl::parse("ftp://x").unwrap_err();
+        assert!(e.to_string().contains("https://HOST"), "{e}");
         assert!(BaseUrl::parse("http://:80").is_err());
         assert!(BaseUrl::parse("http://h:port").is_err());
     }
@@ -511,8 +623,46 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         drop(l);
-        let base = BaseUrl::parse(&format!("http://127.0.0.1:{port}")).unwrap();
-        let e = send(&base, &Request::new("GET", "/"), Duration::from_secs(2)).unwrap_err();
+        let client = Client::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
+        let e = client
+            .send(&Request::new("GET", "/"), Duration::from_secs(2))
+            .unwrap_err();
         assert!(e.is_transient(), "{e}");
+    }
+
+    #[test]
+    fn a_tls_handshake_is_bounded_by_the_deadline() {
+        // A server that accepts and never answers the client hello.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let hold = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+        let ca = std::env::temp_dir().join(format!("taskbox-no-ca-{}.pem", std::process::id()));
+        std::fs::write(&ca, "").unwrap();
+        // An empty CA file is refused up front, with its path.
+        let e = Client::new(&format!("https://localhost:{port}"), Some(&ca)).unwrap_err();
+        assert!(
+            matches!(e, HttpError::TlsSetup(TlsError::CaFileEmpty { .. })),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&ca.display().to_string()), "{e}");
+        std::fs::remove_file(&ca).unwrap();
+        let client = match Client::new(&format!("https://localhost:{port}"), None) {
+            Ok(c) => c,
+            Err(e) => {
+                taskbox_tests::require(false, &format!("no system root certificates: {e}"));
+                return;
+            }
+        };
+        let started = Instant::now();
+        let e = client
+            .send(&Request::new("GET", "/"), Duration::from_millis(300))
+            .unwrap_err();
+        assert!(matches!(e, HttpError::Timeout { .. }), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(hold.join());
     }
 }

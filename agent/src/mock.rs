@@ -1,6 +1,7 @@
 //! Scripted model servers for tests and offline evaluation: they speak the real OpenAI
-//! chat-completions or Anthropic Messages protocol over real HTTP on a local TCP socket, answer
-//! each request with the next [`Step`] of a script, and record every request they receive.
+//! chat-completions or Anthropic Messages protocol over real HTTP (or HTTPS, with a certificate
+//! the caller brings: [`MockTls`]) on a local TCP socket, answer each request with the next
+//! [`Step`] of a script, and record every request they receive.
 //!
 //! Several scripts can share one server: each has a key, and a request goes to the first script
 //! whose key occurs in the request body (e.g. a word of the task's goal), so parallel tasks each
@@ -8,10 +9,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ServerConfig, ServerConnection, StreamOwned};
 use serde_json::{Value, json};
 
 use crate::model::Provider;
@@ -33,6 +38,8 @@ pub enum Step {
     },
     /// Waits before answering with the inner step.
     Delay(Duration, Box<Step>),
+    /// Sends the inner step's answer with chunked transfer encoding, in small chunks.
+    Chunked(Box<Step>),
 }
 
 impl Step {
@@ -104,6 +111,47 @@ impl Step {
     pub fn delayed(self, d: Duration) -> Step {
         Step::Delay(d, Box::new(self))
     }
+
+    /// Answers with a chunked body.
+    pub fn chunked(self) -> Step {
+        Step::Chunked(Box::new(self))
+    }
+}
+
+/// The certificate a mock server presents over HTTPS.
+#[derive(Clone)]
+pub struct MockTls {
+    config: Arc<ServerConfig>,
+}
+
+impl std::fmt::Debug for MockTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockTls").finish_non_exhaustive()
+    }
+}
+
+impl MockTls {
+    /// The server's certificate chain (PEM, leaf first) and its private key (PEM).
+    pub fn from_pem_files(chain: &Path, key: &Path) -> std::io::Result<MockTls> {
+        let bad = |what: &Path, e: &dyn std::fmt::Display| {
+            std::io::Error::other(format!("{}: {e}", what.display()))
+        };
+        let certs = CertificateDer::pem_file_iter(chain)
+            .map_err(|e| bad(chain, &e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(chain, &e))?;
+        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(std::io::Error::other)?;
+        Ok(MockTls {
+            config: Arc::new(config),
+        })
+    }
 }
 
 /// A request the server received.
@@ -134,6 +182,7 @@ struct Script {
 
 struct Shared {
     provider: Provider,
+    tls: Option<MockTls>,
     scripts: Mutex<Vec<Script>>,
     received: Mutex<Vec<Received>>,
     stop: AtomicBool,
@@ -169,10 +218,28 @@ impl MockServer {
         provider: Provider,
         scripts: Vec<(String, Vec<Step>)>,
     ) -> std::io::Result<MockServer> {
+        MockServer::serve(provider, scripts, None)
+    }
+
+    /// A server with one script that speaks HTTPS with the certificate of `tls`.
+    pub fn start_tls(
+        provider: Provider,
+        steps: Vec<Step>,
+        tls: MockTls,
+    ) -> std::io::Result<MockServer> {
+        MockServer::serve(provider, vec![(String::new(), steps)], Some(tls))
+    }
+
+    fn serve(
+        provider: Provider,
+        scripts: Vec<(String, Vec<Step>)>,
+        tls: Option<MockTls>,
+    ) -> std::io::Result<MockServer> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             provider,
+            tls,
             scripts: Mutex::new(
                 scripts
                     .into_iter()
@@ -195,7 +262,7 @@ impl MockServer {
                 let Ok(conn) = conn else { continue };
                 let s = s.clone();
                 std::thread::spawn(move || {
-                    let _ = serve(&s, conn);
+                    let _ = accept(&s, conn);
                 });
             }
         });
@@ -207,11 +274,28 @@ impl MockServer {
     }
 
     /// The base URL to configure: `http://127.0.0.1:PORT/v1` for OpenAI (whose paths are
-    /// `/chat/completions` below it), `http://127.0.0.1:PORT` for Anthropic.
+    /// `/chat/completions` below it), `http://127.0.0.1:PORT` for Anthropic. Over HTTPS the
+    /// host is `localhost` (`https://localhost:PORT/v1`), the name a test certificate is
+    /// usually made for.
     pub fn base_url(&self) -> String {
+        let host = match self.shared.tls {
+            Some(_) => "localhost",
+            None => "127.0.0.1",
+        };
+        self.base_url_for(host)
+    }
+
+    /// The base URL with another host name for this server's address (which must resolve to
+    /// 127.0.0.1).
+    pub fn base_url_for(&self, host: &str) -> String {
+        let scheme = match self.shared.tls {
+            Some(_) => "https",
+            None => "http",
+        };
+        let port = self.addr.port();
         match self.shared.provider {
-            Provider::Openai => format!("http://{}/v1", self.addr),
-            Provider::Anthropic => format!("http://{}", self.addr),
+            Provider::Openai => format!("{scheme}://{host}:{port}/v1"),
+            Provider::Anthropic => format!("{scheme}://{host}:{port}"),
         }
     }
 
@@ -236,9 +320,25 @@ impl Drop for MockServer {
     }
 }
 
-fn serve(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
+fn accept(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
+    match &s.tls {
+        None => serve(s, conn),
+        Some(tls) => {
+            let session =
+                ServerConnection::new(tls.config.clone()).map_err(std::io::Error::other)?;
+            let mut stream = StreamOwned::new(session, conn);
+            // A client that refuses the certificate fails the handshake here: nothing is
+            // recorded, since no request arrived.
+            serve(s, &mut stream)?;
+            stream.conn.send_close_notify();
+            stream.flush()
+        }
+    }
+}
+
+fn serve<S: Read + Write>(s: &Shared, conn: S) -> std::io::Result<()> {
+    let mut reader = BufReader::new(conn);
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let mut parts = line.split_whitespace();
@@ -264,14 +364,14 @@ fn serve(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
     }
     let mut raw = vec![0u8; length];
     reader.read_exact(&mut raw)?;
-    let mut out = conn;
+    let out = reader.get_mut();
     let expected = match s.provider {
         Provider::Openai => "/v1/chat/completions",
         Provider::Anthropic => "/v1/messages",
     };
     if method != "POST" || path != expected {
         return respond(
-            &mut out,
+            out,
             404,
             None,
             &json!({"error": {"message": "no such route"}}),
@@ -279,7 +379,7 @@ fn serve(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
     }
     let Ok(body) = serde_json::from_slice::<Value>(&raw) else {
         return respond(
-            &mut out,
+            out,
             400,
             None,
             &json!({"error": {"message": "body is not JSON"}}),
@@ -313,22 +413,39 @@ fn serve(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
     });
     let Some(mut step) = step else {
         return respond(
-            &mut out,
+            out,
             400,
             None,
             &json!({"error": {"message": "mock script exhausted"}}),
         );
     };
-    while let Step::Delay(d, inner) = step {
-        std::thread::sleep(d);
-        step = *inner;
+    let mut chunked = false;
+    loop {
+        match step {
+            Step::Delay(d, inner) => {
+                std::thread::sleep(d);
+                step = *inner;
+            }
+            Step::Chunked(inner) => {
+                chunked = true;
+                step = *inner;
+            }
+            _ => break,
+        }
     }
+    let respond = |out: &mut S, status, retry_after: Option<&str>, body: &Value| {
+        if chunked {
+            respond_chunked(out, status, body)
+        } else {
+            respond(out, status, retry_after, body)
+        }
+    };
     match step {
         Step::Status {
             status,
             retry_after,
         } => respond(
-            &mut out,
+            out,
             status,
             retry_after.as_deref(),
             &json!({"error": {"message": format!("scripted status {status}")}}),
@@ -345,9 +462,9 @@ fn serve(s: &Shared, conn: TcpStream) -> std::io::Result<()> {
                 Provider::Openai => openai_answer(&text, &calls, cut, input, output, seq),
                 Provider::Anthropic => anthropic_answer(&text, &calls, cut, input, output, seq),
             };
-            respond(&mut out, 200, None, &answer)
+            respond(out, 200, None, &answer)
         }
-        Step::Delay(..) => Ok(()),
+        Step::Delay(..) | Step::Chunked(..) => Ok(()),
     }
 }
 
@@ -421,21 +538,45 @@ fn anthropic_answer(
     })
 }
 
-fn respond(
-    out: &mut TcpStream,
-    status: u16,
-    retry_after: Option<&str>,
-    body: &Value,
-) -> std::io::Result<()> {
-    let payload = body.to_string();
-    let reason = match status {
+fn reason(status: u16) -> &'static str {
+    match status {
         200 => "OK",
         404 => "Not Found",
         429 => "Too Many Requests",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Status",
-    };
+    }
+}
+
+/// The answer in chunks of at most 64 bytes, each flushed on its own (so each is its own TLS
+/// record over HTTPS).
+fn respond_chunked(out: &mut impl Write, status: u16, body: &Value) -> std::io::Result<()> {
+    let payload = body.to_string();
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        reason(status)
+    );
+    out.write_all(head.as_bytes())?;
+    out.flush()?;
+    for chunk in payload.as_bytes().chunks(64) {
+        out.write_all(format!("{:x};piece\r\n", chunk.len()).as_bytes())?;
+        out.write_all(chunk)?;
+        out.write_all(b"\r\n")?;
+        out.flush()?;
+    }
+    out.write_all(b"0\r\n\r\n")?;
+    out.flush()
+}
+
+fn respond(
+    out: &mut impl Write,
+    status: u16,
+    retry_after: Option<&str>,
+    body: &Value,
+) -> std::io::Result<()> {
+    let payload = body.to_string();
+    let reason = reason(status);
     let mut head = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
         payload.len()

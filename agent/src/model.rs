@@ -11,12 +11,13 @@
 pub mod anthropic;
 pub mod openai;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::http::{self, BaseUrl, HttpError};
+use crate::http::{self, HttpError};
 
 /// Who said a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +165,9 @@ pub enum ModelError {
         attempts: u32,
         body: String,
     },
+    /// the TLS handshake with the model server failed (its certificate was refused)
+    #[error("{}", tls_message(.0))]
+    Tls(HttpError),
     /// the answer is not the protocol's JSON
     #[error("malformed model answer: {0}")]
     Malformed(String),
@@ -176,6 +180,20 @@ pub enum ModelError {
     /// the task's time budget ran out before the model answered
     #[error("the time budget ran out during the model call")]
     Deadline,
+}
+
+/// A refused certificate, with where the model client takes a CA file when that would help.
+fn tls_message(e: &HttpError) -> String {
+    match e {
+        HttpError::Tls {
+            unknown_issuer: true,
+            ..
+        } => format!(
+            "cannot verify the model server: {e}; the model client's CA file is given with \
+             --ca-file, ca_file in the [model] table, or TASKBOX_MODEL_CA_FILE"
+        ),
+        _ => format!("cannot verify the model server: {e}"),
+    }
 }
 
 /// A model: given the conversation and the tools, the next answer.
@@ -219,10 +237,15 @@ impl std::str::FromStr for Provider {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub provider: Provider,
-    /// `http://HOST:PORT/PREFIX` (for OpenAI-compatible servers, the prefix before
-    /// `/chat/completions`, usually `/v1`), or `unix:/PATH`.
+    /// `http://HOST:PORT/PREFIX` or `https://HOST[:PORT]/PREFIX` (for OpenAI-compatible
+    /// servers, the prefix before `/chat/completions`, usually `/v1`), or `unix:/PATH`.
     pub base_url: String,
     pub model: String,
+    /// A PEM file of CA certificates trusted for an `https` base URL, in addition to the
+    /// system's roots (for a private endpoint). A relative path is taken from the current
+    /// directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// Sent as a bearer token (OpenAI) or `x-api-key` (Anthropic). Never written to traces.
     #[serde(default, skip_serializing)]
     pub api_key: Option<String>,
@@ -271,6 +294,7 @@ impl ModelConfig {
             provider,
             base_url: base_url.to_owned(),
             model: model.to_owned(),
+            ca_file: None,
             api_key: None,
             timeout_secs: default_timeout_secs(),
             max_retries: default_retries(),
@@ -284,8 +308,8 @@ impl ModelConfig {
 
     /// Fills what is missing from the environment: `TASKBOX_MODEL_PROVIDER` (default openai),
     /// `TASKBOX_MODEL_BASE_URL`, `TASKBOX_MODEL`, `TASKBOX_MODEL_API_KEY` (else `OPENAI_API_KEY`
-    /// or `ANTHROPIC_API_KEY` by provider), `TASKBOX_MODEL_PRICE_IN` and `TASKBOX_MODEL_PRICE_OUT`
-    /// (dollars per million tokens).
+    /// or `ANTHROPIC_API_KEY` by provider), `TASKBOX_MODEL_CA_FILE`, `TASKBOX_MODEL_PRICE_IN`
+    /// and `TASKBOX_MODEL_PRICE_OUT` (dollars per million tokens).
     pub fn from_env(base: Option<ModelConfig>) -> Result<ModelConfig, ModelError> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let mut cfg = match base {
@@ -316,6 +340,9 @@ impl ModelConfig {
                 Provider::Openai => var("OPENAI_API_KEY"),
                 Provider::Anthropic => var("ANTHROPIC_API_KEY"),
             });
+        }
+        if cfg.ca_file.is_none() {
+            cfg.ca_file = var("TASKBOX_MODEL_CA_FILE").map(PathBuf::from);
         }
         let price = |k: &str| -> Result<Option<f64>, ModelError> {
             var(k)
@@ -356,7 +383,7 @@ impl ModelConfig {
 /// The HTTP side shared by the adapters: deadlines, retries, backoff.
 #[derive(Debug, Clone)]
 pub struct Transport {
-    base: BaseUrl,
+    client: http::Client,
     timeout: Duration,
     max_retries: u32,
     backoff: Duration,
@@ -373,12 +400,13 @@ pub struct Answer {
 
 impl Transport {
     pub fn new(cfg: &ModelConfig) -> Result<Transport, ModelError> {
-        let base = BaseUrl::parse(&cfg.base_url).map_err(|e| ModelError::Config(e.to_string()))?;
+        let client = http::Client::new(&cfg.base_url, cfg.ca_file.as_deref())
+            .map_err(|e| ModelError::Config(e.to_string()))?;
         if cfg.timeout_secs == 0 {
             return Err(ModelError::Config("timeout_secs must be at least 1".into()));
         }
         Ok(Transport {
-            base,
+            client,
             timeout: Duration::from_secs(cfg.timeout_secs),
             max_retries: cfg.max_retries,
             backoff: Duration::from_millis(cfg.backoff_ms),
@@ -421,7 +449,7 @@ impl Transport {
             req.headers = headers.to_vec();
             req.body = Some(&payload);
             let timeout = self.attempt_timeout()?;
-            let wait = match http::send(&self.base, &req, timeout) {
+            let wait = match self.client.send(&req, timeout) {
                 Ok(resp) if (200..300).contains(&resp.status) => {
                     let body = serde_json::from_slice(&resp.body).map_err(|e| {
                         ModelError::Malformed(format!(
@@ -452,6 +480,7 @@ impl Transport {
                         body: snippet(&resp.body),
                     });
                 }
+                Err(e @ HttpError::Tls { .. }) => return Err(ModelError::Tls(e)),
                 Err(HttpError::Timeout { .. })
                     if self.deadline.is_some_and(|d| Instant::now() >= d) =>
                 {
@@ -609,7 +638,13 @@ mod tests {
     #[test]
     fn bad_configuration_is_an_error() {
         assert!("gemini".parse::<Provider>().is_err());
-        let c = ModelConfig::new(Provider::Openai, "https://x", "m");
+        let c = ModelConfig::new(Provider::Openai, "ftp://x", "m");
         assert!(matches!(c.build(), Err(ModelError::Config(_))));
+        let mut c = ModelConfig::new(Provider::Openai, "https://x", "m");
+        c.ca_file = Some("/nonexistent/ca.pem".into());
+        let Err(ModelError::Config(e)) = c.build() else {
+            panic!("a missing CA file must be a configuration error");
+        };
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
     }
 }

@@ -10,22 +10,23 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use taskbox_core::api::*;
 
-use crate::http::{self, BaseUrl, HttpError};
+use crate::http::{self, HttpError};
 
 /// A client of the HTTP API.
 #[derive(Debug, Clone)]
 pub struct Remote {
-    base: BaseUrl,
+    client: http::Client,
     token: Option<String>,
     /// Deadline of a request that is not an exec or a wait.
     timeout: Duration,
 }
 
 impl Remote {
-    /// `url`: `unix:/PATH/taskbox.sock` or `http://HOST:PORT`.
+    /// `url`: `unix:/PATH/taskbox.sock`, `http://HOST:PORT`, or `https://HOST[:PORT]` (a TLS
+    /// proxy in front of the supervisor; the system's roots, or `SSL_CERT_FILE`, are trusted).
     pub fn new(url: &str, token: Option<String>) -> Result<Remote, HttpError> {
         Ok(Remote {
-            base: BaseUrl::parse(url)?,
+            client: http::Client::new(url, None)?,
             token,
             timeout: Duration::from_secs(120),
         })
@@ -49,7 +50,7 @@ impl Remote {
         let mut req = http::Request::new(method, path);
         req.headers = self.headers();
         req.body = payload.as_deref();
-        let resp = http::send(&self.base, &req, timeout).map_err(transport)?;
+        let resp = self.client.send(&req, timeout).map_err(transport)?;
         if (200..300).contains(&resp.status) {
             return Ok((resp.status, resp.body));
         }
@@ -162,7 +163,7 @@ impl SandboxApi for Remote {
         r.headers = self.headers();
         r.body = Some(&payload);
         r.accept = "text/event-stream";
-        let mut stream = http::open(&self.base, &r, timeout).map_err(transport)?;
+        let mut stream = self.client.open(&r, timeout).map_err(transport)?;
         if stream.status != 200 {
             let status = stream.status;
             let raw = stream.read_all().map_err(transport)?;

@@ -210,3 +210,65 @@ fn eval_prints_the_metrics_table_for_the_sample_tasks() {
     );
     assert!(stdout.contains("success rate 67% (2 of 3)"), "{stdout}");
 }
+
+#[test]
+fn run_talks_https_with_the_ca_from_the_flag_or_the_environment() {
+    if !agent_cli() {
+        return;
+    }
+    let Some(pki) = Pki::new(&["localhost"]) else {
+        return;
+    };
+    let ca = pki.ca.display().to_string();
+    let none: Vec<(&str, &str)> = Vec::new();
+    // How the CA is given, and whether the task completes.
+    let cases = [
+        (
+            "--ca-file",
+            vec!["--ca-file", ca.as_str()],
+            none.clone(),
+            true,
+        ),
+        (
+            "TASKBOX_MODEL_CA_FILE",
+            vec![],
+            vec![("TASKBOX_MODEL_CA_FILE", &ca)],
+            true,
+        ),
+        ("SSL_CERT_FILE", vec![], vec![("SSL_CERT_FILE", &ca)], true),
+        ("no CA", vec![], none, false),
+    ];
+    for (how, flags, env, completes) in cases {
+        let fx = Fx::new();
+        let mock = MockServer::start_tls(Provider::Openai, fixing_steps(), pki.server()).unwrap();
+        let mut cmd = agent(&fx, &mock);
+        cmd.env_remove("SSL_CERT_FILE")
+            .env_remove("SSL_CERT_DIR")
+            .env_remove("TASKBOX_MODEL_CA_FILE")
+            .envs(env)
+            .args(["run", "--goal", "make tests/test_math.sh pass"])
+            .args(["--verify", "sh tests/test_math.sh", "--json"])
+            .args(flags)
+            .arg("--task-dir")
+            .arg(&fx.task_dir);
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let report: Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{how}: {e}: {stderr}"));
+        if completes {
+            assert_eq!(out.status.code(), Some(0), "{how}: {report:#} {stderr}");
+            assert_eq!(report["termination"], "completed", "{how}: {report:#}");
+            assert_eq!(mock.received().len(), 4, "{how}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{how}: {report:#} {stderr}");
+            assert_eq!(report["termination"], "unrecoverable_error", "{report:#}");
+            let detail = report["detail"].as_str().unwrap();
+            assert!(
+                detail.contains("not signed by a certificate authority"),
+                "{detail}"
+            );
+            assert!(detail.contains("--ca-file"), "{detail}");
+            assert!(mock.received().is_empty(), "refused before any request");
+        }
+    }
+}

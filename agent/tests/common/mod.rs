@@ -121,3 +121,130 @@ pub fn last_content(body: &Value) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// A throwaway certificate authority and a server certificate it signed, made with the
+/// `openssl` command-line tool in a temporary directory.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    /// The CA's certificate (PEM): what a client is given to trust the server.
+    pub ca: PathBuf,
+    /// The CA's private key (PEM).
+    pub ca_key: PathBuf,
+    /// The server's certificate (PEM).
+    pub cert: PathBuf,
+    /// The server's private key (PEM).
+    pub key: PathBuf,
+}
+
+impl Pki {
+    /// A CA (with a name of its own) and a server certificate for the DNS names `names`
+    /// (subjectAltName). `None` (the test skips, or fails under `TASKBOX_REQUIRE_ALL=1`) when
+    /// `openssl` is not installed.
+    pub fn new(names: &[&str]) -> Option<Pki> {
+        Pki::with_ca_name(None, names)
+    }
+
+    /// The same with the CA's subject common name given (two CAs of one name, different keys).
+    pub fn with_ca_name(ca_name: Option<&str>, names: &[&str]) -> Option<Pki> {
+        let have = std::process::Command::new("openssl")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !taskbox_tests::require(
+            have,
+            "the openssl command is not installed (apt-get install openssl)",
+        ) {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = |name: &str| dir.path().join(name);
+        let unique = dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let ca_subject = format!(
+            "/CN={}",
+            ca_name.map_or_else(|| format!("taskbox test CA {unique}"), str::to_owned)
+        );
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2"],
+                &["-subj", &ca_subject],
+                &["-addext", "basicConstraints=critical,CA:TRUE"],
+                &["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req", "-new"][..],
+                &ec,
+                &["-keyout", "server.key", "-out", "server.csr"],
+                &["-subj", &format!("/CN={}", names[0])],
+            ]
+            .concat(),
+        );
+        let san: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+        std::fs::write(
+            p("server.ext"),
+            format!(
+                "subjectAltName={}\nbasicConstraints=critical,CA:FALSE\n\
+                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+                san.join(",")
+            ),
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ]);
+        Some(Pki {
+            ca: p("ca.pem"),
+            ca_key: p("ca.key"),
+            cert: p("server.pem"),
+            key: p("server.key"),
+            dir,
+        })
+    }
+
+    /// What a mock server presents.
+    pub fn server(&self) -> taskbox_agent::mock::MockTls {
+        taskbox_agent::mock::MockTls::from_pem_files(&self.cert, &self.key).unwrap()
+    }
+}

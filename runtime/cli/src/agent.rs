@@ -27,7 +27,8 @@ pub enum AgentCommand {
     ///
     /// The contract comes from --contract FILE and/or the flags (flags win). The model from
     /// the contract's [model] table, the flags, or TASKBOX_MODEL_PROVIDER, TASKBOX_MODEL_BASE_URL,
-    /// TASKBOX_MODEL, TASKBOX_MODEL_API_KEY (or OPENAI_API_KEY / ANTHROPIC_API_KEY).
+    /// TASKBOX_MODEL, TASKBOX_MODEL_API_KEY (or OPENAI_API_KEY / ANTHROPIC_API_KEY),
+    /// TASKBOX_MODEL_CA_FILE.
     /// Exit status: 0 when the task completed (the verification gate passed), 1 when it ended
     /// otherwise, 125 when taskbox itself failed.
     Run(RunArgs),
@@ -47,9 +48,14 @@ pub struct ModelArgs {
     /// Model protocol: openai (chat completions) or anthropic (Messages).
     #[arg(long, value_name = "openai|anthropic")]
     provider: Option<String>,
-    /// Model server base URL, e.g. http://127.0.0.1:8000/v1 (plain http or unix:/PATH).
+    /// Model server base URL, e.g. http://127.0.0.1:8000/v1, https://api.openai.com/v1 or
+    /// unix:/PATH.
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
+    /// CA certificates (PEM) trusted for an https model server, besides the system's roots
+    /// (also TASKBOX_MODEL_CA_FILE, or [model] ca_file in the contract).
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
     /// Model name.
     #[arg(long, value_name = "NAME")]
     model: Option<String>,
@@ -226,6 +232,9 @@ fn model_config(base: Option<ModelConfig>, args: &ModelArgs) -> Result<ModelConf
     }
     if let Some(m) = &args.model {
         cfg.model = m.clone();
+    }
+    if let Some(f) = &args.ca_file {
+        cfg.ca_file = Some(f.clone());
     }
     Ok(ModelConfig::from_env(Some(cfg))?)
 }
