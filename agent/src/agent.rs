@@ -2,6 +2,7 @@
 //! runs them through the narrow API, and hands back structured observations; budgets and the
 //! verification gate decide when it ends.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use taskbox_core::api::*;
 use taskbox_core::commands::{Commands, Verdict};
+use taskbox_core::result::ChangeKind;
 
 use crate::context;
 use crate::contract::{Contract, Scope, normalise};
@@ -255,6 +257,7 @@ pub fn start(
         metrics: Metrics::default(),
         checkpoint: None,
         workspace_patch: String::new(),
+        binary_files: Default::default(),
         elapsed_before_ms: 0,
         termination: None,
     };
@@ -320,6 +323,29 @@ pub fn resume(
                         patch: st.workspace_patch.clone(),
                     },
                 )?;
+            }
+            for (path, content) in &st.binary_files {
+                match content {
+                    Some(b64) => {
+                        api.write(
+                            &info.id,
+                            WriteRequest {
+                                path: path.clone(),
+                                content: b64.clone(),
+                                encoding: Some("base64".into()),
+                                create_parents: true,
+                                mode: None,
+                            },
+                        )?;
+                    }
+                    None => api.remove(
+                        &info.id,
+                        RemoveRequest {
+                            path: path.clone(),
+                            recursive: false,
+                        },
+                    )?,
+                }
             }
             (info, "a fresh sandbox with the recorded change".to_owned())
         }
@@ -1147,7 +1173,8 @@ impl Runner {
             Err(e) => tracing::warn!(error = %e, "cannot checkpoint the sandbox after a turn"),
         }
         if let Ok(d) = self.api.diff(&self.id, DiffRequest::default()) {
-            self.st.workspace_patch = d.diff;
+            self.st.workspace_patch = text_sections(&d.diff);
+            self.st.binary_files = self.binary_contents(&d.files);
         }
         self.external += t.elapsed();
         self.st.metrics.wall_ms =
@@ -1164,6 +1191,40 @@ impl Runner {
         let overhead = turn_started.elapsed().saturating_sub(self.external);
         self.overheads_us.push(overhead.as_micros() as u64);
         Ok(())
+    }
+
+    /// The binary files among a diff's (which its text cannot carry): their content, base64,
+    /// or None when deleted. A file that cannot be read whole (over the cap) is left out, with
+    /// a warning: a resume into a fresh sandbox would miss it.
+    fn binary_contents(&self, files: &[FileDiff]) -> BTreeMap<String, Option<String>> {
+        const CAP: u64 = 16 << 20;
+        let mut out = BTreeMap::new();
+        for f in files.iter().filter(|f| f.binary) {
+            if f.status == ChangeKind::Deleted {
+                out.insert(f.path.clone(), None);
+                continue;
+            }
+            let read = self.api.read(
+                &self.id,
+                ReadRequest {
+                    path: f.path.clone(),
+                    max_bytes: Some(CAP),
+                    ..ReadRequest::default()
+                },
+            );
+            match read {
+                Ok(r) if !r.truncated && r.encoding == "base64" => {
+                    out.insert(f.path.clone(), Some(r.content));
+                }
+                Ok(_) => {
+                    tracing::warn!(path = %f.path, "a binary file over 16 MiB is not kept for a resume")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %f.path, error = %e, "cannot keep a binary file for a resume")
+                }
+            }
+        }
+        out
     }
 
     /// Ends the task: the report, the final state, the last trace line.
@@ -1273,4 +1334,30 @@ fn task_label(task_dir: &Path) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "task".into())
+}
+
+/// A unified diff without its binary files' sections (`Binary files ... differ`), which a text
+/// patch cannot apply; the state keeps those files' contents instead.
+fn text_sections(diff: &str) -> String {
+    let mut out = String::new();
+    let mut section = String::new();
+    let mut binary = false;
+    let mut flush = |section: &mut String, binary: bool| {
+        if !binary {
+            out.push_str(section);
+        }
+        section.clear();
+    };
+    for line in diff.split_inclusive('\n') {
+        if line.starts_with("diff --git ") {
+            flush(&mut section, binary);
+            binary = false;
+        }
+        if line.starts_with("Binary files ") || line.starts_with("GIT binary patch") {
+            binary = true;
+        }
+        section.push_str(line);
+    }
+    flush(&mut section, binary);
+    out
 }

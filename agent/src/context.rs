@@ -171,6 +171,7 @@ mod tests {
             metrics: Metrics::default(),
             checkpoint: None,
             workspace_patch: String::new(),
+            binary_files: Default::default(),
             elapsed_before_ms: 0,
             termination: None,
         }

@@ -1,7 +1,7 @@
 //! The externalised task state: everything needed to continue a task after its process died,
 //! kept as `state.json` beside the trace and replaced (atomically) after every completed turn.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -117,8 +117,12 @@ pub struct TaskState {
     /// The sandbox checkpoint taken after the last completed turn.
     pub checkpoint: Option<String>,
     /// The workspace change (unified diff against the baseline) after the last completed turn:
-    /// applied to a fresh sandbox when the old one is gone.
+    /// applied to a fresh sandbox when the old one is gone. Binary files are not in it.
     pub workspace_patch: String,
+    /// The binary files of that change, which a text patch cannot carry: path to content
+    /// (base64), or None for a deleted one. Written to a fresh sandbox after the patch.
+    #[serde(default)]
+    pub binary_files: BTreeMap<String, Option<String>>,
     /// Wall time of earlier runs of this task (before a resume), in ms.
     pub elapsed_before_ms: u64,
     /// Set when the task ended.

@@ -585,6 +585,11 @@ fn resume_continues_a_task_from_its_last_completed_turn() {
                 "write_file",
                 json!({"path": "notes.txt", "content": "turn one\n"}),
             ),
+            // A binary file, which a text patch cannot carry into a fresh sandbox.
+            Step::call(
+                "exec",
+                json!({"command": "printf 'a\\000b\\377' > data.bin"}),
+            ),
             Step::call(
                 "edit_file",
                 json!({"path": "src/math.sh", "old": "$1 - $2", "new": "$1 + $2"}),
@@ -606,6 +611,11 @@ fn resume_continues_a_task_from_its_last_completed_turn() {
         let state = taskbox_agent::state::TaskState::load(&fx.task_dir.join("state.json")).unwrap();
         assert_eq!(state.turn, 2);
         assert_eq!(state.termination, None);
+        assert_eq!(
+            state.binary_files.get("data.bin"),
+            Some(&Some("YQBi/w==".to_owned()))
+        );
+        assert!(!state.workspace_patch.contains("data.bin"));
         let old = SandboxId::parse(&state.sandbox).unwrap();
         if sandbox_survives {
             // What the interrupted turn had begun: the checkpoint restore must undo it.
@@ -625,13 +635,13 @@ fn resume_continues_a_task_from_its_last_completed_turn() {
         let model = model_config(&mock, Provider::Openai).build().unwrap();
         let report = taskbox_agent::resume(fx.api.clone(), model, fx.options()).unwrap();
         assert_eq!(report.termination, Termination::Completed, "{report:#?}");
-        assert_eq!(report.metrics.turns, 4);
-        assert_eq!(report.metrics.tool_calls, 4);
+        assert_eq!(report.metrics.turns, 5);
+        assert_eq!(report.metrics.tool_calls, 5);
         let mut files = report.files_changed.clone();
         files.sort();
         assert_eq!(
             files,
-            ["notes.txt", "src/math.sh"],
+            ["data.bin", "notes.txt", "src/math.sh"],
             "survives: {sandbox_survives}"
         );
         let id = SandboxId::parse(&report.sandbox).unwrap();
@@ -647,6 +657,21 @@ fn resume_continues_a_task_from_its_last_completed_turn() {
             )
             .unwrap();
         assert_eq!(notes.content, "turn one\n");
+        let data = fx
+            .api
+            .read(
+                &id,
+                ReadRequest {
+                    path: "data.bin".into(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            (data.encoding.as_str(), data.content.as_str()),
+            ("base64", "YQBi/w=="),
+            "survives: {sandbox_survives}"
+        );
         let trace = std::fs::read_to_string(fx.task_dir.join("trace.jsonl")).unwrap();
         assert!(trace.contains("\"type\":\"resume\""));
         // The resumed request carried the whole conversation of the first two turns.
