@@ -256,6 +256,22 @@ impl Env {
         c
     }
 
+    /// A `taskbox` verb against the supervisor at `socket` (started there when none answers), in
+    /// the workspace, with this environment's state directory and home.
+    pub fn cli(&self, socket: &Path, args: &[&str]) -> Output {
+        Command::new(taskbox())
+            .arg("--socket")
+            .arg(socket)
+            .arg("--state-dir")
+            .arg(self.state())
+            .args(args)
+            .env("HOME", self.home())
+            .current_dir(self.ws())
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn taskbox")
+    }
+
     /// `taskbox run` with this environment's backend flags.
     pub fn run_command(&self) -> Command {
         let mut c = self.command();
@@ -431,7 +447,18 @@ impl Supervisor {
 }
 
 impl Drop for Supervisor {
+    /// Stops the supervisor as a service manager would: SIGTERM (it destroys its sandboxes),
+    /// then SIGKILL if it is still there after a few seconds.
     fn drop(&mut self) {
+        // SAFETY: kill has no memory arguments; the pid is our child's, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -8,7 +8,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -109,20 +109,6 @@ fn trace_ops(env: &Env, id: &str) -> Vec<Value> {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter(|l| l["type"] == "op")
         .collect()
-}
-
-fn cli(env: &Env, socket: &Path, args: &[&str]) -> Output {
-    Command::new(taskbox())
-        .arg("--socket")
-        .arg(socket)
-        .arg("--state-dir")
-        .arg(env.state())
-        .args(args)
-        .env("HOME", env.home())
-        .current_dir(env.ws())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -417,8 +403,7 @@ fn cli_verbs_show_and_answer_approvals() {
     let policy = env.policy("rules", RULES);
     let sup = Supervisor::start(&env, &[]);
     let s = sup.socket.clone();
-    let o = cli(
-        &env,
+    let o = env.cli(
         &s,
         &[
             "create",
@@ -432,14 +417,14 @@ fn cli_verbs_show_and_answer_approvals() {
     let id = String::from_utf8_lossy(&o.stdout).trim().to_string();
 
     // Forbidden: exit status 126, the violation on stderr.
-    let o = cli(&env, &s, &["exec", &id, "--", "sh", "-c", "git push"]);
+    let o = env.cli(&s, &["exec", &id, "--", "sh", "-c", "git push"]);
     assert_eq!(o.status.code(), Some(126), "{o:?}");
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(
         stderr.contains("taskbox: command: `git push` is forbidden"),
         "{stderr}"
     );
-    let o = cli(&env, &s, &["exec", &id, "--json", "--", "git", "push"]);
+    let o = env.cli(&s, &["exec", &id, "--json", "--", "git", "push"]);
     assert_eq!(o.status.code(), Some(126), "{o:?}");
 
     // Asked, then denied from the command line: the waiting exec says so and exits 126.
@@ -462,17 +447,17 @@ fn cli_verbs_show_and_answer_approvals() {
         .as_str()
         .unwrap()
         .to_string();
-    let o = cli(&env, &s, &["approvals"]);
+    let o = env.cli(&s, &["approvals"]);
     assert!(o.status.success(), "{o:?}");
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
         table.contains(&aid) && table.contains("touch nope.txt"),
         "{table}"
     );
-    let o = cli(&env, &s, &["approvals", &id, "--json"]);
+    let o = env.cli(&s, &["approvals", &id, "--json"]);
     let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(listed[0]["id"], aid.as_str());
-    let o = cli(&env, &s, &["deny", &aid, "--reason", "not in this task"]);
+    let o = env.cli(&s, &["deny", &aid, "--reason", "not in this task"]);
     assert!(o.status.success(), "{o:?}");
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(126), "{o:?}");
@@ -489,14 +474,14 @@ fn cli_verbs_show_and_answer_approvals() {
         .as_str()
         .unwrap()
         .to_string();
-    let o = cli(&env, &s, &["approve", &aid]);
+    let o = env.cli(&s, &["approve", &aid]);
     assert!(o.status.success(), "{o:?}");
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert!(sup.ls(None, &id).contains("yes.txt"));
 
     // An approval that is not pending is named in the error.
-    let o = cli(&env, &s, &["approve", &aid]);
+    let o = env.cli(&s, &["approve", &aid]);
     assert_eq!(o.status.code(), Some(125), "{o:?}");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("is not pending"),

@@ -226,7 +226,7 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
     assert_eq!(status, 200, "{bg}");
     let name = format!("taskbox-{did}");
     assert!(container_exists(&name));
-    drop(sup);
+    sup.kill9();
     assert!(
         container_exists(&name),
         "the orphan outlives its supervisor"

@@ -7,69 +7,24 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use taskbox_tests::{
-    Env, SUITE_IMAGE, docker_available, ensure_image, http, is_root, require, taskbox,
+    Env, SUITE_IMAGE, Supervisor, docker_available, ensure_image, http, is_root, require, taskbox,
     test_image_dir,
 };
 
-struct Supervisor {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Supervisor {
-    fn start(env: &Env, docker: bool) -> Supervisor {
-        let socket = env.state().join("replay-test.sock");
-        let mut c = Command::new(taskbox());
-        c.arg("serve");
-        if docker {
-            c.arg("--docker");
-        }
-        let mut child = c
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(env.state())
-            .env("HOME", env.home())
-            .env("TASKBOX_IMAGE_DIR", test_image_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                return Supervisor { child, socket };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the supervisor did not come up");
-    }
-
-    fn call(&self, method: &str, path: &str, body: Value) -> Value {
-        let body = (!body.is_null()).then_some(body);
-        let (status, v) = http::call(&self.socket, method, path, body.as_ref());
-        assert!(
-            (200..300).contains(&status),
-            "{method} {path}: {status} {v}"
-        );
-        v
-    }
-}
-
-impl Drop for Supervisor {
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory arguments; the pid is our child's.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
+/// A call to the supervisor that must succeed: its JSON answer (`body` Null: no body).
+fn ok(sup: &Supervisor, method: &str, path: &str, body: Value) -> Value {
+    let body = (!body.is_null()).then_some(body);
+    let (status, v) = http::call(&sup.socket, method, path, body.as_ref());
+    assert!(
+        (200..300).contains(&status),
+        "{method} {path}: {status} {v}"
+    );
+    v
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
@@ -104,24 +59,33 @@ fn repo(env: &Env) -> String {
 
 /// Records the session; returns the trace path and the number of ops.
 fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
-    let sup = Supervisor::start(env, backend == "docker");
+    let sup = Supervisor::start(
+        env,
+        if backend == "docker" {
+            &["--docker"]
+        } else {
+            &[]
+        },
+    );
     let mut create = json!({"workspace": env.ws().display().to_string(), "backend": backend});
     if let Some(i) = image {
         create["image"] = json!(i);
     }
-    let info = sup.call("POST", "/v1/sandboxes", create);
+    let info = ok(&sup, "POST", "/v1/sandboxes", create);
     let id = info["id"].as_str().unwrap().to_string();
     let p = |s: &str| format!("/v1/sandboxes/{id}/{s}");
-    let exec = |body: Value| sup.call("POST", &p("exec"), body);
+    let exec = |body: Value| ok(&sup, "POST", &p("exec"), body);
 
     let r = exec(json!({"shell": "cat README"})); // #2: the workspace base shows here
     assert_eq!(r["stdout"]["text"], "v2\n", "{r}");
-    sup.call(
+    ok(
+        &sup,
         "POST",
         &p("write"),
         json!({"path": "status.txt", "content": "broken\n"}),
     );
-    sup.call(
+    ok(
+        &sup,
         "POST",
         &p("write"),
         json!({"path": "check.sh", "content":
@@ -129,32 +93,36 @@ fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
     );
     let r = exec(json!({"argv": ["/bin/sh", "check.sh"]}));
     assert_eq!(r["exit_code"], 1, "{r}");
-    sup.call(
+    ok(
+        &sup,
         "POST",
         &p("edit"),
         json!({"path": "status.txt", "old": "broken", "new": "fixed"}),
     );
     let r = exec(json!({"argv": ["/bin/sh", "check.sh"]}));
     assert_eq!(r["exit_code"], 0, "{r}");
-    sup.call("POST", &p("checkpoints"), json!({"name": "good"}));
-    sup.call(
+    ok(&sup, "POST", &p("checkpoints"), json!({"name": "good"}));
+    ok(
+        &sup,
         "POST",
         &p("write"),
         json!({"path": "status.txt", "content": "oops\n"}),
     );
     let r = exec(json!({"shell": "cat status.txt"})); // #10
     assert_eq!(r["stdout"]["text"], "oops\n");
-    sup.call("POST", &p("restore"), json!({"name": "good"}));
+    ok(&sup, "POST", &p("restore"), json!({"name": "good"}));
     let r = exec(json!({"shell": "cat status.txt"}));
     assert_eq!(r["stdout"]["text"], "fixed\n");
     let bg = exec(json!({"shell": "cat > from-stdin.txt; echo got", "background": true}));
     let pid = bg["exec_id"].as_u64().unwrap();
-    sup.call(
+    ok(
+        &sup,
         "POST",
         &p(&format!("processes/{pid}/stdin")),
         json!({"data": "hello\n", "close": true}),
     );
-    let w = sup.call(
+    let w = ok(
+        &sup,
         "POST",
         &p(&format!("processes/{pid}/wait?timeout_ms=20000")),
         Value::Null,
@@ -162,28 +130,31 @@ fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
     assert_eq!(w["result"]["stdout"]["text"], "got\n", "{w}");
     let r = exec(json!({"argv": ["tr", "a-z", "A-Z"], "stdin": "abc\n"}));
     assert_eq!(r["stdout"]["text"], "ABC\n");
-    sup.call("POST", &p("read"), json!({"path": "from-stdin.txt"}));
-    sup.call("POST", &p("list"), json!({}));
-    sup.call("POST", &p("search"), json!({"pattern": "fix"}));
-    sup.call("POST", &p("diff"), json!({}));
-    sup.call(
+    ok(&sup, "POST", &p("read"), json!({"path": "from-stdin.txt"}));
+    ok(&sup, "POST", &p("list"), json!({}));
+    ok(&sup, "POST", &p("search"), json!({"pattern": "fix"}));
+    ok(&sup, "POST", &p("diff"), json!({}));
+    ok(
+        &sup,
         "POST",
         &p("move"),
         json!({"from": "from-stdin.txt", "to": "stdin.txt"}),
     );
-    sup.call("POST", &p("remove"), json!({"path": "stdin.txt"}));
-    sup.call(
+    ok(&sup, "POST", &p("remove"), json!({"path": "stdin.txt"}));
+    ok(
+        &sup,
         "POST",
         &p("patch"),
         json!({"patch": "--- a/status.txt\n+++ b/status.txt\n@@ -1 +1 @@\n-fixed\n+patched\n"}),
     );
-    sup.call("POST", &p("stat"), json!({"path": "status.txt"}));
-    sup.call("POST", &p("export"), json!({}));
+    ok(&sup, "POST", &p("stat"), json!({"path": "status.txt"}));
+    ok(&sup, "POST", &p("export"), json!({}));
     let bg = exec(json!({"argv": ["sleep", "60"], "background": true}));
     let pid = bg["exec_id"].as_u64().unwrap();
-    let running = sup.call("GET", &p(&format!("processes/{pid}")), Value::Null);
+    let running = ok(&sup, "GET", &p(&format!("processes/{pid}")), Value::Null);
     assert_eq!(running["running"], true);
-    sup.call(
+    ok(
+        &sup,
         "POST",
         &p(&format!("processes/{pid}/kill")),
         json!({"signal": 9}),
@@ -623,14 +594,16 @@ fn the_html_report_renders_in_headless_chromium() {
 #[test]
 fn serve_offers_the_trace_pages_at_ui() {
     let env = Env::new();
-    let sup = Supervisor::start(&env, false);
-    let info = sup.call(
+    let sup = Supervisor::start(&env, &[]);
+    let info = ok(
+        &sup,
         "POST",
         "/v1/sandboxes",
         json!({"workspace": env.ws().display().to_string()}),
     );
     let id = info["id"].as_str().unwrap().to_string();
-    sup.call(
+    ok(
+        &sup,
         "POST",
         &format!("/v1/sandboxes/{id}/exec"),
         json!({"shell": "echo live-output"}),
@@ -671,15 +644,17 @@ fn serve_offers_the_trace_pages_at_ui() {
 fn a_workspace_without_a_commit_comes_from_a_tar_or_a_directory_and_normalisations_apply() {
     let env = Env::new();
     env.write("data.txt", "plain\n");
-    let sup = Supervisor::start(&env, false);
-    let info = sup.call(
+    let sup = Supervisor::start(&env, &[]);
+    let info = ok(
+        &sup,
         "POST",
         "/v1/sandboxes",
         json!({"workspace": env.ws().display().to_string()}),
     );
     let id = info["id"].as_str().unwrap().to_string();
     let exec = |shell: &str| {
-        sup.call(
+        ok(
+            &sup,
             "POST",
             &format!("/v1/sandboxes/{id}/exec"),
             json!({ "shell": shell }),

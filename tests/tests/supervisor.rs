@@ -5,25 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use taskbox_tests::{Env, Supervisor, host_processes_with, http, taskbox};
-
-fn cli(env: &Env, socket: &Path, args: &[&str]) -> Output {
-    Command::new(taskbox())
-        .arg("--socket")
-        .arg(socket)
-        .arg("--state-dir")
-        .arg(env.state())
-        .args(args)
-        .env("HOME", env.home())
-        .current_dir(env.ws())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
+use taskbox_tests::{Env, Supervisor, host_processes_with, http};
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -35,17 +21,12 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     env.write("src/lib.rs", "pub fn one() -> u32 { 1 }\n");
     let sup = Supervisor::start(&env, &[]);
     let s = sup.socket.clone();
-    let o = cli(
-        &env,
-        &s,
-        &["create", "--workspace", env.ws().to_str().unwrap()],
-    );
+    let o = env.cli(&s, &["create", "--workspace", env.ws().to_str().unwrap()]);
     assert!(o.status.success(), "{o:?}");
     let id = text(&o).trim().to_string();
     assert!(id.starts_with("sb-"), "{id}");
 
-    let o = cli(
-        &env,
+    let o = env.cli(
         &s,
         &[
             "exec",
@@ -60,8 +41,7 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     assert_eq!(text(&o), "hello\n");
     assert!(String::from_utf8_lossy(&o.stderr).contains("warn"));
 
-    let o = cli(
-        &env,
+    let o = env.cli(
         &s,
         &[
             "edit",
@@ -79,20 +59,20 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
         "{}",
         text(&o)
     );
-    let o = cli(&env, &s, &["read", &id, "src/lib.rs"]);
+    let o = env.cli(&s, &["read", &id, "src/lib.rs"]);
     assert_eq!(text(&o), "pub fn one() -> u32 { 2 }\n");
-    let o = cli(&env, &s, &["search", &id, "fn one"]);
+    let o = env.cli(&s, &["search", &id, "fn one"]);
     assert!(text(&o).starts_with("src/lib.rs:1:"), "{}", text(&o));
-    let o = cli(&env, &s, &["ls", &id, "src"]);
+    let o = env.cli(&s, &["ls", &id, "src"]);
     assert!(text(&o).contains("src/lib.rs"), "{}", text(&o));
-    let o = cli(&env, &s, &["checkpoint", &id, "edited"]);
+    let o = env.cli(&s, &["checkpoint", &id, "edited"]);
     assert!(o.status.success(), "{o:?}");
-    cli(&env, &s, &["exec", &id, "--", "rm", "src/lib.rs"]);
-    let o = cli(&env, &s, &["diff", &id, "--since", "edited"]);
+    env.cli(&s, &["exec", &id, "--", "rm", "src/lib.rs"]);
+    let o = env.cli(&s, &["diff", &id, "--since", "edited"]);
     assert!(text(&o).contains("deleted file mode"), "{}", text(&o));
-    let o = cli(&env, &s, &["restore", &id, "edited"]);
+    let o = env.cli(&s, &["restore", &id, "edited"]);
     assert!(o.status.success(), "{o:?}");
-    let o = cli(&env, &s, &["diff", &id]);
+    let o = env.cli(&s, &["diff", &id]);
     assert!(
         text(&o).contains("+pub fn one() -> u32 { 2 }"),
         "{}",
@@ -103,17 +83,17 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
         std::fs::read_to_string(env.ws().join("src/lib.rs")).unwrap(),
         "pub fn one() -> u32 { 1 }\n"
     );
-    let o = cli(&env, &s, &["export", &id, "--apply"]);
+    let o = env.cli(&s, &["export", &id, "--apply"]);
     assert!(o.status.success(), "{o:?}");
     assert_eq!(
         std::fs::read_to_string(env.ws().join("src/lib.rs")).unwrap(),
         "pub fn one() -> u32 { 2 }\n"
     );
-    let o = cli(&env, &s, &["ps"]);
+    let o = env.cli(&s, &["ps"]);
     assert!(text(&o).contains(&id), "{}", text(&o));
-    let o = cli(&env, &s, &["rm", &id]);
+    let o = env.cli(&s, &["rm", &id]);
     assert!(o.status.success(), "{o:?}");
-    let o = cli(&env, &s, &["read", &id, "src/lib.rs"]);
+    let o = env.cli(&s, &["read", &id, "src/lib.rs"]);
     assert_eq!(o.status.code(), Some(125));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("not_found"),
@@ -125,8 +105,7 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
 fn a_verb_starts_a_supervisor_when_none_runs() {
     let env = Env::new();
     let socket = env.state().join("auto.sock");
-    let o = cli(
-        &env,
+    let o = env.cli(
         &socket,
         &["create", "--workspace", env.ws().to_str().unwrap()],
     );
@@ -136,7 +115,7 @@ fn a_verb_starts_a_supervisor_when_none_runs() {
         "{o:?}"
     );
     let id = text(&o).trim().to_string();
-    let o = cli(&env, &socket, &["exec", &id, "--", "echo", "ok"]);
+    let o = env.cli(&socket, &["exec", &id, "--", "echo", "ok"]);
     assert_eq!(text(&o), "ok\n");
     // Stop the background supervisor: its sandboxes end with it.
     let pids = host_processes_with(socket.to_str().unwrap());

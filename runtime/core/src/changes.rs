@@ -512,13 +512,16 @@ pub(crate) fn contents_equal(
 // ---------------------------------------------------------------------------------------------
 // overlay xattrs
 
-/// The overlay xattrs of an upper entry, from either the `user.` or the `trusted.` namespace.
+/// The overlay xattrs of an upper entry, from either the `user.` or the `trusted.` namespace
+/// (also what the image builder reads to tar an upper layer).
 #[derive(Debug, Default)]
-pub(crate) struct OverlayAttrs {
-    pub(crate) opaque: bool,
-    pub(crate) whiteout: bool,
-    pub(crate) redirect: bool,
-    pub(crate) metacopy: bool,
+pub struct OverlayAttrs {
+    /// A directory that hides the lower directory of the same name (`overlay.opaque` = `y`).
+    pub opaque: bool,
+    /// An xattr whiteout (an empty file with `overlay.whiteout`), as unprivileged overlays make.
+    pub whiteout: bool,
+    pub redirect: bool,
+    pub metacopy: bool,
 }
 
 pub(crate) fn cpath(path: &Path) -> Result<CString, ChangesError> {
@@ -529,7 +532,9 @@ pub(crate) fn cpath(path: &Path) -> Result<CString, ChangesError> {
     })
 }
 
-pub(crate) fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
+/// The overlay attributes of `path`, never following a symlink; a filesystem without xattrs
+/// has none.
+pub fn overlay_attrs(path: &Path) -> Result<OverlayAttrs, ChangesError> {
     let c = cpath(path)?;
     let names = list_xattrs(&c, path)?;
     let mut attrs = OverlayAttrs::default();

@@ -262,10 +262,6 @@ pub(crate) fn compose_env(
     image: Option<&[(String, String)]>,
     extra: &[(String, String)],
 ) -> Vec<(String, String)> {
-    fn set(env: &mut Vec<(String, String)>, k: &str, v: &str) {
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.to_string(), v.to_string()));
-    }
     let mut env: Vec<(String, String)> = Vec::new();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
@@ -277,30 +273,11 @@ pub(crate) fn compose_env(
         });
         let host_path = k == "PATH" || k == "HOME" || v.starts_with('/');
         if allowed && !(image.is_some() && host_path) {
-            set(&mut env, k, v);
+            set_var(&mut env, k, v);
         }
     }
-    for (k, v) in FIXED_ENV {
-        set(&mut env, k, v);
-    }
-    for (k, v) in image.unwrap_or_default() {
-        set(&mut env, k, v);
-    }
-    let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
-    policy_vars.sort();
-    for (k, v) in policy_vars {
-        set(&mut env, k, v);
-    }
-    // The egress proxy, advertised after the policy's variables (a policy that sets its own
-    // git config keeps it: the proxy's entry is appended) and before the caller's.
-    if policy.network.mode == NetworkMode::Proxy {
-        for (k, v) in egress::proxy_env(egress::PROXY_PORT, &env) {
-            set(&mut env, &k, &v);
-        }
-    }
-    for (k, v) in extra {
-        set(&mut env, k, v);
-    }
+    let extra = extra.iter().map(|(k, v)| (k, v));
+    let mut env = layer_env(env, policy, image.unwrap_or_default(), extra);
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push((
             "PATH".into(),
@@ -308,6 +285,45 @@ pub(crate) fn compose_env(
         ));
     }
     env
+}
+
+/// Layers the sandbox's own variables over `env` (what the host passes through, if anything), in
+/// the order both backends use: [`FIXED_ENV`], the image's, the policy's `[env] set`, the egress
+/// proxy's (network mode "proxy"), then the caller's `extra`; a later one replaces an earlier
+/// one of the same name.
+pub fn layer_env<'a>(
+    mut env: Vec<(String, String)>,
+    policy: &Policy,
+    image: &[(String, String)],
+    extra: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<(String, String)> {
+    for (k, v) in FIXED_ENV {
+        set_var(&mut env, k, v);
+    }
+    for (k, v) in image {
+        set_var(&mut env, k, v);
+    }
+    let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
+    policy_vars.sort();
+    for (k, v) in policy_vars {
+        set_var(&mut env, k, v);
+    }
+    // The egress proxy, advertised after the policy's variables (a policy that sets its own
+    // git config keeps it: the proxy's entry is appended) and before the caller's.
+    if policy.network.mode == NetworkMode::Proxy {
+        for (k, v) in egress::proxy_env(egress::PROXY_PORT, &env) {
+            set_var(&mut env, &k, &v);
+        }
+    }
+    for (k, v) in extra {
+        set_var(&mut env, k, v);
+    }
+    env
+}
+
+fn set_var(env: &mut Vec<(String, String)>, k: &str, v: &str) {
+    env.retain(|(ek, _)| ek != k);
+    env.push((k.to_string(), v.to_string()));
 }
 
 /// Where a sandbox's workspace is: on the host (the overlay's lower layer, where changes are

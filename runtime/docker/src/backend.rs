@@ -803,32 +803,8 @@ impl Inner {
         };
         // The same order as the native backend: the fixed variables, the image's, the
         // policy's, the request's.
-        let mut base_env: Vec<(String, String)> = taskbox_core::native::FIXED_ENV
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let mut set = |k: &str, v: &str| {
-            base_env.retain(|(ek, _)| ek != k);
-            base_env.push((k.to_string(), v.to_string()));
-        };
-        for (k, v) in &image.config.env {
-            set(k, v);
-        }
-        let mut policy_vars: Vec<_> = policy.env.set.iter().collect();
-        policy_vars.sort();
-        for (k, v) in policy_vars {
-            set(k, v);
-        }
-        for (k, v) in &req.env {
-            set(k, v);
-        }
-        if egress.is_some() {
-            let vars = egress::proxy_env(egress::PROXY_PORT, &base_env);
-            for (k, v) in vars {
-                base_env.retain(|(ek, _)| *ek != k);
-                base_env.push((k, v));
-            }
-        }
+        // The same layers as a native sandbox's, without the host's variables.
+        let base_env = native::layer_env(Vec::new(), &policy, &image.config.env, &req.env);
         let info = SandboxInfo {
             id: prepared.id.clone(),
             backend: "docker".into(),

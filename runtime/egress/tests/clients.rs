@@ -257,25 +257,7 @@ async fn git_clone_over_http() {
 }
 
 /// A wheel of the package `demo-pkg` 1.0, built by hand (a wheel is a zip with metadata).
-const MAKE_WHEEL: &str = r#"
-import base64, hashlib, sys, zipfile
-path = sys.argv[1]
-files = {
-    "demo_pkg/__init__.py": b"VALUE = 1\n",
-    "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n",
-    "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: taskbox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = ""
-for name, data in files.items():
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    record += f"{name},sha256={digest},{len(data)}\n"
-record += "demo_pkg-1.0.dist-info/RECORD,,\n"
-files["demo_pkg-1.0.dist-info/RECORD"] = record.encode()
-with zipfile.ZipFile(path, "w") as wheel:
-    for name, data in files.items():
-        wheel.writestr(name, data)
-print(hashlib.sha256(open(path, "rb").read()).hexdigest())
-"#;
+const MAKE_WHEEL: &str = include_str!("../../../tests/fixtures/make_wheel.py");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pip_download_from_a_local_index() {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::sys;
+use taskbox_core::changes;
 
 /// The prefix of OCI whiteout names.
 pub const WHITEOUT_PREFIX: &str = ".wh.";
@@ -163,8 +163,14 @@ fn walk_dir(
             });
         }
         let attrs = if mode == WalkMode::OverlayUpper && (ft.is_dir() || ft.is_file()) {
-            let a = sys::overlay_attrs(&path).map_err(io_err("read the xattrs of", &path))?;
-            if let Some(what) = a.unsupported {
+            let a = changes::overlay_attrs(&path).map_err(|e| LayerError::Io {
+                op: "read the xattrs of",
+                path: path.clone(),
+                source: io::Error::other(e),
+            })?;
+            let unsupported = (a.redirect.then_some("overlay.redirect"))
+                .or(a.metacopy.then_some("overlay.metacopy"));
+            if let Some(what) = unsupported {
                 return Err(LayerError::Unsupported {
                     path,
                     why: format!(
@@ -174,7 +180,7 @@ fn walk_dir(
             }
             a
         } else {
-            sys::OverlayAttrs::default()
+            changes::OverlayAttrs::default()
         };
         if ft.is_dir() {
             out.push(base);
