@@ -31,7 +31,10 @@
 #            127.0.0.1, inside a long-lived sandbox through its listener and the proxy (HTTP
 #            forwarding and CONNECT) against curl directly on the host (target >= 0.8x), and the
 #            latency a new connection through CONNECT adds (p50 < 1 ms); with the CPU seconds per
-#            GiB of the server and proxy together and of the proxy's threads alone.
+#            GiB of the server and proxy together and of the proxy's threads alone. Then
+#            `taskbox-bench egress-hop`: one relay hop in one process, direct against the proxy's
+#            splice relay and against an in-kernel sockmap redirect, and how much each lets queue
+#            for a client that reads nothing (why the proxy does not redirect in the kernel).
 #   replay   replay overhead beyond executing the operations themselves: `taskbox-bench replay`
 #            records a 1,000-operation trace (execs of /bin/true, writes and reads) on the native
 #            backend, then runs `taskbox replay TRACE --json` BENCH_REPLAY_ROUNDS times; the
@@ -532,6 +535,30 @@ def egress(args):
     with open(rows, "a") as fh:
         fh.writelines(out)
 
+def egress_hop(args):
+    """egress_hop ROWS FILE: one relay hop, direct / splice relay / sockmap redirect."""
+    rows, path = args
+    f = json.load(open(path))
+    out = []
+    gib = f["bytes"] / (1 << 30)
+    t = {r["mode"]: r for r in f["transfer"]}
+    for mode, r in t.items():
+        print(f"  egress-hop: {mode}: median {r['median_s']:.3f} s, {r['vs_direct_median_of_rounds']:.2f}x"
+              f" of direct (rounds {r['vs_direct_min']:.2f}-{r['vs_direct_max']:.2f}x)")
+    stall = {r["mode"]: r["pushed_bytes"] for r in f["stalled_client"]["runs"]}
+    for mode, pushed in stall.items():
+        print(f"  egress-hop: {mode}: {pushed / (1 << 20):.1f} MiB pushed towards a client that read"
+              f" nothing for {f['stalled_client']['secs']:g} s")
+    for mode, what in [("relay", "splice relay (the proxy's way)"), ("sockmap", "sk_msg sockmap redirect (not used)")]:
+        if mode in t:
+            r = t[mode]
+            out.append(md_row([f"{gib:g} GiB over one relay hop, {what}; queued for a stalled client",
+                               f"{r['median_s']:.3f} s; {stall.get(mode, 0) / (1 << 20):.1f} MiB queued",
+                               f"one TCP hop: {t['direct']['median_s']:.3f} s",
+                               f"{r['vs_direct_median_of_rounds']:.2f}x", "(informative)", ""]))
+    with open(rows, "a") as fh:
+        fh.writelines(out)
+
 getattr(sys.modules[__name__], sys.argv[1])(sys.argv[2:])
 PY
 py() { python3 "$SCRATCH/helpers.py" "$@"; }
@@ -888,6 +915,11 @@ bench_egress() {
     --state-dir "$SCRATCH/egress" --workspace "$SCRATCH/ws" --bytes "$EGRESS_BYTES" \
     --rounds "$EGRESS_ROUNDS" --conns "$EGRESS_CONNS" >"$SCRATCH/egress.json"
   py egress "$ROWS" "$SCRATCH/egress.json" | tee "$SCRATCH/egress.txt"
+  # Why the proxy keeps its second hop: the in-kernel redirect that would skip it (as root; it
+  # measures direct and relay only without CAP_BPF).
+  log "egress: one relay hop, $((EGRESS_BYTES >> 20)) MiB: direct, splice relay, sockmap redirect"
+  "$BENCH_CLIENT" egress-hop --bytes "$EGRESS_BYTES" --rounds "$EGRESS_ROUNDS" >"$SCRATCH/egress-hop.json"
+  py egress_hop "$ROWS" "$SCRATCH/egress-hop.json" | tee -a "$SCRATCH/egress.txt"
 }
 
 # ---- replay ----------------------------------------------------------------------------------

@@ -262,15 +262,6 @@ fn sandbox_exec(api: &dyn SandboxApi, id: &SandboxId, argv: Vec<String>) -> Resu
     Ok(r.stdout.text)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
 fn latency(out: &str) -> Result<Vec<Duration>> {
     let us: Vec<u64> = serde_json::from_str(out.trim()).context("latency client output")?;
     Ok(us.into_iter().map(Duration::from_micros).collect())
@@ -398,16 +389,16 @@ pub fn run(a: &EgressArgs) -> Result<Value> {
                ratios: Option<&mut Vec<f64>>|
      -> Value {
         let best = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let med = median(times);
+        let med = stats::median(times);
         json!({
             "name": name,
-            "server_proxy_cpu_s_per_gib": ((median(&mut cpu.iter().map(|c| c.0).collect::<Vec<_>>()) / gib) * 100.0).round() / 100.0,
-            "proxy_cpu_s_per_gib": ((median(&mut cpu.iter().map(|c| c.1).collect::<Vec<_>>()) / gib) * 100.0).round() / 100.0,
+            "server_proxy_cpu_s_per_gib": ((stats::median(&cpu.iter().map(|c| c.0).collect::<Vec<_>>()) / gib) * 100.0).round() / 100.0,
+            "proxy_cpu_s_per_gib": ((stats::median(&cpu.iter().map(|c| c.1).collect::<Vec<_>>()) / gib) * 100.0).round() / 100.0,
             "median_s": (med * 1000.0).round() / 1000.0,
             "best_s": (best * 1000.0).round() / 1000.0,
             "mib_per_s": ((a.bytes as f64 / (1 << 20) as f64) / med).round(),
             "gib": gib,
-            "vs_direct_median_of_rounds": ratios.map(|r| (median(r) * 100.0).round() / 100.0),
+            "vs_direct_median_of_rounds": ratios.map(|r| (stats::median(r) * 100.0).round() / 100.0),
         })
     };
     let mut lat = [

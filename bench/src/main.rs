@@ -7,6 +7,7 @@
 
 mod docker;
 mod egress;
+mod hop;
 mod http;
 mod procfs;
 mod replay;
@@ -68,6 +69,9 @@ enum Cmd {
     /// The client half of `egress`, run on the host and inside the sandbox.
     #[command(subcommand)]
     EgressClient(egress::ClientCmd),
+    /// One relay hop on loopback: direct, through a splice relay as the proxy's, and through an
+    /// in-kernel sockmap redirect; and what each lets pile up for a client that does not read.
+    EgressHop(hop::HopArgs),
     /// Replay overhead beyond the operations themselves, for a trace of OPS operations
     /// recorded here (`taskbox replay` run ROUNDS times).
     Replay(replay::ReplayArgs),
@@ -169,6 +173,7 @@ fn main() -> Result<()> {
         Cmd::Docker(a) => docker::run(&a)?,
         Cmd::Egress(a) => egress::run(&a)?,
         Cmd::EgressClient(c) => return egress::client(c),
+        Cmd::EgressHop(a) => return hop::run(&a),
         Cmd::Replay(a) => replay::run(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);

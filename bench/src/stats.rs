@@ -13,6 +13,13 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The middle value (the upper one of an even count); NaN for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// `{name, n, min, p50, p90, p99, max, mean}` in milliseconds.
 pub fn summary(name: &str, samples: &[Duration]) -> Value {
     let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
