@@ -1089,13 +1089,14 @@ impl Runner {
 
         let asked = Arc::new(AtomicU32::new(0));
         let mut answers: Vec<std::thread::JoinHandle<()>> = Vec::new();
+        let mut answered: Vec<Approval> = Vec::new();
         let outcome = {
             let api = self.api.clone();
             let id = self.id.clone();
             let approver = self.opts.approver.clone();
             let asked = asked.clone();
-            let mut on_event = |ev: ExecEvent| {
-                if let ExecEvent::Approval { approval } = ev {
+            let mut on_event = |ev: ExecEvent| match ev {
+                ExecEvent::Approval { approval } => {
                     asked.fetch_add(1, Ordering::SeqCst);
                     let api = api.clone();
                     let id = id.clone();
@@ -1104,6 +1105,8 @@ impl Runner {
                         answer_approval(api.as_ref(), &id, &approval, approver.as_ref())
                     }));
                 }
+                ExecEvent::Answered { approval } => answered.push(*approval),
+                _ => {}
             };
             self.api.exec(&self.id, req, Some(&mut on_event))
         };
@@ -1111,6 +1114,19 @@ impl Runner {
             let _ = h.join();
         }
         self.st.metrics.approvals_asked += asked.load(Ordering::SeqCst);
+        for a in answered {
+            let record = Record::Approval {
+                turn: self.st.turn + 1,
+                command: a.command,
+                rule: a.rule,
+                state: a.state,
+                denial_reason: a.denial_reason,
+            };
+            // The trace's next write reports a broken trace; the exec's answer stands.
+            if let Err(e) = self.record(record) {
+                tracing::warn!(error = %e, "cannot record an approval in the trace");
+            }
+        }
         match outcome {
             Ok(ExecOutcome::Finished(r)) => {
                 if r.refused_by_command_policy() {

@@ -4,15 +4,19 @@
 //!
 //! Turns that a resume re-did are taken from the run that completed them: a `resume` record
 //! drops what the interrupted run recorded after its last completed turn.
+//!
+//! Approvals the command policy asked for are answered as the recording says they were
+//! ([`RecordedApprovals`]), whoever answered them then: the agent's approver or a person.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use regex::Regex;
 use serde::{Deserialize, Serialize};
-use taskbox_core::api::SandboxApi;
+use taskbox_core::api::{Approval, ApprovalState, SandboxApi};
 
-use crate::agent::{self, AgentError, Options, TRACE_FILE, TaskSpec};
+use crate::agent::{self, AgentError, Approver, Decision, Options, TRACE_FILE, TaskSpec};
 use crate::contract::Contract;
 use crate::model::{ModelResponse, Recorded};
 use crate::trajectory::{self, Record};
@@ -87,7 +91,49 @@ struct Recording {
     spec: TaskSpec,
     responses: Vec<ModelResponse>,
     tools: Vec<(String, String)>,
+    /// How each `ask` was answered, in order.
+    approvals: Vec<Answer>,
     termination: Option<String>,
+}
+
+/// A recorded answer to an approval.
+#[derive(Debug, Clone)]
+struct Answer {
+    command: String,
+    state: ApprovalState,
+    denial_reason: Option<String>,
+}
+
+/// Answers the replay's approvals as the recorded ones were answered, in order: approved,
+/// denied with the recorded reason, or left to expire as it did (the replay then waits the
+/// policy's `ask_timeout`). An ask the recording does not have, or for another command, is
+/// denied with a reason that says so, and the observation shows the divergence.
+struct RecordedApprovals {
+    answers: Mutex<VecDeque<Answer>>,
+}
+
+impl Approver for RecordedApprovals {
+    fn decide(&self, approval: &Approval) -> Decision {
+        let next = self
+            .answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front();
+        let Some(answer) = next else {
+            return Decision::Deny("the recording answered no more approvals".into());
+        };
+        if answer.command != approval.command {
+            return Decision::Deny(format!(
+                "the recording's next approval was for `{}`, not this command",
+                answer.command
+            ));
+        }
+        match answer.state {
+            ApprovalState::Approved => Decision::Approve,
+            ApprovalState::Denied => Decision::Deny(answer.denial_reason.unwrap_or_default()),
+            ApprovalState::Expired | ApprovalState::Pending => Decision::Defer,
+        }
+    }
 }
 
 fn load(trace: &Path) -> Result<Recording, AgentError> {
@@ -95,6 +141,7 @@ fn load(trace: &Path) -> Result<Recording, AgentError> {
     let mut spec = None;
     let mut responses: Vec<(u32, ModelResponse)> = Vec::new();
     let mut tools: Vec<(u32, String, String)> = Vec::new();
+    let mut approvals: Vec<(u32, Answer)> = Vec::new();
     let mut termination = None;
     for r in records {
         match r {
@@ -120,9 +167,24 @@ fn load(trace: &Path) -> Result<Recording, AgentError> {
                 observation,
                 ..
             } => tools.push((turn, call.name, observation)),
+            Record::Approval {
+                turn,
+                command,
+                state,
+                denial_reason,
+                ..
+            } => approvals.push((
+                turn,
+                Answer {
+                    command,
+                    state,
+                    denial_reason,
+                },
+            )),
             Record::Resume { from_turn, .. } => {
                 responses.retain(|(t, _)| *t <= from_turn);
                 tools.retain(|(t, _, _)| *t <= from_turn);
+                approvals.retain(|(t, _)| *t <= from_turn);
             }
             Record::End { termination: t, .. } => termination = Some(t),
             _ => {}
@@ -133,6 +195,7 @@ fn load(trace: &Path) -> Result<Recording, AgentError> {
         spec,
         responses: responses.into_iter().map(|(_, r)| r).collect(),
         tools: tools.into_iter().map(|(_, n, o)| (n, o)).collect(),
+        approvals: approvals.into_iter().map(|(_, a)| a).collect(),
         termination,
     })
 }
@@ -150,7 +213,11 @@ pub fn replay(
         rec.spec.workspace = w;
     }
     let model = Box::new(Recorded::new(rec.responses));
-    let report = agent::start(api, model, rec.spec, Options::new(&task_dir))?;
+    let mut opts = Options::new(&task_dir);
+    opts.approver = Arc::new(RecordedApprovals {
+        answers: Mutex::new(rec.approvals.into()),
+    });
+    let report = agent::start(api, model, rec.spec, opts)?;
     let replayed = load(&task_dir.join(TRACE_FILE))?;
     let mut divergence = None;
     let mut compared = 0;

@@ -5,8 +5,8 @@
 //!
 //! Records (`type`): `task` (contract, model, system prompt, sandbox), `model_request` (the
 //! messages added since the previous request, and the total), `model_response`, `model_error`,
-//! `tool` (the call and the observation as rendered for the model), `verify`, `turn_end`,
-//! `resume`, `end`. Each line is written with one `write` and flushed; it is not synced to
+//! `tool` (the call and the observation as rendered for the model), `approval` (how an `ask` of
+//! the command policy was answered), `verify`, `turn_end`, `resume`, `end`. Each line is written with one `write` and flushed; it is not synced to
 //! disk (the state file is what resume relies on). Secrets are masked as in the sandbox's
 //! trace; the state file keeps the conversation as the model saw it (resume needs it), so it
 //! is written beside the trace with the same care.
@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use taskbox_core::api::ApprovalState;
 
 use crate::model::{Message, ModelResponse, ToolCall};
 
@@ -74,6 +76,15 @@ pub enum Record {
     TurnEnd {
         turn: u32,
         checkpoint: Option<String>,
+    },
+    /// How an approval the command policy asked for during a tool call was answered: by the
+    /// agent's approver or by a person through the API. A replay answers the same way.
+    Approval {
+        turn: u32,
+        command: String,
+        rule: Option<String>,
+        state: ApprovalState,
+        denial_reason: Option<String>,
     },
     Resume {
         from_turn: u32,

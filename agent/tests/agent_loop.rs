@@ -722,6 +722,112 @@ fn replay_matches_the_original_and_reports_a_divergence() {
     assert!(r.render().contains("DIVERGES"));
 }
 
+/// Answers by file name: `a` approved, `b` denied, anything else left to expire.
+struct ByFile;
+impl Approver for ByFile {
+    fn decide(&self, approval: &Approval) -> Decision {
+        if approval.command.contains("a.txt") {
+            Decision::Approve
+        } else if approval.command.contains("b.txt") {
+            Decision::Deny("not b".into())
+        } else {
+            Decision::Defer
+        }
+    }
+}
+
+/// The approval records of a trace: (command, state, denial reason).
+fn approvals_in(trace: &std::path::Path) -> Vec<(String, String, Option<String>)> {
+    std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["type"] == "approval")
+        .map(|r| {
+            (
+                r["command"].as_str().unwrap_or_default().to_owned(),
+                r["state"].as_str().unwrap_or_default().to_owned(),
+                r["denial_reason"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn replay_answers_the_approvals_as_they_were_answered() {
+    let fx = Fx::new();
+    let policy = fx.env.policy(
+        "ask",
+        "[commands]\nask = [\"touch\"]\nask_timeout = \"1s\"\n",
+    );
+    let mut steps = vec![
+        Step::call("exec", json!({"command": "touch a.txt"})),
+        Step::call("exec", json!({"command": "touch b.txt"})),
+        Step::call("exec", json!({"command": "touch c.txt"})),
+    ];
+    steps.extend(fixing_steps());
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let mut spec = fx.spec(fx.contract());
+    spec.policy = Some(policy.display().to_string());
+    let mut opts = fx.options();
+    opts.approver = Arc::new(ByFile);
+    let model = model_config(&mock, Provider::Openai).build().unwrap();
+    let report = taskbox_agent::start(fx.api.clone(), model, spec, opts).unwrap();
+    assert_eq!(report.termination, Termination::Completed, "{report:#?}");
+    assert_eq!(report.metrics.approvals_asked, 3);
+    let trace = fx.task_dir.join("trace.jsonl");
+    let recorded = approvals_in(&trace);
+    assert_eq!(
+        recorded,
+        vec![
+            ("touch a.txt".to_owned(), "approved".to_owned(), None),
+            (
+                "touch b.txt".to_owned(),
+                "denied".to_owned(),
+                Some("not b".to_owned())
+            ),
+            ("touch c.txt".to_owned(), "expired".to_owned(), None),
+        ]
+    );
+    let got = mock.received();
+    assert!(last_content(&got[3].body).contains("no one answered within 1s"));
+    drop(mock);
+
+    // The replay's approver is the recording: the same answers, the same observations (before,
+    // the replay denied every ask for want of a person and diverged at the first).
+    let dir = fx.env.dir.path().join("replay");
+    let r = taskbox_agent::replay::replay(fx.api.clone(), &trace, dir.clone(), None).unwrap();
+    assert!(r.matched, "{}", r.render());
+    assert_eq!(r.compared, 7);
+    assert_eq!(approvals_in(&dir.join("trace.jsonl")), recorded);
+
+    // A recording whose answer was for another command does not answer this one.
+    let edited = fx.env.dir.path().join("edited.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+            if r["type"] == "approval" && r["command"] == "touch a.txt" {
+                r["command"] = "touch z.txt".into();
+            }
+            r.to_string()
+        })
+        .collect();
+    std::fs::write(&edited, lines.join("\n") + "\n").unwrap();
+    let r = taskbox_agent::replay::replay(
+        fx.api.clone(),
+        &edited,
+        fx.env.dir.path().join("replay-edited"),
+        None,
+    )
+    .unwrap();
+    assert!(!r.matched, "{}", r.render());
+    let d = r.divergence.as_ref().unwrap();
+    assert_eq!(d.index, 1, "{}", r.render());
+    assert!(d.actual.contains("touch z.txt"), "{}", r.render());
+}
+
 #[test]
 fn eval_runs_the_three_sample_tasks_and_prints_the_table() {
     let fx = Fx::new();

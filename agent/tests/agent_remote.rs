@@ -153,6 +153,16 @@ fn an_ask_left_to_the_api_is_answered_by_a_person_through_it() {
     assert_eq!(report.termination, Termination::Completed, "{report:#?}");
     assert_eq!(report.metrics.approvals_asked, 1);
     assert!(report.files_changed.iter().any(|f| f == "approved.txt"));
+    // The person's answer reached the agent through the exec's event stream (`answered`), and
+    // its trace keeps it for a replay.
+    let trace = std::fs::read_to_string(fx.task_dir.join("trace.jsonl")).unwrap();
+    let approval = trace
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["type"] == "approval")
+        .expect("an approval record in the agent's trace");
+    assert_eq!(approval["command"], "touch approved.txt", "{approval}");
+    assert_eq!(approval["state"], "approved", "{approval}");
     api.destroy(&taskbox_core::api::SandboxId::parse(&report.sandbox).unwrap())
         .unwrap();
 }

@@ -294,6 +294,136 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     assert!(e.contains("is not in") && e.contains("--repo DIR"), "{e}");
 }
 
+/// The first pending approval of sandbox `id` (waiting up to 30 s for one): its id.
+fn first_pending(sup: &Supervisor, id: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        let list = ok(
+            sup,
+            "GET",
+            &format!("/v1/sandboxes/{id}/approvals?wait_ms=2000"),
+            Value::Null,
+        );
+        if let Some(a) = list.as_array().and_then(|l| l.first()) {
+            return a["id"].as_str().unwrap().to_string();
+        }
+    }
+    panic!("no approval appeared");
+}
+
+#[test]
+fn execs_the_command_policy_asked_about_replay_as_they_were_answered() {
+    let env = Env::new();
+    repo(&env);
+    let policy = env.policy(
+        "ask",
+        "[commands]\nask = [\"touch\"]\nask_timeout = \"1s\"\n",
+    );
+    let sup = Supervisor::start(&env, &[]);
+    let info = ok(
+        &sup,
+        "POST",
+        "/v1/sandboxes",
+        json!({"workspace": env.ws().display().to_string(), "policy": policy}),
+    );
+    let id = info["id"].as_str().unwrap().to_string();
+    let exec_path = format!("/v1/sandboxes/{id}/exec");
+    let later = |body: Value| {
+        let socket = sup.socket.clone();
+        let path = exec_path.clone();
+        std::thread::spawn(move || http::call(&socket, "POST", &path, Some(&body)))
+    };
+    // Approved: it runs.
+    let exec = later(json!({"shell": "touch approved.txt && echo ran"}));
+    let aid = first_pending(&sup, &id);
+    ok(
+        &sup,
+        "POST",
+        &format!("/v1/sandboxes/{id}/approvals/{aid}/approve"),
+        Value::Null,
+    );
+    let (status, r) = exec.join().unwrap();
+    assert_eq!(
+        (status, r["stdout"]["text"].as_str()),
+        (200, Some("ran\n")),
+        "{r}"
+    );
+    // Denied with a reason, and left to expire: neither runs.
+    let exec = later(json!({"argv": ["touch", "denied.txt"]}));
+    let aid = first_pending(&sup, &id);
+    ok(
+        &sup,
+        "POST",
+        &format!("/v1/sandboxes/{id}/approvals/{aid}/deny"),
+        json!({"reason": "not this one"}),
+    );
+    let (_, r) = exec.join().unwrap();
+    assert_eq!(r["violations"][0]["kind"], "command", "{r}");
+    let r = ok(
+        &sup,
+        "POST",
+        &exec_path,
+        json!({"argv": ["touch", "expired.txt"]}),
+    );
+    assert!(
+        r["violations"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no one answered within 1s"),
+        "{r}"
+    );
+    let r = ok(&sup, "POST", &exec_path, json!({"shell": "ls *.txt"}));
+    assert_eq!(r["stdout"]["text"], "approved.txt\n", "{r}");
+    ok(&sup, "DELETE", &format!("/v1/sandboxes/{id}"), Value::Null);
+    drop(sup);
+
+    let trace = env.state().join("traces").join(format!("{id}.jsonl"));
+    let (code, report) = replay_json(&env, &trace, &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["diverged"], 0, "{report:#}");
+    let ops = report["ops"].as_array().unwrap();
+    let status = |op: &str| -> Vec<String> {
+        ops.iter()
+            .filter(|o| o["op"] == op)
+            .map(|o| o["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Every exec was re-issued and matched: the approved one ran again (the last `ls` shows it),
+    // the denied and the expired ones were refused again.
+    assert_eq!(status("exec"), ["match"; 4], "{report:#}");
+    // The answers themselves are carried by the execs they answered.
+    assert_eq!(status("approve"), ["skipped"], "{report:#}");
+    assert_eq!(status("deny"), ["skipped"], "{report:#}");
+
+    // Had the recording refused the approved exec, the replay refuses it too (the answer is the
+    // recording's): the first divergence is the later `ls`, which no longer finds the file.
+    let tampered = env.dir.path().join("tampered.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("\"op\":\"exec\"") && l.contains("touch approved.txt"))
+        .unwrap();
+    tamper(&trace, &tampered, at, |v| {
+        v["outcome"]["ok"]["violations"] = json!([{"kind": "command", "detail": "denied"}]);
+    });
+    let (code, report) = replay_json(&env, &tampered, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let first = report["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["status"] == "diverged")
+        .unwrap();
+    assert!(
+        first["detail"].as_str().unwrap().contains("ls *.txt"),
+        "{first:#}"
+    );
+}
+
 #[test]
 fn hostile_traces_get_clear_reports() {
     let env = Env::new();

@@ -833,6 +833,17 @@ fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
                     a["reason"].as_str().unwrap_or("")
                 );
             }
+            "answered" => {
+                let a = &v["approval"];
+                let id = a["id"].as_str().unwrap_or("?");
+                match a["denial_reason"].as_str() {
+                    Some(reason) => eprintln!("taskbox: approval {id} denied: {reason}"),
+                    None => eprintln!(
+                        "taskbox: approval {id} {}",
+                        a["state"].as_str().unwrap_or("answered")
+                    ),
+                }
+            }
             "error" => bail!(
                 "{}",
                 v["error"]["message"].as_str().unwrap_or("the exec failed")

@@ -141,6 +141,8 @@ pub enum ApprovalState {
     Approved,
     /// Denied: the exec returns a violation with the reason.
     Denied,
+    /// No one answered before it expired: the exec returns a violation saying so.
+    Expired,
 }
 
 /// An exec that waits for a person's approval because of the command policy's `ask`.
@@ -268,6 +270,12 @@ pub enum ExecEvent {
     /// The command policy asks a person first: the exec waits until the approval is answered
     /// (then `started`, or `ended` with a violation) or times out.
     Approval {
+        approval: Box<Approval>,
+    },
+    /// The approval was answered (its `state` says how: approved, denied with its
+    /// `denial_reason`, or expired); the exec then starts or ends refused. A replay answers the
+    /// same way.
+    Answered {
         approval: Box<Approval>,
     },
     Started {

@@ -271,7 +271,22 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                     });
                 }
                 let approval_id = approval.id.clone();
-                match self.queue.wait(approval, timeout) {
+                let mut answered = approval.clone();
+                let answer = self.queue.wait(approval, timeout);
+                if let Some(events) = events.as_mut() {
+                    match &answer {
+                        Answer::Approved => answered.state = ApprovalState::Approved,
+                        Answer::Denied(reason) => {
+                            answered.state = ApprovalState::Denied;
+                            answered.denial_reason = Some(reason.clone());
+                        }
+                        Answer::Expired => answered.state = ApprovalState::Expired,
+                    }
+                    events(ExecEvent::Answered {
+                        approval: Box::new(answered),
+                    });
+                }
+                match answer {
                     Answer::Approved => {
                         tracing::info!(sandbox = %id, approval = %approval_id, "approved; the exec runs");
                         self.inner.exec(id, req, events)
@@ -547,10 +562,7 @@ impl Queue {
                 approval.state = ApprovalState::Denied;
                 approval.denial_reason = Some(reason.clone());
             }
-            Answer::Expired => {
-                approval.state = ApprovalState::Denied;
-                approval.denial_reason = Some("no answer in time".to_owned());
-            }
+            Answer::Expired => approval.state = ApprovalState::Expired,
         }
         entry.answer = Some(answer);
         self.changed.notify_all();

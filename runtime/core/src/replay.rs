@@ -881,12 +881,13 @@ impl Engine<'_> {
                     .map_err(|e| Skip(format!("invalid recorded exec: {e}")))?;
                 match self.policy.commands.check(&argv).verdict {
                     Verdict::Allow => {}
+                    // Answered as it was then: refused (denied, or no answer in time) or run.
                     Verdict::Ask => {
-                        return Err(Skip(
-                            "the command policy asks a person about it; replay does not answer \
-                             approvals"
-                                .into(),
-                        ));
+                        if let Outcome::Ok(rec) = &op.outcome
+                            && violation_kinds(rec).iter().any(|k| k == "command")
+                        {
+                            return Ok(Outcome::Ok(json!({ "refused": true })));
+                        }
                     }
                     Verdict::Forbid => {
                         // Refused without running, as the command policy would.
@@ -966,7 +967,9 @@ impl Engine<'_> {
             "destroy" => trace::observe(&api.destroy(id), |_, _| {}),
             "approve" | "deny" => {
                 return Err(Skip(
-                    "approvals are a person's answers; replay does not re-answer them".into(),
+                    "an answer to an approval; the exec that asked is replayed as it was \
+                     answered"
+                        .into(),
                 ));
             }
             "create" => return Err(Skip("a second create in one trace".into())),

@@ -159,6 +159,7 @@ enum Msg {
 fn event_name(ev: &ExecEvent) -> &'static str {
     match ev {
         ExecEvent::Approval { .. } => "approval",
+        ExecEvent::Answered { .. } => "answered",
         ExecEvent::Started { .. } => "started",
         ExecEvent::Stdout { .. } => "stdout",
         ExecEvent::Stderr { .. } => "stderr",
