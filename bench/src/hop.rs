@@ -220,38 +220,76 @@ fn drain(mut from: &TcpStream) -> Result<u64> {
     }
 }
 
-/// A relay's connections, set up for `mode`: (the client's socket, the server's, the relay's
-/// upstream socket, the relay's client-side socket, the sockmap holding the client's hop).
-struct Hop {
+/// A relay at work: the server writing, the relay moving its bytes towards the client.
+struct Running {
+    /// The client's socket, for the caller to read (or not).
     client: TcpStream,
+    /// Other handles on the server's and the relay's upstream sockets, to cut them off.
     server: TcpStream,
     upstream: TcpStream,
-    near: TcpStream,
+    /// Bytes the relay has pushed towards the client.
+    pushed: Arc<AtomicU64>,
+    writer: std::thread::JoinHandle<()>,
+    relayer: std::thread::JoinHandle<io::Result<()>>,
+    /// The sockmap of the client's hop (`Mode::Sockmap`), kept while the relay runs.
     _map: Option<Pair>,
 }
 
-fn hop(mode: Mode, redirect: Option<&Redirect>) -> Result<Hop> {
-    let (upstream, server) = tcp_pair()?;
-    let (client, near) = tcp_pair()?;
-    let map = match (mode, redirect) {
-        (Mode::Sockmap, Some(r)) => Some(r.pair(&client, &near)?),
-        (Mode::Sockmap, None) => bail!("no sockmap redirect"),
-        _ => None,
-    };
-    Ok(Hop {
-        client,
-        server,
-        upstream,
-        near,
-        _map: map,
-    })
+impl Running {
+    /// Connects server, relay and client for `mode` and starts the server and the relay.
+    fn start(mode: Mode, bytes: u64, redirect: Option<&Redirect>) -> Result<Running> {
+        let (upstream, server) = tcp_pair()?;
+        let (client, near) = tcp_pair()?;
+        let map = match (mode, redirect) {
+            (Mode::Sockmap, Some(r)) => Some(r.pair(&client, &near)?),
+            (Mode::Sockmap, None) => bail!("no sockmap redirect"),
+            _ => None,
+        };
+        let pushed = Arc::new(AtomicU64::new(0));
+        let (server_end, upstream_end) = (server.try_clone()?, upstream.try_clone()?);
+        let writer = std::thread::spawn(move || serve(server, bytes));
+        let relay_pushed = pushed.clone();
+        let relayer = std::thread::spawn(move || relay(&upstream, &near, &relay_pushed));
+        Ok(Running {
+            client,
+            server: server_end,
+            upstream: upstream_end,
+            pushed,
+            writer,
+            relayer,
+            _map: map,
+        })
+    }
+
+    /// Cuts every connection off (the relay and the server fail out of blocked calls; after a
+    /// complete transfer there are none) and waits for both threads; the relay's outcome.
+    fn finish(self) -> io::Result<()> {
+        let Running {
+            client,
+            server,
+            upstream,
+            writer,
+            relayer,
+            ..
+        } = self;
+        for s in [&upstream, &server] {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        // Closed with unread data, the client's socket resets the connection: a relay blocked
+        // on its full window fails out (a shutdown would leave it waiting).
+        drop(client);
+        writer.join().ok();
+        relayer
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the relay panicked")))
+    }
 }
 
 /// Seconds for the client to receive `bytes` from the server in `mode`.
 fn transfer(mode: Mode, bytes: u64, redirect: Option<&Redirect>) -> Result<f64> {
+    let start = Instant::now();
     if mode == Mode::Direct {
         let (client, server) = tcp_pair()?;
-        let start = Instant::now();
         let writer = std::thread::spawn(move || serve(server, bytes));
         let got = drain(&client)?;
         let secs = start.elapsed().as_secs_f64();
@@ -259,25 +297,12 @@ fn transfer(mode: Mode, bytes: u64, redirect: Option<&Redirect>) -> Result<f64> 
         anyhow::ensure!(got == bytes, "direct: {got} of {bytes} bytes arrived");
         return Ok(secs);
     }
-    let Hop {
-        client,
-        server,
-        upstream,
-        near,
-        _map,
-    } = hop(mode, redirect)?;
-    let pushed = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let writer = std::thread::spawn(move || serve(server, bytes));
-    let relay_pushed = pushed.clone();
-    let relayer = std::thread::spawn(move || relay(&upstream, &near, &relay_pushed));
-    let got = drain(&client)?;
+    let run = Running::start(mode, bytes, redirect)?;
+    let got = drain(&run.client);
     let secs = start.elapsed().as_secs_f64();
-    writer.join().ok();
-    relayer
-        .join()
-        .map_err(|_| anyhow::anyhow!("the relay panicked"))?
-        .with_context(|| format!("{mode:?}: relaying"))?;
+    let relayed = run.finish();
+    let got = got?;
+    relayed.with_context(|| format!("{mode:?}: relaying"))?;
     anyhow::ensure!(got == bytes, "{mode:?}: {got} of {bytes} bytes arrived");
     Ok(secs)
 }
@@ -289,28 +314,10 @@ fn stalled_push(
     stall_secs: f64,
     redirect: Option<&Redirect>,
 ) -> Result<u64> {
-    let Hop {
-        client,
-        server,
-        upstream,
-        near,
-        _map,
-    } = hop(mode, redirect)?;
-    let pushed = Arc::new(AtomicU64::new(0));
-    let server_end = server.try_clone()?;
-    let upstream_end = upstream.try_clone()?;
-    let writer = std::thread::spawn(move || serve(server, bytes));
-    let relay_pushed = pushed.clone();
-    let relayer = std::thread::spawn(move || relay(&upstream, &near, &relay_pushed));
+    let run = Running::start(mode, bytes, redirect)?;
     std::thread::sleep(Duration::from_secs_f64(stall_secs));
-    let queued = pushed.load(Ordering::Relaxed);
-    // Cut everything off: the relay and the server fail out of their blocked calls.
-    let _ = client.shutdown(std::net::Shutdown::Both);
-    let _ = upstream_end.shutdown(std::net::Shutdown::Both);
-    let _ = server_end.shutdown(std::net::Shutdown::Both);
-    drop(client);
-    writer.join().ok();
-    relayer.join().ok();
+    let queued = run.pushed.load(Ordering::Relaxed);
+    let _ = run.finish();
     Ok(queued)
 }
 

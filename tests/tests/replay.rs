@@ -221,6 +221,16 @@ fn tamper(src: &Path, dst: &Path, line: usize, f: impl FnOnce(&mut Value)) {
     std::fs::write(dst, lines.join("\n") + "\n").unwrap();
 }
 
+/// The report's first diverged operation.
+fn first_divergence(report: &Value) -> &Value {
+    report["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["status"] == "diverged")
+        .unwrap_or_else(|| panic!("no divergence: {report:#}"))
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -265,12 +275,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     });
     let (code, report) = replay_json(&env, &t, &[]);
     assert_eq!(code, 1);
-    let first = report["ops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["status"] == "diverged")
-        .unwrap();
+    let first = first_divergence(&report);
     assert_eq!(first["seq"], 2, "{first:#}");
     assert_eq!(first["mismatches"][0]["field"], "stdout");
 
@@ -412,12 +417,7 @@ fn execs_the_command_policy_asked_about_replay_as_they_were_answered() {
     });
     let (code, report) = replay_json(&env, &tampered, &[]);
     assert_eq!(code, 1, "{report:#}");
-    let first = report["ops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["status"] == "diverged")
-        .unwrap();
+    let first = first_divergence(&report);
     assert!(
         first["detail"].as_str().unwrap().contains("ls *.txt"),
         "{first:#}"

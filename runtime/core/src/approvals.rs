@@ -274,14 +274,7 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                 let mut answered = approval.clone();
                 let answer = self.queue.wait(approval, timeout);
                 if let Some(events) = events.as_mut() {
-                    match &answer {
-                        Answer::Approved => answered.state = ApprovalState::Approved,
-                        Answer::Denied(reason) => {
-                            answered.state = ApprovalState::Denied;
-                            answered.denial_reason = Some(reason.clone());
-                        }
-                        Answer::Expired => answered.state = ApprovalState::Expired,
-                    }
+                    answer.apply(&mut answered);
                     events(ExecEvent::Answered {
                         approval: Box::new(answered),
                     });
@@ -463,6 +456,20 @@ enum Answer {
     Expired,
 }
 
+impl Answer {
+    /// `approval` as this answer leaves it: its state, and a denial's reason.
+    fn apply(&self, approval: &mut Approval) {
+        match self {
+            Answer::Approved => approval.state = ApprovalState::Approved,
+            Answer::Denied(reason) => {
+                approval.state = ApprovalState::Denied;
+                approval.denial_reason = Some(reason.clone());
+            }
+            Answer::Expired => approval.state = ApprovalState::Expired,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     approval: Approval,
@@ -556,14 +563,7 @@ impl Queue {
             .filter(|e| e.approval.sandbox == *sandbox && e.answer.is_none())
             .ok_or_else(|| approval_not_found(sandbox, id))?;
         let mut approval = entry.approval.clone();
-        match &answer {
-            Answer::Approved => approval.state = ApprovalState::Approved,
-            Answer::Denied(reason) => {
-                approval.state = ApprovalState::Denied;
-                approval.denial_reason = Some(reason.clone());
-            }
-            Answer::Expired => approval.state = ApprovalState::Expired,
-        }
+        answer.apply(&mut approval);
         entry.answer = Some(answer);
         self.changed.notify_all();
         Ok(approval)
