@@ -16,7 +16,7 @@ use crate::context;
 use crate::contract::{Contract, Scope, normalise};
 use crate::model::{Finish, Message, Model, ModelError, ModelRequest, ToolCall};
 use crate::report::Report;
-use crate::state::{Metrics, Plan, STATE_VERSION, TaskState, Termination};
+use crate::state::{Plan, TaskState, Termination};
 use crate::tools::{self, Action};
 use crate::trajectory::{Record, Trajectory, VerifyRun};
 
@@ -237,29 +237,13 @@ pub fn start(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "task".into());
     let st = TaskState {
-        version: STATE_VERSION,
-        task_id: task_id.clone(),
-        pending_verification: spec.contract.verify.clone(),
         messages: vec![Message::user(task_message(&spec.contract))],
-        contract: spec.contract.clone(),
         workspace: spec.workspace.clone(),
         policy: info.policy.clone(),
         model: model.describe(),
         system_prompt: system.clone(),
         sandbox: info.id.to_string(),
-        turn: 0,
-        plan: None,
-        completed_steps: Vec::new(),
-        failed_attempts: Vec::new(),
-        files_touched: Default::default(),
-        out_of_scope: Default::default(),
-        verify_attempts: 0,
-        metrics: Metrics::default(),
-        checkpoint: None,
-        workspace_patch: String::new(),
-        binary_files: Default::default(),
-        elapsed_before_ms: 0,
-        termination: None,
+        ..TaskState::new(task_id.clone(), spec.contract.clone())
     };
     let trace_path = opts.task_dir.join(TRACE_FILE);
     let mut trace =

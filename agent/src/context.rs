@@ -147,33 +147,18 @@ mod tests {
     use super::*;
     use crate::contract::Contract;
     use crate::model::ToolCall;
-    use crate::state::{Metrics, STATE_VERSION};
 
     fn state() -> TaskState {
         TaskState {
-            version: STATE_VERSION,
-            task_id: "t".into(),
-            contract: Contract::with_goal("g"),
             workspace: "/w".into(),
             policy: "default".into(),
             model: "m".into(),
-            system_prompt: String::new(),
             sandbox: "sb-1".into(),
-            turn: 0,
-            messages: Vec::new(),
-            plan: None,
             completed_steps: vec!["turn 2: edited src/a.rs".into()],
             failed_attempts: vec!["turn 3: `cargo test` exit 101".into()],
             pending_verification: vec!["cargo test".into()],
             files_touched: ["src/a.rs".to_owned()].into(),
-            out_of_scope: Default::default(),
-            verify_attempts: 0,
-            metrics: Metrics::default(),
-            checkpoint: None,
-            workspace_patch: String::new(),
-            binary_files: Default::default(),
-            elapsed_before_ms: 0,
-            termination: None,
+            ..TaskState::new("t".into(), Contract::with_goal("g"))
         }
     }
 

@@ -130,6 +130,36 @@ pub struct TaskState {
 }
 
 impl TaskState {
+    /// The state of a task that has not started: no turns, nothing done, every verification
+    /// command pending; the other fields empty, for the caller to fill.
+    pub fn new(task_id: String, contract: Contract) -> TaskState {
+        TaskState {
+            version: STATE_VERSION,
+            task_id,
+            pending_verification: contract.verify.clone(),
+            contract,
+            workspace: String::new(),
+            policy: String::new(),
+            model: String::new(),
+            system_prompt: String::new(),
+            sandbox: String::new(),
+            turn: 0,
+            messages: Vec::new(),
+            plan: None,
+            completed_steps: Vec::new(),
+            failed_attempts: Vec::new(),
+            files_touched: BTreeSet::new(),
+            out_of_scope: BTreeSet::new(),
+            verify_attempts: 0,
+            metrics: Metrics::default(),
+            checkpoint: None,
+            workspace_patch: String::new(),
+            binary_files: BTreeMap::new(),
+            elapsed_before_ms: 0,
+            termination: None,
+        }
+    }
+
     /// Writes the state to `path` atomically (a temporary file renamed into place), readable by
     /// its owner only: it holds the conversation unmasked.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {

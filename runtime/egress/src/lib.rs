@@ -243,6 +243,12 @@ impl Proxy {
         let local = listener
             .local_addr()
             .map_err(|source| EgressError::ListenTcp { addr, source })?;
+        self.accept_tcp(listener);
+        Ok(local)
+    }
+
+    /// Serves the clients of `listener` until shutdown.
+    fn accept_tcp(&self, listener: TcpListener) {
         let shared = self.shared.clone();
         let slots = self.slots.clone();
         let tracker = self.tracker.clone();
@@ -254,7 +260,6 @@ impl Proxy {
             })
             .await;
         });
-        Ok(local)
     }
 
     /// Accepts clients on `listener`, a listening TCP socket made elsewhere: the native backend's,
@@ -271,18 +276,7 @@ impl Proxy {
         let serve_err = |source| EgressError::Serve { source };
         let local = listener.local_addr().map_err(serve_err)?;
         listener.set_nonblocking(true).map_err(serve_err)?;
-        let listener = TcpListener::from_std(listener).map_err(serve_err)?;
-        let shared = self.shared.clone();
-        let slots = self.slots.clone();
-        let tracker = self.tracker.clone();
-        self.tracker.spawn(async move {
-            accept_loop(&shared, &slots, &tracker, || async {
-                let (stream, peer) = listener.accept().await?;
-                tune_client(&stream, &peer);
-                Ok((stream, peer.to_string()))
-            })
-            .await;
-        });
+        self.accept_tcp(TcpListener::from_std(listener).map_err(serve_err)?);
         Ok(local)
     }
 
