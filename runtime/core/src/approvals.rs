@@ -197,7 +197,18 @@ pub fn refusal_detail(check: &Check, refusal: Refusal<'_>) -> String {
     }
 }
 
+/// Hands a call to the decorated backend.
+macro_rules! to_inner {
+    ($s:ident, $id:ident, $($call:tt)+) => {
+        $s.inner.$($call)+
+    };
+}
+
 impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
+    forward_sandbox_api!(to_inner: info, process, wait, kill, write_stdin, read, write, edit,
+        patch, list_dir, search, stat, remove, rename, diff, checkpoint, restore, export,
+        set_network);
+
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         let info = self.inner.create(req)?;
         match Self::load(&info) {
@@ -215,10 +226,6 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
 
     fn list(&self) -> Vec<SandboxInfo> {
         self.inner.list()
-    }
-
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        self.inner.info(id)
     }
 
     fn exec(
@@ -309,93 +316,6 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                 }
             }
         }
-    }
-
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        self.inner.process(id, exec_id)
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        self.inner.wait(id, exec_id, timeout)
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        self.inner.kill(id, exec_id, signal)
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        self.inner.write_stdin(id, exec_id, data, close)
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        self.inner.read(id, req)
-    }
-
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.inner.write(id, req)
-    }
-
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.inner.edit(id, req)
-    }
-
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.inner.patch(id, req)
-    }
-
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        self.inner.list_dir(id, req)
-    }
-
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.inner.search(id, req)
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.inner.stat(id, req)
-    }
-
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        self.inner.remove(id, req)
-    }
-
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        self.inner.rename(id, req)
-    }
-
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.inner.diff(id, req)
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        self.inner.checkpoint(id, req)
-    }
-
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        self.inner.restore(id, req)
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.inner.export(id, req)
-    }
-
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.inner.set_network(id, rules)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {

@@ -729,7 +729,18 @@ impl Timed<'_> {
     }
 }
 
+/// Makes a call on the backend inside the time it counts.
+macro_rules! timed {
+    ($s:ident, $id:ident, $($call:tt)+) => {
+        $s.time(|| $s.inner.$($call)+)
+    };
+}
+
 impl SandboxApi for Timed<'_> {
+    forward_sandbox_api!(timed: exec, process, wait, kill, write_stdin, read, write, edit, patch,
+        list_dir, search, stat, remove, rename, diff, checkpoint, restore, export, destroy,
+        set_network);
+
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         self.time(|| self.inner.create(req))
     }
@@ -738,81 +749,6 @@ impl SandboxApi for Timed<'_> {
     }
     fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
         self.inner.info(id)
-    }
-    fn exec(
-        &self,
-        id: &SandboxId,
-        req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-    ) -> Result<ExecOutcome, ApiError> {
-        self.time(|| self.inner.exec(id, req, events))
-    }
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        self.time(|| self.inner.process(id, exec_id))
-    }
-    fn wait(&self, id: &SandboxId, exec_id: u64, t: Duration) -> Result<ProcessInfo, ApiError> {
-        self.time(|| self.inner.wait(id, exec_id, t))
-    }
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        self.time(|| self.inner.kill(id, exec_id, signal))
-    }
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        self.time(|| self.inner.write_stdin(id, exec_id, data, close))
-    }
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        self.time(|| self.inner.read(id, req))
-    }
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.time(|| self.inner.write(id, req))
-    }
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.time(|| self.inner.edit(id, req))
-    }
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.time(|| self.inner.patch(id, req))
-    }
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        self.time(|| self.inner.list_dir(id, req))
-    }
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.time(|| self.inner.search(id, req))
-    }
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.time(|| self.inner.stat(id, req))
-    }
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        self.time(|| self.inner.remove(id, req))
-    }
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        self.time(|| self.inner.rename(id, req))
-    }
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.time(|| self.inner.diff(id, req))
-    }
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        self.time(|| self.inner.checkpoint(id, req))
-    }
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        self.time(|| self.inner.restore(id, req))
-    }
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.time(|| self.inner.export(id, req))
-    }
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        self.time(|| self.inner.destroy(id))
-    }
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.time(|| self.inner.set_network(id, rules))
     }
 }
 

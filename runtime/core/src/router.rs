@@ -75,7 +75,18 @@ impl BackendRouter {
     }
 }
 
+/// Hands a call to the backend that owns the sandbox.
+macro_rules! to_owner {
+    ($s:ident, $id:ident, $($call:tt)+) => {
+        $s.owner($id)?.$($call)+
+    };
+}
+
 impl SandboxApi for BackendRouter {
+    forward_sandbox_api!(to_owner: info, exec, process, wait, kill, write_stdin, read, write,
+        edit, patch, list_dir, search, stat, remove, rename, diff, checkpoint, restore, export,
+        set_network, list_approvals, approve, deny);
+
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         let name = req
             .backend
@@ -107,106 +118,6 @@ impl SandboxApi for BackendRouter {
         }
         all.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
         all
-    }
-
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        self.owner(id)?.info(id)
-    }
-
-    fn exec(
-        &self,
-        id: &SandboxId,
-        req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-    ) -> Result<ExecOutcome, ApiError> {
-        self.owner(id)?.exec(id, req, events)
-    }
-
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        self.owner(id)?.process(id, exec_id)
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        self.owner(id)?.wait(id, exec_id, timeout)
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        self.owner(id)?.kill(id, exec_id, signal)
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        self.owner(id)?.write_stdin(id, exec_id, data, close)
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        self.owner(id)?.read(id, req)
-    }
-
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.owner(id)?.write(id, req)
-    }
-
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.owner(id)?.edit(id, req)
-    }
-
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.owner(id)?.patch(id, req)
-    }
-
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        self.owner(id)?.list_dir(id, req)
-    }
-
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.owner(id)?.search(id, req)
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.owner(id)?.stat(id, req)
-    }
-
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        self.owner(id)?.remove(id, req)
-    }
-
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        self.owner(id)?.rename(id, req)
-    }
-
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.owner(id)?.diff(id, req)
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        self.owner(id)?.checkpoint(id, req)
-    }
-
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        self.owner(id)?.restore(id, req)
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.owner(id)?.export(id, req)
-    }
-
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.owner(id)?.set_network(id, rules)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
