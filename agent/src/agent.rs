@@ -16,7 +16,7 @@ use crate::context;
 use crate::contract::{Contract, Scope, normalise};
 use crate::model::{Finish, Message, Model, ModelError, ModelRequest, ToolCall};
 use crate::report::Report;
-use crate::state::{Plan, TaskState, Termination};
+use crate::state::{ApprovalNote, Plan, TaskState, Termination};
 use crate::tools::{self, Action};
 use crate::trajectory::{Record, Trajectory, VerifyRun};
 
@@ -1099,17 +1099,24 @@ impl Runner {
         }
         self.st.metrics.approvals_asked += asked.load(Ordering::SeqCst);
         for a in answered {
-            let record = Record::Approval {
+            let note = ApprovalNote {
                 turn: self.st.turn + 1,
                 command: a.command,
-                rule: a.rule,
                 state: a.state,
                 denial_reason: a.denial_reason,
+            };
+            let record = Record::Approval {
+                turn: note.turn,
+                command: note.command.clone(),
+                rule: a.rule,
+                state: note.state,
+                denial_reason: note.denial_reason.clone(),
             };
             // The trace's next write reports a broken trace; the exec's answer stands.
             if let Err(e) = self.record(record) {
                 tracing::warn!(error = %e, "cannot record an approval in the trace");
             }
+            self.st.approvals.push(note);
         }
         match outcome {
             Ok(ExecOutcome::Finished(r)) => {
@@ -1258,6 +1265,7 @@ impl Runner {
             diff,
             files_changed: files,
             verification: self.last_verify.clone(),
+            approvals: self.st.approvals.clone(),
             metrics: self.st.metrics.clone(),
             trace: self.opts.task_dir.join(TRACE_FILE).display().to_string(),
             state: self.state_path().display().to_string(),

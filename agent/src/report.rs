@@ -3,8 +3,9 @@
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
+use taskbox_core::api::ApprovalState;
 
-use crate::state::{Metrics, Termination};
+use crate::state::{ApprovalNote, Metrics, Termination};
 use crate::trajectory::VerifyRun;
 
 /// What a task left behind.
@@ -30,6 +31,9 @@ pub struct Report {
     pub files_changed: Vec<String>,
     /// The last run of the verification gate.
     pub verification: Vec<VerifyRun>,
+    /// How each approval the command policy asked for ended.
+    #[serde(default)]
+    pub approvals: Vec<ApprovalNote>,
     pub metrics: Metrics,
     pub trace: String,
     pub state: String,
@@ -66,6 +70,19 @@ impl Report {
             "\n## Summary\n\n{}",
             self.summary.as_deref().unwrap_or("(none given)")
         );
+        if !self.approvals.is_empty() {
+            let _ = writeln!(s, "\n## Approvals\n");
+            for a in &self.approvals {
+                let how = match (&a.state, &a.denial_reason) {
+                    (ApprovalState::Approved, _) => "approved".to_owned(),
+                    (ApprovalState::Denied, Some(reason)) => format!("denied: {reason}"),
+                    (ApprovalState::Denied, None) => "denied".to_owned(),
+                    (ApprovalState::Expired, _) => "no one answered in time (denied)".to_owned(),
+                    (ApprovalState::Pending, _) => "pending".to_owned(),
+                };
+                let _ = writeln!(s, "- turn {}: `{}`: {how}", a.turn, a.command);
+            }
+        }
         let _ = writeln!(s, "\n## Verification\n");
         if self.verification.is_empty() {
             let _ = writeln!(s, "No verification command ran.");

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use taskbox_core::api::ApprovalState;
 
 use crate::contract::Contract;
 use crate::model::Message;
@@ -86,6 +87,15 @@ pub struct Plan {
     pub accepted: bool,
 }
 
+/// How an `ask` of the command policy ended, for the report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalNote {
+    pub turn: u32,
+    pub command: String,
+    pub state: ApprovalState,
+    pub denial_reason: Option<String>,
+}
+
 /// The task state (see the module docs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskState {
@@ -123,6 +133,9 @@ pub struct TaskState {
     /// (base64), or None for a deleted one. Written to a fresh sandbox after the patch.
     #[serde(default)]
     pub binary_files: BTreeMap<String, Option<String>>,
+    /// How each `ask` of the command policy ended, in order.
+    #[serde(default)]
+    pub approvals: Vec<ApprovalNote>,
     /// Wall time of earlier runs of this task (before a resume), in ms.
     pub elapsed_before_ms: u64,
     /// Set when the task ended.
@@ -155,6 +168,7 @@ impl TaskState {
             checkpoint: None,
             workspace_patch: String::new(),
             binary_files: BTreeMap::new(),
+            approvals: Vec::new(),
             elapsed_before_ms: 0,
             termination: None,
         }

@@ -792,6 +792,16 @@ fn replay_answers_the_approvals_as_they_were_answered() {
     let got = mock.received();
     assert!(last_content(&got[3].body).contains("no one answered within 1s"));
     drop(mock);
+    // The handoff report lists them for the person who reviews the task.
+    assert_eq!(report.approvals.len(), 3, "{:?}", report.approvals);
+    let md = std::fs::read_to_string(fx.task_dir.join("report.md")).unwrap();
+    for line in [
+        "- turn 1: `touch a.txt`: approved",
+        "- turn 2: `touch b.txt`: denied: not b",
+        "- turn 3: `touch c.txt`: no one answered in time (denied)",
+    ] {
+        assert!(md.contains(line), "{line:?} not in:\n{md}");
+    }
 
     // The replay's approver is the recording: the same answers, the same observations (before,
     // the replay denied every ask for want of a person and diverged at the first).
