@@ -1571,6 +1571,133 @@ fn diff_sections(text: &str) -> BTreeMap<&str, Section> {
     out
 }
 
+/// Reads an exec's spill file when `req` names one under [`SPILL_MOUNT`] (`N.stdout` or
+/// `N.stderr`, kept in `dir`); None for any other path (shared by the backends).
+pub fn read_spill(dir: &Path, req: &ReadRequest) -> Option<Result<ReadResult, ApiError>> {
+    let name = req.path.strip_prefix(SPILL_MOUNT)?.strip_prefix('/')?;
+    let valid = name.split_once('.').is_some_and(|(n, ext)| {
+        !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && (ext == "stdout" || ext == "stderr")
+    });
+    if !valid {
+        return Some(Err(ApiError::not_found(format!(
+            "{} does not exist",
+            req.path
+        ))));
+    }
+    Some(WorkspaceFs::open(dir).and_then(|fs| {
+        let mut r = fs.read(&ReadRequest {
+            path: name.to_string(),
+            ..req.clone()
+        })?;
+        r.path = req.path.clone();
+        Ok(r)
+    }))
+}
+
+/// The change in the upper layer `upper` over the workspace `host`, or, with `since` (a
+/// checkpoint's layer), since that checkpoint (shared by the backends).
+pub fn layer_diff(host: &Path, upper: &Path, since: Option<&Path>) -> Result<DiffResult, ApiError> {
+    let (list, d) = match since {
+        None => {
+            let list = changes::scan(upper, host).map_err(changes_err)?;
+            let d = changes::diff(upper, host, &list).map_err(changes_err)?;
+            (list, d)
+        }
+        Some(base) => {
+            let list = layers::scan_between(host, base, upper).map_err(layers_err)?;
+            let d = layers::diff_between(host, base, upper, &list).map_err(layers_err)?;
+            (list, d)
+        }
+    };
+    let sections = diff_sections(&d.text);
+    let files = list
+        .into_iter()
+        .map(|c| {
+            let section = sections.get(c.path.as_str());
+            FileDiff {
+                binary: section.is_some_and(|s| s.binary),
+                mode_change: section.and_then(|s| s.mode_change.clone()),
+                path: c.path,
+                status: c.kind,
+            }
+        })
+        .collect();
+    Ok(DiffResult {
+        files,
+        diff: d.text,
+        stats: d.stats,
+    })
+}
+
+/// Copies the upper layer `upper` to a new checkpoint layer `dir` (named `name`; it must not
+/// exist); the number of changed files it holds (shared by the backends).
+pub fn take_checkpoint(host: &Path, upper: &Path, dir: &Path, name: &str) -> Result<u64, ApiError> {
+    if dir.exists() {
+        return Err(ApiError::Conflict(format!(
+            "checkpoint {name} exists already; choose another name"
+        )));
+    }
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent)
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    if let Err(e) = layers::copy_layer(upper, dir) {
+        native::remove_tree(dir);
+        return Err(layers_err(e));
+    }
+    Ok(changes::scan(upper, host).map_err(changes_err)?.len() as u64)
+}
+
+/// The layers a restore mounts, made in a sandbox's directory `dir` before the swap:
+/// `upper.next` (a copy of the checkpoint layer `ckpt`) and an empty `work.next`.
+pub struct StagedLayers {
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+impl StagedLayers {
+    pub fn stage(dir: &Path, ckpt: &Path) -> Result<StagedLayers, ApiError> {
+        let staged = StagedLayers {
+            upper: dir.join("upper.next"),
+            work: dir.join("work.next"),
+        };
+        native::remove_tree(&staged.upper);
+        native::remove_tree(&staged.work);
+        layers::copy_layer(ckpt, &staged.upper).map_err(layers_err)?;
+        fs::create_dir(&staged.work).map_err(|e| {
+            ApiError::internal(format!("cannot create {}: {e}", staged.work.display()))
+        })?;
+        Ok(staged)
+    }
+
+    /// Once the new overlay is mounted on them: puts them in place of `upper` and `work`, and
+    /// removes the old ones (through `dir/trash`).
+    pub fn swap_in(self, dir: &Path, upper: &Path, work: &Path) -> Result<(), ApiError> {
+        let trash = dir.join("trash");
+        native::remove_tree(&trash);
+        let _ = fs::create_dir(&trash);
+        let moves = [
+            (upper.to_path_buf(), trash.join("upper")),
+            (work.to_path_buf(), trash.join("work")),
+            (self.upper, upper.to_path_buf()),
+            (self.work, work.to_path_buf()),
+        ];
+        for (from, to) in moves {
+            fs::rename(&from, &to).map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot move {} to {}: {e}",
+                    from.display(),
+                    to.display()
+                ))
+            })?;
+        }
+        native::remove_tree(&trash);
+        Ok(())
+    }
+}
+
 /// A layer operation's error as the API reports it (shared by the backends).
 pub fn layers_err(e: layers::LayersError) -> ApiError {
     match e {
@@ -1651,23 +1778,8 @@ impl Sandbox {
             .layers_lock
             .read()
             .map_err(|_| ApiError::internal("poisoned"))?;
-        let spill_prefix = format!("{SPILL_MOUNT}/");
-        if let Some(name) = req.path.strip_prefix(&spill_prefix) {
-            let valid = name.split_once('.').is_some_and(|(n, ext)| {
-                !n.is_empty()
-                    && n.bytes().all(|b| b.is_ascii_digit())
-                    && (ext == "stdout" || ext == "stderr")
-            });
-            if !valid {
-                return Err(ApiError::not_found(format!("{} does not exist", req.path)));
-            }
-            let shown = req.path.clone();
-            let mut r = WorkspaceFs::open(&self.spill_dir())?.read(&ReadRequest {
-                path: name.to_string(),
-                ..req
-            })?;
-            r.path = shown;
-            return Ok(r);
+        if let Some(r) = read_spill(&self.spill_dir(), &req) {
+            return r;
         }
         self.fs()?.read(&req)
     }
@@ -1685,13 +1797,8 @@ impl Sandbox {
             .layers_lock
             .read()
             .map_err(|_| ApiError::internal("poisoned"))?;
-        let upper = self.dirs.upper();
-        let (list, d) = match &req.since {
-            None => {
-                let list = changes::scan(&upper, &self.ws.host).map_err(changes_err)?;
-                let d = changes::diff(&upper, &self.ws.host, &list).map_err(changes_err)?;
-                (list, d)
-            }
+        let since = match &req.since {
+            None => None,
             Some(name) => {
                 let base = self.checkpoint_dir(name)?;
                 if !base.is_dir() {
@@ -1699,31 +1806,10 @@ impl Sandbox {
                         "checkpoint {name} does not exist"
                     )));
                 }
-                let list =
-                    layers::scan_between(&self.ws.host, &base, &upper).map_err(layers_err)?;
-                let d = layers::diff_between(&self.ws.host, &base, &upper, &list)
-                    .map_err(layers_err)?;
-                (list, d)
+                Some(base)
             }
         };
-        let sections = diff_sections(&d.text);
-        let files = list
-            .into_iter()
-            .map(|c| {
-                let section = sections.get(c.path.as_str());
-                FileDiff {
-                    binary: section.is_some_and(|s| s.binary),
-                    mode_change: section.and_then(|s| s.mode_change.clone()),
-                    path: c.path,
-                    status: c.kind,
-                }
-            })
-            .collect();
-        Ok(DiffResult {
-            files,
-            diff: d.text,
-            stats: d.stats,
-        })
+        layer_diff(&self.ws.host, &self.dirs.upper(), since.as_deref())
     }
 
     fn checkpoint(&self, req: CheckpointRequest) -> Result<CheckpointInfo, ApiError> {
@@ -1733,24 +1819,7 @@ impl Sandbox {
             .layers_lock
             .write()
             .map_err(|_| ApiError::internal("poisoned"))?;
-        if dir.exists() {
-            return Err(ApiError::Conflict(format!(
-                "checkpoint {} exists already; choose another name",
-                req.name
-            )));
-        }
-        if let Some(parent) = dir.parent() {
-            fs::create_dir_all(parent).map_err(|e| {
-                ApiError::internal(format!("cannot create {}: {e}", parent.display()))
-            })?;
-        }
-        if let Err(e) = layers::copy_layer(&self.dirs.upper(), &dir) {
-            native::remove_tree(&dir);
-            return Err(layers_err(e));
-        }
-        let files = changes::scan(&self.dirs.upper(), &self.ws.host)
-            .map_err(changes_err)?
-            .len() as u64;
+        let files = take_checkpoint(&self.ws.host, &self.dirs.upper(), &dir, &req.name)?;
         lock(&self.info).checkpoints.push(req.name.clone());
         Ok(CheckpointInfo {
             name: req.name,
@@ -1790,15 +1859,9 @@ impl Sandbox {
                 };
             }
         }
-        let next_upper = self.dirs.dir.join("upper.next");
-        let next_work = self.dirs.dir.join("work.next");
-        native::remove_tree(&next_upper);
-        native::remove_tree(&next_work);
-        layers::copy_layer(&ckpt, &next_upper).map_err(layers_err)?;
-        fs::create_dir(&next_work).map_err(|e| {
-            ApiError::internal(format!("cannot create {}: {e}", next_work.display()))
-        })?;
+        let staged = StagedLayers::stage(&self.dirs.dir, &ckpt)?;
         let private = Path::new(PRIVATE);
+        // The staged layers as the sandbox sees the state directory.
         let mut ops = vec![MountOp::Overlay {
             lower: private.join("lower"),
             upper: private.join("state/upper.next"),
@@ -1855,26 +1918,7 @@ impl Sandbox {
         let (_, mount) = WorkspaceFs::open_mounted(&proc_root(self.init_pid), &self.ws.inside)?;
         *lock(&self.ws_mount) = mount;
         // The new mount holds the new directories; the old ones are no longer used.
-        let trash = self.dirs.dir.join("trash");
-        native::remove_tree(&trash);
-        let _ = fs::create_dir(&trash);
-        let moves = [
-            (self.dirs.upper(), trash.join("upper")),
-            (self.dirs.work(), trash.join("work")),
-            (next_upper, self.dirs.upper()),
-            (next_work, self.dirs.work()),
-        ];
-        for (from, to) in moves {
-            fs::rename(&from, &to).map_err(|e| {
-                ApiError::internal(format!(
-                    "cannot move {} to {}: {e}",
-                    from.display(),
-                    to.display()
-                ))
-            })?;
-        }
-        native::remove_tree(&trash);
-        Ok(())
+        staged.swap_in(&self.dirs.dir, &self.dirs.upper(), &self.dirs.work())
     }
 
     fn export(&self, req: ExportRequest) -> Result<ExportResult, ApiError> {

@@ -19,10 +19,12 @@ use taskbox_core::changes;
 use taskbox_core::egress::{self, CLOSE_GRACE, ExecWindow, SandboxEgress};
 use taskbox_core::fsops::WorkspaceFs;
 use taskbox_core::layers;
-use taskbox_core::native;
 use taskbox_core::policy::{self, CREDENTIAL_STORES, Policy, WorkspaceMode};
 use taskbox_core::result::{Change, Enforcement, ExecResult, Output, Resources, Violation};
-use taskbox_core::sandbox::{SPILL_MOUNT, changes_err, checkpoint_name, layers_err};
+use taskbox_core::sandbox::{
+    SPILL_MOUNT, StagedLayers, changes_err, checkpoint_name, layer_diff, layers_err, read_spill,
+    take_checkpoint,
+};
 use tokio::io::AsyncWriteExt;
 
 use crate::daemon::{Daemon, DaemonError};
@@ -354,23 +356,8 @@ impl Sandbox {
 
     /// Reads a workspace file, or an exec's spill file under [`SPILL_MOUNT`].
     pub fn fs_read(&self, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        let spill_prefix = format!("{SPILL_MOUNT}/");
-        if let Some(name) = req.path.strip_prefix(&spill_prefix) {
-            let valid = name.split_once('.').is_some_and(|(n, ext)| {
-                !n.is_empty()
-                    && n.bytes().all(|b| b.is_ascii_digit())
-                    && (ext == "stdout" || ext == "stderr")
-            });
-            if !valid {
-                return Err(ApiError::not_found(format!("{} does not exist", req.path)));
-            }
-            let shown = req.path.clone();
-            let mut r = WorkspaceFs::open(&self.dirs.out())?.read(&ReadRequest {
-                path: name.to_string(),
-                ..req
-            })?;
-            r.path = shown;
-            return Ok(r);
+        if let Some(r) = read_spill(&self.dirs.out(), &req) {
+            return r;
         }
         self.with_fs(|fs| fs.read(&req))
     }
@@ -384,14 +371,8 @@ impl Sandbox {
             .layers_lock
             .read()
             .map_err(|_| ApiError::internal("poisoned"))?;
-        let upper = self.dirs.upper();
-        let ws = &self.overlay.workspace;
-        let (list, d) = match &req.since {
-            None => {
-                let list = changes::scan(&upper, ws).map_err(changes_err)?;
-                let d = changes::diff(&upper, ws, &list).map_err(changes_err)?;
-                (list, d)
-            }
+        let since = match &req.since {
+            None => None,
             Some(name) => {
                 let base = self.checkpoint_dir(name)?;
                 if !base.is_dir() {
@@ -399,29 +380,14 @@ impl Sandbox {
                         "checkpoint {name} does not exist"
                     )));
                 }
-                let list = layers::scan_between(ws, &base, &upper).map_err(layers_err)?;
-                let d = layers::diff_between(ws, &base, &upper, &list).map_err(layers_err)?;
-                (list, d)
+                Some(base)
             }
         };
-        let sections = diff_sections(&d.text);
-        let files = list
-            .into_iter()
-            .map(|c| {
-                let section = sections.get(c.path.as_str());
-                FileDiff {
-                    binary: section.is_some_and(|s| s.0),
-                    mode_change: section.and_then(|s| s.1.clone()),
-                    path: c.path,
-                    status: c.kind,
-                }
-            })
-            .collect();
-        Ok(DiffResult {
-            files,
-            diff: d.text,
-            stats: d.stats,
-        })
+        layer_diff(
+            &self.overlay.workspace,
+            &self.dirs.upper(),
+            since.as_deref(),
+        )
     }
 
     pub fn checkpoint(&self, req: CheckpointRequest) -> Result<CheckpointInfo, ApiError> {
@@ -430,21 +396,7 @@ impl Sandbox {
             .layers_lock
             .write()
             .map_err(|_| ApiError::internal("poisoned"))?;
-        if dir.exists() {
-            return Err(ApiError::Conflict(format!(
-                "checkpoint {} exists already; choose another name",
-                req.name
-            )));
-        }
-        fs::create_dir_all(self.dirs.checkpoints())
-            .map_err(|e| ApiError::internal(format!("cannot create the checkpoint: {e}")))?;
-        if let Err(e) = layers::copy_layer(&self.dirs.upper(), &dir) {
-            native::remove_tree(&dir);
-            return Err(layers_err(e));
-        }
-        let files = changes::scan(&self.dirs.upper(), &self.overlay.workspace)
-            .map_err(changes_err)?
-            .len() as u64;
+        let files = take_checkpoint(&self.overlay.workspace, &self.dirs.upper(), &dir, &req.name)?;
         lock(&self.info).checkpoints.push(req.name.clone());
         Ok(CheckpointInfo {
             name: req.name,
@@ -496,22 +448,15 @@ impl Sandbox {
             return Err(self.lost_error());
         }
         self.stop_execs(Duration::from_secs(5));
-        let next_upper = self.dirs.0.join("upper.next");
-        let next_work = self.dirs.0.join("work.next");
-        native::remove_tree(&next_upper);
-        native::remove_tree(&next_work);
-        layers::copy_layer(&ckpt, &next_upper).map_err(layers_err)?;
-        fs::create_dir(&next_work).map_err(|e| {
-            ApiError::internal(format!("cannot create {}: {e}", next_work.display()))
-        })?;
-        self.overlay.prepare_upper(&next_upper)?;
+        let staged = StagedLayers::stage(&self.dirs.0, &ckpt)?;
+        self.overlay.prepare_upper(&staged.upper)?;
         hostmount::detach(&self.dirs.mnt()).map_err(|e| {
             self.mark_lost();
             ApiError::internal(format!("restore: {e}; destroy the sandbox"))
         })?;
         if let Err(e) = self
             .overlay
-            .mount(&self.dirs, &next_upper, &next_work, &self.policy)
+            .mount(&self.dirs, &staged.upper, &staged.work, &self.policy)
         {
             self.mark_lost();
             return Err(ApiError::internal(format!(
@@ -519,26 +464,7 @@ impl Sandbox {
                 req.name
             )));
         }
-        let trash = self.dirs.0.join("trash");
-        native::remove_tree(&trash);
-        let _ = fs::create_dir(&trash);
-        let moves = [
-            (self.dirs.upper(), trash.join("upper")),
-            (self.dirs.work(), trash.join("work")),
-            (next_upper, self.dirs.upper()),
-            (next_work, self.dirs.work()),
-        ];
-        for (from, to) in moves {
-            fs::rename(&from, &to).map_err(|e| {
-                ApiError::internal(format!(
-                    "cannot move {} to {}: {e}",
-                    from.display(),
-                    to.display()
-                ))
-            })?;
-        }
-        native::remove_tree(&trash);
-        Ok(())
+        staged.swap_in(&self.dirs.0, &self.dirs.upper(), &self.dirs.work())
     }
 
     pub fn export(&self, req: ExportRequest, exports: &Path) -> Result<ExportResult, ApiError> {
@@ -1202,32 +1128,6 @@ impl Sandbox {
             slot.cond.notify_all();
         }
     }
-}
-
-/// Per-file facts of a git-style diff: (binary, mode change), by path.
-fn diff_sections(text: &str) -> std::collections::BTreeMap<&str, (bool, Option<String>)> {
-    let mut out: std::collections::BTreeMap<&str, (bool, Option<String>)> = Default::default();
-    let mut current: Option<&str> = None;
-    let mut old_mode: Option<&str> = None;
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("diff --git a/") {
-            current = rest.split(" b/").next();
-            old_mode = None;
-            if let Some(p) = current {
-                out.entry(p).or_default();
-            }
-            continue;
-        }
-        let Some(p) = current else { continue };
-        if let Some(m) = line.strip_prefix("old mode ") {
-            old_mode = Some(m);
-        } else if let (Some(m), Some(old)) = (line.strip_prefix("new mode "), old_mode) {
-            out.entry(p).or_default().1 = Some(format!("{old} -> {m}"));
-        } else if line.starts_with("Binary files ") {
-            out.entry(p).or_default().0 = true;
-        }
-    }
-    out
 }
 
 #[cfg(test)]
