@@ -490,12 +490,10 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         if let Some((errno, program)) = &outcome.exec_failed {
-            let why = if *errno == libc_enoent() {
-                "command not found".to_string()
-            } else {
-                std::io::Error::from_raw_os_error(*errno).to_string()
-            };
-            eprintln!("taskbox: cannot run `{program}`: {why}");
+            eprintln!(
+                "{}",
+                taskbox_core::result::exec_failure_line(*errno, program)
+            );
         }
         for v in &result.violations {
             eprintln!("taskbox: {}: {}", v.kind, v.detail);
@@ -515,10 +513,6 @@ pub(crate) fn egress_service(
     Ok(std::sync::Arc::new(taskbox_egress::ProxyService::new(
         threads,
     )?))
-}
-
-const fn libc_enoent() -> i32 {
-    2
 }
 
 /// Reports a command the command rules refused: nothing ran, exit status 126.

@@ -261,6 +261,41 @@ impl ExecRequest {
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout_ms.map(Duration::from_millis)
     }
+
+    /// The exec's time limit: the request's, else `default` (the policy's); zero is refused.
+    pub fn time_limit(&self, default: Duration) -> Result<Duration, ApiError> {
+        let limit = self.timeout().unwrap_or(default);
+        if limit.is_zero() {
+            return Err(ApiError::invalid("timeout_ms must be greater than zero"));
+        }
+        Ok(limit)
+    }
+
+    /// Bytes of each output stream kept in the result: the request's, else `default` (the
+    /// policy's), within 64 B to 64 MiB.
+    pub fn output_cap(&self, default: u64) -> usize {
+        self.output_limit.unwrap_or(default).clamp(64, 64 << 20) as usize
+    }
+
+    /// The environment of the exec: `base` with the request's variables over it (one replaces a
+    /// variable of the same name); a name that is empty or holds `=` or NUL, or a value with NUL,
+    /// is refused.
+    pub fn layered_env(
+        &self,
+        base: &[(String, String)],
+    ) -> Result<Vec<(String, String)>, ApiError> {
+        let mut env = base.to_vec();
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(ApiError::invalid(format!(
+                    "invalid environment variable {k:?}"
+                )));
+            }
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        Ok(env)
+    }
 }
 
 /// A streamed exec event (SSE `event:` names are the `type` values).

@@ -1213,12 +1213,7 @@ fn supervise(
         });
     }
     if let Some((errno, program)) = &exec_failed {
-        let why = if *errno == libc::ENOENT {
-            "command not found".to_string()
-        } else {
-            io::Error::from_raw_os_error(*errno).to_string()
-        };
-        err.push(format!("taskbox: cannot run `{program}`: {why}\n").as_bytes());
+        err.push((crate::result::exec_failure_line(*errno, program) + "\n").as_bytes());
     }
     let mut violations = Vec::new();
     if timed_out {

@@ -69,6 +69,26 @@ pub struct Output {
     pub spill_path: Option<String>,
 }
 
+impl Output {
+    /// Appends, to this stream (stderr), why `program` could not be run: `errno` from execve.
+    pub fn note_exec_failure(&mut self, errno: i32, program: &str) {
+        let line = exec_failure_line(errno, program) + "\n";
+        self.text.push_str(&line);
+        self.bytes += line.len() as u64;
+    }
+}
+
+/// The line that says why `program` could not be run (`errno` from execve), the same on every
+/// surface.
+pub fn exec_failure_line(errno: i32, program: &str) -> String {
+    let why = if errno == libc::ENOENT {
+        "command not found".to_string()
+    } else {
+        std::io::Error::from_raw_os_error(errno).to_string()
+    };
+    format!("taskbox: cannot run `{program}`: {why}")
+}
+
 /// One changed path in the workspace, relative to the workspace root.
 #[derive(
     Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
@@ -106,6 +126,32 @@ pub struct Violation {
     pub kind: String,
     /// What happened and what to change to allow it.
     pub detail: String,
+}
+
+impl Violation {
+    /// The exec ran longer than `limit`, and its whole process tree was killed.
+    pub fn timeout(limit: std::time::Duration) -> Violation {
+        Violation {
+            kind: "timeout".into(),
+            detail: format!(
+                "the command ran longer than {} and its whole process tree was killed; narrow \
+                 the command or raise timeout_ms",
+                humantime::format_duration(limit)
+            ),
+        }
+    }
+
+    /// The kernel killed a process of the exec at the memory limit of `bytes`.
+    pub fn memory_limit(bytes: u64) -> Violation {
+        Violation {
+            kind: "limit".into(),
+            detail: format!(
+                "memory limit of {} reached: the kernel killed a process; raise limits.memory \
+                 in the policy or use less memory",
+                crate::policy::human_size(bytes)
+            ),
+        }
+    }
 }
 
 /// The egress proxy's decisions during one exec: counts, bytes, and the connections one by one.

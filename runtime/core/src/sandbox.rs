@@ -912,29 +912,14 @@ impl Sandbox {
         if argv.iter().any(|a| a.contains('\0')) {
             return Err(ApiError::invalid("an argument contains a NUL byte"));
         }
-        let timeout = req.timeout().unwrap_or(self.policy.limits.timeout);
-        if timeout.is_zero() {
-            return Err(ApiError::invalid("timeout_ms must be greater than zero"));
-        }
+        let timeout = req.time_limit(self.policy.limits.timeout)?;
         let cwd = match &req.cwd {
             None => self.ws.inside.clone(),
             Some(c) if c.starts_with('/') => PathBuf::from(c),
             Some(c) => self.ws.inside.join(c),
         };
-        let mut env = self.base_env.clone();
-        for (k, v) in &req.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(ApiError::invalid(format!(
-                    "invalid environment variable {k:?}"
-                )));
-            }
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
-        }
-        let limit = req
-            .output_limit
-            .unwrap_or(self.policy.limits.output_bytes)
-            .clamp(64, 64 << 20) as usize;
+        let env = req.layered_env(&self.base_env)?;
+        let limit = req.output_cap(self.policy.limits.output_bytes);
         let id = self.next_exec.fetch_add(1, Ordering::SeqCst);
         let spill = self.spill_dir();
         let stdout = Capture::new(limit, spill.join(format!("{id}.stdout")))
@@ -1149,39 +1134,18 @@ impl Sandbox {
             signal = Some(libc::SIGKILL);
         }
         if let Some((errno, program)) = &exited.exec_failed {
-            let why = if *errno == libc::ENOENT {
-                "command not found".to_string()
-            } else {
-                std::io::Error::from_raw_os_error(*errno).to_string()
-            };
-            let line = format!("taskbox: cannot run `{program}`: {why}\n");
-            err.text.push_str(&line);
-            err.bytes += line.len() as u64;
+            err.note_exec_failure(*errno, program);
         }
         let mut violations = Vec::new();
         if timed_out {
-            violations.push(Violation {
-                kind: "timeout".into(),
-                detail: format!(
-                    "the command ran longer than {} and its whole process tree was killed; \
-                     narrow the command or raise timeout_ms",
-                    humantime::format_duration(timeout)
-                ),
-            });
+            violations.push(Violation::timeout(timeout));
         }
         let oom_killed = self
             .cgroup
             .as_ref()
             .is_some_and(|cg| cg.oom_kills() > oom_before);
         if oom_killed {
-            violations.push(Violation {
-                kind: "limit".into(),
-                detail: format!(
-                    "memory limit of {} reached: the kernel killed a process; raise \
-                     limits.memory in the policy or use less memory",
-                    policy::human_size(self.policy.limits.memory_bytes)
-                ),
-            });
+            violations.push(Violation::memory_limit(self.policy.limits.memory_bytes));
         }
         // Every process of the exec is gone: what the proxy decided meanwhile is (also) this
         // exec's.

@@ -19,7 +19,7 @@ use taskbox_core::changes;
 use taskbox_core::egress::{self, CLOSE_GRACE, ExecWindow, SandboxEgress};
 use taskbox_core::fsops::WorkspaceFs;
 use taskbox_core::layers;
-use taskbox_core::policy::{self, CREDENTIAL_STORES, Policy, WorkspaceMode};
+use taskbox_core::policy::{CREDENTIAL_STORES, Policy, WorkspaceMode};
 use taskbox_core::result::{Change, Enforcement, ExecResult, Output, Resources, Violation};
 use taskbox_core::sandbox::{
     SPILL_MOUNT, StagedLayers, changes_err, checkpoint_name, layer_diff, layers_err, read_spill,
@@ -657,10 +657,7 @@ impl Sandbox {
         if argv.iter().any(|a| a.contains('\0')) {
             return Err(ApiError::invalid("an argument contains a NUL byte"));
         }
-        let timeout = req.timeout().unwrap_or(self.policy.limits.timeout);
-        if timeout.is_zero() {
-            return Err(ApiError::invalid("timeout_ms must be greater than zero"));
-        }
+        let timeout = req.time_limit(self.policy.limits.timeout)?;
         let cwd = match &req.cwd {
             None => self.workdir.clone(),
             Some(c) if c.starts_with('/') => c.clone(),
@@ -669,20 +666,8 @@ impl Sandbox {
         if cwd.contains('\0') {
             return Err(ApiError::invalid("cwd contains a NUL byte"));
         }
-        let mut env = self.base_env.clone();
-        for (k, v) in &req.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(ApiError::invalid(format!(
-                    "invalid environment variable {k:?}"
-                )));
-            }
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
-        }
-        let limit = req
-            .output_limit
-            .unwrap_or(self.policy.limits.output_bytes)
-            .clamp(64, 64 << 20) as usize;
+        let env = req.layered_env(&self.base_env)?;
+        let limit = req.output_cap(self.policy.limits.output_bytes);
         let before = self.fingerprint()?;
         let oom_before = procfs::oom_kills(&self.init);
         let id = self.next_exec.fetch_add(1, Ordering::SeqCst);
@@ -1025,15 +1010,8 @@ impl Sandbox {
                 rss,
             }) => (None, Some(*signal), *cpu_ms, *rss),
             Some(Ended::ExecFailed { errno }) => {
-                let program = slot.argv.first().cloned().unwrap_or_default();
-                let why = if *errno == libc::ENOENT {
-                    "command not found".to_string()
-                } else {
-                    std::io::Error::from_raw_os_error(*errno).to_string()
-                };
-                let line = format!("taskbox: cannot run `{program}`: {why}\n");
-                err.text.push_str(&line);
-                err.bytes += line.len() as u64;
+                let program = slot.argv.first().map_or("", String::as_str);
+                err.note_exec_failure(*errno, program);
                 (
                     Some(if *errno == libc::ENOENT { 127 } else { 126 }),
                     None,
@@ -1061,26 +1039,12 @@ impl Sandbox {
         }
         let mut violations = Vec::new();
         if driven.timed_out {
-            violations.push(Violation {
-                kind: "timeout".into(),
-                detail: format!(
-                    "the command ran longer than {} and its whole process tree was killed; \
-                     narrow the command or raise timeout_ms",
-                    humantime::format_duration(timeout)
-                ),
-            });
+            violations.push(Violation::timeout(timeout));
         }
         // The container's memory cgroup counts the kernel's OOM kills.
         let oom_killed = procfs::oom_kills(&self.init) > oom_before;
         if oom_killed {
-            violations.push(Violation {
-                kind: "limit".into(),
-                detail: format!(
-                    "memory limit of {} reached: the kernel killed a process; raise \
-                     limits.memory in the policy or use less memory",
-                    policy::human_size(self.policy.limits.memory_bytes)
-                ),
-            });
+            violations.push(Violation::memory_limit(self.policy.limits.memory_bytes));
         }
         // The exec's wrapper has ended, and with it every process of the exec: what the proxy
         // decided meanwhile is (also) this exec's.
