@@ -387,6 +387,47 @@ pub fn exists(path: &str) -> bool {
     Path::new(path).exists()
 }
 
+/// Runs `args` with git in `dir`, isolated from the user's and the system's configuration (a
+/// fixed identity, branch `main`, no signing); the test fails if git does. Its stdout, trimmed.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args([
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Runs `script` with `/bin/sh -c` in sandbox `id` of `api`, in the foreground; its result.
+pub fn shell(
+    api: &dyn taskbox_core::api::SandboxApi,
+    id: &taskbox_core::api::SandboxId,
+    script: &str,
+) -> taskbox_core::result::ExecResult {
+    let req = taskbox_core::api::ExecRequest {
+        shell: Some(script.into()),
+        ..Default::default()
+    };
+    match api.exec(id, req, None).unwrap() {
+        taskbox_core::api::ExecOutcome::Finished(r) => r,
+        other => panic!("expected a finished exec, got {other:?}"),
+    }
+}
+
 /// A minimal HTTP/1.1 client over a Unix socket, for driving `taskbox serve` in tests.
 /// A real `taskbox serve` on `STATE/test.sock` of an environment (with `extra` flags, e.g.
 /// `--docker` or `--tokens FILE`), killed when dropped.

@@ -33,21 +33,7 @@ fn fixture() -> Fixture {
 }
 
 fn sh(f: &Fixture, script: &str) -> taskbox_core::result::ExecResult {
-    match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some(script.into()),
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Finished(r) => r,
-        other => panic!("expected a finished exec, got {other:?}"),
-    }
+    taskbox_tests::shell(&f.backend, &f.id, script)
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::fs;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use taskbox_core::result::ExecResult;
 use taskbox_core::sandbox::NativeBackend;
 use taskbox_egress::{ProxyService, Resolver};
 use taskbox_tests::web::FileServer;
-use taskbox_tests::{Env, PYTHON, Supervisor, exists, require};
+use taskbox_tests::{Env, PYTHON, Supervisor, exists, git, require};
 
 /// The proxy's port inside every sandbox.
 const PROXY: u16 = taskbox_core::egress::PROXY_PORT;
@@ -155,29 +155,6 @@ impl Site {
         )
         .unwrap();
     }
-}
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.com",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A wheel of the package `demo-pkg` 1.0, built by hand (a wheel is a zip with metadata).
@@ -581,20 +558,7 @@ impl Resolver for FixedDns {
 }
 
 fn exec(backend: &NativeBackend, id: &SandboxId, script: &str) -> ExecResult {
-    match backend
-        .exec(
-            id,
-            ExecRequest {
-                shell: Some(script.into()),
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Finished(r) => r,
-        other => panic!("expected a finished exec, got {other:?}"),
-    }
+    taskbox_tests::shell(backend, id, script)
 }
 
 #[test]

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use taskbox_tests::{
-    Env, SUITE_IMAGE, Supervisor, docker_available, ensure_image, http, is_root, require, taskbox,
-    test_image_dir,
+    Env, SUITE_IMAGE, Supervisor, docker_available, ensure_image, git, http, is_root, require,
+    taskbox, test_image_dir,
 };
 
 /// A call to the supervisor that must succeed: its JSON answer (`body` Null: no body).
@@ -25,23 +25,6 @@ fn ok(sup: &Supervisor, method: &str, path: &str, body: Value) -> Value {
         "{method} {path}: {status} {v}"
     );
     v
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
-        .args(["-c", "commit.gpgsign=false"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// A repository with two commits; HEAD's README says "v2". Returns the first commit.
@@ -229,6 +212,13 @@ fn first_divergence(report: &Value) -> &Value {
         .iter()
         .find(|o| o["status"] == "diverged")
         .unwrap_or_else(|| panic!("no divergence: {report:#}"))
+}
+
+/// A replay that refuses `trace` before doing anything (exit 125), saying `why` on stderr.
+fn assert_refused(env: &Env, trace: &Path, why: &str) {
+    let out = replay(env, trace, &[]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains(why), "{}", stderr(&out));
 }
 
 fn stderr(o: &Output) -> String {
@@ -478,20 +468,12 @@ fn hostile_traces_get_clear_reports() {
     bad[3] = "{\"type\":\"op\",";
     let t = env.dir.path().join("bad.jsonl");
     std::fs::write(&t, bad.join("\n") + "\n").unwrap();
-    let out = replay(&env, &t, &[]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        stderr(&out).contains("line 4: invalid json"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&env, &t, "line 4: invalid json");
 
     // A newer trace version: refused with what to do.
     let t = env.dir.path().join("newer.jsonl");
     std::fs::write(&t, text.replacen("\"version\":1", "\"version\":7", 1)).unwrap();
-    let out = replay(&env, &t, &[]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("upgrade taskbox"), "{}", stderr(&out));
+    assert_refused(&env, &t, "upgrade taskbox");
 
     // An altered policy text: its hash no longer matches.
     let t = env.dir.path().join("policy.jsonl");
@@ -502,20 +484,12 @@ fn hostile_traces_get_clear_reports() {
             .replacen("true", "false", 1);
         v["policy_toml"] = json!(p);
     });
-    let out = replay(&env, &t, &[]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        stderr(&out).contains("does not match its hash"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&env, &t, "does not match its hash");
 
     // Not a trace at all.
     let t = env.dir.path().join("garbage.jsonl");
     std::fs::write(&t, vec![b'x'; 3 << 20]).unwrap();
-    let out = replay(&env, &t, &[]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("has no header"), "{}", stderr(&out));
+    assert_refused(&env, &t, "has no header");
 }
 
 fn cross_ready() -> bool {

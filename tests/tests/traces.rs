@@ -49,21 +49,7 @@ fn fixture(env_vars: BTreeMap<String, String>) -> Fixture {
 }
 
 fn sh(f: &Fixture, script: &str) -> ExecResult {
-    match f
-        .api
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some(script.into()),
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Finished(r) => r,
-        other => panic!("expected a finished exec, got {other:?}"),
-    }
+    taskbox_tests::shell(&f.api, &f.id, script)
 }
 
 /// The trace file's lines, each parsed (every line must be valid JSON and end in a newline).

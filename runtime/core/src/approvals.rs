@@ -278,9 +278,10 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                     });
                 }
                 let approval_id = approval.id.clone();
-                let mut answered = approval.clone();
+                // Kept only for a streamed exec, to tell it how the approval ended.
+                let mut answered = events.is_some().then(|| approval.clone());
                 let answer = self.queue.wait(approval, timeout);
-                if let Some(events) = events.as_mut() {
+                if let (Some(events), Some(mut answered)) = (events.as_mut(), answered.take()) {
                     answer.apply(&mut answered);
                     events(ExecEvent::Answered {
                         approval: Box::new(answered),
