@@ -352,26 +352,10 @@ fn workspace_err(dir: &Path, reason: String) -> ReplayError {
     }
 }
 
-fn git_cmd(repo: &Path) -> Command {
-    let mut c = Command::new("git");
-    // A repository's config must not make us run its hooks or fsmonitor.
-    c.arg("-C")
-        .arg(repo)
-        .args([
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.hooksPath=/dev/null",
-        ])
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null());
-    c
-}
-
 fn has_commit(repo: &Path, commit: &str) -> bool {
     repo.join(".git").exists()
         && commit.bytes().all(|b| b.is_ascii_hexdigit())
-        && git_cmd(repo)
+        && trace::git_command(repo)
             .args(["cat-file", "-e"])
             .arg(format!("{commit}^{{commit}}"))
             .stdout(Stdio::null())
@@ -394,7 +378,7 @@ fn checkout(repo: &Path, commit: &str, dir: &Path) -> Result<(), ReplayError> {
         "git clone",
     )?;
     run_tool(
-        git_cmd(dir).args([
+        trace::git_command(dir).args([
             "-c",
             "advice.detachedHead=false",
             "checkout",

@@ -700,17 +700,29 @@ fn workspace_base(ws: &Path) -> WorkspaceBase {
     WorkspaceBase::Git { commit, dirty }
 }
 
+/// git in `dir`, kept from running anything a repository's config names (its fsmonitor, its
+/// hooks) and from prompting; standard input empty.
+pub(crate) fn git_command(dir: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null());
+    c
+}
+
 /// Runs a read-only git query in `ws` with a timeout; its stdout when it succeeded.
 fn git(ws: &Path, args: &[&str]) -> Option<String> {
     // `--no-optional-locks`: status must not rewrite the host repository's index.
-    // `core.fsmonitor=false`: a repository's config must not make us run its hook.
-    let mut child = Command::new("git")
-        .arg("-C")
-        .arg(ws)
-        .args(["--no-optional-locks", "-c", "core.fsmonitor=false"])
+    let mut child = git_command(ws)
+        .arg("--no-optional-locks")
         .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
