@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TASKBOX_REQUIRE_ALL=1
 export CARGO_TERM_COLOR=never
+# A clean clone builds everything once: incremental caches would only double target/'s size.
+export CARGO_INCREMENTAL=0
 
 # System packages the suites use: python3 (escape probes), util-linux (unshare, mount), the
 # Docker Engine (the docker backend), mmdebstrap (Debian-based images), busybox-static (the
@@ -54,6 +56,13 @@ stop_dockerd() {
 trap stop_dockerd EXIT
 
 echo "== kernel $(uname -r); cgroups: $(stat -fc %T /sys/fs/cgroup)"
+# The build and the suites' images need a few GiB; say how much there is before a full disk
+# shows up as a linker's bus error.
+free_mib=$(df -Pm . | awk 'NR == 2 { print $4 }')
+echo "== disk: ${free_mib} MiB free where the build goes"
+if [ "${free_mib:-0}" -lt 6144 ]; then
+  echo "warning: under 6 GiB free; the build and the suite images may not fit" >&2
+fi
 cargo --version
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
