@@ -1105,18 +1105,12 @@ impl Runner {
                 state: a.state,
                 denial_reason: a.denial_reason,
             };
-            let record = Record::Approval {
-                turn: note.turn,
-                command: note.command.clone(),
-                rule: a.rule,
-                state: note.state,
-                denial_reason: note.denial_reason.clone(),
-            };
+            self.st.approvals.push(note.clone());
+            let record = Record::Approval { note, rule: a.rule };
             // The trace's next write reports a broken trace; the exec's answer stands.
             if let Err(e) = self.record(record) {
                 tracing::warn!(error = %e, "cannot record an approval in the trace");
             }
-            self.st.approvals.push(note);
         }
         match outcome {
             Ok(ExecOutcome::Finished(r)) => {

@@ -167,18 +167,12 @@ fn load(trace: &Path) -> Result<Recording, AgentError> {
                 observation,
                 ..
             } => tools.push((turn, call.name, observation)),
-            Record::Approval {
-                turn,
-                command,
-                state,
-                denial_reason,
-                ..
-            } => approvals.push((
-                turn,
+            Record::Approval { note, .. } => approvals.push((
+                note.turn,
                 Answer {
-                    command,
-                    state,
-                    denial_reason,
+                    command: note.command,
+                    state: note.state,
+                    denial_reason: note.denial_reason,
                 },
             )),
             Record::Resume { from_turn, .. } => {

@@ -18,9 +18,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use taskbox_core::api::ApprovalState;
-
 use crate::model::{Message, ModelResponse, ToolCall};
+use crate::state::ApprovalNote;
 
 /// One verification command's run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,11 +79,9 @@ pub enum Record {
     /// How an approval the command policy asked for during a tool call was answered: by the
     /// agent's approver or by a person through the API. A replay answers the same way.
     Approval {
-        turn: u32,
-        command: String,
+        #[serde(flatten)]
+        note: ApprovalNote,
         rule: Option<String>,
-        state: ApprovalState,
-        denial_reason: Option<String>,
     },
     Resume {
         from_turn: u32,
