@@ -309,7 +309,9 @@ pub fn file_sha256(path: &Path) -> Result<String, ReplayError> {
     }))
 }
 
-fn unpack_tar(tar: &Path, dir: &Path) -> Result<(), ReplayError> {
+/// Unpacks a trace's workspace base (a tar) into `dir`, which it creates; entries that would land
+/// outside it are refused.
+pub fn unpack_tar(tar: &Path, dir: &Path) -> Result<(), ReplayError> {
     let f = fs::File::open(tar).map_err(|source| ReplayError::Io {
         what: "read",
         path: tar.to_path_buf(),

@@ -13,7 +13,7 @@ use crate::relay::Meter;
 use crate::splice::{self, Socket};
 
 /// Headers per request or response head, at most.
-const MAX_HEADERS: usize = 128;
+pub(crate) const MAX_HEADERS: usize = 128;
 
 /// A parsed proxy request.
 #[derive(Debug, PartialEq, Eq)]
@@ -160,7 +160,9 @@ fn is_hop_by_hop(name: &str) -> bool {
         "host",
     ];
     HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
-        || name.len() > 6 && name[..6].eq_ignore_ascii_case("proxy-")
+        || name
+            .get(..6)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case("proxy-"))
 }
 
 /// Header names a `Connection` header lists (lowercase); framing headers are never among them.

@@ -29,6 +29,8 @@
 pub mod addr;
 mod conn;
 pub mod event;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod relay;
 pub mod rules;
