@@ -79,14 +79,41 @@ pub fn patch(data: &[u8]) {
         before_out,
         "a patch reached outside the workspace"
     );
-    if let Err(e) = result {
-        assert!(!e.to_string().is_empty(), "a refusal without a reason");
-        assert_eq!(
-            snapshot(&ws),
-            before_ws,
-            "a refused patch changed the workspace: {e}"
-        );
+    let after_ws = snapshot(&ws);
+    match result {
+        Ok(r) => {
+            // The observation lists every file the patch changed.
+            let reported: Vec<&str> = r.files.iter().map(|c| c.path.as_str()).collect();
+            for path in changed_files(&before_ws, &after_ws) {
+                assert!(
+                    reported.contains(&path),
+                    "{path} changed, but the patch's result lists only {reported:?}"
+                );
+            }
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "a refusal without a reason");
+            assert_eq!(
+                after_ws, before_ws,
+                "a refused patch changed the workspace: {e}"
+            );
+        }
     }
+}
+
+/// The entries other than directories that differ between two snapshots.
+fn changed_files<'a>(
+    before: &'a BTreeMap<String, String>,
+    after: &'a BTreeMap<String, String>,
+) -> Vec<&'a str> {
+    let is_dir = |v: Option<&String>| v.is_some_and(|v| v.starts_with("dir "));
+    before
+        .keys()
+        .chain(after.keys())
+        .map(String::as_str)
+        .filter(|k| before.get(*k) != after.get(*k))
+        .filter(|k| !is_dir(before.get(*k)) && !is_dir(after.get(*k)))
+        .collect()
 }
 
 /// An image layer, unpacked onto a root that already has symlinks leading out of it, with a
