@@ -19,7 +19,7 @@
 //! would climb above the root). Absolute paths are accepted only under the mount path given with
 //! [`WorkspaceFs::with_mount_path`] (the workspace as the sandbox sees it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -376,6 +376,9 @@ struct Prepared {
     name: OsString,
     rel: RelPath,
     created: bool,
+    /// The parent directories this write created, outermost first: an aborted write removes
+    /// them again.
+    made_dirs: Vec<RelPath>,
 }
 
 /// The workspace root and the operations on it. See the module doc for the rules.
@@ -600,8 +603,14 @@ impl WorkspaceFs {
         Ok((self.open_dir(op, &parent)?, name))
     }
 
-    /// Opens the directory `rel`, creating missing directories one level at a time.
-    fn make_dirs(&self, op: &str, rel: &RelPath) -> Result<OwnedFd, ApiError> {
+    /// Opens the directory `rel`, creating missing directories one level at a time; those it
+    /// created are added to `made`, also when it fails further down.
+    fn make_dirs(
+        &self,
+        op: &str,
+        rel: &RelPath,
+        made: &mut Vec<RelPath>,
+    ) -> Result<OwnedFd, ApiError> {
         let mut fd = self.open_dir(op, &RelPath::root())?;
         let mut prefix = RelPath::root();
         for part in &rel.parts {
@@ -614,7 +623,10 @@ impl WorkspaceFs {
                         part.as_os_str(),
                         Mode::from_bits_truncate(0o755),
                     ) {
-                        Ok(()) => adopt_owner_at(&fd, part),
+                        Ok(()) => {
+                            adopt_owner_at(&fd, part);
+                            made.push(prefix.clone());
+                        }
                         Err(Errno::EEXIST) => {}
                         Err(e) => return Err(sys_err(op, &prefix, e)),
                     }
@@ -624,6 +636,27 @@ impl WorkspaceFs {
             }
         }
         Ok(fd)
+    }
+
+    /// Removes directories a failed write created (innermost first); one that is no longer
+    /// empty stays.
+    fn remove_made_dirs(&self, op: &str, made: &[RelPath]) {
+        for rel in made.iter().rev() {
+            if let Ok((parent, name)) = self.parent_of(op, rel) {
+                let _ =
+                    nix::unistd::unlinkat(Some(parent.as_raw_fd()), name, UnlinkatFlags::RemoveDir);
+            }
+        }
+    }
+
+    /// Removes a prepared write's temporary file and the directories it created.
+    fn abort_write(&self, op: &str, p: &Prepared) {
+        let _ = nix::unistd::unlinkat(
+            Some(p.parent.as_raw_fd()),
+            p.tmp.as_os_str(),
+            UnlinkatFlags::NoRemoveDir,
+        );
+        self.remove_made_dirs(op, &p.made_dirs);
     }
 
     /// Opens a regular file for reading, following symlinks inside the root; never blocks on a
@@ -714,6 +747,39 @@ impl WorkspaceFs {
         force_mode: bool,
         create_parents: bool,
     ) -> Result<Prepared, ApiError> {
+        let mut made_dirs = Vec::new();
+        match self.prepare_write_in(
+            op,
+            rel,
+            data,
+            new_mode,
+            force_mode,
+            create_parents,
+            &mut made_dirs,
+        ) {
+            Ok(mut p) => {
+                p.made_dirs = made_dirs;
+                Ok(p)
+            }
+            Err(e) => {
+                self.remove_made_dirs(op, &made_dirs);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Self::prepare_write`], adding the directories it creates to `made_dirs`.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_write_in(
+        &self,
+        op: &str,
+        rel: &RelPath,
+        data: &[u8],
+        new_mode: u32,
+        force_mode: bool,
+        create_parents: bool,
+        made_dirs: &mut Vec<RelPath>,
+    ) -> Result<Prepared, ApiError> {
         self.guard(op, rel)?;
         let Some((parent_rel, name)) = rel.split_last() else {
             return Err(ApiError::PathRefused(format!(
@@ -721,7 +787,7 @@ impl WorkspaceFs {
             )));
         };
         let parent = if create_parents {
-            self.make_dirs(op, &parent_rel)?
+            self.make_dirs(op, &parent_rel, made_dirs)?
         } else {
             self.open_dir(op, &parent_rel)?
         };
@@ -766,6 +832,7 @@ impl WorkspaceFs {
             name: name.to_os_string(),
             rel: rel.clone(),
             created: existing.is_none(),
+            made_dirs: Vec::new(),
         };
         let mut file = File::from(fd);
         let written = (|| -> Result<(), ApiError> {
@@ -785,7 +852,7 @@ impl WorkspaceFs {
         match written {
             Ok(()) => Ok(prepared),
             Err(e) => {
-                abort_write(&prepared);
+                self.abort_write(op, &prepared);
                 Err(e)
             }
         }
@@ -797,7 +864,7 @@ impl WorkspaceFs {
         match nix::fcntl::renameat(Some(raw), p.tmp.as_os_str(), Some(raw), p.name.as_os_str()) {
             Ok(()) => Ok(p.created),
             Err(e) => {
-                abort_write(&p);
+                self.abort_write(op, &p);
                 Err(match e {
                     Errno::EISDIR | Errno::ENOTEMPTY | Errno::EEXIST => {
                         ApiError::InvalidArgument(format!("{op}: {} is a directory", p.rel))
@@ -1063,7 +1130,27 @@ impl WorkspaceFs {
             }
         }
 
-        // Phase 2: write every new content to a temporary file; on any failure remove them all.
+        // A path the patch leaves as a file cannot also be a directory of another one: the
+        // renames would fail with part of the patch in place.
+        let files_after: BTreeSet<&RelPath> = states
+            .order
+            .iter()
+            .filter(|r| states.map.get(*r).is_some_and(|s| s.content.is_some()))
+            .collect();
+        for rel in &files_after {
+            let mut prefix = RelPath::root();
+            for part in &rel.parts[..rel.parts.len().saturating_sub(1)] {
+                prefix = prefix.join(part);
+                if files_after.contains(&prefix) {
+                    return Err(ApiError::PatchFailed(format!(
+                        "patch: {prefix} would be a file and also the directory of {rel}"
+                    )));
+                }
+            }
+        }
+
+        // Phase 2: write every new content to a temporary file; on any failure remove them all,
+        // and the directories made for them.
         let mut prepared: Vec<Prepared> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
         let mut deletes: Vec<RelPath> = Vec::new();
@@ -1083,8 +1170,10 @@ impl WorkspaceFs {
                     match self.prepare_write(op, rel, c, mode, s.mode.is_some(), true) {
                         Ok(p) => prepared.push(p),
                         Err(e) => {
-                            for p in &prepared {
-                                abort_write(p);
+                            // Newest first: an earlier write's directories may hold a later
+                            // one's temporary file.
+                            for p in prepared.iter().rev() {
+                                self.abort_write(op, p);
                             }
                             return Err(e);
                         }
@@ -1554,14 +1643,6 @@ fn symlink_refused(op: &str, rel: &RelPath) -> ApiError {
     ApiError::PathRefused(format!(
         "{op}: {rel} is a symlink; refusing to write through it (name the target's path instead)"
     ))
-}
-
-fn abort_write(p: &Prepared) {
-    let _ = nix::unistd::unlinkat(
-        Some(p.parent.as_raw_fd()),
-        p.tmp.as_os_str(),
-        UnlinkatFlags::NoRemoveDir,
-    );
 }
 
 /// Best effort, as root: a directory the supervisor creates belongs to its parent's owner.
@@ -3166,6 +3247,48 @@ rename to new_name.txt
             patch(&w, short),
             Err(ApiError::InvalidArgument(_))
         ));
+        no_temp_files(&w);
+    }
+
+    #[test]
+    fn fsops_a_refused_patch_leaves_no_directory_behind() {
+        let w = ws();
+        // The same path as a file and as the directory of another file.
+        let p = "\
+--- /dev/null
++++ b/new/deep/file.txt
+@@ -0,0 +1 @@
++x
+--- /dev/null
++++ b/new/deep
+@@ -0,0 +1 @@
++y
+";
+        let e = patch(&w, p).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("new/deep would be a file and also the directory of new/deep/file.txt"),
+            "{e}"
+        );
+        assert!(!w.root.join("new").exists());
+        // A write into a new directory that fails after making it (a name too long for the
+        // file system), by patch and by write: the directory goes again.
+        let long = "n".repeat(300);
+        let p = format!(
+            "--- /dev/null\n+++ b/made/ok.txt\n@@ -0,0 +1 @@\n+x\n--- /dev/null\n+++ b/also/{long}/f\n@@ -0,0 +1 @@\n+x\n"
+        );
+        let e = patch(&w, &p).unwrap_err();
+        assert!(!w.root.join("made").exists(), "{e}");
+        assert!(!w.root.join("also").exists(), "{e}");
+        let e =
+            w.fs.write(&WriteRequest {
+                path: format!("fresh/{long}/f"),
+                content: "x".into(),
+                create_parents: true,
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(!w.root.join("fresh").exists(), "{e}");
         no_temp_files(&w);
     }
 
