@@ -411,6 +411,45 @@ for name, req in (("plain", 0x5412), ("high", 0x5412 | (1 << 32)), ("linux", 0x5
             assert!(r.stderr().contains("MemoryError"), "{:#}", r.json);
         }
     }
+    fn a_setuid_file_the_sandbox_makes_is_out_of_other_users_reach(env: Env) {
+        // A state directory others may enter, as /var/lib/taskbox and home directories often
+        // are: the directories below it that hold layers must not be.
+        use std::os::unix::fs::PermissionsExt;
+        for d in [env.dir.path().to_path_buf(), env.state()] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::copy("/bin/cat", env.ws().join("payload")).unwrap();
+        let state = env.state();
+        // While the sandbox lives: find its setuid file on the host, check that the way to it
+        // is closed to others, and (as root) try to run it as another user.
+        let watcher = std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < deadline {
+                if let Some(found) = find_setuid(&state, "made-setuid") {
+                    return Some(another_user_tries(&state, &found));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        });
+        let r = env.sh("cp payload made-setuid && chmod 4755 made-setuid && ls -ln made-setuid && sleep 6");
+        let verdict = watcher.join().unwrap();
+        r.ok();
+        assert!(r.stdout().starts_with("-rws"), "{}", r.stdout());
+        let (path, closed, run) =
+            verdict.expect("the sandbox's setuid file was not found in its layer under the state directory");
+        assert!(closed, "every directory on the way to {} lets others through", path.display());
+        if let Some(status) = run {
+            let euid = status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(str::to_owned));
+            assert!(
+                euid.is_none() || euid.as_deref() == Some("65534"),
+                "another user ran the sandbox's setuid file with its owner's ids:\n{status}"
+            );
+        }
+    }
     fn no_host_daemon_socket_is_reachable(env: Env) {
         let r = env.sh(
             "for s in /run/docker.sock /var/run/docker.sock /run/dbus/system_bus_socket /var/run/dbus/system_bus_socket; do \
@@ -422,4 +461,54 @@ for name, req in (("plain", 0x5412), ("high", 0x5412 | (1 << 32)), ("linux", 0x5
         let _ =
             std::fs::File::open("/proc/self/status").and_then(|mut f| f.read_to_string(&mut leftover));
     }
+}
+
+/// The first regular file called `name` with the setuid bit under `dir`.
+fn find_setuid(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file()
+                && e.file_name() == name
+                && meta.permissions().mode() & 0o4000 != 0
+            {
+                return Some(e.path());
+            }
+        }
+    }
+    None
+}
+
+/// For a file under `state`: whether a directory between them is closed to others (no search
+/// permission for them), and, as root, what the file printed of `/proc/self/status` when user
+/// `nobody` (65534) ran it (`None` when not root).
+fn another_user_tries(
+    state: &std::path::Path,
+    file: &std::path::Path,
+) -> (std::path::PathBuf, bool, Option<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let closed = file
+        .ancestors()
+        .skip(1)
+        .take_while(|a| *a != state)
+        .any(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0));
+    let run = is_root().then(|| {
+        let out = std::process::Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(file)
+            .arg("/proc/self/status")
+            .output()
+            .expect("spawn runuser");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    (file.to_path_buf(), closed, run)
 }

@@ -149,7 +149,8 @@ fn check_image(images: &dyn taskbox_core::image::ImageResolver, image: &str) -> 
 
 fn scratch_dir(state_dir: &Path) -> Result<PathBuf> {
     let base = state_dir.join("replays");
-    std::fs::create_dir_all(&base).map_err(|e| anyhow!("cannot create {}: {e}", base.display()))?;
+    taskbox_core::native::private_dir(&base)
+        .map_err(|e| anyhow!("cannot create {}: {e}", base.display()))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()

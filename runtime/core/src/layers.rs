@@ -66,6 +66,11 @@ const RACY_DIGEST_LIMIT: u64 = 64 * 1024 * 1024;
 /// Name of the tar member that lists deleted paths, one per line, each ending in `\n`; `path/`
 /// is an empty directory. Always present (empty when nothing was deleted), and first.
 pub const DELETED_MEMBER: &str = ".taskbox-deleted";
+
+/// The mode bits a change carries out of the sandbox (to the host by `apply_to_host`, into an
+/// exported tar): the permissions alone. A sandbox owns what it creates and may set setuid or
+/// setgid on it; outside, that bit would run the file as the owner it lands with.
+pub const HOST_MODE_BITS: u32 = 0o777;
 /// Overlay xattrs copied with a layer (both namespaces; `trusted.` ones only when readable).
 const OVERLAY_XATTR_PREFIXES: [&[u8]; 2] = [b"user.overlay.", b"trusted.overlay."];
 
@@ -932,7 +937,7 @@ pub fn export_tar(
     let header = |kind: tar::EntryType, mode: u32, mtime: u64, size: u64| {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(kind);
-        h.set_mode(mode & 0o7777);
+        h.set_mode(mode & HOST_MODE_BITS);
         h.set_mtime(mtime);
         h.set_uid(0);
         h.set_gid(0);
@@ -1124,6 +1129,9 @@ fn protected(rel: &Path) -> bool {
 ///   the host. Failures of the host filesystem after that point can leave the change half applied.
 /// - When run as root, written files take the owner of the file they replace or else of their
 ///   directory, so the workspace stays its owner's.
+///
+/// Modes keep their permission bits only ([`HOST_MODE_BITS`]): a setuid, setgid or sticky bit the
+/// sandbox set stays behind, as in an exported tar (the diff still shows the sandbox's mode).
 pub fn apply_to_host(
     upper: &Path,
     host: &Path,
@@ -1157,14 +1165,15 @@ pub fn apply_to_host(
         let source = match (c.kind, upper_only.resolve(rel)?) {
             (ChangeKind::Deleted, _) => Source::Delete,
             (_, Resolved::Dir { .. }) if dir => {
-                let mode = lstat_opt(&upper.join(rel))?.map_or(0o755, |m| m.mode() & 0o7777);
+                let mode =
+                    lstat_opt(&upper.join(rel))?.map_or(0o755, |m| m.mode() & HOST_MODE_BITS);
                 Source::Dir { mode }
             }
             (_, Resolved::Upper(leaf)) if !dir => {
                 let ft = leaf.meta.file_type();
                 if ft.is_file() {
                     Source::File {
-                        mode: leaf.meta.mode() & 0o7777,
+                        mode: leaf.meta.mode() & HOST_MODE_BITS,
                         path: leaf.path,
                     }
                 } else if ft.is_symlink() {
@@ -2011,6 +2020,46 @@ mod tests {
         );
         // The host now matches the sandbox's view.
         assert!(scan(&upper, &host).unwrap().is_empty());
+    }
+
+    #[test]
+    fn apply_to_host_and_export_leave_setuid_setgid_and_sticky_bits_behind() {
+        let (tmp, lower, upper) = simple_layers();
+        let host = host_copy(&lower, tmp.path());
+        fs::write(upper.join("suid"), "#!/bin/sh\n").unwrap();
+        fs::set_permissions(upper.join("suid"), fs::Permissions::from_mode(0o6755)).unwrap();
+        fs::create_dir(upper.join("sticky")).unwrap();
+        fs::set_permissions(upper.join("sticky"), fs::Permissions::from_mode(0o3777)).unwrap();
+        let changes = scan(&upper, &lower).unwrap();
+        apply_to_host(&upper, &host, &changes).unwrap();
+        assert_eq!(
+            fs::metadata(host.join("suid")).unwrap().mode() & 0o7777,
+            0o755
+        );
+        // (A new directory's permissions are the umask's.)
+        assert_eq!(
+            fs::metadata(host.join("sticky")).unwrap().mode() & 0o7000,
+            0
+        );
+        let mut tar = Vec::new();
+        export_tar(&upper, &lower, &changes, &mut tar).unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let modes: BTreeMap<String, u32> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let path = e
+                    .path()
+                    .unwrap()
+                    .to_string_lossy()
+                    .trim_end_matches('/')
+                    .to_owned();
+                (path, e.header().mode().unwrap())
+            })
+            .collect();
+        assert_eq!(modes["suid"], 0o755, "{modes:?}");
+        assert_eq!(modes["sticky"], 0o777, "{modes:?}");
     }
 
     #[test]

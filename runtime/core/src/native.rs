@@ -202,6 +202,14 @@ impl Drop for RunDir {
     }
 }
 
+/// Creates `dir` (with its parents) and makes it its owner's alone (mode 0700). Every directory
+/// that holds sandbox layers is one: a sandbox owns the files it creates and may make them setuid,
+/// so no other host user may reach its layers (nor its outputs) through the host's paths.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
 /// Removes a directory tree, making directories writable where the overlay left them without
 /// permissions (its work directory is mode 000).
 pub fn remove_tree(dir: &Path) {
@@ -735,7 +743,7 @@ pub fn run_with(
     let runs = req.state_dir.join("runs");
     let spill_dir = req.state_dir.join("spill");
     for d in [&runs, &spill_dir] {
-        fs::create_dir_all(d).map_err(|source| NativeError::State {
+        private_dir(d).map_err(|source| NativeError::State {
             path: d.display().to_string(),
             source,
         })?;

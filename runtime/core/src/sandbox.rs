@@ -82,7 +82,7 @@ impl NativeBackend {
     /// directories and cgroups of sandboxes that died with it) is removed.
     pub fn new(state_dir: PathBuf) -> Result<NativeBackend, ApiError> {
         let sandboxes = state_dir.join("sandboxes");
-        fs::create_dir_all(&sandboxes).map_err(|e| {
+        crate::native::private_dir(&sandboxes).map_err(|e| {
             ApiError::internal(format!("cannot create {}: {e}", sandboxes.display()))
         })?;
         let lock_path = sandboxes.join(".lock");

@@ -198,6 +198,8 @@ impl DockerBackend {
                 state_dir.display()
             )));
         }
+        // The sandboxes' layers live below: the owner's alone (see `private_dir`).
+        taskbox_core::native::private_dir(&root).map_err(io_internal("cannot create", &root))?;
         for d in [root.join("sandboxes"), root.join("bin")] {
             fs::create_dir_all(&d).map_err(io_internal("cannot create", &d))?;
         }
