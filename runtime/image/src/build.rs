@@ -1007,6 +1007,10 @@ fn run_step(
     let rootfs = store.rootfs_of(diff_ids, labels)?;
     let scratch = tempfile_in(&store.tmp_dir(), "run")?;
     let result = (|| {
+        // The step's layer: its owner's alone, as every sandbox layer (`private_dir`). (The
+        // Debian base's scratch stays open: apt fetches as its own user there.)
+        taskbox_core::native::private_dir(&scratch)
+            .map_err(io_err(format!("cannot create {}", scratch.display())))?;
         let upper = scratch.join("upper");
         let ws = scratch.join("ws");
         for d in [&upper, &ws] {

@@ -168,10 +168,6 @@ impl Store {
             let p = dir.join(d);
             fs::create_dir_all(&p).map_err(io_err(format!("cannot create {}", p.display())))?;
         }
-        // Builds run their steps' sandboxes with layers in tmp: the owner's alone.
-        let tmp = dir.join("tmp");
-        taskbox_core::native::private_dir(&tmp)
-            .map_err(io_err(format!("cannot create {}", tmp.display())))?;
         let rootfs = dir.join("rootfs");
         if !rootfs.is_dir() {
             fs::DirBuilder::new()
