@@ -557,11 +557,14 @@ impl<R: BufRead> Read for Chunked<R> {
         }
         if self.left == 0 {
             let mut line = String::new();
-            self.inner.read_line(&mut line)?;
-            if line.trim().is_empty() {
+            let mut n = self.inner.read_line(&mut line)?;
+            if n > 0 && line.trim().is_empty() {
                 // The CRLF that ends the previous chunk.
                 line.clear();
-                self.inner.read_line(&mut line)?;
+                n = self.inner.read_line(&mut line)?;
+            }
+            if n == 0 {
+                return Err(cut_short("before its last chunk"));
             }
             let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
                 .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
@@ -573,12 +576,20 @@ impl<R: BufRead> Read for Chunked<R> {
         }
         let n = buf.len().min(self.left);
         let got = self.inner.read(&mut buf[..n])?;
-        if got == 0 {
-            self.done = true;
+        if got == 0 && n > 0 {
+            return Err(cut_short("inside a chunk"));
         }
         self.left -= got;
         Ok(got)
     }
+}
+
+/// A chunked body that ends early is an error, never a shorter body.
+fn cut_short(where_: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("the connection closed {where_}: the response body is cut short"),
+    )
 }
 
 #[cfg(test)]
