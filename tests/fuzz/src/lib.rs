@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, symlink};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use taskbox_core::api::PatchRequest;
@@ -58,30 +58,25 @@ pub fn patch(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let dir = scratch();
-    let ws = dir.path().join("ws");
-    let outside = dir.path().join("outside");
+    let sc = scene(true);
+    let (ws, outside) = (&sc.inside, &sc.outside);
     fs::create_dir_all(ws.join("src")).unwrap_or_else(|e| panic!("mkdir: {e}"));
-    fs::create_dir_all(&outside).unwrap_or_else(|e| panic!("mkdir: {e}"));
     write(&ws.join("a.txt"), "one\ntwo\nthree\n");
     write(&ws.join("src/lib.rs"), "fn main() {}\n");
     write(&ws.join("no-newline"), "last");
-    write(&outside.join("secret"), "host secret\n");
-    link("../outside", &ws.join("out"));
-    link(&outside.to_string_lossy(), &ws.join("abs"));
 
-    let before_ws = snapshot(&ws);
-    let before_out = snapshot(&outside);
-    let wfs = WorkspaceFs::open(&ws).unwrap_or_else(|e| panic!("open the workspace: {e}"));
+    let before_ws = snapshot(ws);
+    let before_out = snapshot(outside);
+    let wfs = WorkspaceFs::open(ws).unwrap_or_else(|e| panic!("open the workspace: {e}"));
     let result = wfs.patch(&PatchRequest {
         patch: text.to_owned(),
     });
     assert_eq!(
-        snapshot(&outside),
+        snapshot(outside),
         before_out,
         "a patch reached outside the workspace"
     );
-    let after_ws = snapshot(&ws);
+    let after_ws = snapshot(ws);
     match result {
         Ok(r) => {
             // The observation lists every file the patch changed.
@@ -121,28 +116,23 @@ fn changed_files<'a>(
 /// An image layer, unpacked onto a root that already has symlinks leading out of it, with a
 /// neighbour directory beside it.
 pub fn layer_tar(data: &[u8]) {
-    let dir = scratch();
-    let root = dir.path().join("root");
-    let outside = dir.path().join("outside");
+    let sc = scene(true);
+    let (root, outside) = (&sc.inside, &sc.outside);
     fs::create_dir_all(root.join("etc")).unwrap_or_else(|e| panic!("mkdir: {e}"));
-    fs::create_dir_all(&outside).unwrap_or_else(|e| panic!("mkdir: {e}"));
     write(&root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n");
-    write(&outside.join("secret"), "host secret\n");
-    link("../outside", &root.join("up"));
-    link(&outside.to_string_lossy(), &root.join("abs"));
     link("/", &root.join("top"));
 
-    let before = snapshot(&outside);
-    if let Err(e) = taskbox_image::unpack::apply_layer(&root, data, "fuzz layer") {
+    let before = snapshot(outside);
+    if let Err(e) = taskbox_image::unpack::apply_layer(root, data, "fuzz layer") {
         assert!(!e.to_string().is_empty());
     }
     assert_eq!(
-        snapshot(&outside),
+        snapshot(outside),
         before,
         "a layer reached outside the root"
     );
     // No device node but an overlay whiteout (a 0:0 character device).
-    let mut stack = vec![root];
+    let mut stack = vec![root.clone()];
     while let Some(d) = stack.pop() {
         for entry in fs::read_dir(&d).into_iter().flatten().flatten() {
             let Ok(meta) = fs::symlink_metadata(entry.path()) else {
@@ -163,19 +153,16 @@ pub fn layer_tar(data: &[u8]) {
 
 /// The tar a trace records as its workspace base, unpacked as `replay` does.
 pub fn workspace_tar(data: &[u8]) {
-    let dir = scratch();
-    let target = dir.path().join("ws");
-    let outside = dir.path().join("outside");
-    fs::create_dir_all(&outside).unwrap_or_else(|e| panic!("mkdir: {e}"));
-    write(&outside.join("secret"), "host secret\n");
-    let tar = dir.path().join("base.tar");
+    let sc = scene(false);
+    let (target, outside) = (&sc.inside, &sc.outside);
+    let tar = sc.dir.path().join("base.tar");
     fs::write(&tar, data).unwrap_or_else(|e| panic!("write: {e}"));
-    let before = snapshot(&outside);
-    if let Err(e) = taskbox_core::replay::unpack_tar(&tar, &target) {
+    let before = snapshot(outside);
+    if let Err(e) = taskbox_core::replay::unpack_tar(&tar, target) {
         assert!(!e.to_string().is_empty());
     }
     assert_eq!(
-        snapshot(&outside),
+        snapshot(outside),
         before,
         "a workspace tar reached outside its directory"
     );
@@ -328,6 +315,33 @@ pub fn chunked_body(data: &[u8]) {
         wire.len(),
         out.len()
     );
+}
+
+/// A scratch tree: `inside`, where the input goes, beside `outside`, which holds a secret.
+struct Scene {
+    dir: tempfile::TempDir,
+    inside: PathBuf,
+    outside: PathBuf,
+}
+
+/// A [`Scene`]; with `links`, `inside` exists and holds `up` (-> `../outside`) and `abs` (->
+/// `outside` by its absolute path).
+fn scene(links: bool) -> Scene {
+    let dir = scratch();
+    let inside = dir.path().join("inside");
+    let outside = dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap_or_else(|e| panic!("mkdir: {e}"));
+    write(&outside.join("secret"), "host secret\n");
+    if links {
+        fs::create_dir_all(&inside).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        link("../outside", &inside.join("up"));
+        link(&outside.to_string_lossy(), &inside.join("abs"));
+    }
+    Scene {
+        dir,
+        inside,
+        outside,
+    }
 }
 
 fn scratch() -> tempfile::TempDir {
