@@ -1280,6 +1280,17 @@ fn parse_trace(path: &Path, bytes: &[u8]) -> Result<(Trace, u64), TraceError> {
 // Rendering
 // ---------------------------------------------------------------------------------------------
 
+/// A trace's time (milliseconds since the epoch) as RFC 3339 UTC; one past the year 9999, which
+/// only a damaged or forged trace holds, as the number itself.
+pub fn timestamp_ms(ms: u64) -> String {
+    let mut out = String::new();
+    let at = UNIX_EPOCH.checked_add(Duration::from_millis(ms));
+    match at.map(|t| write!(out, "{}", humantime::format_rfc3339_millis(t))) {
+        Some(Ok(())) => out,
+        _ => format!("{ms} ms after 1970 (out of range)"),
+    }
+}
+
 /// A readable summary of a trace for `taskbox trace show`: the header, one line per operation
 /// (with the violations an exec reported), and totals.
 pub fn render_text(trace: &Trace) -> String {
@@ -1290,9 +1301,7 @@ pub fn render_text(trace: &Trace) -> String {
         "sandbox {}  (taskbox {}, trace v{})",
         h.sandbox, h.taskbox, h.version
     );
-    let created =
-        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(h.created_at_ms));
-    let _ = writeln!(out, "  created    {created}");
+    let _ = writeln!(out, "  created    {}", timestamp_ms(h.created_at_ms));
     let _ = writeln!(out, "  backend    {}  image {}", h.backend, h.image);
     let short_hash = h.policy_hash.get(..12).unwrap_or(&h.policy_hash);
     let _ = writeln!(out, "  policy     {} (sha256 {short_hash}…)", h.policy);
@@ -1924,6 +1933,20 @@ mod tests {
         let (_d, p) = write_tmp(none.as_bytes());
         let e = read_trace(&p).unwrap_err().to_string();
         assert!(e.contains("no numeric \"version\" field"), "{e}");
+    }
+
+    #[test]
+    fn timestamps_past_the_year_9999_read_as_numbers() {
+        assert_eq!(timestamp_ms(1_000), "1970-01-01T00:00:01.000Z");
+        // A forged header's time: shown as the number, and the pages still render.
+        assert_eq!(
+            timestamp_ms(17_960_328_326_032_832_438),
+            "17960328326032832438 ms after 1970 (out of range)"
+        );
+        assert_eq!(
+            timestamp_ms(u64::MAX),
+            format!("{} ms after 1970 (out of range)", u64::MAX)
+        );
     }
 
     #[test]

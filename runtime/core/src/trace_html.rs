@@ -9,7 +9,6 @@
 //! element, which the browser-driven test reads.
 
 use std::fmt::Write as _;
-use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -127,8 +126,7 @@ pub fn render_html(trace: &Trace) -> String {
     pill(&mut out, violations > 0, format!("{violations} violations"));
     pill(&mut out, false, format!("{:.1}s", span as f64 / 1000.0));
     out.push_str("</div><table class=\"meta\">");
-    let created =
-        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(h.created_at_ms));
+    let created = crate::trace::timestamp_ms(h.created_at_ms);
     let base = match &h.workspace_base {
         WorkspaceBase::Git { commit, dirty } => {
             format!("git {commit}{}", if *dirty { " (dirty)" } else { "" })
