@@ -160,16 +160,21 @@ pub fn inside_workspace(
     rel
 }
 
-/// Absolute paths of the Unix sockets bound on this host that this process can learn of: those
-/// of its own network namespace (`/proc/net/unix`) and, when it may read them, of every other
-/// namespace a process of the host is in. Canonical, existing, sorted.
+/// Absolute paths of the Unix sockets bound on this host: those of this process's network
+/// namespace (`/proc/net/unix`), and those of any other network namespace a process in this
+/// mount namespace is in (a service with a private network still binds host paths).
+/// Canonical, existing, sorted. Sockets of processes in other mount namespaces (containers)
+/// are named by paths of those namespaces, which say nothing of where they are on the host; a
+/// container's state is on the deny list, and the host view never shows the inside of other
+/// mount namespaces, so those are skipped, and only one table is read per namespace.
 pub fn bound_unix_sockets() -> Vec<PathBuf> {
     let mut tables = vec![PathBuf::from("/proc/net/unix")];
-    let mut seen_ns = BTreeSet::new();
-    if let Ok(own) = fs::read_link("/proc/self/ns/net") {
-        seen_ns.insert(own);
-    }
-    if let Ok(entries) = fs::read_dir("/proc") {
+    let own_net = fs::read_link("/proc/self/ns/net").ok();
+    let own_mnt = fs::read_link("/proc/self/ns/mnt").ok();
+    if let (Some(own_net), Some(own_mnt)) = (own_net, own_mnt)
+        && let Ok(entries) = fs::read_dir("/proc")
+    {
+        let mut seen = BTreeSet::from([own_net]);
         for e in entries.flatten() {
             let name = e.file_name();
             if !name
@@ -178,12 +183,17 @@ pub fn bound_unix_sockets() -> Vec<PathBuf> {
             {
                 continue;
             }
-            let Ok(ns) = fs::read_link(e.path().join("ns/net")) else {
+            let dir = e.path();
+            let Ok(net) = fs::read_link(dir.join("ns/net")) else {
                 continue;
             };
-            if seen_ns.insert(ns) {
-                tables.push(e.path().join("net/unix"));
+            if seen.contains(&net)
+                || fs::read_link(dir.join("ns/mnt")).ok().as_ref() != Some(&own_mnt)
+            {
+                continue;
             }
+            seen.insert(net);
+            tables.push(dir.join("net/unix"));
         }
     }
     let mut out = BTreeSet::new();
@@ -240,6 +250,45 @@ mod tests {
         let path = dir.path().join("s.sock");
         let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let found = bound_unix_sockets();
+        assert!(
+            found.contains(&fs::canonicalize(&path).unwrap()),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_socket_bound_in_another_network_namespace_of_this_mount_namespace_is_found() {
+        // A service with a private network (here: `unshare -rn`, which keeps the mount
+        // namespace) binds a host path that a sandbox could otherwise connect to.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("private-net.sock");
+        let script = format!(
+            "import socket,sys,time\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\n\
+             s.listen()\nprint('up',flush=True)\ntime.sleep(30)",
+            path.to_str().unwrap()
+        );
+        let child = std::process::Command::new("unshare")
+            .args(["-rn", "python3", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut child) = child else {
+            crate::testutil::skip("unshare or python3 is missing");
+            return;
+        };
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        );
+        if line.trim() != "up" {
+            let _ = child.kill();
+            let _ = child.wait();
+            crate::testutil::skip("no network namespace could be made here (unshare -rn failed)");
+            return;
+        }
+        let found = bound_unix_sockets();
+        let _ = child.kill();
+        let _ = child.wait();
         assert!(
             found.contains(&fs::canonicalize(&path).unwrap()),
             "{found:?}"
