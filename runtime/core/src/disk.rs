@@ -92,6 +92,10 @@ pub struct Disk {
     root: Option<OwnedFd>,
     /// Held until the helper has mounted the device (auto-clear would detach it otherwise).
     device: Option<LoopDevice>,
+    /// The loop device being made on a thread of its own ([`Disk::prepare`]): attaching one
+    /// waits for the block layer (about a millisecond), which the rest of the sandbox's set-up
+    /// need not wait for. Taken by [`Disk::plan`].
+    attaching: Option<std::thread::JoinHandle<Result<LoopDevice, DiskError>>>,
     mounted_on_host: bool,
 }
 
@@ -109,23 +113,39 @@ impl Disk {
             planned,
             root: None,
             device: None,
+            attaching: None,
             mounted_on_host: false,
         };
         // `TASKBOX_DISK=tmpfs` asks for the in-memory kind as root too (faster to set up, but
         // the quota's files then take memory).
         let tmpfs_asked = std::env::var_os("TASKBOX_DISK").is_some_and(|v| v == "tmpfs");
         if nix::unistd::geteuid().is_root() && !tmpfs_asked {
-            match loop_image(dir, size, templates) {
-                Ok(device) => {
-                    disk.kind = DiskKind::LoopExt4;
-                    disk.device = Some(device);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "no loop-backed disk; using a tmpfs");
-                }
+            let (dir, templates) = (dir.to_path_buf(), templates.to_path_buf());
+            let spawned = std::thread::Builder::new()
+                .name("taskbox-disk".into())
+                .spawn(move || loop_image(&dir, size, &templates));
+            match spawned {
+                Ok(handle) => disk.attaching = Some(handle),
+                Err(e) => tracing::debug!(error = %e, "no thread for the disk; using a tmpfs"),
             }
         }
         Ok(disk)
+    }
+
+    /// Waits for the loop device being attached, if any: the disk is `loop-ext4` when it came,
+    /// a tmpfs when it failed.
+    fn settle(&mut self) {
+        let Some(handle) = self.attaching.take() else {
+            return;
+        };
+        match handle.join() {
+            Ok(Ok(device)) => {
+                self.kind = DiskKind::LoopExt4;
+                self.device = Some(device);
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "no loop-backed disk; using a tmpfs"),
+            Err(_) => tracing::debug!("the disk's thread panicked; using a tmpfs"),
+        }
     }
 
     /// The Docker backend's disk: a `loop-ext4` mounted on the host at `dir/disk`, with its
@@ -142,6 +162,7 @@ impl Disk {
             planned,
             root: None,
             device: None,
+            attaching: None,
             mounted_on_host: true,
         };
         drop(device);
@@ -153,8 +174,9 @@ impl Disk {
         Ok(disk)
     }
 
-    /// What the helper must do to mount it.
-    pub fn plan(&self) -> DiskPlan {
+    /// What the helper must do to mount it (once the loop device, if any, is attached).
+    pub fn plan(&mut self) -> DiskPlan {
+        self.settle();
         DiskPlan {
             dir: self.planned.clone(),
             size_bytes: self.size,
@@ -246,6 +268,11 @@ pub fn is_full_at(path: &Path, size: u64) -> bool {
 
 impl Drop for Disk {
     fn drop(&mut self) {
+        // A device still being attached is waited for (and then let go), so nothing of it
+        // is written in a directory that is being removed.
+        if let Some(handle) = self.attaching.take() {
+            let _ = handle.join();
+        }
         if self.mounted_on_host {
             // Detached: a process that still has a file open there cannot keep the mount.
             let _ = nix::mount::umount2(&self.planned, nix::mount::MntFlags::MNT_DETACH);

@@ -1000,7 +1000,7 @@ pub fn run_with(
         egress: egress.as_ref().map(|_| EgressPlan {
             port: egress::PROXY_PORT,
         }),
-        disk: run_dir.disk.as_ref().map(Disk::plan),
+        disk: run_dir.disk.as_mut().map(Disk::plan),
     };
     let plan_path = run_dir.dir.join("plan.json");
     let plan = serde_json::to_vec_pretty(&config)

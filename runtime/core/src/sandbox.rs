@@ -705,7 +705,7 @@ impl NativeBackend {
                 .unwrap_or_default(),
             control: true,
             egress: egress.as_ref().map(|_| EgressPlan { port: PROXY_PORT }),
-            disk: dirs.disk.as_ref().map(crate::disk::Disk::plan),
+            disk: dirs.disk.as_mut().map(crate::disk::Disk::plan),
         };
         let plan_path = dirs.dir.join("plan.json");
         let plan = serde_json::to_vec_pretty(&config)
