@@ -69,6 +69,12 @@ pub struct InitConfig {
     pub disk: Option<DiskPlan>,
 }
 
+/// The options a disk's ext4 is mounted with (with `nosuid`, `nodev`, `noatime`): no zeroing of
+/// inode tables and no reading of block bitmaps ahead in the background. A fresh sandbox's inode
+/// tables are never read, and its allocator reads the bitmaps it needs; the background work
+/// would only compete with the sandbox's start.
+pub const EXT4_MOUNT_OPTIONS: &str = "noinit_itable,no_prefetch_block_bitmaps";
+
 /// The size-limited file system that holds everything the sandbox may write (its workspace's
 /// upper layer, its scratch directories): a tmpfs, or an ext4 on a loop device; mounted by the
 /// helper on `dir` (a host path, seen in the sandbox's mount namespace only).

@@ -269,13 +269,12 @@ fn mount_disk(plan: &DiskPlan) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot make mounts private: {e}"))?;
     match &plan.device {
-        // No background zeroing of inode tables: a fresh sandbox's are never read.
         Some(device) => mount(
             Some(device.as_path()),
             &plan.dir,
             Some("ext4"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
-            Some("noinit_itable"),
+            Some(crate::config::EXT4_MOUNT_OPTIONS),
         )
         .map_err(|e| {
             format!(
