@@ -216,6 +216,39 @@ fn write_through_leaves_no_setuid_or_setgid_file_on_the_host() {
     );
     let mode = std::fs::metadata(&own).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, 0o4755, "the owner's own file changed");
+    // Each refusal is reported: the chmods, install's, python's open and mknod and mkdir, mkdir
+    // -m, cp -p and tar -xp (at least one call each; tools retry or fall back).
+    let violations = r.json["violations"].as_array().cloned().unwrap_or_default();
+    let setid: Vec<_> = violations
+        .iter()
+        .filter(|v| {
+            v["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("setuid or setgid mode")
+        })
+        .collect();
+    assert_eq!(setid.len(), 1, "{violations:#?}");
+    assert_eq!(setid[0]["kind"], "filesystem");
+    let detail = setid[0]["detail"].as_str().unwrap();
+    let count: u32 = detail
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(count >= 12, "{detail}");
+    for call in ["chmod", "mknod", "mkdir"] {
+        assert!(detail.contains(call), "{call} not named: {detail}");
+    }
+    // Without setid bits asked for, nothing is reported.
+    let clean = env.sh_with(&["--write-through"], "chmod 755 x; mkdir -p d; touch d/f");
+    clean.ok();
+    assert_eq!(
+        clean.json["violations"],
+        serde_json::json!([]),
+        "{:?}",
+        clean.json
+    );
 }
 
 #[test]

@@ -1410,6 +1410,7 @@ fn supervise(
     let mut exec_failed = None;
     let mut command_usage = None;
     let mut file_size_exceeded = false;
+    let mut setid_refused = None;
     for s in statuses {
         match s {
             Status::Exited {
@@ -1418,11 +1419,14 @@ fn supervise(
                 cpu_ms,
                 max_rss_bytes,
                 file_size_exceeded: fsize,
+                setid_refused: refused,
+                setid_calls: calls,
             } => {
                 exit_code = code;
                 signal = sig;
                 command_usage = Some((cpu_ms, max_rss_bytes));
                 file_size_exceeded = fsize;
+                setid_refused = (refused > 0).then_some((refused, calls));
             }
             Status::Landlock { status } => landlock = status,
             Status::Seccomp { installed } => seccomp = installed,
@@ -1450,6 +1454,9 @@ fn supervise(
         violations.push(Violation::file_size_limit(
             req.policy.limits.file_size_bytes,
         ));
+    }
+    if let Some((count, calls)) = &setid_refused {
+        violations.push(Violation::setid_refused(*count, calls));
     }
     // Output past the spill files' share of the quota was not kept.
     if out.spill_capped() || err.spill_capped() {

@@ -168,6 +168,27 @@ impl Violation {
         }
     }
 
+    /// With `--write-through`, `count` calls (`calls` by name) that would have given a file in
+    /// the host's directory a setuid or setgid mode were refused with `EPERM`.
+    pub fn setid_refused(count: u32, calls: &[String]) -> Violation {
+        let what = if calls.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", calls.join(", "))
+        };
+        Violation {
+            kind: "filesystem".into(),
+            detail: format!(
+                "{count} call{s}{what} that would have given a file a setuid or setgid mode \
+                 {were} refused (EPERM): with --write-through the workspace is the host's own \
+                 directory, where such a file would run with its owner's ids for any local \
+                 user; leave the bits off, or run without --write-through and review the diff",
+                s = if count == 1 { "" } else { "s" },
+                were = if count == 1 { "was" } else { "were" },
+            ),
+        }
+    }
+
     /// A process of the exec tried to make a file larger than `bytes`: the kernel stopped the
     /// write (`SIGXFSZ`, or `EFBIG` where the signal is ignored).
     pub fn file_size_limit(bytes: u64) -> Violation {

@@ -248,6 +248,12 @@ pub enum Status {
         /// (SIGXFSZ), or the command reported that a child was (exit status 128 + SIGXFSZ).
         #[serde(default)]
         file_size_exceeded: bool,
+        /// Calls that would have given a file a setuid or setgid mode, refused
+        /// (`--write-through`), and the names of those calls.
+        #[serde(default)]
+        setid_refused: u32,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        setid_calls: Vec<String>,
     },
 }
 

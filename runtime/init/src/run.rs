@@ -196,12 +196,42 @@ fn sandbox_init(config: &InitConfig, prepared: mounts::Prepared) -> ! {
     if config.control {
         crate::server::serve(config)
     }
+    // With `--write-through` the command hands pid 1 the listener of its setid filter, and pid 1
+    // answers (refuses) and counts those calls.
+    let setid_channel = if config.refuse_setid_modes {
+        match nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(pair) => Some(pair),
+            Err(e) => fail("seccomp", format!("socketpair: {e}")),
+        }
+    } else {
+        None
+    };
     // SAFETY: pid 1 is single-threaded; see `run`.
     let command = match unsafe { fork() } {
         Err(e) => fail("fork", e),
-        Ok(ForkResult::Child) => exec_command(config),
+        Ok(ForkResult::Child) => {
+            let to_parent = setid_channel.map(|(_, theirs)| theirs);
+            exec_command_with(config, to_parent)
+        }
         Ok(ForkResult::Parent { child }) => child,
     };
+    // The command sends the listener just before its exec, or ends without (its end then
+    // closes). pid 1 forks nothing after this, so its answering thread is safe.
+    let setid_refusals = setid_channel.and_then(|(ours, theirs)| {
+        drop(theirs);
+        let mut buf = Vec::new();
+        match crate::control::recv::<u8>(std::os::fd::AsFd::as_fd(&ours), &mut buf) {
+            Ok(Some((_, mut fds))) => fds
+                .pop()
+                .and_then(|listener| seccomp::answer_setid_refusals(listener).ok()),
+            _ => None,
+        }
+    });
     // pid 1 keeps no copy of the command's output: its end of the pipes closes when the command
     // and what it started are gone, not when the namespaces are torn down after pid 1 exits.
     release_stdio();
@@ -242,6 +272,11 @@ fn sandbox_init(config: &InitConfig, prepared: mounts::Prepared) -> ! {
             cpu_ms: ms(usage.ru_utime) + ms(usage.ru_stime),
             max_rss_bytes: usage.ru_maxrss as u64 * 1024,
             file_size_exceeded: file_size_exceeded || reports_file_size_kill(code),
+            setid_refused: setid_refusals.as_ref().map_or(0, |r| r.count()),
+            setid_calls: setid_refusals
+                .as_ref()
+                .map(|r| r.calls())
+                .unwrap_or_default(),
         });
         std::process::exit(0)
     }
@@ -356,6 +391,15 @@ fn release_stdio() {
 
 /// The command's process: confine, then exec. Never returns.
 pub(crate) fn exec_command(config: &InitConfig) -> ! {
+    exec_command_with(config, None)
+}
+
+/// The descriptor on which the command sends its setid filter's listener to pid 1.
+const SETID_FD: i32 = STATUS_FD + 1;
+
+/// [`exec_command`], sending the setid filter's listener (with `--write-through`) on
+/// `setid_to`; without it the filter's calls are answered `ENOSYS` by the kernel.
+fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::fd::OwnedFd>) -> ! {
     let _ = nix::sys::signal::sigprocmask(
         nix::sys::signal::SigmaskHow::SIG_SETMASK,
         Some(&nix::sys::signal::SigSet::empty()),
@@ -390,7 +434,23 @@ pub(crate) fn exec_command(config: &InitConfig) -> ! {
             fail("rlimit", format!("{:?}: {e}", limit.resource));
         }
     }
-    sys::close_fds_from(STATUS_FD as u32 + 1);
+    let setid_to = setid_to.map(|fd| {
+        if nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&fd), SETID_FD).is_err() {
+            fail("seccomp", "cannot place the listener's socket");
+        }
+        let _ = sys::set_cloexec(SETID_FD);
+        // Its old number is closed below with the rest.
+        std::mem::forget(fd);
+        SETID_FD
+    });
+    sys::close_fds_from(
+        if setid_to.is_some() {
+            SETID_FD
+        } else {
+            STATUS_FD
+        } as u32
+            + 1,
+    );
     if let Err(e) = sys::set_no_new_privs() {
         fail("no_new_privs", e);
     }
@@ -408,10 +468,29 @@ pub(crate) fn exec_command(config: &InitConfig) -> ! {
         deny_list: config.seccomp,
         refuse_setid_modes: config.refuse_setid_modes,
     };
-    if rules.any()
-        && let Err(e) = seccomp::install(rules)
-    {
-        fail("seccomp", e);
+    if rules.any() {
+        match seccomp::install(rules) {
+            Err(e) => fail("seccomp", e),
+            Ok(Some(listener)) => {
+                if let Some(fd) = setid_to {
+                    // SAFETY: SETID_FD was placed above and is open until the exec.
+                    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                    let raw = std::os::fd::AsRawFd::as_raw_fd(&listener);
+                    if let Err(e) = crate::control::send(sock, &0u8, &[raw]) {
+                        fail(
+                            "seccomp",
+                            format!("cannot hand the setid listener over: {e}"),
+                        );
+                    }
+                }
+                // pid 1 holds its copy; the command keeps none (the kernel's is close-on-exec).
+                drop(listener);
+            }
+            Ok(None) => {}
+        }
+    }
+    if let Some(fd) = setid_to {
+        let _ = nix::unistd::close(fd);
     }
     report(&Status::Seccomp {
         installed: config.seccomp,

@@ -23,7 +23,11 @@
 //! either bit, with `openat2` (whose mode lies in memory) answered `ENOSYS` like `clone3`. The
 //! sandbox's mounts are `nosuid`, but the host's directory is not: such a file would run with
 //! its owner's ids for any host user who can reach it. Image build steps never use it (dpkg sets
-//! those bits in an image's layers).
+//! those bits in an image's layers). It is a filter of its own, whose match action is
+//! `SECCOMP_RET_USER_NOTIF`: the process that holds its listener ([`install`] returns it; the
+//! sandbox's pid 1 takes it) answers each such call with `EPERM` and counts it
+//! ([`answer_setid_refusals`]), so the refusals are reported, not only made. Without anyone
+//! listening the kernel answers `ENOSYS`: still refused.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +45,9 @@ pub enum SeccompError {
     /// `prctl(PR_SET_NO_NEW_PRIVS)` or `seccomp(SECCOMP_SET_MODE_FILTER)` failed.
     #[error("cannot install the seccomp filter: {0}")]
     Install(#[from] seccompiler::Error),
+    /// The setid filter, with its listener, could not be installed.
+    #[error("cannot install the setid filter with a listener (Linux 5.0 and later): {0}")]
+    Listener(std::io::Error),
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -377,8 +384,10 @@ pub fn filter(which: Rules) -> Result<BpfProgram, SeccompError> {
             jump(BPF_JMP_JEQ_K, OPENAT2.1 as u32, 0, 1),
             stmt(BPF_RET_K, enosys),
         ]);
-        // No call is in both sets.
-        rules.extend(setid_rules()?);
+    }
+    if rules.is_empty() {
+        program.push(stmt(BPF_RET_K, u32::from(SeccompAction::Allow)));
+        return Ok(program);
     }
     let deny_list = SeccompFilter::new(rules, SeccompAction::Allow, DENY, TARGET_ARCH)?;
     let compiled: BpfProgram = deny_list.try_into()?;
@@ -386,14 +395,162 @@ pub fn filter(which: Rules) -> Result<BpfProgram, SeccompError> {
     Ok(program)
 }
 
-/// Builds the filter and installs it on the calling thread (and so on what it execs).
+/// The filter of [`Rules::refuse_setid_modes`]: seccompiler's program for [`setid_rules`], whose
+/// returns of its match action are turned into `SECCOMP_RET_USER_NOTIF` (seccompiler has no such
+/// action). Installed after [`filter`], which has already killed other ABIs; the kernel takes
+/// the strictest answer of all filters, so a call the deny list refuses stays refused.
+pub fn setid_filter() -> Result<BpfProgram, SeccompError> {
+    let mark = u32::from(SETID_MARK);
+    let compiled: BpfProgram = SeccompFilter::new(
+        setid_rules()?,
+        SeccompAction::Allow,
+        SETID_MARK,
+        TARGET_ARCH,
+    )?
+    .try_into()?;
+    Ok(compiled
+        .into_iter()
+        .map(|mut insn| {
+            if insn.code == BPF_RET_K && insn.k == mark {
+                insn.k = libc::SECCOMP_RET_USER_NOTIF;
+            }
+            insn
+        })
+        .collect())
+}
+
+/// The match action [`setid_filter`] compiles with before its returns are rewritten: an errno no
+/// other rule uses, so no other return can be mistaken for it.
+const SETID_MARK: SeccompAction = SeccompAction::Errno(libc::EPERM as u32 | 0x0800);
+
+/// Builds the filters and installs them on the calling thread (and so on what it execs). With
+/// [`Rules::refuse_setid_modes`], returns the listener of the setid filter: whoever holds it
+/// must answer its calls ([`answer_setid_refusals`]), or drop it (the calls then fail with
+/// `ENOSYS`).
 ///
 /// The caller has set `no_new_privs` (seccompiler sets it again, which is harmless). Only the
 /// calling thread is filtered: the helper is single-threaded when it calls this.
-pub fn install(which: Rules) -> Result<(), SeccompError> {
+pub fn install(which: Rules) -> Result<Option<std::os::fd::OwnedFd>, SeccompError> {
     let program = filter(which)?;
     seccompiler::apply_filter(&program)?;
-    Ok(())
+    if !which.refuse_setid_modes {
+        return Ok(None);
+    }
+    let program = setid_filter()?;
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(SeccompError::Listener(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just returned this descriptor to us (with close-on-exec set).
+    Ok(Some(unsafe {
+        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32)
+    }))
+}
+
+/// What [`answer_setid_refusals`] has refused so far.
+#[derive(Debug, Default)]
+pub struct SetidRefusals {
+    count: std::sync::atomic::AtomicU32,
+    /// Bit `i` set: the call `setid_call_names()[i]` was refused at least once.
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl SetidRefusals {
+    /// How many calls were refused.
+    pub fn count(&self) -> u32 {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The names of the calls refused, in table order.
+    pub fn calls(&self) -> Vec<String> {
+        let bits = self.calls.load(std::sync::atomic::Ordering::SeqCst);
+        setid_call_numbers()
+            .enumerate()
+            .filter(|(i, _)| bits & (1 << i) != 0)
+            .map(|(_, (name, _))| name.to_string())
+            .collect()
+    }
+
+    fn record(&self, nr: i32) {
+        use std::sync::atomic::Ordering;
+        self.count.fetch_add(1, Ordering::SeqCst);
+        if let Some(i) = setid_call_numbers().position(|(_, n)| n == libc::c_long::from(nr)) {
+            self.calls.fetch_or(1 << i, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Every call of the setid rules, by name and number.
+fn setid_call_numbers() -> impl Iterator<Item = (&'static str, libc::c_long)> {
+    SETID_MODE_CALLS
+        .iter()
+        .map(|&(name, nr, _)| (name, nr))
+        .chain(SETID_OPEN_CALLS.iter().map(|&(name, nr, _, _)| (name, nr)))
+}
+
+/// Answers every call the setid filter behind `listener` holds with `EPERM`, on a thread of its
+/// own, counting them in the returned record. The thread ends when the listener fails (every
+/// filtered process gone and the descriptor closed elsewhere, or an error); a call whose
+/// process died before it was answered is skipped.
+pub fn answer_setid_refusals(
+    listener: std::os::fd::OwnedFd,
+) -> std::io::Result<std::sync::Arc<SetidRefusals>> {
+    use std::os::fd::AsRawFd;
+    let seen = std::sync::Arc::new(SetidRefusals::default());
+    let record = seen.clone();
+    std::thread::Builder::new()
+        .name("setid-refusals".into())
+        .spawn(move || {
+            loop {
+                // SAFETY: plain old data; the kernel requires it zeroed.
+                let mut notif: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+                // SAFETY: `notif` is valid for writes of its size, which the ioctl's number
+                // encodes.
+                let rc = unsafe {
+                    libc::ioctl(
+                        listener.as_raw_fd(),
+                        libc::SECCOMP_IOCTL_NOTIF_RECV,
+                        &mut notif,
+                    )
+                };
+                if rc < 0 {
+                    match std::io::Error::last_os_error().raw_os_error() {
+                        Some(libc::EINTR) | Some(libc::ENOENT) => continue,
+                        _ => return,
+                    }
+                }
+                // Counted before the answer, so a caller that sees its EPERM is counted.
+                record.record(notif.data.nr);
+                let mut resp = libc::seccomp_notif_resp {
+                    id: notif.id,
+                    val: 0,
+                    error: -libc::EPERM,
+                    flags: 0,
+                };
+                // SAFETY: `resp` is valid for reads of its size; ENOENT (the caller died) is
+                // harmless.
+                unsafe {
+                    libc::ioctl(
+                        listener.as_raw_fd(),
+                        libc::SECCOMP_IOCTL_NOTIF_SEND,
+                        &mut resp,
+                    );
+                }
+            }
+        })?;
+    Ok(seen)
 }
 
 #[cfg(test)]
@@ -815,11 +972,66 @@ pub(crate) mod tests {
         };
         std::fs::write(dir.path().join("file"), b"#!/bin/sh\n").expect("scratch file");
         in_child(|| {
-            if !confine_basics() || install(which).is_err() {
+            if !confine_basics() {
                 return SETUP_FAILED;
             }
+            // The setid filter's calls are answered here, as pid 1 answers them in a sandbox.
+            let _refusals = match install(which) {
+                Ok(Some(listener)) => match answer_setid_refusals(listener) {
+                    Ok(r) => Some(r),
+                    Err(_) => return SETUP_FAILED,
+                },
+                Ok(None) => None,
+                Err(_) => return SETUP_FAILED,
+            };
             body(&paths)
         })
+    }
+
+    #[test]
+    fn refused_setid_calls_are_counted_and_named_by_the_listener() {
+        let dir = tempfile::tempdir().expect("scratch directory");
+        let file = std::ffi::CString::new(dir.path().join("f").as_os_str().as_encoded_bytes())
+            .expect("no NUL");
+        let sub = std::ffi::CString::new(dir.path().join("d").as_os_str().as_encoded_bytes())
+            .expect("no NUL");
+        std::fs::write(dir.path().join("f"), b"x").expect("scratch file");
+        let ended = in_child(|| {
+            if !confine_basics() {
+                return SETUP_FAILED;
+            }
+            let Ok(Some(listener)) = install(BOTH) else {
+                return SETUP_FAILED;
+            };
+            let Ok(refusals) = answer_setid_refusals(listener) else {
+                return SETUP_FAILED;
+            };
+            // SAFETY: valid NUL-terminated paths that outlive the calls; integer modes.
+            let (a, b, c, d) = unsafe {
+                (
+                    libc::chmod(file.as_ptr(), 0o4755),
+                    libc::chmod(file.as_ptr(), 0o2755),
+                    libc::mkdir(sub.as_ptr(), 0o2755),
+                    libc::chmod(file.as_ptr(), 0o755),
+                )
+            };
+            if (a, b, c, d) != (-1, -1, -1, 0) {
+                return 101;
+            }
+            let calls = refusals.calls();
+            // glibc calls chmod and mkdir where they exist, fchmodat and mkdirat elsewhere.
+            let expected = if cfg!(target_arch = "x86_64") {
+                ["chmod", "mkdir"]
+            } else {
+                ["fchmodat", "mkdirat"]
+            };
+            if calls != expected {
+                eprintln!("calls: {calls:?}");
+                return 102;
+            }
+            refusals.count() as i32
+        });
+        assert_eq!(ended, Ended::Exited(3));
     }
 
     struct ScratchPaths {
