@@ -166,9 +166,13 @@ impl Disk {
             mounted_on_host: true,
         };
         drop(device);
+        // The template holds them; each is checked, and made if missing.
         for (name, mode) in SUBDIRS {
             let d = disk.planned.join(name);
-            fs::create_dir(&d).map_err(|e| derr(&d, e))?;
+            match fs::create_dir(&d) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                other => other.map_err(|e| derr(&d, e))?,
+            }
             fs::set_permissions(&d, fs::Permissions::from_mode(*mode)).map_err(|e| derr(&d, e))?;
         }
         Ok(disk)
@@ -300,9 +304,13 @@ fn loop_image(dir: &Path, size: u64, templates: &Path) -> Result<LoopDevice, Dis
     made.map_err(|e| derr(&image, e))
 }
 
-/// The ext4 template for `size` (made once with `mkfs.ext4` and kept in `templates`).
+/// The ext4 template for `size` (made once with `mkfs.ext4` and kept in `templates`), with the
+/// [`SUBDIRS`] already in it: made at run time, each top-level directory would land in a block
+/// group of its own (ext4 spreads them) and cost reads of that group's bitmaps through the loop
+/// device, about a millisecond in all. The name carries the layout, so a template of another
+/// layout is never taken.
 fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
-    let path = templates.join(format!("ext4-{size}.img"));
+    let path = templates.join(format!("ext4-{size}-{}.img", layout_tag()));
     if let Ok(f) = File::open(&path)
         && f.metadata().is_ok_and(|m| m.len() == size)
     {
@@ -314,10 +322,18 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = templates.join(format!(".ext4-{size}.{}.{n}.tmp", std::process::id()));
+    let tree = tmp.with_extension("d");
     let made = (|| -> Result<(), String> {
         let f = File::create(&tmp).map_err(|e| e.to_string())?;
         f.set_len(size).map_err(|e| e.to_string())?;
         drop(f);
+        fs::create_dir(&tree).map_err(|e| e.to_string())?;
+        for (name, mode) in SUBDIRS {
+            let d = tree.join(name);
+            fs::create_dir(&d).map_err(|e| e.to_string())?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(*mode))
+                .map_err(|e| e.to_string())?;
+        }
         let mkfs = find_mkfs().ok_or("mkfs.ext4 is not installed")?;
         // No journal (a sandbox's scratch never outlives a crash), no room to grow, no reserve
         // for root, inode tables left to initialise lazily (and `noinit_itable` at mount: never),
@@ -332,7 +348,9 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
                 "^has_journal,^resize_inode",
                 "-E",
                 "lazy_itable_init=1,nodiscard,root_owner=0:0",
+                "-d",
             ])
+            .arg(&tree)
             .arg(&tmp)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -347,11 +365,25 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
         }
         fs::rename(&tmp, &path).map_err(|e| e.to_string())
     })();
+    let _ = fs::remove_dir_all(&tree);
     if let Err(why) = made {
         let _ = fs::remove_file(&tmp);
         return Err(derr(&path, why));
     }
     File::open(&path).map_err(|e| derr(&path, e))
+}
+
+/// A short digest of [`SUBDIRS`], names and modes.
+fn layout_tag() -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (name, mode) in SUBDIRS {
+        h.update(format!("{name}:{mode:o};"));
+    }
+    h.finalize()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn find_mkfs() -> Option<PathBuf> {

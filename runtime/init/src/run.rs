@@ -340,9 +340,13 @@ fn mount_disk(plan: &DiskPlan) -> Result<(), String> {
         .map_err(|e| format!("cannot set the mode of {}: {e}", plan.dir.display()))?;
     for (name, mode) in &plan.subdirs {
         let dir = plan.dir.join(name);
-        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(*mode))
-            .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+        // An ext4 disk's template has them already (with their modes); a tmpfs starts empty.
+        match std::fs::create_dir(&dir) {
+            Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(*mode))
+                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && plan.device.is_some() => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
     }
     let root = std::fs::OpenOptions::new()
         .read(true)
