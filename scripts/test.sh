@@ -82,7 +82,7 @@ for entry in "${tests[@]}"; do
     races) filter=(--skip docker:: --skip native_image::) ;;
     egress) filter=(--skip docker_) ;;
     traces) filter=(--skip an_exec_on_a_full_state_directory_is_refused_before_it_runs) ;;
-    bad_input|api_native|disk|supervisor|native|front|taskbox_init) filter=() ;;
+    bad_input|api_native|disk|supervisor|native|front|taskbox_init|taskbox_protocol) filter=() ;;
     taskbox_core) filter=(changes:: layers:: tree::) ;;
     *) continue ;;
   esac

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use taskbox_init::config::DiskPlan;
+use taskbox_protocol::config::DiskPlan;
 
 use crate::loopdev::{self, LoopDevice};
 
@@ -208,7 +208,7 @@ impl Disk {
             Err(e) => return Err(format!("poll: {e}")),
         }
         let mut buf = Vec::new();
-        let got = taskbox_init::control::recv::<u64>(sock.as_fd(), &mut buf)
+        let got = taskbox_protocol::control::recv::<u64>(sock.as_fd(), &mut buf)
             .map_err(|e| format!("cannot receive the disk: {e}"))?;
         let Some((_, mut fds)) = got else {
             return Err("the sandbox ended before it mounted its disk".into());
@@ -443,7 +443,7 @@ fn copy_sparse(from: &File, to: &File, len: u64) -> io::Result<()> {
 }
 
 /// Mounts the ext4 on `device` at `target`, without set-uid, devices or atime updates, and with
-/// [`taskbox_init::config::EXT4_MOUNT_OPTIONS`].
+/// [`taskbox_protocol::config::EXT4_MOUNT_OPTIONS`].
 pub(crate) fn mount_ext4(device: &Path, target: &Path) -> io::Result<()> {
     use nix::mount::{MsFlags, mount};
     mount(
@@ -451,7 +451,7 @@ pub(crate) fn mount_ext4(device: &Path, target: &Path) -> io::Result<()> {
         target,
         Some("ext4"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
-        Some(taskbox_init::config::EXT4_MOUNT_OPTIONS),
+        Some(taskbox_protocol::config::EXT4_MOUNT_OPTIONS),
     )
     .map_err(io::Error::from)
 }

@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use taskbox_init::config::RootPlan;
+use taskbox_protocol::config::RootPlan;
 
 use crate::api::ReadRequest;
 use crate::fsops::WorkspaceFs;

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use taskbox_init::config::{
+use taskbox_protocol::config::{
     DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource,
     RootPlan, STATUS_FD, Status,
 };
@@ -1569,7 +1569,7 @@ pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> io::Result<()> {
 }
 
 /// The socket pair on which the helper sends a descriptor of the disk it mounted
-/// (`taskbox_init::config::DISK_FD`).
+/// (`taskbox_protocol::config::DISK_FD`).
 pub(crate) struct DiskChannel {
     pub(crate) ours: OwnedFd,
     /// The helper's end, installed as `DISK_FD`; dropped once the helper has it.
@@ -1602,7 +1602,7 @@ pub(crate) fn disk_templates(state_dir: &Path) -> PathBuf {
 }
 
 /// A sandbox's egress proxy and the channel on which its pid 1 hands over the listener
-/// (`taskbox_init::config::EgressPlan`): started before the helper, connected once the helper
+/// (`taskbox_protocol::config::EgressPlan`): started before the helper, connected once the helper
 /// has sent the listener.
 pub(crate) struct EgressWiring {
     pub(crate) proxy: Box<dyn EgressProxy>,
@@ -1658,7 +1658,7 @@ impl EgressWiring {
             Err(e) => return Err(format!("poll: {e}")),
         }
         let mut buf = Vec::new();
-        let received = taskbox_init::control::recv::<taskbox_init::config::EgressPlan>(
+        let received = taskbox_protocol::control::recv::<taskbox_protocol::config::EgressPlan>(
             self.ours.as_fd(),
             &mut buf,
         )

@@ -24,10 +24,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-use taskbox_init::config::{
+use taskbox_protocol::config::{
     DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status,
 };
-use taskbox_init::control::{self, CONTROL_FD, Event, Request};
+use taskbox_protocol::control::{self, CONTROL_FD, Event, Request};
 
 use crate::api::*;
 use crate::capture::Capture;

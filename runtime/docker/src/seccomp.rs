@@ -1,6 +1,6 @@
 //! taskbox's seccomp rules as a Docker seccomp profile (the JSON that `--security-opt
 //! seccomp=...` takes), rendered from the same data as the native filter
-//! ([`taskbox_init::seccomp`]), so both backends refuse the same calls.
+//! ([`taskbox_protocol::seccomp_rules`]), so both backends refuse the same calls.
 //!
 //! The profile allows by default and refuses the deny list with `EPERM`; `clone3` gets `ENOSYS`
 //! (libc then falls back to `clone`, whose flags are checked). Only the native architecture is
@@ -15,7 +15,7 @@
 //! entries over its bits (see [`personality_rules`]).
 
 use serde_json::{Value, json};
-use taskbox_init::seccomp::{
+use taskbox_protocol::seccomp_rules::{
     ALLOWED_PERSONALITIES, CLONE_NAMESPACE_FLAGS, CLONE3, DENIED_IOCTLS, DENIED_SOCKET_FAMILIES,
     DENIED_SYSCALLS,
 };

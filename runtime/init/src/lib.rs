@@ -11,8 +11,7 @@
 //! Landlock, seccomp) and execs. C reaps everything and reports X's status; when C exits the
 //! kernel kills whatever is left in the pid namespace, so no background process outlives a run.
 
-pub mod config;
-pub mod control;
+pub use taskbox_protocol::{config, control};
 mod idmap;
 pub mod landlock_rules;
 pub mod mounts;
