@@ -33,10 +33,7 @@ use crate::api::{ApiError, NetworkRules};
 use crate::policy::Network;
 use crate::result::{NetworkActivity, NetworkConnection, Violation};
 
-/// The port of the proxy's listener on `127.0.0.1` inside a sandbox (the conventional port of
-/// HTTP proxies). Fixed, so that a command (and a model) can rely on it; it is the only TCP port
-/// a command of a `proxy`-mode sandbox may connect to.
-pub const PROXY_PORT: u16 = 3128;
+pub use crate::policy::PROXY_PORT;
 
 /// How long the end of an exec waits for the proxy to report the end of the connections the exec
 /// opened (its clients are gone by then; the proxy notices within microseconds).

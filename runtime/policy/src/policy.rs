@@ -31,6 +31,11 @@ use crate::commands::Commands;
 use crate::netpattern::normalize_name;
 pub use crate::netpattern::{HostMatch, HostPattern};
 
+/// The port of the egress proxy's listener on `127.0.0.1` inside a sandbox (the conventional port
+/// of HTTP proxies). Fixed, so that a command (and a model) can rely on it; it is the only TCP
+/// port a command of a `proxy`-mode sandbox may connect to.
+pub const PROXY_PORT: u16 = 3128;
+
 /// Host paths that are always unreadable inside a sandbox, whatever the policy says. A policy's
 /// `filesystem.deny_read` adds to this list. Paths that do not exist on a host are skipped.
 pub const BUILTIN_DENY_READ: &[&str] = &[
@@ -373,7 +378,7 @@ impl Network {
              (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY, and git's, pip's, npm's and cargo's \
              own settings); every refused connection is reported as a violation of the command \
              that asked.",
-            crate::egress::PROXY_PORT
+            PROXY_PORT
         ));
         if self.allow.is_empty() {
             line("  - No host is allowed: every connection is refused.".to_owned());

@@ -1,0 +1,14 @@
+//! taskbox-policy: what a sandbox may do, as data, and the checks that need nothing but a policy.
+//!
+//! It owns the policy model and its TOML form (the crate root: [`Policy`], [`parse`],
+//! [`resolve`], [`Policy::hash`], [`Policy::explain`]), the host patterns of its `[network]`
+//! rules ([`netpattern`]), the command rules and their check ([`commands`]) over a static,
+//! conservative reading of shell command lines ([`shell`]). It runs nothing and touches no
+//! sandbox: the backends, the decorators and the surfaces depend on it.
+
+pub mod commands;
+pub mod netpattern;
+mod policy;
+pub mod shell;
+
+pub use policy::*;
