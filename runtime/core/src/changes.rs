@@ -46,7 +46,6 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use similar::{Algorithm, ChangeTag, TextDiff};
 
 use crate::result::{Change, ChangeKind};
@@ -89,18 +88,7 @@ pub enum ChangesError {
     Mismatch { path: String, detail: String },
 }
 
-/// Line counts of a rendered diff.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub struct DiffStats {
-    /// Changes rendered (directory entries, `path/`, are not files and are not counted).
-    pub files: usize,
-    /// Lines added across all text hunks.
-    pub insertions: usize,
-    /// Lines removed across all text hunks.
-    pub deletions: usize,
-}
+pub use crate::result::DiffStats;
 
 /// A rendered diff and its stats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,7 +13,7 @@
 //! into each exec's violations and network activity. [`exec_limits`] refuses, on every backend, a
 //! command execve would not take.
 
-pub mod api;
+pub use taskbox_contract::api;
 pub mod approvals;
 pub mod capture;
 pub mod cgroup;
@@ -21,7 +21,7 @@ pub mod changes;
 pub use taskbox_policy::commands;
 pub mod disk;
 pub mod egress;
-pub mod exec_limits;
+pub use taskbox_contract::exec_limits;
 pub mod fsops;
 pub mod hostdirs;
 pub mod image;
@@ -32,7 +32,7 @@ pub mod native;
 pub use taskbox_policy as policy;
 pub use taskbox_policy::netpattern;
 pub mod replay;
-pub mod result;
+pub use taskbox_contract::result;
 pub mod router;
 pub mod sandbox;
 pub use taskbox_policy::shell;

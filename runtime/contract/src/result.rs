@@ -387,3 +387,16 @@ mod tests {
         assert_eq!(r.cli_exit_status(), 126);
     }
 }
+
+/// Line counts of a rendered diff.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct DiffStats {
+    /// Changes rendered (directory entries, `path/`, are not files and are not counted).
+    pub files: usize,
+    /// Lines added across all text hunks.
+    pub insertions: usize,
+    /// Lines removed across all text hunks.
+    pub deletions: usize,
+}

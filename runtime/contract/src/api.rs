@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::changes::DiffStats;
-use crate::result::{Change, ChangeKind, Enforcement, ExecResult};
+use crate::result::{Change, ChangeKind, DiffStats, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
 #[derive(
@@ -976,9 +975,11 @@ pub trait SandboxApi: Send + Sync {
 /// many operations a decorator leaves alone. `$via!(self, id, call)` must expand to the
 /// expression that makes `call` (e.g. `read(id, req)`) where it belongs: on the inner backend,
 /// on the backend that owns `id`, or timed. The signatures are the trait's, written once here.
+#[macro_export]
+#[doc(hidden)]
 macro_rules! forward_sandbox_api {
     ($via:ident: $($m:ident),+ $(,)?) => {
-        $( forward_sandbox_api!(@one $via $m); )+
+        $( $crate::forward_sandbox_api!(@one $via $m); )+
     };
     (@one $via:ident info) => {
         fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
@@ -1065,26 +1066,26 @@ macro_rules! forward_sandbox_api {
         }
     };
     // The operations that take one request and give one answer.
-    (@one $via:ident read) => { forward_sandbox_api!(@req $via read ReadRequest, ReadResult); };
-    (@one $via:ident write) => { forward_sandbox_api!(@req $via write WriteRequest, WriteResult); };
-    (@one $via:ident edit) => { forward_sandbox_api!(@req $via edit EditRequest, EditResult); };
-    (@one $via:ident patch) => { forward_sandbox_api!(@req $via patch PatchRequest, PatchResult); };
+    (@one $via:ident read) => { $crate::forward_sandbox_api!(@req $via read ReadRequest, ReadResult); };
+    (@one $via:ident write) => { $crate::forward_sandbox_api!(@req $via write WriteRequest, WriteResult); };
+    (@one $via:ident edit) => { $crate::forward_sandbox_api!(@req $via edit EditRequest, EditResult); };
+    (@one $via:ident patch) => { $crate::forward_sandbox_api!(@req $via patch PatchRequest, PatchResult); };
     (@one $via:ident list_dir) => {
-        forward_sandbox_api!(@req $via list_dir ListRequest, ListResult);
+        $crate::forward_sandbox_api!(@req $via list_dir ListRequest, ListResult);
     };
     (@one $via:ident search) => {
-        forward_sandbox_api!(@req $via search SearchRequest, SearchResult);
+        $crate::forward_sandbox_api!(@req $via search SearchRequest, SearchResult);
     };
-    (@one $via:ident stat) => { forward_sandbox_api!(@req $via stat PathRequest, StatResult); };
-    (@one $via:ident remove) => { forward_sandbox_api!(@req $via remove RemoveRequest, ()); };
-    (@one $via:ident rename) => { forward_sandbox_api!(@req $via rename MoveRequest, ()); };
-    (@one $via:ident diff) => { forward_sandbox_api!(@req $via diff DiffRequest, DiffResult); };
+    (@one $via:ident stat) => { $crate::forward_sandbox_api!(@req $via stat PathRequest, StatResult); };
+    (@one $via:ident remove) => { $crate::forward_sandbox_api!(@req $via remove RemoveRequest, ()); };
+    (@one $via:ident rename) => { $crate::forward_sandbox_api!(@req $via rename MoveRequest, ()); };
+    (@one $via:ident diff) => { $crate::forward_sandbox_api!(@req $via diff DiffRequest, DiffResult); };
     (@one $via:ident checkpoint) => {
-        forward_sandbox_api!(@req $via checkpoint CheckpointRequest, CheckpointInfo);
+        $crate::forward_sandbox_api!(@req $via checkpoint CheckpointRequest, CheckpointInfo);
     };
-    (@one $via:ident restore) => { forward_sandbox_api!(@req $via restore CheckpointRequest, ()); };
+    (@one $via:ident restore) => { $crate::forward_sandbox_api!(@req $via restore CheckpointRequest, ()); };
     (@one $via:ident export) => {
-        forward_sandbox_api!(@req $via export ExportRequest, ExportResult);
+        $crate::forward_sandbox_api!(@req $via export ExportRequest, ExportResult);
     };
     (@req $via:ident $m:ident $req:ty, $out:ty) => {
         fn $m(&self, id: &SandboxId, req: $req) -> Result<$out, ApiError> {
@@ -1092,7 +1093,7 @@ macro_rules! forward_sandbox_api {
         }
     };
 }
-pub(crate) use forward_sandbox_api;
+pub use crate::forward_sandbox_api;
 
 /// The one answer for an approval that is not pending in this sandbox.
 pub fn approval_not_found(id: &SandboxId, approval: &ApprovalId) -> ApiError {

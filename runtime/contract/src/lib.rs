@@ -1,0 +1,14 @@
+//! taskbox-contract: the narrow API as types, the one contract every backend, decorator and
+//! surface speaks.
+//!
+//! It owns the operations' requests and answers and the [`api::SandboxApi`] trait with its errors
+//! ([`api`]), the observations agents see ([`result`]: `ExecResult`, changes, violations,
+//! enforcement), and the limits every backend checks on a command before it runs
+//! ([`exec_limits`]). It depends on policies only for the resolved policy a create carries.
+
+pub mod api;
+pub mod exec_limits;
+pub mod result;
+
+/// The policy model, as `crate::policy` for the contract's own modules.
+pub(crate) use taskbox_policy as policy;
