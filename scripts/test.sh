@@ -73,7 +73,7 @@ for line in sys.stdin:
 ')
 # The suites that exercise the sandbox without root: the native conformance, escape and race
 # suites, the supervisor's (its API, its connection front), the init helper's seccomp/Landlock
-# tests, and core's real-overlay change scan and layer reads.
+# tests, and the workspace crate's real-overlay change scan and layer reads.
 for entry in "${tests[@]}"; do
   target=${entry%% *}
   exe=${entry#* }
@@ -83,7 +83,7 @@ for entry in "${tests[@]}"; do
     egress) filter=(--skip docker_) ;;
     traces) filter=(--skip an_exec_on_a_full_state_directory_is_refused_before_it_runs) ;;
     bad_input|api_native|disk|supervisor|native|front|taskbox_init|taskbox_protocol) filter=() ;;
-    taskbox_core) filter=(changes:: layers:: tree::) ;;
+    taskbox_workspace) filter=(changes:: layers:: tree::) ;;
     *) continue ;;
   esac
   name=$(basename "$exe")

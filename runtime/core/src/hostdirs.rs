@@ -272,7 +272,7 @@ mod tests {
             .stdout(std::process::Stdio::piped())
             .spawn();
         let Ok(mut child) = child else {
-            crate::testutil::skip("unshare or python3 is missing");
+            taskbox_workspace::testutil::skip("unshare or python3 is missing");
             return;
         };
         let mut line = String::new();
@@ -283,7 +283,9 @@ mod tests {
         if line.trim() != "up" {
             let _ = child.kill();
             let _ = child.wait();
-            crate::testutil::skip("no network namespace could be made here (unshare -rn failed)");
+            taskbox_workspace::testutil::skip(
+                "no network namespace could be made here (unshare -rn failed)",
+            );
             return;
         }
         let found = bound_unix_sockets();

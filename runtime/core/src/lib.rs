@@ -15,18 +15,18 @@
 
 pub use taskbox_contract::api;
 pub mod approvals;
-pub mod capture;
+pub use taskbox_workspace::capture;
 pub mod cgroup;
-pub mod changes;
 pub use taskbox_policy::commands;
+pub use taskbox_workspace::changes;
 pub mod disk;
 pub mod egress;
 pub use taskbox_contract::exec_limits;
-pub mod fsops;
+pub use taskbox_workspace::fsops;
 pub mod hostdirs;
 pub mod image;
 pub mod image_view;
-pub mod layers;
+pub use taskbox_workspace::layers;
 pub mod loopdev;
 pub mod native;
 pub use taskbox_policy as policy;
@@ -36,9 +36,6 @@ pub use taskbox_contract::result;
 pub mod router;
 pub mod sandbox;
 pub use taskbox_policy::shell;
-pub(crate) mod sys;
-#[cfg(test)]
-pub(crate) mod testutil;
 pub mod trace;
 pub mod trace_html;
-pub mod tree;
+pub use taskbox_workspace::tree;

@@ -1,6 +1,10 @@
 //! Test helpers shared by the workspace-layer tests: small file-tree builders and a real overlay
 //! mounted with `userxattr` in a child's own user and mount namespaces, so tests see the upper
 //! layer the kernel itself writes (as root and as an unprivileged user alike).
+//!
+//! Test code only (compiled for this crate's tests, and for other crates' tests through the
+//! `testutil` feature): a failed step panics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::CString;
 use std::fs;
@@ -13,19 +17,19 @@ use std::process::Command;
 use crate::result::{Change, ChangeKind};
 
 /// Set in the re-executed test binary that performs the overlay operations.
-const CHILD_ENV: &str = "TASKBOX_OVERLAY_CHILD";
+pub const CHILD_ENV: &str = "TASKBOX_OVERLAY_CHILD";
 /// Exit status of the child when the kernel refuses the mount (test skipped).
-const SKIP_STATUS: i32 = 77;
+pub const SKIP_STATUS: i32 = 77;
 
 /// Prints why a test is skipped; fails instead when `TASKBOX_REQUIRE_ALL=1`.
-pub(crate) fn skip(reason: &str) {
+pub fn skip(reason: &str) {
     if std::env::var("TASKBOX_REQUIRE_ALL").as_deref() == Ok("1") {
         panic!("required test skipped: {reason}");
     }
     eprintln!("skipped: {reason}");
 }
 
-pub(crate) fn change(path: &str, kind: ChangeKind) -> Change {
+pub fn change(path: &str, kind: ChangeKind) -> Change {
     Change {
         path: path.to_owned(),
         kind,
@@ -33,18 +37,18 @@ pub(crate) fn change(path: &str, kind: ChangeKind) -> Change {
 }
 
 /// Writes `root`/`rel`, creating its parents.
-pub(crate) fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
+pub fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
     let path = root.join(rel);
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(path, content).unwrap();
 }
 
-pub(crate) fn chmod(path: &Path, mode: u32) {
+pub fn chmod(path: &Path, mode: u32) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// The entry at `path`, looked up as the layer code looks it up: beneath its parent directory.
-pub(crate) fn node(path: &Path) -> crate::tree::Node {
+pub fn node(path: &Path) -> crate::tree::Node {
     let tree = crate::tree::Tree::open(path.parent().unwrap(), "test tree").unwrap();
     tree.node(Path::new(path.file_name().unwrap()))
         .unwrap()
@@ -52,11 +56,11 @@ pub(crate) fn node(path: &Path) -> crate::tree::Node {
 }
 
 /// The overlay xattrs of the entry at `path`.
-pub(crate) fn attrs(path: &Path) -> crate::changes::OverlayAttrs {
+pub fn attrs(path: &Path) -> crate::changes::OverlayAttrs {
     crate::changes::overlay_attrs(&node(path)).unwrap()
 }
 
-pub(crate) fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
     // SAFETY: both strings are NUL-terminated and outlive the call; `value` is a live slice
@@ -80,16 +84,16 @@ pub(crate) fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()>
 /// The directories of one overlay mount: `lower` and `upper` are the layers, `work` the overlay's
 /// scratch directory (on the same filesystem as `upper`), `merged` the mount point.
 #[derive(Debug, Clone)]
-pub(crate) struct OverlayDirs {
-    pub(crate) lower: PathBuf,
-    pub(crate) upper: PathBuf,
-    pub(crate) work: PathBuf,
-    pub(crate) merged: PathBuf,
+pub struct OverlayDirs {
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub merged: PathBuf,
 }
 
 impl OverlayDirs {
     /// `root`/{lower,upper,work,merged}, created.
-    pub(crate) fn create(root: &Path) -> OverlayDirs {
+    pub fn create(root: &Path) -> OverlayDirs {
         let dirs = OverlayDirs {
             lower: root.join("lower"),
             upper: root.join("upper"),
@@ -103,7 +107,7 @@ impl OverlayDirs {
     }
 
     /// The same lower tree with another upper layer (and its own work dir and mount point).
-    pub(crate) fn with_upper(&self, upper: &Path, scratch: &Path) -> OverlayDirs {
+    pub fn with_upper(&self, upper: &Path, scratch: &Path) -> OverlayDirs {
         let dirs = OverlayDirs {
             lower: self.lower.clone(),
             upper: upper.to_path_buf(),
@@ -119,7 +123,7 @@ impl OverlayDirs {
 
 /// Runs in a re-executed test binary (the test named in [`run_overlay`]): when this process is
 /// the child, mounts the overlay, calls `op(name, merged)` and unmounts; otherwise does nothing.
-pub(crate) fn overlay_child(op: impl FnOnce(&str, &Path) -> io::Result<()>) {
+pub fn overlay_child(op: impl FnOnce(&str, &Path) -> io::Result<()>) {
     use nix::mount::{MntFlags, MsFlags, mount, umount2};
     let Some(name) = std::env::var_os(CHILD_ENV) else {
         return;
@@ -160,7 +164,7 @@ pub(crate) fn overlay_child(op: impl FnOnce(&str, &Path) -> io::Result<()>) {
 /// and mount namespaces, to perform the operation `op` on the overlay `dirs`. `Err` holds the
 /// reason to skip (no user namespaces, or no overlay with `userxattr` in them); a failing child
 /// panics.
-pub(crate) fn run_overlay(entry: &str, dirs: &OverlayDirs, op: &str) -> Result<(), String> {
+pub fn run_overlay(entry: &str, dirs: &OverlayDirs, op: &str) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // SAFETY: geteuid/getegid cannot fail and touch no memory.
