@@ -1,41 +1,36 @@
-//! taskbox-core: the runtime's core.
+//! taskbox-core: the native backend, the decorators, and the seams every backend shares.
 //!
-//! It owns the policy model ([`policy`], with the host patterns of its `[network]` rules in
-//! [`netpattern`]), the observations agents see ([`result`]), bounded output
-//! capture ([`capture`]), the workspace overlay and its changes and diffs ([`changes`], read
-//! through descriptors that never follow a symlink out of a layer: [`tree`]), resource
-//! limits ([`cgroup`]) and the native backend's one-shot runs ([`native`]), which hand a complete
-//! plan to the synchronous `taskbox-init` helper, with the host view or an image as the root
-//! ([`image`], [`image_view`]). The command policy is [`commands`] (rules and their check, over
-//! the static shell reading of [`shell`]), enforced over any backend by [`approvals`], which
-//! also holds the execs waiting for a person's approval. [`egress`] is the seam to the egress proxy (`taskbox-egress`):
-//! how a backend starts one per sandbox, hands it the sandbox's listener, and turns its decisions
-//! into each exec's violations and network activity. [`exec_limits`] refuses, on every backend, a
-//! command execve would not take.
+//! What it owns itself:
+//! - the native backend: one-shot runs ([`native`]) and long-lived sandboxes ([`sandbox`]), which
+//!   hand a complete plan to the synchronous `taskbox-init` helper, with the host view or an image
+//!   as the root ([`image`], [`image_view`]), and resource limits ([`cgroup`]);
+//! - what a backend needs around a sandbox: the disk quota ([`disk`], over [`loopdev`]), the
+//!   host directories that are never a workspace and always masked ([`hostdirs`]), and the seam
+//!   to the egress proxy ([`egress`]: how a backend starts one per sandbox, hands it the
+//!   sandbox's listener, and turns its decisions into each exec's violations and network
+//!   activity);
+//! - the decorators over any backend: the command policy and the execs waiting for a person's
+//!   approval ([`approvals`]), and the router over several backends ([`router`]).
+//!
+//! The crates below it are re-exported under their old module names, so `taskbox_core::api`
+//! and the rest stay valid paths: the contract (`taskbox-contract`: [`api`], [`result`],
+//! [`exec_limits`]), policies (`taskbox-policy`: [`policy`], [`commands`], [`shell`],
+//! [`netpattern`]), the workspace (`taskbox-workspace`: [`changes`], [`layers`], [`fsops`],
+//! [`capture`], [`tree`]) and traces (`taskbox-trace`: [`trace`], [`trace_html`], [`replay`]).
 
-pub use taskbox_contract::api;
 pub mod approvals;
-pub use taskbox_workspace::capture;
 pub mod cgroup;
-pub use taskbox_policy::commands;
-pub use taskbox_workspace::changes;
 pub mod disk;
 pub mod egress;
-pub use taskbox_contract::exec_limits;
-pub use taskbox_workspace::fsops;
 pub mod hostdirs;
 pub mod image;
 pub mod image_view;
-pub use taskbox_workspace::layers;
 pub mod loopdev;
 pub mod native;
-pub use taskbox_policy as policy;
-pub use taskbox_policy::netpattern;
-pub mod replay;
-pub use taskbox_contract::result;
 pub mod router;
 pub mod sandbox;
-pub use taskbox_policy::shell;
-pub mod trace;
-pub mod trace_html;
-pub use taskbox_workspace::tree;
+
+pub use taskbox_contract::{api, exec_limits, result};
+pub use taskbox_policy::{self as policy, commands, netpattern, shell};
+pub use taskbox_trace::{replay, trace, trace_html};
+pub use taskbox_workspace::{capture, changes, fsops, layers, tree};
