@@ -316,7 +316,7 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
     {
         return Ok(f);
     }
-    crate::native::private_dir(templates).map_err(|e| derr(templates, e))?;
+    crate::hostdirs::private_dir(templates).map_err(|e| derr(templates, e))?;
     // A name of this call's own: threads of one process may make the same template at once
     // (each gets a whole file system; the last rename wins, and every copy is a valid one).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

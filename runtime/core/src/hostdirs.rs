@@ -11,6 +11,8 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// A path to hide, and what it is (for error messages).
@@ -158,6 +160,14 @@ pub fn inside_workspace(
     rel.sort();
     rel.dedup();
     rel
+}
+
+/// Creates `dir` (with its parents) and makes it its owner's alone (mode 0700). Every directory
+/// that holds sandbox layers is one: a sandbox owns the files it creates and may make them setuid,
+/// so no other host user may reach its layers (nor its outputs) through the host's paths.
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
 }
 
 /// Absolute paths of the Unix sockets bound on this host: those of this process's network

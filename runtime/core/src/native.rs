@@ -229,13 +229,7 @@ impl Drop for RunDir {
     }
 }
 
-/// Creates `dir` (with its parents) and makes it its owner's alone (mode 0700). Every directory
-/// that holds sandbox layers is one: a sandbox owns the files it creates and may make them setuid,
-/// so no other host user may reach its layers (nor its outputs) through the host's paths.
-pub fn private_dir(dir: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(dir)?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-}
+pub use crate::hostdirs::private_dir;
 
 /// Removes a directory tree, making directories writable where the overlay left them without
 /// permissions (its work directory is mode 000).

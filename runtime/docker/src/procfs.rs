@@ -5,7 +5,9 @@
 
 use std::fs;
 
-use crate::sandbox::INIT_PATH;
+/// Where the exec wrapper is mounted in every container (the first word of its processes'
+/// command lines, which is how they are found here).
+pub const INIT_PATH: &str = "/.taskbox/init";
 
 /// A process named by pid and start time, so a reused pid is not mistaken for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -32,8 +32,7 @@ use crate::daemon::{Daemon, DaemonError};
 use crate::hostmount;
 use crate::procfs;
 
-/// Where the wrapper is mounted in every container.
-pub const INIT_PATH: &str = "/.taskbox/init";
+pub use crate::procfs::INIT_PATH;
 /// Where the per-exec status files appear in the container.
 pub const RUN_MOUNT: &str = "/.taskbox/run";
 

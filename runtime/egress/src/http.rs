@@ -9,7 +9,7 @@
 
 use std::io;
 
-use crate::relay::Meter;
+use crate::meter::Meter;
 use crate::splice::{self, Socket};
 
 /// Headers per request or response head, at most.

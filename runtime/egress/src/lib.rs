@@ -32,6 +32,7 @@ pub mod event;
 #[doc(hidden)]
 pub mod fuzzing;
 mod http;
+mod meter;
 mod relay;
 pub mod rules;
 pub mod service;

@@ -2,50 +2,15 @@
 //! and zero-copy with splice(2) where the kernel allows (else through a buffer).
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::http;
+pub(crate) use crate::meter::Meter;
 use crate::splice::{self, Pipe, Socket};
-
-/// Byte counts and the time of the last transfer of one connection.
-#[derive(Debug)]
-pub(crate) struct Meter {
-    start: Instant,
-    pub(crate) up: AtomicU64,
-    pub(crate) down: AtomicU64,
-    /// Milliseconds after `start` of the last transfer either way.
-    last: AtomicU64,
-}
-
-impl Meter {
-    pub(crate) fn new() -> Meter {
-        Meter {
-            start: Instant::now(),
-            up: AtomicU64::new(0),
-            down: AtomicU64::new(0),
-            last: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn add(&self, counter: &AtomicU64, bytes: usize) {
-        counter.fetch_add(bytes as u64, Ordering::Relaxed);
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(now, Ordering::Relaxed);
-    }
-
-    fn idle_for(&self) -> Duration {
-        let now = self.start.elapsed();
-        now.saturating_sub(Duration::from_millis(self.last.load(Ordering::Relaxed)))
-    }
-
-    pub(crate) fn elapsed(&self) -> Duration {
-        self.start.elapsed()
-    }
-}
 
 /// How the destination's bytes reach the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +164,7 @@ async fn splice_pump<R: Socket, W: Socket>(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;

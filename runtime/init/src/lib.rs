@@ -12,6 +12,7 @@
 //! kernel kills whatever is left in the pid namespace, so no background process outlives a run.
 
 pub use taskbox_protocol::{config, control};
+mod command;
 mod idmap;
 pub mod landlock_rules;
 pub mod mounts;

@@ -16,10 +16,10 @@ use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signa
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, dup2, fork};
 
+use crate::command::{exec_command, fail};
 use crate::config::{InitConfig, STATUS_FD, Status};
 use crate::control::{self, CONTROL_FD, Event, Request};
 use crate::mounts;
-use crate::run::{exec_command, fail};
 
 fn control_fd() -> BorrowedFd<'static> {
     // SAFETY: CONTROL_FD is inherited from the runtime and stays open for the life of pid 1 and
@@ -312,7 +312,7 @@ fn reap_exec(id: u64, config: &InitConfig, stdio: [OwnedFd; 3]) -> ! {
         setup_error,
         cpu_ms,
         max_rss_bytes,
-        file_size_exceeded: file_size_exceeded || crate::run::reports_file_size_kill(code),
+        file_size_exceeded: file_size_exceeded || crate::command::reports_file_size_kill(code),
     });
     std::process::exit(0)
 }

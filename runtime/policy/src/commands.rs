@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::policy::ValidationError;
+use crate::error::ValidationError;
 use crate::shell::{self, Word};
 
 /// How long an `ask` waits for an answer when the policy does not say.
@@ -174,8 +174,8 @@ pub struct Commands {
     pub allow: Vec<CommandPrefix>,
     /// How long an `ask` waits for an answer; then it is denied.
     #[serde(
-        deserialize_with = "crate::policy::de_duration",
-        serialize_with = "crate::policy::ser_duration"
+        deserialize_with = "crate::units::de_duration",
+        serialize_with = "crate::units::ser_duration"
     )]
     pub ask_timeout: Duration,
 }

@@ -7,8 +7,10 @@
 //! sandbox: the backends, the decorators and the surfaces depend on it.
 
 pub mod commands;
+mod error;
 pub mod netpattern;
 mod policy;
 pub mod shell;
+mod units;
 
 pub use policy::*;

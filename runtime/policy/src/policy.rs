@@ -23,13 +23,16 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::commands::Commands;
+pub use crate::error::{POLICY_TEXT_MAX, PolicyError, ValidationError};
 use crate::netpattern::normalize_name;
 pub use crate::netpattern::{HostMatch, HostPattern};
+use crate::units::{GIB, MIB, de_duration, de_size, ser_duration, ser_size};
+pub use crate::units::{human_size, parse_size};
 
 /// The port of the egress proxy's listener on `127.0.0.1` inside a sandbox (the conventional port
 /// of HTTP proxies). Fixed, so that a command (and a model) can rely on it; it is the only TCP
@@ -168,11 +171,6 @@ const BUILTIN_PROFILES: &[(&str, &str)] = &[
 /// The description of the built-in default profile.
 const DEFAULT_DESCRIPTION: &str =
     "build and test the workspace offline; changes stay in the sandbox until reviewed";
-
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-const TIB: u64 = 1 << 40;
 
 /// What a sandbox may do.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -618,90 +616,6 @@ impl fmt::Display for PolicySource {
     }
 }
 
-/// Why a policy could not be loaded. Each message is one line naming the file and, where there is
-/// one, the key.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    /// The policy file could not be read.
-    #[error("cannot read policy {}: {}", path.display(), io_reason(source))]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    /// The file is not valid TOML.
-    #[error("{origin}:{line}:{column}: invalid toml: {message}")]
-    Syntax {
-        origin: String,
-        line: usize,
-        column: usize,
-        message: String,
-    },
-    /// A key is unknown, has the wrong type, or has a value the policy cannot accept.
-    #[error("{origin}: {key}: {reason}")]
-    Invalid {
-        origin: String,
-        key: String,
-        reason: String,
-    },
-    /// No policy has this name.
-    #[error("unknown policy {name:?} (available: {})", available.join(", "))]
-    UnknownName {
-        name: String,
-        available: Vec<String>,
-    },
-    /// The file is a FIFO, a device, a directory or a socket.
-    #[error(
-        "cannot read policy {}: not a regular file (a policy is a .toml file; FIFOs and devices are refused)",
-        path.display()
-    )]
-    NotAFile { path: PathBuf },
-    /// The text is larger than [`POLICY_TEXT_MAX`].
-    #[error("policy {origin} is {bytes} bytes; a policy may have at most {POLICY_TEXT_MAX} bytes")]
-    TooLarge { origin: String, bytes: u64 },
-    /// The file is not UTF-8 text.
-    #[error("policy {origin} is not UTF-8 text")]
-    NotText { origin: String },
-    /// A path where only a profile name is accepted (a remote client names profiles or sends
-    /// the policy's text).
-    #[error(
-        "policy {name:?} looks like a path: the supervisor takes policies only as profile names or as inline text (policy_toml); send the file's content instead"
-    )]
-    PathRefused { name: String },
-    /// The argument is neither a valid name nor a path.
-    #[error(
-        "invalid policy name {name:?}: names use only a-z, 0-9 and -; give a path to a .toml file otherwise"
-    )]
-    InvalidName { name: String },
-}
-
-/// A policy value that [`Policy::validate`] refuses: the dotted key and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {reason}")]
-pub struct ValidationError {
-    /// Dotted path of the key, e.g. `limits.memory` or `filesystem.protected[1]`.
-    pub key: String,
-    pub reason: String,
-}
-
-impl ValidationError {
-    pub(crate) fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        ValidationError {
-            key: key.into(),
-            reason: reason.into(),
-        }
-    }
-
-    /// The same error, attributed to a policy file or other origin.
-    pub fn in_origin(self, origin: &str) -> PolicyError {
-        PolicyError::Invalid {
-            origin: origin.to_owned(),
-            key: self.key,
-            reason: self.reason,
-        }
-    }
-}
-
 /// Finds a policy by name or path and loads it.
 ///
 /// An argument that contains `/` or ends in `.toml` is a path. Otherwise it is a name
@@ -760,11 +674,6 @@ fn resolve_in(
         available: available_in(policy_dir),
     })
 }
-
-/// The largest policy text taskbox reads: a file, or inline text in a create request. Real
-/// policies are a few KiB; the bound keeps a hostile or mistaken source (`/dev/zero`, a log file)
-/// from growing the reader's memory.
-pub const POLICY_TEXT_MAX: usize = 256 * 1024;
 
 fn load_file(path: &Path) -> Result<Policy, PolicyError> {
     let text = read_policy_file(path)?;
@@ -1430,142 +1339,6 @@ fn is_env_name(name: &str) -> bool {
 
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|item| (*item).to_owned()).collect()
-}
-
-fn io_reason(err: &io::Error) -> String {
-    // "No such file or directory (os error 2)" -> "No such file or directory"
-    let text = err.to_string();
-    match text.rfind(" (os error ") {
-        Some(at) => text[..at].to_owned(),
-        None => text,
-    }
-}
-
-/// Parses a size: an integer number of bytes, or a number with a unit (see the module doc).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let invalid =
-        || format!("invalid size {text:?}: expected bytes or a number with a unit like 512MiB");
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => KIB,
-        "m" | "mib" => MIB,
-        "g" | "gib" => GIB,
-        "t" | "tib" => TIB,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return Err(invalid()),
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() || (number.contains('.') && fraction.is_empty()) {
-        return Err(invalid());
-    }
-    if !fraction.is_empty() && multiplier == 1 {
-        return Err(format!(
-            "invalid size {text:?}: bytes must be a whole number"
-        ));
-    }
-    let too_large = || format!("invalid size {text:?}: too large");
-    let whole: u128 = whole.parse().map_err(|_| too_large())?;
-    let mut bytes = whole
-        .checked_mul(u128::from(multiplier))
-        .ok_or_else(too_large)?;
-    if !fraction.is_empty() {
-        // Keep at most 12 fractional digits: finer than a byte at every unit up to TiB.
-        let digits = &fraction[..fraction.len().min(12)];
-        let numerator: u128 = digits.parse().map_err(|_| invalid())?;
-        let denominator = 10u128.pow(u32::try_from(digits.len()).unwrap_or(12));
-        bytes += numerator * u128::from(multiplier) / denominator;
-    }
-    u64::try_from(bytes).map_err(|_| too_large())
-}
-
-/// Formats a size for people: `4 GiB`, `1.5 MiB`, `512 bytes`.
-pub fn human_size(bytes: u64) -> String {
-    for (unit, size) in [("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
-        if bytes >= size {
-            if bytes.checked_rem(size) == Some(0) {
-                return format!("{} {unit}", bytes / size);
-            }
-            // Display only; u64 to f64 loses nothing that one decimal shows.
-            #[allow(clippy::cast_precision_loss)]
-            let value = bytes as f64 / size as f64;
-            return format!("{value:.1} {unit}");
-        }
-    }
-    if bytes == 1 {
-        "1 byte".to_owned()
-    } else {
-        format!("{bytes} bytes")
-    }
-}
-
-/// The exact, re-parseable spelling of a size: the largest IEC unit that divides it, else bytes.
-fn size_string(bytes: u64) -> String {
-    for (unit, size) in [("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
-        if bytes != 0 && bytes.checked_rem(size) == Some(0) {
-            return format!("{}{unit}", bytes / size);
-        }
-    }
-    format!("{bytes}B")
-}
-
-fn ser_size<S: Serializer>(bytes: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(&size_string(*bytes))
-}
-
-fn de_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-    struct SizeVisitor;
-    impl Visitor<'_> for SizeVisitor {
-        type Value = u64;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a size: bytes or a number with a unit like 512MiB")
-        }
-        fn visit_u64<E: de::Error>(self, value: u64) -> Result<u64, E> {
-            Ok(value)
-        }
-        fn visit_i64<E: de::Error>(self, value: i64) -> Result<u64, E> {
-            u64::try_from(value)
-                .map_err(|_| E::custom(format!("invalid size {value}: must not be negative")))
-        }
-        fn visit_str<E: de::Error>(self, value: &str) -> Result<u64, E> {
-            parse_size(value).map_err(E::custom)
-        }
-    }
-    deserializer.deserialize_any(SizeVisitor)
-}
-
-pub(crate) fn ser_duration<S: Serializer>(
-    duration: &Duration,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(&humantime::format_duration(*duration).to_string())
-}
-
-pub(crate) fn de_duration<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Duration, D::Error> {
-    struct DurationVisitor;
-    impl Visitor<'_> for DurationVisitor {
-        type Value = Duration;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a duration string like \"30s\", \"10m\" or \"1h 30m\"")
-        }
-        fn visit_str<E: de::Error>(self, value: &str) -> Result<Duration, E> {
-            humantime::parse_duration(value.trim()).map_err(|_| {
-                E::custom(format!(
-                    "invalid duration {value:?}: expected a duration like \"30s\", \"10m\" or \"1h 30m\""
-                ))
-            })
-        }
-    }
-    deserializer.deserialize_any(DurationVisitor)
 }
 
 #[cfg(test)]

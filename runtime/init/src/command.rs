@@ -1,0 +1,217 @@
+//! The command's side of the helper: its confinement (session, umask, working directory,
+//! rlimits, no_new_privs, Landlock, capabilities, seccomp) and its exec, and the status lines
+//! every process of the helper writes. Used by the one-shot sandbox's pid 1 ([`crate::run`]) and
+//! by a long-lived sandbox's exec reapers alike.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
+
+use nix::sys::signal::{SigHandler, Signal, signal};
+use nix::unistd::setsid;
+
+use crate::config::{InitConfig, RlimitResource, STATUS_FD, Status};
+use crate::{landlock_rules, seccomp, sys};
+
+/// Writes one status line. Best effort: if the runtime is gone there is nobody to tell.
+pub fn report(status: &Status) {
+    // SAFETY: STATUS_FD is inherited from the runtime and stays open for the life of the
+    // helper; ManuallyDrop keeps this temporary File from closing it.
+    let mut out = ManuallyDrop::new(unsafe { File::from_raw_fd(STATUS_FD) });
+    if let Ok(mut line) = serde_json::to_vec(status) {
+        line.push(b'\n');
+        let _ = out.write_all(&line);
+    }
+}
+
+pub(crate) fn fail(stage: &str, message: impl std::fmt::Display) -> ! {
+    report(&Status::SetupFailed {
+        stage: stage.to_string(),
+        message: message.to_string(),
+    });
+    std::process::exit(125)
+}
+
+/// A shell (and most tools that run others) exits with 128 + N when a child died of signal N:
+/// the command's own report that a process it waited for hit the file size limit, which pid 1
+/// cannot see when that process's parent reaped it.
+pub(crate) fn reports_file_size_kill(code: Option<i32>) -> bool {
+    code == Some(128 + libc::SIGXFSZ)
+}
+
+/// The command's process: confine, then exec. Never returns.
+pub(crate) fn exec_command(config: &InitConfig) -> ! {
+    exec_command_with(config, None)
+}
+
+/// The descriptor on which the command sends its setid filter's listener to pid 1.
+const SETID_FD: i32 = STATUS_FD + 1;
+
+/// [`exec_command`], sending the setid filter's listener (with `--write-through`) on
+/// `setid_to`; without it the filter's calls are answered `ENOSYS` by the kernel.
+pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::fd::OwnedFd>) -> ! {
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    );
+    for sig in [
+        Signal::SIGPIPE,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTERM,
+    ] {
+        // SAFETY: restoring the default disposition installs no Rust handler.
+        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+    }
+    if let Err(e) = setsid() {
+        fail("setsid", e);
+    }
+    // A fixed umask, whatever the caller's: files the command creates get the same modes on
+    // every host and in every backend (Docker's default is 022 too), so replays can match.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    if let Err(e) = std::env::set_current_dir(&config.cwd) {
+        fail(
+            "cwd",
+            format!(
+                "cannot enter working directory {}: {e}",
+                config.cwd.display()
+            ),
+        );
+    }
+    for limit in &config.rlimits {
+        if let Err(e) = set_rlimit(limit.resource, limit.limit) {
+            fail("rlimit", format!("{:?}: {e}", limit.resource));
+        }
+    }
+    let setid_to = setid_to.map(|fd| {
+        if nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&fd), SETID_FD).is_err() {
+            fail("seccomp", "cannot place the listener's socket");
+        }
+        let _ = sys::set_cloexec(SETID_FD);
+        // Its old number is closed below with the rest.
+        std::mem::forget(fd);
+        SETID_FD
+    });
+    sys::close_fds_from(
+        if setid_to.is_some() {
+            SETID_FD
+        } else {
+            STATUS_FD
+        } as u32
+            + 1,
+    );
+    if let Err(e) = sys::set_no_new_privs() {
+        fail("no_new_privs", e);
+    }
+    let landlock = match landlock_rules::apply(&config.landlock) {
+        Ok(outcome) => outcome,
+        Err(e) => fail("landlock", e),
+    };
+    report(&Status::Landlock {
+        status: landlock.as_str().to_string(),
+    });
+    if let Err(e) = sys::drop_all_capabilities() {
+        fail("capabilities", e);
+    }
+    let rules = seccomp::Rules {
+        deny_list: config.seccomp,
+        refuse_setid_modes: config.refuse_setid_modes,
+    };
+    if rules.any() {
+        match seccomp::install(rules) {
+            Err(e) => fail("seccomp", e),
+            Ok(Some(listener)) => {
+                if let Some(fd) = setid_to {
+                    // SAFETY: SETID_FD was placed above and is open until the exec.
+                    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                    let raw = std::os::fd::AsRawFd::as_raw_fd(&listener);
+                    if let Err(e) = crate::control::send(sock, &0u8, &[raw]) {
+                        fail(
+                            "seccomp",
+                            format!("cannot hand the setid listener over: {e}"),
+                        );
+                    }
+                }
+                // pid 1 holds its copy; the command keeps none (the kernel's is close-on-exec).
+                drop(listener);
+            }
+            Ok(None) => {}
+        }
+    }
+    if let Some(fd) = setid_to {
+        let _ = nix::unistd::close(fd);
+    }
+    report(&Status::Seccomp {
+        installed: config.seccomp,
+    });
+    exec(config)
+}
+
+fn exec(config: &InitConfig) -> ! {
+    let program = config.argv.first().cloned().unwrap_or_default();
+    let to_c = |s: &str| CString::new(s.as_bytes()).ok();
+    let args: Option<Vec<CString>> = config.argv.iter().map(|a| to_c(a)).collect();
+    let env: Option<Vec<CString>> = config
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect();
+    let (Some(args), Some(env)) = (args, env) else {
+        fail(
+            "exec",
+            "an argument or environment variable contains a NUL byte",
+        )
+    };
+    let path = config
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    let mut errno = libc::ENOENT;
+    let candidates: Vec<String> = if program.contains('/') {
+        vec![program.clone()]
+    } else {
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("{d}/{program}"))
+            .collect()
+    };
+    for candidate in candidates {
+        let Some(c) = to_c(&candidate) else { continue };
+        // execve only returns on failure.
+        let e = nix::unistd::execve(&c, &args, &env).err();
+        match e {
+            Some(nix::Error::ENOENT) | Some(nix::Error::ENOTDIR) => {}
+            Some(other) => {
+                errno = other as i32;
+                // Permission problems are remembered but the search goes on, like execvp(3).
+                if other != nix::Error::EACCES {
+                    break;
+                }
+            }
+            None => {}
+        }
+    }
+    report(&Status::ExecFailed { errno, program });
+    std::process::exit(if errno == libc::ENOENT { 127 } else { 126 })
+}
+
+fn set_rlimit(resource: RlimitResource, limit: u64) -> nix::Result<()> {
+    use nix::sys::resource::{Resource, setrlimit};
+    let r = match resource {
+        RlimitResource::AddressSpace => Resource::RLIMIT_AS,
+        RlimitResource::Processes => Resource::RLIMIT_NPROC,
+        RlimitResource::CpuSeconds => Resource::RLIMIT_CPU,
+        RlimitResource::FileSize => Resource::RLIMIT_FSIZE,
+        RlimitResource::OpenFiles => Resource::RLIMIT_NOFILE,
+        RlimitResource::CoreSize => Resource::RLIMIT_CORE,
+    };
+    // Never raise: a limit above the current hard limit is clamped to it.
+    let (_, hard) = nix::sys::resource::getrlimit(r)?;
+    let value = limit.min(hard);
+    setrlimit(r, value, value)
+}
