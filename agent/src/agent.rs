@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use taskbox_core::api::*;
 use taskbox_core::commands::{Commands, Verdict};
 use taskbox_core::result::ChangeKind;
+use taskbox_tools::render;
 
 use crate::context;
 use crate::contract::{Contract, Scope, normalise};
@@ -891,94 +892,30 @@ impl Runner {
                 self.external += t.elapsed();
                 return r;
             }
-            Action::Read(req) => api.read(&id, req).map(|r| {
-                if r.binary {
-                    format!("{}: binary file, {} bytes", r.path, r.total_bytes)
-                } else {
-                    let mut s = format!(
-                        "{} ({} bytes{}):\n{}",
-                        r.path,
-                        r.total_bytes,
-                        r.total_lines
-                            .map(|l| format!(", {l} lines"))
-                            .unwrap_or_default(),
-                        r.content
-                    );
-                    if r.truncated {
-                        s.push_str("\n[cut: read a line range for the rest]");
-                    }
-                    s
-                }
-            }),
+            Action::Read(req) => api.read(&id, req).map(|r| render::read(&r)),
             Action::Write(req) => {
                 let path = req.path.clone();
                 api.write(&id, req).map(|r| {
                     self.touched(&path, turn, "wrote");
-                    format!(
-                        "wrote {} bytes to {}{}",
-                        r.bytes_written,
-                        r.path,
-                        if r.created { " (new file)" } else { "" }
-                    )
+                    render::write(&r)
                 })
             }
             Action::Edit(req) => {
                 let path = req.path.clone();
                 api.edit(&id, req).map(|r| {
                     self.touched(&path, turn, "edited");
-                    format!(
-                        "edited {} ({} replacement(s)):\n{}",
-                        r.path, r.replacements, r.diff
-                    )
+                    render::edit(&r)
                 })
             }
             Action::Patch(req) => api.patch(&id, req).map(|r| {
-                let files: Vec<String> = r
-                    .files
-                    .iter()
-                    .map(|c| format!("{} ({:?})", c.path, c.kind).to_lowercase())
-                    .collect();
                 for c in &r.files {
                     self.touched(&c.path, turn, "patched");
                 }
-                format!("patch applied: {}", files.join(", "))
+                render::patch(&r)
             }),
-            Action::List(req) => api.list_dir(&id, req).map(|r| {
-                let mut s = String::new();
-                for e in &r.entries {
-                    match e.kind {
-                        EntryKind::Dir => s.push_str(&format!("{}/\n", e.path)),
-                        _ => s.push_str(&format!("{} ({} bytes)\n", e.path, e.size)),
-                    }
-                }
-                if r.entries.is_empty() {
-                    s.push_str("(empty)\n");
-                }
-                if r.truncated {
-                    s.push_str("[more entries not shown: narrow with path or glob]\n");
-                }
-                s
-            }),
-            Action::Search(req) => api.search(&id, req).map(|r| {
-                let mut s = String::new();
-                for m in &r.matches {
-                    s.push_str(&format!("{}:{}: {}\n", m.path, m.line_number, m.line));
-                }
-                if r.matches.is_empty() {
-                    s.push_str(&format!("no match in {} files\n", r.files_searched));
-                }
-                if r.truncated {
-                    s.push_str("[more matches not shown: narrow the pattern or glob]\n");
-                }
-                s
-            }),
-            Action::Diff => api.diff(&id, DiffRequest::default()).map(|r| {
-                if r.diff.is_empty() {
-                    "no changes yet".to_owned()
-                } else {
-                    r.diff
-                }
-            }),
+            Action::List(req) => api.list_dir(&id, req).map(|r| render::list(&r)),
+            Action::Search(req) => api.search(&id, req).map(|r| render::search(&r)),
+            Action::Diff(req) => api.diff(&id, req).map(|r| render::diff(&r)),
             Action::Plan { steps, files } => {
                 self.external += t.elapsed();
                 return self.plan(steps, files);

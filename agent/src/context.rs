@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use taskbox_core::api::{ReadRequest, SandboxApi, SandboxId};
+use taskbox_tools::Tool;
 
 use crate::model::{Message, Role};
 use crate::state::TaskState;
@@ -134,8 +135,9 @@ pub fn rule_files(api: &Arc<dyn SandboxApi>, id: &SandboxId) -> String {
         }
         if r.truncated {
             out.push_str(&format!(
-                "[cut at {cap} of {} bytes; read_file {name} for the rest]\n",
-                r.total_bytes
+                "[cut at {cap} of {} bytes; {} {name} for the rest]\n",
+                r.total_bytes,
+                Tool::ReadFile.name()
             ));
         }
     }
@@ -170,7 +172,7 @@ mod tests {
                 "",
                 vec![ToolCall {
                     id: format!("c{i}"),
-                    name: "read_file".into(),
+                    name: Tool::ReadFile.name().into(),
                     arguments: "{}".into(),
                 }],
             ));

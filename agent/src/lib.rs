@@ -2,8 +2,8 @@
 //!
 //! It owns the model adapters ([`model`]: OpenAI-compatible chat completions and Anthropic
 //! Messages behind one trait, over the small HTTP client of [`http`]), the tools the model may
-//! call ([`tools`]: the narrow API plus `plan` and `finish`, with JSON schemas and argument
-//! validation), the work contract ([`contract`]), the loop with its budgets and verification
+//! call ([`tools`]: every tool of `taskbox_tools`, the narrow API's operations as the MCP
+//! server offers them plus `plan` and `finish`), the work contract ([`contract`]), the loop with its budgets and verification
 //! gate ([`agent`]), context management ([`context`]), the externalised task state ([`state`]),
 //! the agent's trace ([`trajectory`]) and its replay ([`replay`]), the handoff report
 //! ([`report`]) and the evaluation of task sets ([`eval`]).

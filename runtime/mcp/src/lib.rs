@@ -1,12 +1,13 @@
 //! taskbox's MCP server: one sandbox's narrow API offered as Model Context Protocol tools.
 //!
 //! [`serve_stdio`] creates one sandbox, serves it over stdin/stdout until the client disconnects,
-//! then destroys it; `taskbox mcp` is a thin wrapper around it. The tools are the fs and exec
-//! operations of [`SandboxApi`] (`exec`, `read_file`, `write_file`, `edit_file`, `apply_patch`,
-//! `list`, `search`, `diff`), their input schemas generated from the request types of
-//! [`taskbox_core::api`]. Results come back as text a model can read (plus the full JSON as
-//! structured content); API errors and invalid arguments come back as tool results with
-//! `isError` set, naming the error code or the field, so the model can correct itself.
+//! then destroys it; `taskbox mcp` is a thin wrapper around it. The tools are the sandbox tools
+//! of `taskbox_tools` (`exec`, `read_file`, `write_file`, `edit_file`, `apply_patch`, `list`,
+//! `search`, `diff`): their names, descriptions, input schemas, argument parsing and the text of
+//! their results are that crate's, the same the agent offers its model; this crate adds MCP's
+//! annotations, the full JSON of each result as structured content, and the transport. API
+//! errors and invalid arguments come back as tool results with `isError` set, naming the error
+//! code or the field, so the model can correct itself.
 //!
 //! When the sandbox's command policy asks before an exec runs, the server asks the client's
 //! user through MCP elicitation (a form: approve or not, and a reason), if the client declared
@@ -23,10 +24,10 @@ use taskbox_core::sandbox::NativeBackend;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub mod approvals;
-mod render;
+mod instructions;
 mod tools;
 
-pub use tools::TOOL_NAMES;
+pub use tools::{TOOL_NAMES, tool_list};
 
 /// Errors of serving a sandbox over MCP (tool failures are tool results, not these).
 #[derive(Debug, thiserror::Error)]

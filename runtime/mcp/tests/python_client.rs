@@ -77,7 +77,7 @@ async def main():
             out = text(r)
             summary["exec_text"] = out
             check(not is_error(r), "exec: isError")
-            check("exit 0 in" in out, "exec: no exit status line")
+            check("exit_code: 0 (" in out, "exec: no exit status line")
             check("hi" in out, "exec: no stdout")
             check("added f.txt" in out, "exec: f.txt not among the changes in the text")
             changes = [c["path"] for c in structured(r).get("changes", [])]
