@@ -1,21 +1,33 @@
-//! A small synchronous HTTP/1.1 client over TCP, TLS or a Unix socket.
+//! A synchronous HTTP/1.1 client over TCP, TLS or a Unix socket, on hyper's client.
 //!
 //! The agent loop is synchronous (so is [`taskbox_core::api::SandboxApi`]), and both of its
 //! network peers speak HTTP/1.1 with JSON bodies: model servers (OpenAI-compatible or Anthropic
-//! Messages, local or hosted) and `taskbox serve`. One request per connection
-//! (`Connection: close`), `Content-Length` or chunked bodies, and a deadline over the whole
-//! exchange, TLS handshake included. `https` URLs go through [`tls`] (rustls; the server's
-//! certificate is verified against the trusted roots and the host name checked).
+//! Messages, local or hosted) and `taskbox serve`. hyper speaks the protocol (the request,
+//! `Content-Length`, chunked and close-delimited bodies, an answer that comes before the body was
+//! sent); this module picks the transport, bounds the whole exchange, TLS handshake included, by
+//! one deadline, and runs it on the client's own current-thread tokio runtime, so callers stay
+//! synchronous. One request per connection (`Connection: close`). `https` URLs go through
+//! [`tls`] (rustls; the server's certificate is verified against the trusted roots and the host
+//! name checked).
 
 pub mod tls;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::os::unix::net::UnixStream;
+use std::future::Future;
+use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use rustls::{ClientConnection, StreamOwned};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1;
+use hyper::header;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::runtime::Runtime;
 
 pub use tls::{Tls, TlsError};
 
@@ -161,11 +173,12 @@ impl BaseUrl {
 }
 
 /// A base URL ready for requests: for `https`, with its TLS configuration (trusted roots and
-/// session cache), built once.
+/// session cache), built once; and the runtime its exchanges run on.
 #[derive(Debug, Clone)]
 pub struct Client {
     base: BaseUrl,
     tls: Option<Tls>,
+    runtime: Arc<Runtime>,
 }
 
 impl Client {
@@ -177,7 +190,33 @@ impl Client {
             Endpoint::Tls { .. } => Some(Tls::new(ca_file)?),
             _ => None,
         };
-        Ok(Client { base, tls })
+        Client::with(base, tls)
+    }
+
+    /// A client of the Unix socket at `path` (any path, not only one a URL can spell).
+    pub fn unix(path: &Path) -> Result<Client, HttpError> {
+        let base = BaseUrl {
+            endpoint: Endpoint::Unix(path.to_owned()),
+            prefix: String::new(),
+        };
+        Client::with(base, None)
+    }
+
+    fn with(base: BaseUrl, tls: Option<Tls>) -> Result<Client, HttpError> {
+        // One small runtime per client: the exchanges of a synchronous caller run one at a time.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| HttpError::Io {
+                target: base.endpoint.to_string(),
+                why: format!("cannot start the client's I/O runtime: {e}"),
+            })?;
+        Ok(Client {
+            base,
+            tls,
+            runtime: Arc::new(runtime),
+        })
     }
 
     /// Where requests go.
@@ -185,7 +224,9 @@ impl Client {
         &self.base
     }
 
-    /// Sends `req` and returns once the response head has arrived.
+    /// Sends `req` and returns once the response head has arrived. `timeout` bounds the whole
+    /// exchange, reading the body included; one too long to be a deadline (`Duration::MAX`)
+    /// bounds nothing.
     pub fn open(&self, req: &Request<'_>, timeout: Duration) -> Result<Streaming, HttpError> {
         open(self, req, timeout)
     }
@@ -215,100 +256,10 @@ pub struct Response {
 impl Response {
     /// The first header called `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        header(&self.headers, name)
-    }
-}
-
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-}
-
-enum Conn {
-    Tcp(TcpStream),
-    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
-    Unix(UnixStream),
-}
-
-impl Conn {
-    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
-        let t = Some(t.max(Duration::from_millis(1)));
-        match self {
-            Conn::Tcp(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-            Conn::Tls(s) => {
-                s.sock.set_read_timeout(t)?;
-                s.sock.set_write_timeout(t)
-            }
-            Conn::Unix(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-        }
-    }
-}
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Tcp(s) => s.read(buf),
-            Conn::Tls(s) => s.read(buf),
-            Conn::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Tcp(s) => s.write(buf),
-            Conn::Tls(s) => s.write(buf),
-            Conn::Unix(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Conn::Tcp(s) => s.flush(),
-            Conn::Tls(s) => s.flush(),
-            Conn::Unix(s) => s.flush(),
-        }
-    }
-}
-
-/// A connection that gives up at a deadline: each read and write may only use what is left.
-struct Deadline {
-    conn: Conn,
-    until: Instant,
-}
-
-impl Deadline {
-    fn arm(&self) -> std::io::Result<()> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.conn.set_timeouts(left)
-    }
-}
-
-impl Read for Deadline {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.arm()?;
-        self.conn.read(buf)
-    }
-}
-
-impl Write for Deadline {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.arm()?;
-        self.conn.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.conn.flush()
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -335,38 +286,203 @@ impl<'a> Request<'a> {
     }
 }
 
-fn connect(client: &Client, until: Instant, timeout: Duration) -> Result<Deadline, HttpError> {
-    let endpoint = &client.base.endpoint;
-    let target = endpoint.to_string();
-    let conn = match endpoint {
-        Endpoint::Unix(path) => {
-            UnixStream::connect(path)
-                .map(Conn::Unix)
-                .map_err(|e| HttpError::Connect {
-                    target: target.clone(),
-                    why: e.to_string(),
-                })?
-        }
-        Endpoint::Tcp { host, port } => Conn::Tcp(tcp_connect(host, *port, &target, until)?),
-        Endpoint::Tls { host, port } => {
-            let tcp = tcp_connect(host, *port, &target, until)?;
-            // A client is built with its TLS configuration for every https endpoint.
-            let tls = client.tls.as_ref().ok_or_else(|| HttpError::Url {
-                url: target.clone(),
-                why: "https needs a TLS configuration (use Client::new)".into(),
-            })?;
-            Conn::Tls(Box::new(tls.handshake(host, tcp, &target, until, timeout)?))
-        }
-    };
-    Ok(Deadline { conn, until })
+/// A byte stream hyper can speak over: TCP, TLS over TCP, or a Unix socket.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// A socket whose writes are dropped once the peer has stopped reading (`EPIPE`,
+/// `ECONNRESET`). A server may answer (413) and close before it has read the whole body: the
+/// answer already on its way is the outcome, not the failed write, and hyper reads it only
+/// while its writes succeed. A peer that closed without answering still ends the exchange,
+/// as a response cut short.
+struct KeepReading<T> {
+    inner: T,
+    stopped: bool,
 }
 
-fn tcp_connect(
-    host: &str,
-    port: u16,
+impl<T> KeepReading<T> {
+    fn new(inner: T) -> KeepReading<T> {
+        KeepReading {
+            inner,
+            stopped: false,
+        }
+    }
+
+    /// `result` of a write of `n` bytes, with a peer that stopped reading taken as written.
+    fn written<R>(&mut self, result: Poll<std::io::Result<R>>, n: R) -> Poll<std::io::Result<R>> {
+        match result {
+            Poll::Ready(Err(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                self.stopped = true;
+                Poll::Ready(Ok(n))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for KeepReading<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for KeepReading<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.stopped {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.written(r, buf.len())
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let n = bufs.iter().map(|b| b.len()).sum();
+        if this.stopped {
+            return Poll::Ready(Ok(n));
+        }
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.written(r, n)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().settle(cx, T::poll_flush)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().settle(cx, T::poll_shutdown)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> KeepReading<T> {
+    /// A flush or shutdown, done at once when the peer has stopped reading.
+    fn settle(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: fn(Pin<&mut T>, &mut Context<'_>) -> Poll<std::io::Result<()>>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.stopped {
+            return Poll::Ready(Ok(()));
+        }
+        let r = op(Pin::new(&mut self.inner), cx);
+        self.written(r, ())
+    }
+}
+
+type Connection = http1::Connection<TokioIo<Box<dyn Io>>, Full<Bytes>>;
+
+/// One exchange's connection and deadline. hyper's connection future does the reading and
+/// writing: it is polled together with whatever waits on it (the response, a body frame), so
+/// nothing runs in the background and dropping the exchange closes the socket.
+struct Exchange {
+    conn: Pin<Box<Connection>>,
+    /// Kept until the exchange ends: the connection stays up while its sender lives.
+    _sender: http1::SendRequest<Full<Bytes>>,
+    /// The connection future has finished (cleanly or not); only `work` is polled then.
+    finished: bool,
+    until: Option<Instant>,
+    target: String,
+    timeout: Duration,
+}
+
+impl Exchange {
+    /// Runs `work` while driving the connection, within the deadline.
+    async fn drive<T>(
+        &mut self,
+        work: impl Future<Output = Result<T, HttpError>>,
+    ) -> Result<T, HttpError> {
+        let (until, target, timeout) = (self.until, self.target.clone(), self.timeout);
+        let conn = &mut self.conn;
+        let finished = &mut self.finished;
+        let both = async move {
+            tokio::pin!(work);
+            loop {
+                if *finished {
+                    return work.await;
+                }
+                tokio::select! {
+                    biased;
+                    out = &mut work => return out,
+                    // A failed connection fails `work` too, with hyper's reason.
+                    _ = conn.as_mut() => *finished = true,
+                }
+            }
+        };
+        bounded(until, &target, timeout, both).await
+    }
+}
+
+/// `work`, or [`HttpError::Timeout`] once `until` has passed.
+async fn bounded<T>(
+    until: Option<Instant>,
     target: &str,
-    until: Instant,
-) -> Result<TcpStream, HttpError> {
+    timeout: Duration,
+    work: impl Future<Output = Result<T, HttpError>>,
+) -> Result<T, HttpError> {
+    let Some(until) = until else {
+        return work.await;
+    };
+    tokio::time::timeout_at(until.into(), work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(HttpError::Timeout {
+                target: target.to_owned(),
+                after: timeout,
+            })
+        })
+}
+
+async fn connect(client: &Client, target: &str) -> Result<Box<dyn Io>, HttpError> {
+    match &client.base.endpoint {
+        Endpoint::Unix(path) => {
+            let s = UnixStream::connect(path)
+                .await
+                .map_err(|e| HttpError::Connect {
+                    target: target.to_owned(),
+                    why: e.to_string(),
+                })?;
+            Ok(Box::new(KeepReading::new(s)))
+        }
+        Endpoint::Tcp { host, port } => Ok(Box::new(KeepReading::new(
+            tcp_connect(host, *port, target).await?,
+        ))),
+        Endpoint::Tls { host, port } => {
+            let tcp = tcp_connect(host, *port, target).await?;
+            // A client is built with its TLS configuration for every https endpoint.
+            let tls = client.tls.as_ref().ok_or_else(|| HttpError::Url {
+                url: target.to_owned(),
+                why: "https needs a TLS configuration (use Client::new)".into(),
+            })?;
+            Ok(Box::new(
+                tls.handshake(host, KeepReading::new(tcp), target).await?,
+            ))
+        }
+    }
+}
+
+async fn tcp_connect(host: &str, port: u16, target: &str) -> Result<TcpStream, HttpError> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| HttpError::Connect {
@@ -375,8 +491,7 @@ fn tcp_connect(
         })?;
     let mut last = String::from("the host has no address");
     for addr in addrs {
-        let left = until.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+        match TcpStream::connect(addr).await {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
@@ -390,26 +505,73 @@ fn tcp_connect(
     })
 }
 
-fn io_err(target: &str, timeout: Duration, e: std::io::Error) -> HttpError {
-    match e.kind() {
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => HttpError::Timeout {
-            target: target.to_owned(),
-            after: timeout,
-        },
-        _ => HttpError::Io {
-            target: target.to_owned(),
-            why: e.to_string(),
-        },
+/// hyper's error, with its causes: a peer that does not speak HTTP/1.1 is [`HttpError::Malformed`],
+/// anything else (a reset, a body cut short) [`HttpError::Io`].
+fn hyper_err(target: &str, e: &hyper::Error) -> HttpError {
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        why.push_str(": ");
+        why.push_str(&cause.to_string());
+        source = cause.source();
     }
+    let target = target.to_owned();
+    if e.is_parse() || e.is_parse_status() {
+        HttpError::Malformed { target, why }
+    } else {
+        HttpError::Io { target, why }
+    }
+}
+
+fn build_request(
+    client: &Client,
+    req: &Request<'_>,
+) -> Result<hyper::Request<Full<Bytes>>, HttpError> {
+    let base = &client.base;
+    let host = match &base.endpoint {
+        Endpoint::Tcp { host, port } => format!("{}:{port}", bracketed(host)),
+        Endpoint::Tls { host, port: 443 } => bracketed(host).into_owned(),
+        Endpoint::Tls { host, port } => format!("{}:{port}", bracketed(host)),
+        Endpoint::Unix(_) => "taskbox".to_owned(),
+    };
+    let mut b = hyper::Request::builder()
+        .method(req.method)
+        .uri(format!("{}{}", base.prefix, req.path))
+        .header(header::HOST, host)
+        .header(header::CONNECTION, "close")
+        .header(header::ACCEPT, req.accept)
+        .header(
+            header::USER_AGENT,
+            concat!("taskbox-agent/", env!("CARGO_PKG_VERSION")),
+        );
+    for (k, v) in &req.headers {
+        b = b.header(*k, v.as_str());
+    }
+    let body = match req.body {
+        Some(body) => {
+            b = b
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::CONTENT_LENGTH, body.len());
+            Full::new(Bytes::copy_from_slice(body))
+        }
+        None => Full::new(Bytes::new()),
+    };
+    b.body(body).map_err(|e| HttpError::Url {
+        url: format!("{}{}{}", base.endpoint, base.prefix, req.path),
+        why: format!("cannot make a request of it: {e}"),
+    })
 }
 
 /// A response whose body is still being read (for Server-Sent Events).
 pub struct Streaming {
     pub status: u16,
     pub headers: Vec<(String, String)>,
-    reader: Box<dyn BufRead + Send>,
-    target: String,
-    timeout: Duration,
+    runtime: Arc<Runtime>,
+    exchange: Exchange,
+    body: Incoming,
+    /// Bytes of the body received and not yet returned.
+    pending: Vec<u8>,
+    ended: bool,
 }
 
 impl std::fmt::Debug for Streaming {
@@ -423,173 +585,118 @@ impl std::fmt::Debug for Streaming {
 impl Streaming {
     /// The next line of the body without its line end; `None` at the end.
     pub fn next_line(&mut self) -> Result<Option<String>, HttpError> {
-        let mut line = String::new();
-        let n = self
-            .reader
-            .read_line(&mut line)
-            .map_err(|e| io_err(&self.target, self.timeout, e))?;
-        if n == 0 {
-            return Ok(None);
+        loop {
+            if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
+                let rest = self.pending.split_off(i + 1);
+                let line = std::mem::replace(&mut self.pending, rest);
+                return self.text(line).map(Some);
+            }
+            if !self.receive()? {
+                if self.pending.is_empty() {
+                    return Ok(None);
+                }
+                let line = std::mem::take(&mut self.pending);
+                return self.text(line).map(Some);
+            }
         }
-        Ok(Some(line.trim_end_matches(['\r', '\n']).to_owned()))
     }
 
     /// The rest of the body.
     pub fn read_all(mut self) -> Result<Vec<u8>, HttpError> {
-        let mut body = Vec::new();
-        self.reader
-            .read_to_end(&mut body)
-            .map_err(|e| io_err(&self.target, self.timeout, e))?;
-        Ok(body)
+        while self.receive()? {}
+        Ok(self.pending)
+    }
+
+    /// Waits for the next frame of the body and keeps its data; false at the end of the body.
+    fn receive(&mut self) -> Result<bool, HttpError> {
+        if self.ended {
+            return Ok(false);
+        }
+        let Streaming {
+            runtime,
+            exchange,
+            body,
+            ..
+        } = self;
+        let target = exchange.target.clone();
+        let frame = runtime.block_on(exchange.drive(async {
+            body.frame()
+                .await
+                .transpose()
+                .map_err(|e| hyper_err(&target, &e))
+        }))?;
+        match frame {
+            None => {
+                self.ended = true;
+                Ok(false)
+            }
+            Some(frame) => {
+                // Trailers carry no data.
+                if let Ok(data) = frame.into_data() {
+                    self.pending.extend_from_slice(&data);
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    fn text(&self, mut line: Vec<u8>) -> Result<String, HttpError> {
+        while line.last().is_some_and(|b| matches!(b, b'\r' | b'\n')) {
+            line.pop();
+        }
+        String::from_utf8(line).map_err(|_| HttpError::Malformed {
+            target: self.exchange.target.clone(),
+            why: "a line of the body is not UTF-8".into(),
+        })
     }
 }
 
 fn open(client: &Client, req: &Request<'_>, timeout: Duration) -> Result<Streaming, HttpError> {
-    let base = &client.base;
-    let until = Instant::now() + timeout;
-    let target = base.endpoint.to_string();
-    let mut conn = connect(client, until, timeout)?;
-    let host = match &base.endpoint {
-        Endpoint::Tcp { host, port } => format!("{}:{port}", bracketed(host)),
-        Endpoint::Tls { host, port: 443 } => bracketed(host).into_owned(),
-        Endpoint::Tls { host, port } => format!("{}:{port}", bracketed(host)),
-        Endpoint::Unix(_) => "taskbox".to_owned(),
-    };
-    let mut head = format!(
-        "{} {}{} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept: {}\r\nUser-Agent: taskbox-agent/{}\r\n",
-        req.method,
-        base.prefix,
-        req.path,
-        req.accept,
-        env!("CARGO_PKG_VERSION"),
-    );
-    for (k, v) in &req.headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    let body = req.body.unwrap_or_default();
-    if req.body.is_some() {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    head.push_str("\r\n");
-    let mut message = head.into_bytes();
-    message.extend_from_slice(body);
-    // The server may answer (e.g. 413) and close before reading the body: the response that
-    // follows is the answer, not the failed write.
-    if let Err(e) = conn.write_all(&message).and_then(|()| conn.flush())
-        && !matches!(
-            e.kind(),
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-        )
-    {
-        return Err(io_err(&target, timeout, e));
-    }
-    let mut reader = BufReader::new(conn);
-    let mut line = String::new();
-    reader
-        .read_line(&mut line)
-        .map_err(|e| io_err(&target, timeout, e))?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse::<u16>().ok())
-        .filter(|_| line.starts_with("HTTP/1."))
-        .ok_or_else(|| HttpError::Malformed {
+    let until = Instant::now().checked_add(timeout);
+    let target = client.base.endpoint.to_string();
+    let request = build_request(client, req)?;
+    let (exchange, response) = client.runtime.block_on(async {
+        let (mut sender, conn) = bounded(until, &target, timeout, async {
+            let io = connect(client, &target).await?;
+            http1::handshake(TokioIo::new(io))
+                .await
+                .map_err(|e| hyper_err(&target, &e))
+        })
+        .await?;
+        let sent = sender.send_request(request);
+        let mut exchange = Exchange {
+            conn: Box::pin(conn),
+            _sender: sender,
+            finished: false,
+            until,
             target: target.clone(),
-            why: format!("bad status line {:?}", line.trim_end()),
-        })?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        let n = reader
-            .read_line(&mut line)
-            .map_err(|e| io_err(&target, timeout, e))?;
-        let l = line.trim_end_matches(['\r', '\n']);
-        if n == 0 || l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.push((k.trim().to_owned(), v.trim().to_owned()));
-        }
-    }
-    let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.contains("chunked"));
-    let length = header(&headers, "content-length").and_then(|v| v.parse::<u64>().ok());
-    let body: Box<dyn BufRead + Send> = if chunked {
-        Box::new(BufReader::new(Chunked::new(reader)))
-    } else if let Some(n) = length {
-        Box::new(BufReader::new(reader.take(n)))
-    } else {
-        Box::new(reader)
-    };
+            timeout,
+        };
+        let response = exchange
+            .drive(async { sent.await.map_err(|e| hyper_err(&target, &e)) })
+            .await?;
+        Ok::<_, HttpError>((exchange, response))
+    })?;
+    let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
     Ok(Streaming {
         status,
         headers,
-        reader: body,
-        target,
-        timeout,
+        runtime: client.runtime.clone(),
+        exchange,
+        body: response.into_body(),
+        pending: Vec::new(),
+        ended: false,
     })
-}
-
-/// A reader of an HTTP/1.1 chunked body (also the CLI's, for the supervisor's answers).
-pub struct Chunked<R> {
-    inner: R,
-    left: usize,
-    done: bool,
-}
-
-impl<R: BufRead> Chunked<R> {
-    /// Reads the chunked body that follows the headers already read from `inner`.
-    pub fn new(inner: R) -> Chunked<R> {
-        Chunked {
-            inner,
-            left: 0,
-            done: false,
-        }
-    }
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.done {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let mut line = String::new();
-            let mut n = self.inner.read_line(&mut line)?;
-            if n > 0 && line.trim().is_empty() {
-                // The CRLF that ends the previous chunk.
-                line.clear();
-                n = self.inner.read_line(&mut line)?;
-            }
-            if n == 0 {
-                return Err(cut_short("before its last chunk"));
-            }
-            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-                .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
-            if size == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-            self.left = size;
-        }
-        let n = buf.len().min(self.left);
-        let got = self.inner.read(&mut buf[..n])?;
-        if got == 0 && n > 0 {
-            return Err(cut_short("inside a chunk"));
-        }
-        self.left -= got;
-        Ok(got)
-    }
-}
-
-/// A chunked body that ends early is an error, never a shorter body.
-fn cut_short(where_: &str) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::UnexpectedEof,
-        format!("the connection closed {where_}: the response body is cut short"),
-    )
 }
 
 #[cfg(test)]
@@ -639,6 +746,103 @@ mod tests {
             .send(&Request::new("GET", "/"), Duration::from_secs(2))
             .unwrap_err();
         assert!(e.is_transient(), "{e}");
+    }
+
+    /// A server of one connection: it reads the request head, answers `answer` and closes,
+    /// leaving whatever body the request had unread.
+    fn answering(answer: &[u8]) -> (Client, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(&format!("http://{}", l.local_addr().unwrap()), None).unwrap();
+        let answer = answer.to_vec();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap() == 1 {
+                head.push(byte[0]);
+            }
+            s.write_all(&answer).unwrap();
+        });
+        (client, server)
+    }
+
+    #[test]
+    fn chunked_bodies_are_read_whole_and_line_by_line() {
+        let (client, server) = answering(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+              9\r\ndata: a\n\n\r\n4\r\ndata\r\n5\r\n: b\r\n\r\n0\r\n\r\n",
+        );
+        let mut s = client
+            .open(&Request::new("GET", "/"), Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(s.status, 200);
+        let mut lines = Vec::new();
+        while let Some(l) = s.next_line().unwrap() {
+            lines.push(l);
+        }
+        assert_eq!(lines, ["data: a", "", "data: b"]);
+        server.join().unwrap();
+
+        let (client, server) = answering(
+            b"HTTP/1.1 201 Created\r\nX-Id: 7\r\nTransfer-Encoding: chunked\r\n\r\n\
+              3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n",
+        );
+        let r = client
+            .send(&Request::new("GET", "/"), Duration::from_secs(10))
+            .unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (201, &b"{\"a\":1}"[..]));
+        assert_eq!(r.header("x-id"), Some("7"));
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_body_cut_short_is_an_error_not_a_shorter_body() {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n wo"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello",
+        ] {
+            let (client, server) = answering(answer);
+            let e = client
+                .send(&Request::new("GET", "/"), Duration::from_secs(10))
+                .unwrap_err();
+            assert!(matches!(e, HttpError::Io { .. }), "{e}");
+            server.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_peer_that_is_no_http_server_is_malformed() {
+        let (client, server) = answering(b"SSH-2.0-OpenSSH_9.6\r\n");
+        let e = client
+            .send(&Request::new("GET", "/"), Duration::from_secs(10))
+            .unwrap_err();
+        assert!(matches!(e, HttpError::Malformed { .. }), "{e}");
+        assert!(!e.is_transient(), "{e}");
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn an_answer_before_the_body_was_read_is_the_answer() {
+        use std::io::{Read, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut head = [0u8; 64];
+            let _ = s.read(&mut head).unwrap();
+            s.write_all(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big!")
+                .unwrap();
+        });
+        let client = Client::unix(&sock).unwrap();
+        let body = vec![b'x'; 8 << 20];
+        let mut req = Request::new("POST", "/upload");
+        req.body = Some(&body);
+        let r = client.send(&req, Duration::from_secs(10)).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (413, &b"too big!"[..]));
+        server.join().unwrap();
     }
 
     #[test]

@@ -516,12 +516,13 @@ impl Drop for Supervisor {
     }
 }
 
+/// The supervisor's JSON API over its Unix socket, through the agent's HTTP client (hyper).
 pub mod http {
-    use std::io::{BufRead, BufReader, Read, Write};
-    use std::os::unix::net::UnixStream;
     use std::path::Path;
+    use std::time::Duration;
 
     use serde_json::Value;
+    use taskbox_agent::http::{Client, Request};
 
     /// Sends one request; returns the status and the JSON body (Null when empty).
     pub fn call(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
@@ -536,74 +537,24 @@ pub mod http {
         path: &str,
         body: Option<&Value>,
     ) -> (u16, Value) {
-        let mut s = UnixStream::connect(socket).expect("connect to the supervisor");
-        let payload = body
-            .map(|b| serde_json::to_vec(b).unwrap())
-            .unwrap_or_default();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
-        if let Some(t) = token {
-            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-        }
-        if body.is_some() {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                payload.len()
-            ));
-        }
-        head.push_str("\r\n");
-        let mut message = head.into_bytes();
-        message.extend_from_slice(&payload);
-        // The server may answer early and close before reading the body; read the answer.
-        let _ = s.write_all(&message);
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let mut len = None;
-        let mut chunked = false;
-        loop {
-            line.clear();
-            r.read_line(&mut line).unwrap();
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            let lower = l.to_ascii_lowercase();
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                len = v.trim().parse::<usize>().ok();
-            }
-            if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
-                chunked = true;
-            }
-        }
-        let mut raw = Vec::new();
-        if chunked {
-            loop {
-                line.clear();
-                r.read_line(&mut line).unwrap();
-                let n = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                let mut chunk = vec![0; n];
-                r.read_exact(&mut chunk).unwrap();
-                raw.extend_from_slice(&chunk);
-                line.clear();
-                r.read_line(&mut line).unwrap();
-            }
-        } else if let Some(n) = len {
-            raw.resize(n, 0);
-            r.read_exact(&mut raw).unwrap();
-        } else {
-            r.read_to_end(&mut raw).unwrap();
-        }
-        let body = if raw.is_empty() {
+        let payload = body.map(|b| serde_json::to_vec(b).unwrap());
+        let mut req = Request::new(method, path);
+        req.headers = token
+            .map(|t| ("Authorization", format!("Bearer {t}")))
+            .into_iter()
+            .collect();
+        req.body = payload.as_deref();
+        // No deadline of its own: a test's own timeout bounds a request that hangs.
+        let r = Client::unix(socket)
+            .and_then(|c| c.send(&req, Duration::MAX))
+            .unwrap_or_else(|e| panic!("{method} {path} on the supervisor: {e}"));
+        let body = if r.body.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&raw)
-                .unwrap_or(Value::String(String::from_utf8_lossy(&raw).into()))
+            serde_json::from_slice(&r.body)
+                .unwrap_or(Value::String(String::from_utf8_lossy(&r.body).into()))
         };
-        (status, body)
+        (r.status, body)
     }
 }
 

@@ -9,17 +9,17 @@
 //! by the administrator is trusted, a distrusted one is removed by its updates) without
 //! rebuilding taskbox.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{CertificateError, ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use rustls::{CertificateError, ClientConfig, RootCertStore};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
-use super::{HttpError, io_err};
+use super::{HttpError, KeepReading};
 
 /// Errors of setting up TLS (before any connection).
 #[derive(Debug, thiserror::Error)]
@@ -107,42 +107,32 @@ impl Tls {
         })
     }
 
-    /// Runs the handshake with `host` over `tcp`, each read and write bounded by what is left
-    /// until `until`.
-    pub(super) fn handshake(
+    /// Runs the handshake with `host` over `tcp` (the exchange's deadline bounds it).
+    pub(super) async fn handshake(
         &self,
         host: &str,
-        mut tcp: TcpStream,
+        tcp: KeepReading<TcpStream>,
         target: &str,
-        until: Instant,
-        timeout: Duration,
-    ) -> Result<StreamOwned<ClientConnection, TcpStream>, HttpError> {
+    ) -> Result<TlsStream<KeepReading<TcpStream>>, HttpError> {
         let name = ServerName::try_from(host.to_owned()).map_err(|_| HttpError::Url {
             url: target.to_owned(),
             why: format!("{host:?} is not a valid DNS name or IP address for TLS"),
         })?;
-        let mut conn =
-            ClientConnection::new(self.config.clone(), name).map_err(|e| HttpError::Tls {
-                target: target.to_owned(),
-                why: e.to_string(),
-                unknown_issuer: false,
-            })?;
-        while conn.is_handshaking() {
-            let mut io = Timed {
-                tcp: &mut tcp,
-                until,
-            };
-            if let Err(e) = conn.complete_io(&mut io) {
+        TlsConnector::from(self.config.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| {
                 let tls = e
                     .get_ref()
                     .and_then(|inner| inner.downcast_ref::<rustls::Error>());
-                return Err(match tls {
+                match tls {
                     Some(err) => refused(host, target, err),
-                    None => io_err(target, timeout, e),
-                });
-            }
-        }
-        Ok(StreamOwned::new(conn, tcp))
+                    None => HttpError::Io {
+                        target: target.to_owned(),
+                        why: e.to_string(),
+                    },
+                }
+            })
     }
 }
 
@@ -201,40 +191,5 @@ fn refused(host: &str, target: &str, err: &rustls::Error) -> HttpError {
         target: target.to_owned(),
         why,
         unknown_issuer,
-    }
-}
-
-/// A TCP stream whose reads and writes give up at a deadline (the handshake's part of the
-/// exchange's deadline).
-struct Timed<'a> {
-    tcp: &'a mut TcpStream,
-    until: Instant,
-}
-
-impl Timed<'_> {
-    fn arm(&self) -> std::io::Result<()> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.tcp.set_read_timeout(Some(left))?;
-        self.tcp.set_write_timeout(Some(left))
-    }
-}
-
-impl Read for Timed<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.arm()?;
-        self.tcp.read(buf)
-    }
-}
-
-impl Write for Timed<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.arm()?;
-        self.tcp.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.tcp.flush()
     }
 }

@@ -1,8 +1,7 @@
-//! A small synchronous HTTP/1.1 client for the supervisor's Unix socket: the CLI verbs are thin
-//! clients of `taskbox serve`. If no supervisor answers, one is started in the background.
+//! The supervisor's client: the CLI verbs are thin clients of `taskbox serve` on its Unix socket,
+//! over the agent's HTTP client (hyper). If no supervisor answers, one is started in the
+//! background.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,11 +9,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
-use taskbox_agent::http::Chunked;
+use taskbox_agent::http;
+
+/// A command may run as long as it likes: the CLI waits for the supervisor's answer.
+const NO_DEADLINE: Duration = Duration::MAX;
 
 /// A connection target: the supervisor's Unix socket.
 pub struct Client {
-    socket: PathBuf,
+    http: http::Client,
 }
 
 /// An HTTP response: status and JSON body (`Value::Null` when empty).
@@ -48,7 +50,7 @@ impl Client {
     /// stderr) when none answers.
     pub fn connect_or_start(socket: &Path, state_dir: &Path) -> Result<Client> {
         let client = Client {
-            socket: socket.to_path_buf(),
+            http: http::Client::unix(socket)?,
         };
         if client.healthy() {
             return Ok(client);
@@ -102,25 +104,22 @@ impl Client {
             .is_ok_and(|r| r.status == 200)
     }
 
-    fn open(&self) -> Result<UnixStream> {
-        UnixStream::connect(&self.socket)
-            .with_context(|| format!("cannot connect to {}", self.socket.display()))
-    }
-
     /// Sends one request and reads the whole JSON response.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
-        let mut stream = self.open()?;
-        send(&mut stream, method, path, body, "application/json")?;
-        let mut reader = BufReader::new(stream);
-        let (status, headers) = read_head(&mut reader)?;
-        let raw = read_body(&mut reader, &headers)?;
-        let body = if raw.is_empty() {
+        let payload = body.map(serde_json::to_vec).transpose()?;
+        let mut req = http::Request::new(method, path);
+        req.body = payload.as_deref();
+        let r = self.http.send(&req, NO_DEADLINE)?;
+        let body = if r.body.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&raw)
-                .unwrap_or(Value::String(String::from_utf8_lossy(&raw).into_owned()))
+            serde_json::from_slice(&r.body)
+                .unwrap_or(Value::String(String::from_utf8_lossy(&r.body).into_owned()))
         };
-        Ok(Response { status, body })
+        Ok(Response {
+            status: r.status,
+            body,
+        })
     }
 
     /// POSTs `body` and reads the answer as Server-Sent Events, calling `on_event(name, data)`
@@ -131,30 +130,23 @@ impl Client {
         body: &Value,
         mut on_event: impl FnMut(&str, &str) -> Result<()>,
     ) -> Result<Option<Response>> {
-        let mut stream = self.open()?;
-        send(&mut stream, "POST", path, Some(body), "text/event-stream")?;
-        let mut reader = BufReader::new(stream);
-        let (status, headers) = read_head(&mut reader)?;
-        if status != 200 {
-            let raw = read_body(&mut reader, &headers)?;
+        let payload = serde_json::to_vec(body)?;
+        let mut req = http::Request::new("POST", path);
+        req.body = Some(&payload);
+        req.accept = "text/event-stream";
+        let mut stream = self.http.open(&req, NO_DEADLINE)?;
+        if stream.status != 200 {
+            let status = stream.status;
+            let raw = stream.read_all()?;
             let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
             return Ok(Some(Response { status, body }));
         }
-        let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.contains("chunked"));
-        let mut source: Box<dyn BufRead> = if chunked {
-            Box::new(BufReader::new(Chunked::new(reader)))
-        } else {
-            Box::new(reader)
-        };
         let mut event = String::new();
         let mut data = String::new();
-        let mut line = String::new();
         loop {
-            line.clear();
-            if source.read_line(&mut line)? == 0 {
+            let Some(l) = stream.next_line()? else {
                 return Ok(None);
-            }
-            let l = line.trim_end_matches(['\r', '\n']);
+            };
             if l.is_empty() {
                 if !data.is_empty() || !event.is_empty() {
                     on_event(&event, &data)?;
@@ -175,87 +167,4 @@ impl Client {
 
 fn fs_create_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
-}
-
-fn send(
-    stream: &mut UnixStream,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-    accept: &str,
-) -> Result<()> {
-    let payload = match body {
-        Some(b) => serde_json::to_vec(b)?,
-        None => Vec::new(),
-    };
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: taskbox\r\nConnection: close\r\nAccept: {accept}\r\n"
-    );
-    if body.is_some() {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            payload.len()
-        ));
-    }
-    head.push_str("\r\n");
-    let mut message = head.into_bytes();
-    message.extend_from_slice(&payload);
-    // The server may answer (e.g. 404) and close before reading a body: a failed write is not
-    // the answer, the response that follows is.
-    if let Err(e) = stream.write_all(&message).and_then(|()| stream.flush())
-        && e.kind() != std::io::ErrorKind::BrokenPipe
-        && e.kind() != std::io::ErrorKind::ConnectionReset
-    {
-        return Err(e.into());
-    }
-    Ok(())
-}
-
-type Headers = Vec<(String, String)>;
-
-fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-}
-
-fn read_head(reader: &mut impl BufRead) -> Result<(u16, Headers)> {
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("malformed HTTP status line from the supervisor: {line:?}"))?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            break;
-        }
-        let l = line.trim_end_matches(['\r', '\n']);
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
-    Ok((status, headers))
-}
-
-fn read_body(reader: &mut impl BufRead, headers: &Headers) -> Result<Vec<u8>> {
-    let mut body = Vec::new();
-    if header(headers, "transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-        let mut chunked = Chunked::new(reader);
-        chunked.read_to_end(&mut body)?;
-    } else if let Some(n) = header(headers, "content-length").and_then(|v| v.parse::<usize>().ok())
-    {
-        body.resize(n, 0);
-        reader.read_exact(&mut body)?;
-    } else {
-        reader.read_to_end(&mut body)?;
-    }
-    Ok(body)
 }

@@ -458,14 +458,7 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
 
 pub async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
     let text = state.metrics().render(&state.live_per_tenant());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 pub async fn openapi() -> Json<serde_json::Value> {

@@ -1,273 +1,232 @@
-//! Prometheus text exposition (format 0.0.4), written by hand.
+//! The server's metrics, exposed by `prometheus-client` in the Prometheus text format (0.0.4).
+//!
+//! Names, labels and help texts are part of the contract (dashboards, alerts, docs): counters are
+//! registered without their `_total`, which the encoder adds, and help texts without their final
+//! `.`, which the registry adds.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use taskbox_core::api::ExecOutcome;
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds (seconds) of the exec duration histogram's buckets; `+Inf` follows.
 pub const EXEC_BUCKETS: [f64; 13] = [
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
 ];
 
-#[derive(Debug, Default)]
-struct Histogram {
-    /// Non-cumulative counts per bucket, the last one for `+Inf`.
-    counts: [u64; EXEC_BUCKETS.len() + 1],
-    sum: f64,
-    count: u64,
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabel {
+    tenant: String,
 }
 
-impl Histogram {
-    fn observe(&mut self, secs: f64) {
-        let i = EXEC_BUCKETS
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(EXEC_BUCKETS.len());
-        self.counts[i] += 1;
-        self.sum += secs;
-        self.count += 1;
-    }
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+    status: u16,
 }
 
-/// The server's counters.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: String,
+}
+
+/// The server's counters, and the registry that writes them out.
+#[derive(Debug)]
 pub struct Metrics {
-    execs: AtomicU64,
-    exec_duration: Mutex<Histogram>,
-    http: Mutex<BTreeMap<(String, u16), u64>>,
-    violations: Mutex<BTreeMap<String, u64>>,
-    errors: Mutex<BTreeMap<String, u64>>,
-    connections_open: AtomicU64,
-    connections_accepted: AtomicU64,
-    connections_refused: Mutex<BTreeMap<String, u64>>,
-    connections_closed: Mutex<BTreeMap<String, u64>>,
+    /// The registry, locked while the live-sandbox gauges are set and the text is written, so
+    /// that two scrapes at once do not interleave their gauges.
+    registry: Mutex<Registry>,
+    sandboxes_live: Family<TenantLabel, Gauge>,
+    execs: Counter,
+    exec_duration: Histogram,
+    http: Family<RouteLabels, Counter>,
+    violations: Family<KindLabel, Counter>,
+    errors: Family<CodeLabel, Counter>,
+    connections_open: Gauge,
+    connections_accepted: Counter,
+    connections_refused: Family<ReasonLabel, Counter>,
+    connections_timed_out: Family<ReasonLabel, Counter>,
 }
 
-fn bump(map: &Mutex<BTreeMap<String, u64>>, key: &str) {
-    if let Ok(mut m) = map.lock() {
-        *m.entry(key.to_string()).or_default() += 1;
-    }
-}
-
-/// Escapes a label value: backslash, double quote and newline.
-fn label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
+impl Default for Metrics {
+    fn default() -> Metrics {
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            sandboxes_live: Family::default(),
+            execs: Counter::default(),
+            exec_duration: Histogram::new(EXEC_BUCKETS),
+            http: Family::default(),
+            violations: Family::default(),
+            errors: Family::default(),
+            connections_open: Gauge::default(),
+            connections_accepted: Counter::default(),
+            connections_refused: Family::default(),
+            connections_timed_out: Family::default(),
+        };
+        if let Ok(mut r) = m.registry.lock() {
+            r.register(
+                "taskbox_sandboxes_live",
+                "Live sandboxes per tenant",
+                m.sandboxes_live.clone(),
+            );
+            r.register(
+                "taskbox_execs",
+                "Exec requests completed (background execs count when started)",
+                m.execs.clone(),
+            );
+            r.register(
+                "taskbox_exec_duration_seconds",
+                "Wall-clock duration of exec requests",
+                m.exec_duration.clone(),
+            );
+            r.register(
+                "taskbox_http_requests",
+                "HTTP requests by route template and status",
+                m.http.clone(),
+            );
+            r.register(
+                "taskbox_violations",
+                "Policy violations reported by execs, by kind",
+                m.violations.clone(),
+            );
+            r.register(
+                "taskbox_connections_open",
+                "Open API connections",
+                m.connections_open.clone(),
+            );
+            r.register(
+                "taskbox_connections_accepted",
+                "API connections let in",
+                m.connections_accepted.clone(),
+            );
+            r.register(
+                "taskbox_connections_refused",
+                "API connections turned away before a request was served, by reason",
+                m.connections_refused.clone(),
+            );
+            r.register(
+                "taskbox_connections_timed_out",
+                "API connections closed by a timeout, by timeout",
+                m.connections_timed_out.clone(),
+            );
+            r.register(
+                "taskbox_errors",
+                "Error answers by error code",
+                m.errors.clone(),
+            );
         }
-    }
-    s
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-fn float(v: f64) -> String {
-    if v == f64::INFINITY {
-        "+Inf".into()
-    } else {
-        format!("{v}")
+        m
     }
 }
 
 impl Metrics {
     /// Records one finished exec (or a background exec's start) and its violations.
     pub fn exec(&self, took: Duration, outcome: Option<&ExecOutcome>) {
-        self.execs.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut h) = self.exec_duration.lock() {
-            h.observe(took.as_secs_f64());
-        }
+        self.execs.inc();
+        self.exec_duration.observe(took.as_secs_f64());
         if let Some(ExecOutcome::Finished(r)) = outcome {
             for v in &r.violations {
-                bump(&self.violations, &v.kind);
+                self.violations
+                    .get_or_create(&KindLabel {
+                        kind: v.kind.clone(),
+                    })
+                    .inc();
             }
         }
     }
 
     pub fn http(&self, route: &str, status: u16) {
-        if let Ok(mut m) = self.http.lock() {
-            *m.entry((route.to_string(), status)).or_default() += 1;
-        }
+        self.http
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
     }
 
     pub fn error(&self, code: &str) {
-        bump(&self.errors, code);
+        self.errors
+            .get_or_create(&CodeLabel {
+                code: code.to_owned(),
+            })
+            .inc();
     }
 
     /// A connection was let in (`open` is how many are open now).
     pub fn connection_opened(&self, open: usize) {
-        self.connections_accepted.fetch_add(1, Ordering::Relaxed);
-        self.connections_open.store(open as u64, Ordering::Relaxed);
+        self.connections_accepted.inc();
+        self.connections_open.set(gauge_value(open));
     }
 
     /// A connection ended (`open` is how many are still open).
     pub fn connection_ended(&self, open: usize) {
-        self.connections_open.store(open as u64, Ordering::Relaxed);
+        self.connections_open.set(gauge_value(open));
     }
 
     /// A connection was turned away before any request was served: `sandboxed_peer`,
     /// `uninspectable_peer`, `max_connections`, `max_connections_per_client`.
     pub fn connection_refused(&self, reason: &str) {
-        bump(&self.connections_refused, reason);
+        self.connections_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     /// A connection was closed by a timeout: `header_timeout`, `idle_timeout`, `write_timeout`.
     pub fn connection_timed_out(&self, reason: &str) {
-        bump(&self.connections_closed, reason);
+        self.connections_timed_out
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
-    /// The exposition text; `live` is the number of live sandboxes per tenant.
+    /// The exposition text ([`CONTENT_TYPE`]); `live` is the number of live sandboxes per tenant.
     pub fn render(&self, live: &BTreeMap<String, usize>) -> String {
         let mut out = String::new();
-        header(
-            &mut out,
-            "taskbox_sandboxes_live",
-            "gauge",
-            "Live sandboxes per tenant.",
-        );
+        let Ok(registry) = self.registry.lock() else {
+            return out;
+        };
+        // The live count is a snapshot of the table, not an event: tenants without sandboxes
+        // leave the family.
+        self.sandboxes_live.clear();
         for (tenant, n) in live {
-            let _ = writeln!(
-                out,
-                "taskbox_sandboxes_live{{tenant=\"{}\"}} {n}",
-                label(tenant)
-            );
+            self.sandboxes_live
+                .get_or_create(&TenantLabel {
+                    tenant: tenant.clone(),
+                })
+                .set(gauge_value(*n));
         }
-        header(
-            &mut out,
-            "taskbox_execs_total",
-            "counter",
-            "Exec requests completed (background execs count when started).",
-        );
-        let _ = writeln!(
-            out,
-            "taskbox_execs_total {}",
-            self.execs.load(Ordering::Relaxed)
-        );
-        header(
-            &mut out,
-            "taskbox_exec_duration_seconds",
-            "histogram",
-            "Wall-clock duration of exec requests.",
-        );
-        if let Ok(h) = self.exec_duration.lock() {
-            let mut cumulative = 0;
-            for (i, c) in h.counts.iter().enumerate() {
-                cumulative += c;
-                let le = EXEC_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY);
-                let _ = writeln!(
-                    out,
-                    "taskbox_exec_duration_seconds_bucket{{le=\"{}\"}} {cumulative}",
-                    float(le)
-                );
-            }
-            let _ = writeln!(out, "taskbox_exec_duration_seconds_sum {}", float(h.sum));
-            let _ = writeln!(out, "taskbox_exec_duration_seconds_count {}", h.count);
-        }
-        header(
-            &mut out,
-            "taskbox_http_requests_total",
-            "counter",
-            "HTTP requests by route template and status.",
-        );
-        if let Ok(m) = self.http.lock() {
-            for ((route, status), n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "taskbox_http_requests_total{{route=\"{}\",status=\"{status}\"}} {n}",
-                    label(route)
-                );
-            }
-        }
-        header(
-            &mut out,
-            "taskbox_violations_total",
-            "counter",
-            "Policy violations reported by execs, by kind.",
-        );
-        if let Ok(m) = self.violations.lock() {
-            for (kind, n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "taskbox_violations_total{{kind=\"{}\"}} {n}",
-                    label(kind)
-                );
-            }
-        }
-        header(
-            &mut out,
-            "taskbox_connections_open",
-            "gauge",
-            "Open API connections.",
-        );
-        let _ = writeln!(
-            out,
-            "taskbox_connections_open {}",
-            self.connections_open.load(Ordering::Relaxed)
-        );
-        header(
-            &mut out,
-            "taskbox_connections_accepted_total",
-            "counter",
-            "API connections let in.",
-        );
-        let _ = writeln!(
-            out,
-            "taskbox_connections_accepted_total {}",
-            self.connections_accepted.load(Ordering::Relaxed)
-        );
-        header(
-            &mut out,
-            "taskbox_connections_refused_total",
-            "counter",
-            "API connections turned away before a request was served, by reason.",
-        );
-        if let Ok(m) = self.connections_refused.lock() {
-            for (reason, n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "taskbox_connections_refused_total{{reason=\"{}\"}} {n}",
-                    label(reason)
-                );
-            }
-        }
-        header(
-            &mut out,
-            "taskbox_connections_timed_out_total",
-            "counter",
-            "API connections closed by a timeout, by timeout.",
-        );
-        if let Ok(m) = self.connections_closed.lock() {
-            for (reason, n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "taskbox_connections_timed_out_total{{reason=\"{}\"}} {n}",
-                    label(reason)
-                );
-            }
-        }
-        header(
-            &mut out,
-            "taskbox_errors_total",
-            "counter",
-            "Error answers by error code.",
-        );
-        if let Ok(m) = self.errors.lock() {
-            for (code, n) in m.iter() {
-                let _ = writeln!(out, "taskbox_errors_total{{code=\"{}\"}} {n}", label(code));
-            }
-        }
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &registry);
         out
     }
+}
+
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -291,5 +250,94 @@ mod tests {
         assert!(text.contains("taskbox_exec_duration_seconds_bucket{le=\"+Inf\"} 3\n"));
         assert!(text.contains("taskbox_exec_duration_seconds_count 3\n"));
         assert!(text.contains("taskbox_errors_total{code=\"a\\\"b\"} 1\n"));
+    }
+
+    #[test]
+    fn names_types_and_help_texts_are_those_of_the_contract() {
+        let m = Metrics::default();
+        m.http("/v1/sandboxes", 201);
+        m.connection_opened(1);
+        m.connection_refused("sandboxed_peer");
+        m.connection_timed_out("header_timeout");
+        m.error("unauthorized");
+        let mut live = BTreeMap::new();
+        live.insert("alice".to_string(), 1);
+        m.render(&live);
+        live.clear();
+        live.insert("bob".to_string(), 1);
+        let text = m.render(&live);
+        for (name, kind, help) in [
+            (
+                "taskbox_sandboxes_live",
+                "gauge",
+                "Live sandboxes per tenant.",
+            ),
+            (
+                "taskbox_execs_total",
+                "counter",
+                "Exec requests completed (background execs count when started).",
+            ),
+            (
+                "taskbox_exec_duration_seconds",
+                "histogram",
+                "Wall-clock duration of exec requests.",
+            ),
+            (
+                "taskbox_http_requests_total",
+                "counter",
+                "HTTP requests by route template and status.",
+            ),
+            ("taskbox_connections_open", "gauge", "Open API connections."),
+            (
+                "taskbox_connections_accepted_total",
+                "counter",
+                "API connections let in.",
+            ),
+            (
+                "taskbox_connections_refused_total",
+                "counter",
+                "API connections turned away before a request was served, by reason.",
+            ),
+            (
+                "taskbox_connections_timed_out_total",
+                "counter",
+                "API connections closed by a timeout, by timeout.",
+            ),
+            (
+                "taskbox_errors_total",
+                "counter",
+                "Error answers by error code.",
+            ),
+        ] {
+            assert!(
+                text.contains(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")),
+                "{name}: {text}"
+            );
+        }
+        assert!(text.contains("taskbox_execs_total 0\n"), "{text}");
+        assert!(text.contains("taskbox_connections_open 1\n"), "{text}");
+        assert!(
+            text.contains(
+                "taskbox_http_requests_total{route=\"/v1/sandboxes\",status=\"201\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("taskbox_connections_refused_total{reason=\"sandboxed_peer\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("taskbox_connections_timed_out_total{reason=\"header_timeout\"} 1\n"),
+            "{text}"
+        );
+        // A tenant whose sandboxes are gone leaves the gauge.
+        assert!(!text.contains("tenant=\"alice\""), "{text}");
+        assert!(
+            text.contains("taskbox_sandboxes_live{tenant=\"bob\"} 1\n"),
+            "{text}"
+        );
+        // A family without series writes nothing yet (as the Go client does).
+        assert!(!text.contains("taskbox_violations_total"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
     }
 }

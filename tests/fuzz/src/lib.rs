@@ -13,7 +13,6 @@
 //! | `image_def` | an image definition | parsed, or refused with an error naming the problem |
 //! | `trace` | a trace file given to `replay` or `trace html` | read or refused; the page escapes every recorded text |
 //! | `tool_call` | the model's tool calls and a model server's answers | validated or refused with a message for the model |
-//! | `chunked_body` | a model server's chunked response body | what decodes is what was sent; a body cut short is an error, not a shorter body |
 //!
 //! `cargo fuzz run --fuzz-dir tests/fuzz TARGET` runs one under libFuzzer (`scripts/fuzz.sh`
 //! runs them all); the suite's `fuzz_corpus` test runs every body over the committed seeds and
@@ -44,7 +43,6 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("image_def", image_def),
     ("trace", trace),
     ("tool_call", tool_call),
-    ("chunked_body", chunked_body),
 ];
 
 /// What a sandbox's client sends the egress proxy (the checks live beside the parsers).
@@ -272,49 +270,6 @@ pub fn tool_call(data: &[u8]) {
         let _ = openai::parse(&body);
         let _ = anthropic::parse(&body);
     }
-}
-
-/// A model server's chunked body: arbitrary bytes decode or fail; the bytes sent as a body in
-/// chunks (their sizes taken from the first bytes) decode to themselves; cut short anywhere
-/// before the last chunk, they are an error.
-pub fn chunked_body(data: &[u8]) {
-    use std::io::Read;
-    use taskbox_agent::http::Chunked;
-    let mut out = Vec::new();
-    let _ = Chunked::new(data).read_to_end(&mut out);
-    assert!(out.len() <= data.len(), "more bytes out than in");
-
-    let (sizes, body) = data.split_at(data.len().min(4));
-    let mut wire = Vec::new();
-    let mut rest = body;
-    let mut i = 0;
-    while !rest.is_empty() {
-        let size = sizes
-            .get(i % sizes.len().max(1))
-            .map_or(7, |s| usize::from(*s) % 64 + 1);
-        let n = size.min(rest.len());
-        wire.extend_from_slice(format!("{n:x}\r\n").as_bytes());
-        wire.extend_from_slice(&rest[..n]);
-        wire.extend_from_slice(b"\r\n");
-        rest = &rest[n..];
-        i += 1;
-    }
-    let last = wire.len();
-    wire.extend_from_slice(b"0\r\n\r\n");
-    let mut out = Vec::new();
-    if let Err(e) = Chunked::new(wire.as_slice()).read_to_end(&mut out) {
-        panic!("a whole chunked body does not decode: {e}");
-    }
-    assert_eq!(out, body, "the decoded body differs from the one sent");
-
-    let cut = sizes.iter().map(|b| usize::from(*b)).sum::<usize>() * 31 % last.max(1);
-    let mut out = Vec::new();
-    assert!(
-        Chunked::new(&wire[..cut]).read_to_end(&mut out).is_err(),
-        "a body cut at byte {cut} of {} read as complete ({} bytes)",
-        wire.len(),
-        out.len()
-    );
 }
 
 /// A scratch tree: `inside`, where the input goes, beside `outside`, which holds a secret.
