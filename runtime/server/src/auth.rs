@@ -16,14 +16,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
-use axum::extract::FromRequestParts;
-use axum::http::header;
-use axum::http::request::Parts;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{HttpError, ServerError};
-use crate::state::AppState;
 
 /// The tenant of every request when the server runs without a tokens file, and the owner of
 /// sandboxes found without a `taskbox.tenant` label.
@@ -186,22 +182,6 @@ impl Auth {
 /// The authenticated tenant of a request (extracting it answers 401 when there is none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
-
-impl FromRequestParts<AppState> for Tenant {
-    type Rejection = HttpError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Tenant, HttpError> {
-        let header = match parts.headers.get(header::AUTHORIZATION) {
-            None => None,
-            Some(v) => Some(v.to_str().map_err(|_| {
-                HttpError::Unauthorized("the authorization header is not ASCII".into())
-            })?),
-        };
-        let tenant = state.auth().authenticate(header)?;
-        tracing::Span::current().record("tenant", tenant.as_str());
-        Ok(Tenant(tenant))
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -461,10 +461,6 @@ pub async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
-pub async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi::document())
-}
-
 pub async fn no_route(method: Method, uri: Uri) -> HttpError {
     HttpError::Api(ApiError::not_found(format!(
         "no route for {method} {}",

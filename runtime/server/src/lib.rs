@@ -76,6 +76,7 @@
 pub mod auth;
 mod body;
 pub mod caller;
+mod clock;
 pub mod config;
 pub mod error;
 pub mod extract;
@@ -87,6 +88,7 @@ pub mod openapi;
 pub mod peer;
 pub mod routes;
 mod serve;
+mod spec;
 pub mod state;
 pub mod sys;
 pub mod types;

@@ -4,10 +4,11 @@ use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
 use crate::error::ErrorBody;
-use crate::routes::{Body, RouteSpec, route_specs};
+use crate::spec::{Body, RouteSpec};
 
-/// The OpenAPI 3.1 document of the API.
-pub fn document() -> Value {
+/// The OpenAPI 3.1 document of the API whose routes are `routes` (the route table's
+/// [`crate::routes::route_specs`]).
+pub fn document(routes: &[RouteSpec]) -> Value {
     let mut settings = SchemaSettings::draft2020_12();
     settings.definitions_path = "/components/schemas".into();
     settings.meta_schema = None;
@@ -19,8 +20,8 @@ pub fn document() -> Value {
     });
 
     let mut paths = Map::new();
-    for spec in route_specs() {
-        let op = operation(&spec, &mut g, &error_response);
+    for spec in routes {
+        let op = operation(spec, &mut g, &error_response);
         let item = paths
             .entry(spec.path.to_string())
             .or_insert_with(|| Value::Object(Map::new()));

@@ -7,8 +7,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter, on};
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use axum::routing::{MethodRouter, on};
 use taskbox_core::api::{
     Approval, CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult,
     EditRequest, EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult,
@@ -21,127 +20,14 @@ use tracing::Instrument;
 use crate::error::{ErrorCode, HttpError};
 use crate::extract::{ApiJson, Owned};
 use crate::handlers::{self, fs_json, fs_unit};
+use crate::spec::schema;
+pub use crate::spec::{Body, RouteSpec, SchemaFn, Verb};
 use crate::state::AppState;
 use crate::types::{DenyRequest, Health, KillRequest, RenewRequest, StdinRequest};
 use crate::workspaces::WorkspaceUpload;
 
 /// The workspace upload's route: its body is a tar up to `max_upload_bytes`, not JSON.
 const UPLOAD_PATH: &str = "/v1/workspaces";
-
-/// Produces a schema (a `$ref` into `components/schemas` for named types).
-pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
-
-fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
-    g.subschema_for::<T>()
-}
-
-/// The HTTP methods the API uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Get,
-    Post,
-    Put,
-    Delete,
-}
-
-impl Verb {
-    /// Lowercase, as OpenAPI path items name operations.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Get => "get",
-            Verb::Post => "post",
-            Verb::Put => "put",
-            Verb::Delete => "delete",
-        }
-    }
-
-    fn filter(self) -> MethodFilter {
-        match self {
-            Verb::Get => MethodFilter::GET,
-            Verb::Post => MethodFilter::POST,
-            Verb::Put => MethodFilter::PUT,
-            Verb::Delete => MethodFilter::DELETE,
-        }
-    }
-}
-
-/// What a successful answer carries.
-#[derive(Debug, Clone, Copy)]
-pub enum Body {
-    /// Nothing (204).
-    Empty,
-    /// JSON of this schema.
-    Json(SchemaFn),
-    /// Plain text (the metrics).
-    Text,
-}
-
-/// One route of the API.
-#[derive(Debug, Clone)]
-pub struct RouteSpec {
-    pub verb: Verb,
-    /// Path template, `{name}` for parameters (as axum and OpenAPI both write them).
-    pub path: &'static str,
-    pub operation_id: &'static str,
-    pub summary: &'static str,
-    /// Needs `Authorization: Bearer` when the server has a tokens file.
-    pub auth: bool,
-    /// The JSON request body's schema, if the route takes one.
-    pub request: Option<SchemaFn>,
-    /// Success status and body.
-    pub status: u16,
-    pub response: Body,
-    /// Also answers `text/event-stream` with events of this schema.
-    pub events: Option<SchemaFn>,
-    /// Query parameters: name and description (all optional integers).
-    pub query: &'static [(&'static str, &'static str)],
-}
-
-impl RouteSpec {
-    fn new(
-        verb: Verb,
-        path: &'static str,
-        operation_id: &'static str,
-        summary: &'static str,
-    ) -> Self {
-        RouteSpec {
-            verb,
-            path,
-            operation_id,
-            summary,
-            auth: true,
-            request: None,
-            status: 200,
-            response: Body::Empty,
-            events: None,
-            query: &[],
-        }
-    }
-
-    fn public(mut self) -> Self {
-        self.auth = false;
-        self
-    }
-
-    fn takes(mut self, s: SchemaFn) -> Self {
-        self.request = Some(s);
-        self
-    }
-
-    fn answers(mut self, status: u16, body: Body) -> Self {
-        self.status = status;
-        self.response = body;
-        self
-    }
-
-    /// The `{...}` parameters of the path.
-    pub fn path_params(&self) -> Vec<&'static str> {
-        self.path
-            .split('/')
-            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .collect()
-    }
-}
 
 struct Route {
     spec: RouteSpec,
@@ -225,7 +111,7 @@ fn table() -> Vec<Route> {
             RouteSpec::new(Get, "/openapi.json", "openapi", "this OpenAPI document")
                 .public()
                 .answers(200, Body::Json(schema::<serde_json::Value>)),
-            handlers::openapi,
+            openapi,
         ),
         route(
             RouteSpec::new(Post, "/v1/sandboxes", "create_sandbox", "create a sandbox")
@@ -523,4 +409,9 @@ async fn observe(
         }
     });
     resp
+}
+
+/// `GET /openapi.json`: the document of this route table.
+async fn openapi() -> axum::Json<serde_json::Value> {
+    axum::Json(crate::openapi::document(&route_specs()))
 }

@@ -14,23 +14,20 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
 use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
 
-use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL};
+use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL, Tenant};
 use crate::config::Limits;
 use crate::error::{HttpError, ServerError};
 use crate::metrics::Metrics;
 use crate::workspaces::{UPLOAD_LABEL, Uploads, WorkspaceRules};
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 #[derive(Debug, Default)]
 struct Registry {
@@ -501,4 +498,22 @@ fn limit(msg: String) -> HttpError {
 /// The one answer for a sandbox the caller cannot see.
 pub fn not_found(id: &SandboxId) -> ApiError {
     ApiError::not_found(format!("sandbox {id} not found"))
+}
+
+/// The authenticated tenant of a request, from its `Authorization` header and the server's
+/// tokens (extracting it answers 401 when there is none).
+impl FromRequestParts<AppState> for Tenant {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Tenant, HttpError> {
+        let header = match parts.headers.get(header::AUTHORIZATION) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                HttpError::Unauthorized("the authorization header is not ASCII".into())
+            })?),
+        };
+        let tenant = state.auth().authenticate(header)?;
+        tracing::Span::current().record("tenant", tenant.as_str());
+        Ok(Tenant(tenant))
+    }
 }

@@ -28,8 +28,8 @@ use taskbox_core::api::ApiError;
 use taskbox_core::hostdirs::{self, Hidden};
 
 use crate::caller::Caller;
+use crate::clock::now_ms;
 use crate::error::ServerError;
-use crate::state::now_ms;
 
 /// The label that names the upload a sandbox's workspace came from.
 pub const UPLOAD_LABEL: &str = "taskbox.workspace-id";
