@@ -2,7 +2,6 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -219,39 +218,19 @@ pub fn set_no_new_privs() -> io::Result<()> {
     }
 }
 
-/// The kernel's `struct open_how`.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 /// Checks that `path` (absolute) names a directory that is the root of a mount, reached
 /// without following any symlink.
 pub fn is_mount_root_nofollow(path: &Path) -> io::Result<bool> {
     let c = cpath(path)?;
-    let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: `c` is a NUL-terminated path and `how` a fully initialised `open_how`, both live
-    // for the call, whose size is passed; the kernel only reads them.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a non-negative return of openat2 is a new descriptor nothing else owns.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let fd = rustix::fs::openat2(
+        rustix::fs::CWD,
+        c.as_c_str(),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(io::Error::from)?;
     // SAFETY: statx is plain old data; all-zero is valid.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: the empty path is NUL-terminated and `stx` writable, both live for the call; with

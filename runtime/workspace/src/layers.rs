@@ -1059,6 +1059,8 @@ mod hostfs {
     pub(super) fn open_dir_beneath(dir: RawFd, rel: &Path) -> io::Result<OwnedFd> {
         let c = CString::new(rel.as_os_str().as_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the callers pass a descriptor they hold open for the whole call.
+        let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(dir) };
         sys::openat2(
             &dir,
             &c,

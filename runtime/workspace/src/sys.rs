@@ -8,7 +8,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 
@@ -27,6 +27,12 @@ pub(crate) struct Cwd;
 impl AsRawFd for Cwd {
     fn as_raw_fd(&self) -> RawFd {
         libc::AT_FDCWD
+    }
+}
+
+impl AsFd for Cwd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        rustix::fs::CWD
     }
 }
 
@@ -61,50 +67,29 @@ pub(crate) fn mount_of(fd: &OwnedFd) -> Result<(u64, bool), Errno> {
     ))
 }
 
-/// The kernel's `struct open_how` (libc's is non-exhaustive).
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 /// `openat2(dirfd, path, how)`, close-on-exec, retried on EINTR and (a few times) on the
-/// EAGAIN that `RESOLVE_IN_ROOT` returns when a rename raced the lookup.
+/// EAGAIN that `RESOLVE_IN_ROOT` returns when a rename raced the lookup. `flags`, `mode` and
+/// `resolve` are the kernel's bits (`libc::O_*`, mode bits, `libc::RESOLVE_*`).
 pub(crate) fn openat2(
-    dirfd: &impl AsRawFd,
+    dirfd: &impl AsFd,
     path: &CStr,
     flags: i32,
     mode: u32,
     resolve: u64,
 ) -> Result<OwnedFd, Errno> {
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: u64::from(mode),
-        resolve,
-    };
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let oflags = OFlags::from_bits_retain((flags | libc::O_CLOEXEC) as u32);
+    let mode = Mode::from_raw_mode(mode);
+    let resolve = ResolveFlags::from_bits_retain(resolve);
     let mut again = 0;
     loop {
-        // SAFETY: `path` is a NUL-terminated string and `how` a fully initialised
-        // `open_how` that both outlive the call; the size passed is that of `how`. The
-        // kernel only reads them. `dirfd` is an fd we hold open for the call.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dirfd.as_raw_fd(),
-                path.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if ret >= 0 {
-            // SAFETY: a non-negative return of openat2 is a new fd that nothing else owns.
-            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
-        }
-        match Errno::last() {
-            Errno::EINTR => continue,
-            Errno::EAGAIN if again < 8 => again += 1,
-            e => return Err(e),
+        match rustix::fs::openat2(dirfd, path, oflags, mode, resolve) {
+            Ok(fd) => return Ok(fd),
+            Err(e) => match Errno::from_raw(e.raw_os_error()) {
+                Errno::EINTR => continue,
+                Errno::EAGAIN if again < 8 => again += 1,
+                e => return Err(e),
+            },
         }
     }
 }
