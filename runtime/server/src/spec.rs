@@ -1,0 +1,120 @@
+//! What the route table says of each route, for the router and the OpenAPI document alike:
+//! method, path, operation id, whether it needs a token, the request and answer schemas.
+
+use axum::routing::MethodFilter;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+
+/// Produces a schema (a `$ref` into `components/schemas` for named types).
+pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+pub(crate) fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+    g.subschema_for::<T>()
+}
+
+/// The HTTP methods the API uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+    Put,
+    Delete,
+}
+
+impl Verb {
+    /// Lowercase, as OpenAPI path items name operations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::Post => "post",
+            Verb::Put => "put",
+            Verb::Delete => "delete",
+        }
+    }
+
+    pub(crate) fn filter(self) -> MethodFilter {
+        match self {
+            Verb::Get => MethodFilter::GET,
+            Verb::Post => MethodFilter::POST,
+            Verb::Put => MethodFilter::PUT,
+            Verb::Delete => MethodFilter::DELETE,
+        }
+    }
+}
+
+/// What a successful answer carries.
+#[derive(Debug, Clone, Copy)]
+pub enum Body {
+    /// Nothing (204).
+    Empty,
+    /// JSON of this schema.
+    Json(SchemaFn),
+    /// Plain text (the metrics).
+    Text,
+}
+
+/// One route of the API.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    pub verb: Verb,
+    /// Path template, `{name}` for parameters (as axum and OpenAPI both write them).
+    pub path: &'static str,
+    pub operation_id: &'static str,
+    pub summary: &'static str,
+    /// Needs `Authorization: Bearer` when the server has a tokens file.
+    pub auth: bool,
+    /// The JSON request body's schema, if the route takes one.
+    pub request: Option<SchemaFn>,
+    /// Success status and body.
+    pub status: u16,
+    pub response: Body,
+    /// Also answers `text/event-stream` with events of this schema.
+    pub events: Option<SchemaFn>,
+    /// Query parameters: name and description (all optional integers).
+    pub query: &'static [(&'static str, &'static str)],
+}
+
+impl RouteSpec {
+    pub(crate) fn new(
+        verb: Verb,
+        path: &'static str,
+        operation_id: &'static str,
+        summary: &'static str,
+    ) -> Self {
+        RouteSpec {
+            verb,
+            path,
+            operation_id,
+            summary,
+            auth: true,
+            request: None,
+            status: 200,
+            response: Body::Empty,
+            events: None,
+            query: &[],
+        }
+    }
+
+    pub(crate) fn public(mut self) -> Self {
+        self.auth = false;
+        self
+    }
+
+    pub(crate) fn takes(mut self, s: SchemaFn) -> Self {
+        self.request = Some(s);
+        self
+    }
+
+    pub(crate) fn answers(mut self, status: u16, body: Body) -> Self {
+        self.status = status;
+        self.response = body;
+        self
+    }
+
+    /// The `{...}` parameters of the path.
+    pub fn path_params(&self) -> Vec<&'static str> {
+        self.path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .collect()
+    }
+}
