@@ -167,14 +167,7 @@ impl Disk {
         };
         drop(device);
         // The template holds them; each is checked, and made if missing.
-        for (name, mode) in SUBDIRS {
-            let d = disk.planned.join(name);
-            match fs::create_dir(&d) {
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                other => other.map_err(|e| derr(&d, e))?,
-            }
-            fs::set_permissions(&d, fs::Permissions::from_mode(*mode)).map_err(|e| derr(&d, e))?;
-        }
+        make_subdirs(&disk.planned)?;
         Ok(disk)
     }
 
@@ -328,12 +321,7 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
         f.set_len(size).map_err(|e| e.to_string())?;
         drop(f);
         fs::create_dir(&tree).map_err(|e| e.to_string())?;
-        for (name, mode) in SUBDIRS {
-            let d = tree.join(name);
-            fs::create_dir(&d).map_err(|e| e.to_string())?;
-            fs::set_permissions(&d, fs::Permissions::from_mode(*mode))
-                .map_err(|e| e.to_string())?;
-        }
+        make_subdirs(&tree).map_err(|e| e.to_string())?;
         let mkfs = find_mkfs().ok_or("mkfs.ext4 is not installed")?;
         // No journal (a sandbox's scratch never outlives a crash), no room to grow, no reserve
         // for root, inode tables left to initialise lazily (and `noinit_itable` at mount: never),
@@ -373,17 +361,33 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
     File::open(&path).map_err(|e| derr(&path, e))
 }
 
-/// A short digest of [`SUBDIRS`], names and modes.
-fn layout_tag() -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
+/// Makes each of [`SUBDIRS`] under `root` (keeping one that is there) with its mode.
+fn make_subdirs(root: &Path) -> Result<(), DiskError> {
     for (name, mode) in SUBDIRS {
-        h.update(format!("{name}:{mode:o};"));
+        let d = root.join(name);
+        match fs::create_dir(&d) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            other => other.map_err(|e| derr(&d, e))?,
+        }
+        fs::set_permissions(&d, fs::Permissions::from_mode(*mode)).map_err(|e| derr(&d, e))?;
     }
-    h.finalize()[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Ok(())
+}
+
+/// A short digest of [`SUBDIRS`], names and modes (computed once).
+fn layout_tag() -> &'static str {
+    static TAG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for (name, mode) in SUBDIRS {
+            h.update(format!("{name}:{mode:o};"));
+        }
+        h.finalize()[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    });
+    &TAG
 }
 
 fn find_mkfs() -> Option<PathBuf> {

@@ -206,20 +206,22 @@ pub fn bound_unix_sockets() -> Vec<PathBuf> {
             tables.push(dir.join("net/unix"));
         }
     }
+    // A socket with several connections is listed once per connection: each path is resolved
+    // once.
+    let named: BTreeSet<PathBuf> = tables
+        .iter()
+        .filter_map(|t| fs::read_to_string(t).ok())
+        .flat_map(|text| parse_unix_table(&text))
+        .collect();
     let mut out = BTreeSet::new();
-    for t in tables {
-        let Ok(text) = fs::read_to_string(&t) else {
-            continue;
-        };
-        for path in parse_unix_table(&text) {
-            if let Ok(c) = fs::canonicalize(&path)
-                && fs::symlink_metadata(&c).is_ok_and(|m| {
-                    use std::os::unix::fs::FileTypeExt;
-                    m.file_type().is_socket()
-                })
-            {
-                out.insert(c);
-            }
+    for path in named {
+        if let Ok(c) = fs::canonicalize(&path)
+            && fs::symlink_metadata(&c).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            })
+        {
+            out.insert(c);
         }
     }
     out.into_iter().collect()

@@ -86,23 +86,17 @@ pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::f
             fail("rlimit", format!("{:?}: {e}", limit.resource));
         }
     }
-    let setid_to = setid_to.map(|fd| {
+    // The socket to pid 1 goes on SETID_FD; its old number is closed below with the rest.
+    let hand_over = setid_to.is_some();
+    if let Some(fd) = setid_to {
         if nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&fd), SETID_FD).is_err() {
             fail("seccomp", "cannot place the listener's socket");
         }
         let _ = sys::set_cloexec(SETID_FD);
-        // Its old number is closed below with the rest.
-        std::mem::forget(fd);
-        SETID_FD
-    });
-    sys::close_fds_from(
-        if setid_to.is_some() {
-            SETID_FD
-        } else {
-            STATUS_FD
-        } as u32
-            + 1,
-    );
+        let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+    }
+    let last_kept = if hand_over { SETID_FD } else { STATUS_FD };
+    sys::close_fds_from(last_kept as u32 + 1);
     if let Err(e) = sys::set_no_new_privs() {
         fail("no_new_privs", e);
     }
@@ -124,9 +118,9 @@ pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::f
         match seccomp::install(rules) {
             Err(e) => fail("seccomp", e),
             Ok(Some(listener)) => {
-                if let Some(fd) = setid_to {
+                if hand_over {
                     // SAFETY: SETID_FD was placed above and is open until the exec.
-                    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(SETID_FD) };
                     let raw = std::os::fd::AsRawFd::as_raw_fd(&listener);
                     if let Err(e) = crate::control::send(sock, &0u8, &[raw]) {
                         fail(
@@ -141,8 +135,8 @@ pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::f
             Ok(None) => {}
         }
     }
-    if let Some(fd) = setid_to {
-        let _ = nix::unistd::close(fd);
+    if hand_over {
+        let _ = nix::unistd::close(SETID_FD);
     }
     report(&Status::Seccomp {
         installed: config.seccomp,

@@ -63,22 +63,7 @@ pub fn attrs(path: &Path) -> crate::changes::OverlayAttrs {
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
-    // SAFETY: both strings are NUL-terminated and outlive the call; `value` is a live slice
-    // of `value.len()` bytes that the kernel only reads.
-    let rc = unsafe {
-        libc::lsetxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::sys::set_xattr(&c, &n, value)
 }
 
 /// The directories of one overlay mount: `lower` and `upper` are the layers, `work` the overlay's
