@@ -17,7 +17,7 @@ use anyhow::{Context, Result, anyhow, ensure};
 use clap::Args;
 use serde_json::{Value, json};
 use taskbox_core::api::{CreateRequest, ExecOutcome, ExecRequest, SandboxApi, SandboxId};
-use taskbox_docker::{DaemonImages, DockerBackend, DockerConfig};
+use taskbox_docker::{DaemonImages, Docker, DockerBackend, DockerConfig};
 
 use crate::stats::summary;
 
@@ -89,7 +89,7 @@ pub fn run(a: &DockerArgs) -> Result<Value> {
     let config = DockerConfig::default();
     let images: Arc<DaemonImages> =
         Arc::new(DaemonImages::new(&config.socket).map_err(|e| anyhow!(e))?);
-    let pooled = DockerBackend::new(
+    let pooled = Docker::open(
         &a.state_dir.join("pooled"),
         images.clone(),
         DockerConfig {
@@ -99,8 +99,7 @@ pub fn run(a: &DockerArgs) -> Result<Value> {
         },
     )
     .map_err(|e| anyhow!(e))?;
-    let cold =
-        DockerBackend::new(&a.state_dir.join("cold"), images, config).map_err(|e| anyhow!(e))?;
+    let cold = Docker::open(&a.state_dir.join("cold"), images, config).map_err(|e| anyhow!(e))?;
     let wait_pool = |b: &DockerBackend| -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         while b.pooled(&a.image, "default") < a.pool {

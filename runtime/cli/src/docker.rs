@@ -14,7 +14,7 @@ use taskbox_core::api::{
 use taskbox_core::egress::EgressService;
 use taskbox_core::image::ImageResolver;
 use taskbox_core::router::BackendRouter;
-use taskbox_docker::{DockerBackend, DockerConfig};
+use taskbox_docker::{Docker, DockerBackend, DockerConfig};
 
 /// `serve`'s Docker options.
 #[derive(Args, Debug, Default)]
@@ -112,7 +112,7 @@ pub fn serve_backend(
             ..DockerConfig::default()
         };
         let images = docker_image_resolver(state_dir, &config)?;
-        let docker = DockerBackend::new(state_dir, images, config).map_err(|e| anyhow!(e))?;
+        let docker = Docker::open(state_dir, images, config).map_err(|e| anyhow!(e))?;
         router = router.with("docker", Arc::new(docker));
     }
     Ok(router)
@@ -142,7 +142,7 @@ fn sweep_dead_runs(runs: &Path, images: &Arc<dyn ImageResolver>) {
     for e in rd.flatten() {
         let dir = e.path();
         if dir.join("docker/.lock").exists()
-            && let Ok(b) = DockerBackend::new(&dir, images.clone(), DockerConfig::default())
+            && let Ok(b) = Docker::open(&dir, images.clone(), DockerConfig::default())
         {
             drop(b);
             if taskbox_docker::hostmount::mounts_under(&dir).is_empty() {
@@ -170,7 +170,7 @@ pub fn run(args: RunDocker) -> Result<u8> {
     let own = runs.join(std::process::id().to_string());
     std::fs::create_dir_all(&own).with_context(|| format!("cannot create {}", own.display()))?;
     let outcome = (|| -> Result<u8> {
-        let backend = DockerBackend::new(&own, images, config).map_err(|e| anyhow!(e))?;
+        let backend = Docker::open(&own, images, config).map_err(|e| anyhow!(e))?;
         let policy = if Path::new(&args.policy).exists() {
             std::fs::canonicalize(&args.policy)?.display().to_string()
         } else {

@@ -629,35 +629,16 @@ pub(crate) fn egress_service(
 
 /// Reports a command the command rules refused: nothing ran, exit status 126.
 fn refused(policy: &policy::Policy, detail: String, json: bool) -> Result<u8> {
-    use taskbox_core::result::{Enforcement, ExecResult, Output, Resources, Violation};
-    let result = ExecResult {
-        exit_code: None,
-        signal: None,
-        timed_out: false,
-        duration_ms: 0,
-        stdout: Output::default(),
-        stderr: Output::default(),
-        changes: Vec::new(),
-        violations: vec![Violation {
-            kind: "command".into(),
-            detail,
-        }],
-        resources: Resources::default(),
-        // Nothing ran, so nothing was confined.
-        enforcement: Enforcement {
-            landlock: "none".into(),
-            seccomp: false,
-            network: match policy.network.mode {
-                policy::NetworkMode::None => "none",
-                policy::NetworkMode::Proxy => "proxy",
-                policy::NetworkMode::Host => "host",
-            }
-            .into(),
-            limits: "none".into(),
-            disk: "none".into(),
-        },
-        network: None,
+    use taskbox_core::result::{Enforcement, ExecResult};
+    // Nothing ran, so nothing was confined.
+    let enforcement = Enforcement {
+        landlock: "none".into(),
+        seccomp: false,
+        network: policy.network.mode.as_str().into(),
+        limits: "none".into(),
+        disk: "none".into(),
     };
+    let result = ExecResult::refused(detail, 0, enforcement);
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {

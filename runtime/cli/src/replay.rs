@@ -14,7 +14,7 @@ use taskbox_core::api::{ApiError, SandboxApi};
 use taskbox_core::replay::{self, BaseSource, Normalization, ReplayOptions, ReplaySetup};
 use taskbox_core::router::BackendRouter;
 use taskbox_core::sandbox::NativeBackend;
-use taskbox_docker::{DockerBackend, DockerConfig};
+use taskbox_docker::{Docker, DockerConfig};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -107,8 +107,8 @@ fn replay_in(
         };
         let docker_images = crate::docker::docker_image_resolver(state_dir, &config)?;
         check_image(&*docker_images, image)?;
-        let docker = DockerBackend::new(&scratch.join("state"), docker_images, config)
-            .map_err(|e| anyhow!(e))?;
+        let docker =
+            Docker::open(&scratch.join("state"), docker_images, config).map_err(|e| anyhow!(e))?;
         router = router.with("docker", Arc::new(docker));
     } else if image != "host" {
         check_image(&*images, image)?;

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::api::*;
 use crate::commands::{Check, Commands, Verdict};
 use crate::policy;
-use crate::result::{ExecResult, Output, Resources, Violation};
+use crate::result::ExecResult;
 
 /// The longest denial reason kept (longer ones are cut): it goes into the model's context.
 const MAX_REASON_BYTES: usize = 2048;
@@ -117,22 +117,11 @@ impl<B: SandboxApi> CommandPolicy<B> {
         events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
         let info = self.inner.info(id)?;
-        let result = ExecResult {
-            exit_code: None,
-            signal: None,
-            timed_out: false,
-            duration_ms: started.elapsed().as_millis() as u64,
-            stdout: Output::default(),
-            stderr: Output::default(),
-            changes: Vec::new(),
-            violations: vec![Violation {
-                kind: "command".to_owned(),
-                detail,
-            }],
-            resources: Resources::default(),
-            enforcement: info.enforcement,
-            network: None,
-        };
+        let result = ExecResult::refused(
+            detail,
+            started.elapsed().as_millis() as u64,
+            info.enforcement,
+        );
         if let Some(events) = events {
             events(ExecEvent::Ended {
                 result: Box::new(result.clone()),
@@ -517,6 +506,7 @@ mod tests {
 
     use super::*;
     use crate::result::Enforcement;
+    use crate::result::{Output, Resources};
 
     /// A backend that only knows create, info, exec (counted) and destroy.
     #[derive(Default)]

@@ -25,12 +25,13 @@ pub mod egress;
 pub mod hostdirs;
 pub mod image;
 pub mod image_view;
+pub mod kit;
 pub mod loopdev;
 pub mod native;
 pub mod router;
 pub mod sandbox;
 
-pub use taskbox_contract::{api, exec_limits, result};
+pub use taskbox_contract::{api, exec_end, exec_limits, exec_plan, result};
 pub use taskbox_policy::{self as policy, commands, netpattern, shell};
 pub use taskbox_trace::{replay, trace, trace_html};
 pub use taskbox_workspace::{capture, changes, fsops, layers, tree};

@@ -23,13 +23,14 @@ use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::changes;
 use crate::disk::Disk;
 use crate::egress::{self, EgressLog, EgressProxy, EgressService};
+use crate::exec_end::ExecEnd;
 use crate::image::ImageRoot;
 use crate::image_view::{Identity, ImageView, ImageViewError, check_option_path};
 use crate::policy::{
     BUILTIN_DENY_READ, CREDENTIAL_STORES, HomeMode, LandlockMode, NetworkMode, Policy,
     WorkspaceMode,
 };
-use crate::result::{Enforcement, ExecResult, Resources, Violation};
+use crate::result::{Enforcement, ExecResult, Output};
 
 /// What went wrong in taskbox itself (not in the command). The CLI exits 125 on these.
 #[derive(Debug, thiserror::Error)]
@@ -197,9 +198,6 @@ impl RunDir {
     /// The overlay's upper directory, as this process reaches it.
     pub(crate) fn upper(&self) -> PathBuf {
         self.on_disk("upper")
-    }
-    pub(crate) fn work(&self) -> PathBuf {
-        self.on_disk("work")
     }
     /// A directory of the disk ([`crate::disk::SUBDIRS`]) as this process reaches it (without a
     /// disk: in the run's directory).
@@ -1024,62 +1022,51 @@ pub fn run_with(
         e.proxy.shutdown();
         closed
     });
-    let outcome = outcome.map(|(mut result, exec_failed)| {
-        if let Some((violations, activity)) = network {
-            result.violations.extend(violations);
-            result.network = Some(activity);
-        }
-        (result, exec_failed)
-    });
-    let outcome = outcome.and_then(|(mut result, exec_failed)| {
+    let outcome = outcome.and_then(|sup| {
+        let Supervised {
+            mut end,
+            stdout,
+            stderr,
+            mut enforcement,
+            exec_failed,
+        } = sup;
+        end.network = network;
         if let Some(cg) = &cgroup {
-            result.resources.oom_killed = cg.oom_killed();
-            if let Some(peak) = cg.peak_memory() {
-                result.resources.max_rss_bytes = result.resources.max_rss_bytes.max(peak);
+            if cg.oom_killed() {
+                end.oom_killed_at = Some(limits.memory_bytes);
             }
-            if result.resources.oom_killed {
-                result.violations.push(Violation {
-                    kind: "limit".into(),
-                    detail: format!(
-                        "memory limit of {} bytes reached: the kernel killed a process; \
-                         raise limits.memory in the policy or use less memory",
-                        limits.memory_bytes
-                    ),
-                });
+            if let Some(peak) = cg.peak_memory() {
+                end.max_rss_bytes = end.max_rss_bytes.max(peak);
             }
         }
         let mut diff = None;
+        let mut changes = Vec::new();
         if !req.write_through && req.policy.filesystem.workspace == WorkspaceMode::Overlay {
-            result.changes = changes::scan(&run_dir.upper(), &workspace)?;
+            changes = changes::scan(&run_dir.upper(), &workspace)?;
             let limit = req.policy.limits.file_size_bytes;
-            let fsize = Violation::file_size_limit(limit);
-            if !result.violations.contains(&fsize)
-                && reached_file_size(&run_dir.upper(), &result.changes, limit)
-            {
-                result.violations.push(fsize);
+            if reached_file_size(&run_dir.upper(), &changes, limit) {
+                end.file_size_limit = Some(limit);
             }
             if req.want_diff {
                 diff = Some(changes::unified_diff(
                     &run_dir.upper(),
                     &workspace,
-                    &result.changes,
+                    &changes,
                 )?);
             }
         }
-        result.enforcement.limits = cgroup
+        enforcement.limits = cgroup
             .as_ref()
             .map(Cgroup::kind)
             .unwrap_or("rlimit")
             .to_string();
         if let Some(disk) = &run_dir.disk {
-            result.enforcement.disk = disk.kind().as_str().to_string();
-            let reported = result
-                .violations
-                .contains(&Violation::disk_limit(disk.size()));
-            if disk.is_full() && !reported {
-                result.violations.push(Violation::disk_limit(disk.size()));
+            enforcement.disk = disk.kind().as_str().to_string();
+            if disk.is_full() {
+                end.disk_full_at = Some(disk.size());
             }
         }
+        let result = end.into_result(stdout, stderr, changes, enforcement);
         Ok(RunOutcome {
             result,
             diff,
@@ -1172,7 +1159,15 @@ fn cleanup_detached(run_dir: &RunDir, cgroup: Option<&Cgroup>) -> bool {
     }
 }
 
-type Supervised = (ExecResult, Option<(i32, String)>);
+/// What supervising the helper learned: how the command ended, its output, what was in force,
+/// and why it could not be run, if it could not (already said on `stderr`).
+struct Supervised {
+    end: ExecEnd,
+    stdout: Output,
+    stderr: Output,
+    enforcement: Enforcement,
+    exec_failed: Option<(i32, String)>,
+}
 
 #[allow(clippy::too_many_arguments)]
 fn supervise(
@@ -1431,70 +1426,49 @@ fn supervise(
             _ => {}
         }
     }
-    if timed_out {
-        exit_code = None;
-        signal = Some(libc::SIGKILL);
-    } else if exit_code.is_none() && signal.is_none() {
+    if !timed_out && exit_code.is_none() && signal.is_none() {
         return Err(NativeError::Setup {
             stage: "supervision".into(),
             message: "the sandbox ended without reporting the command's status".into(),
         });
     }
+    // Said on stderr as it streams, so a terminal shows it where the command's output is.
     if let Some((errno, program)) = &exec_failed {
         err.push((crate::result::exec_failure_line(*errno, program) + "\n").as_bytes());
     }
-    let mut violations = Vec::new();
-    if file_size_exceeded {
-        violations.push(Violation::file_size_limit(
-            req.policy.limits.file_size_bytes,
-        ));
-    }
-    if let Some((count, calls)) = &setid_refused {
-        violations.push(Violation::setid_refused(*count, calls));
-    }
-    // Output past the spill files' share of the quota was not kept.
-    if out.spill_capped() || err.spill_capped() {
-        violations.push(Violation::disk_limit(req.policy.limits.disk_bytes));
-    }
-    if timed_out {
-        violations.push(Violation {
-            kind: "timeout".into(),
-            detail: format!(
-                "the command ran longer than {} and its whole process tree was killed; \
-                 narrow the command or raise the timeout",
-                humantime::format_duration(timeout)
-            ),
-        });
-    }
-    let result = ExecResult {
+    let limits = &req.policy.limits;
+    let end = ExecEnd {
         exit_code,
         signal,
-        timed_out,
+        timed_out: timed_out.then_some(timeout),
+        cpu_ms: command_usage.map_or(rusage_cpu_ms, |u| u.0),
+        max_rss_bytes: command_usage.map_or(rusage_rss, |u| u.1),
+        file_size_limit: file_size_exceeded.then_some(limits.file_size_bytes),
+        setid_refused,
+        // Output past the spill files' share of the quota was not kept.
+        disk_full_at: (out.spill_capped() || err.spill_capped()).then_some(limits.disk_bytes),
         duration_ms,
+        ..ExecEnd::default()
+    };
+    let enforcement = Enforcement {
+        landlock,
+        seccomp,
+        network: match (config.egress.is_some(), config.isolate_network) {
+            (true, _) => "proxy",
+            (false, true) => "none",
+            (false, false) => "host",
+        }
+        .into(),
+        limits: String::new(),
+        disk: String::new(),
+    };
+    Ok(Supervised {
+        end,
         stdout: out.finish(),
         stderr: err.finish(),
-        changes: Vec::new(),
-        violations,
-        resources: Resources {
-            cpu_ms: command_usage.map_or(rusage_cpu_ms, |u| u.0),
-            max_rss_bytes: command_usage.map_or(rusage_rss, |u| u.1),
-            oom_killed: false,
-        },
-        enforcement: Enforcement {
-            landlock,
-            seccomp,
-            network: match (config.egress.is_some(), config.isolate_network) {
-                (true, _) => "proxy",
-                (false, true) => "none",
-                (false, false) => "host",
-            }
-            .into(),
-            limits: String::new(),
-            disk: String::new(),
-        },
-        network: None,
-    };
-    Ok((result, exec_failed))
+        enforcement,
+        exec_failed,
+    })
 }
 
 fn parse_status(buf: &[u8]) -> Vec<Status> {

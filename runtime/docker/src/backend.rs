@@ -6,8 +6,8 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
@@ -20,16 +20,19 @@ use taskbox_core::api::*;
 use taskbox_core::disk::Disk;
 use taskbox_core::egress::{self, EgressLog, EgressService, SandboxEgress};
 use taskbox_core::image::{ImageResolver, ImageRoot};
+use taskbox_core::kit::layers::overlay_workspace;
+use taskbox_core::kit::{
+    Backend, Common, ExecBase, Layers, SPILL_MOUNT, Sandboxes, Table, lock, now_ms,
+};
 use taskbox_core::native;
-use taskbox_core::policy::{self, NetworkMode, Policy};
+use taskbox_core::policy::{self, NetworkMode, Policy, WorkspaceMode};
 use taskbox_core::result::Enforcement;
-use taskbox_core::sandbox::SPILL_MOUNT;
 
 use crate::daemon::{DEFAULT_SOCKET, Daemon, DaemonError};
 use crate::hostmount;
 use crate::images::ensure_image;
 use crate::procfs::{self, ProcId};
-use crate::sandbox::{Dirs, INIT_PATH, Overlay, RUN_MOUNT, Sandbox, lock, now_ms};
+use crate::sandbox::{Dirs, INIT_PATH, Overlay, RUN_MOUNT, Sandbox};
 
 /// Labels on every container of taskbox.
 pub const LABEL_OWNER: &str = "io.taskbox.owner";
@@ -121,19 +124,22 @@ pub(crate) struct Inner {
     config: DockerConfig,
     wrapper: PathBuf,
     limits_kind: String,
-    sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
+    table: Table<Sandbox>,
     pool: Mutex<Pool>,
     pool_cond: Condvar,
     _lock: fs::File,
 }
 
-/// The Docker backend: one hardened container per sandbox.
-pub struct DockerBackend {
+/// The Docker backend: one hardened container per sandbox (see [`Docker`]).
+pub type DockerBackend = Sandboxes<Docker>;
+
+/// How the Docker backend starts and ends sandboxes, and its pool of prepared containers.
+pub struct Docker {
     inner: Arc<Inner>,
     pool_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for DockerBackend {
+impl std::fmt::Debug for Docker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DockerBackend")
             .field("root", &self.inner.root)
@@ -175,12 +181,12 @@ fn parse_user(user: Option<&str>) -> Result<(u32, u32), ApiError> {
     }
 }
 
-impl DockerBackend {
+impl Docker {
     /// A backend keeping its state in `STATE/docker` (`state_dir` is taskbox's state directory).
     /// Needs root (it mounts the workspace overlays on the host). Whatever an earlier process
     /// with this state directory left (containers with its owner label, mounts, directories)
     /// is removed; when the daemon cannot be reached now, that is retried in the background.
-    pub fn new(
+    pub fn open(
         state_dir: &Path,
         images: Arc<dyn ImageResolver>,
         config: DockerConfig,
@@ -240,7 +246,7 @@ impl DockerBackend {
             config,
             wrapper,
             limits_kind,
-            sandboxes: RwLock::new(HashMap::new()),
+            table: Table::default(),
             pool: Mutex::new(Pool::default()),
             pool_cond: Condvar::new(),
             _lock: lock_file,
@@ -256,10 +262,10 @@ impl DockerBackend {
             .name("docker-pool".into())
             .spawn(move || pool_loop(weak))
             .map_err(|e| ApiError::internal(format!("cannot start the pool thread: {e}")))?;
-        Ok(DockerBackend {
+        Ok(Sandboxes::of(Docker {
             inner,
             pool_thread: Mutex::new(Some(thread)),
-        })
+        }))
     }
 
     /// The owner label value of this backend's containers.
@@ -310,21 +316,6 @@ impl DockerBackend {
                 ApiError::invalid(format!("{shown} is not a spill file of sandbox {id}"))
             })
     }
-
-    /// Destroys every sandbox whose lease has run out; returns their ids.
-    pub fn reap_expired(&self) -> Vec<SandboxId> {
-        let now = now_ms();
-        let expired: Vec<SandboxId> = self
-            .list()
-            .into_iter()
-            .filter(|i| i.expires_at_ms.is_some_and(|t| t <= now))
-            .map(|i| i.id)
-            .collect();
-        for id in &expired {
-            let _ = self.destroy(id);
-        }
-        expired
-    }
 }
 
 /// Writes the embedded wrapper to `bin/init-SHA` once (mode 0755) and returns its path.
@@ -349,12 +340,7 @@ fn install_wrapper(bin: &Path) -> Result<PathBuf, ApiError> {
 
 impl Inner {
     fn get(&self, id: &SandboxId) -> Result<Arc<Sandbox>, ApiError> {
-        self.sandboxes
-            .read()
-            .map_err(|_| ApiError::internal("sandbox table poisoned"))?
-            .get(id)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+        self.table.get(id)
     }
 
     fn pool_key(&self, image: &str, policy_name: &str) -> Result<PoolKey, ApiError> {
@@ -430,10 +416,11 @@ impl Inner {
             })),
         ))?;
         let mut ours: Vec<String> = self
-            .sandboxes
-            .read()
-            .map(|m| m.values().map(|s| s.container.clone()).collect())
-            .unwrap_or_default();
+            .table
+            .all()
+            .iter()
+            .map(|s| s.container.clone())
+            .collect();
         ours.extend(
             lock(&self.pool)
                 .ready
@@ -744,7 +731,7 @@ impl Inner {
         .check(taskbox_core::exec_limits::argument_space(
             crate::sandbox::DEFAULT_STACK,
         ))?;
-        let workspace = taskbox_core::sandbox::overlay_workspace(&req.workspace)?;
+        let workspace = overlay_workspace(&req.workspace)?;
         if workspace.starts_with(&self.root) {
             return Err(ApiError::invalid(format!(
                 "workspace {} lies inside taskbox's state directory",
@@ -843,29 +830,34 @@ impl Inner {
             checkpoints: Vec::new(),
         };
         tracing::debug!(sandbox = %prepared.id, age_ms = prepared.created.elapsed().as_millis() as u64, "container ready");
+        let layers = Layers::new(
+            overlay.workspace.clone(),
+            dirs.disk(),
+            dirs.checkpoints(),
+            dirs.out(),
+        )
+        .with_exports(self.exports.clone())
+        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay);
+        let exec_base = ExecBase {
+            workdir: image.config.workdir.clone(),
+            env: base_env,
+            shell: None,
+        };
         Ok(Arc::new(Sandbox {
-            id: prepared.id,
-            info: Mutex::new(info),
+            common: Common::new(info, policy, exec_base, layers).with_egress(egress),
             dirs,
             overlay,
-            workdir: image.config.workdir.clone(),
             container: prepared.container,
             init: prepared.init,
-            policy,
-            base_env,
-            execs: Mutex::new(HashMap::new()),
-            next_exec: AtomicU64::new(1),
             lost: AtomicBool::new(false),
-            layers_lock: RwLock::new(()),
             daemon: self.daemon.clone(),
             limits_kind: self.limits_kind.clone(),
-            egress,
         }))
     }
 
     fn destroy(&self, sb: &Sandbox) {
-        sb.end_execs("the sandbox was destroyed");
-        if let Some(e) = &sb.egress {
+        sb.common.slots.end_all("the sandbox was destroyed");
+        if let Some(e) = &sb.common.egress {
             e.proxy.shutdown();
         }
         self.discard_container(&sb.container);
@@ -962,12 +954,7 @@ impl Inner {
             pool.ready.drain().flat_map(|(_, v)| v).collect()
         };
         self.pool_cond.notify_all();
-        let sandboxes: Vec<Arc<Sandbox>> = self
-            .sandboxes
-            .write()
-            .map(|mut m| m.drain().map(|(_, s)| s).collect())
-            .unwrap_or_default();
-        for sb in sandboxes {
+        for sb in self.table.drain() {
             self.destroy(&sb);
         }
         for p in pooled {
@@ -1028,7 +1015,7 @@ fn pool_loop(weak: Weak<Inner>) {
     }
 }
 
-impl Drop for DockerBackend {
+impl Drop for Docker {
     fn drop(&mut self) {
         let inner = self.inner.clone();
         // Cleanup blocks on the daemon; never from inside an async runtime's thread.
@@ -1040,142 +1027,31 @@ impl Drop for DockerBackend {
     }
 }
 
-impl SandboxApi for DockerBackend {
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
-        let sb = self.inner.create(&req)?;
-        let info = sb.snapshot_info();
-        self.inner
-            .sandboxes
-            .write()
-            .map_err(|_| ApiError::internal("sandbox table poisoned"))?
-            .insert(info.id.clone(), sb);
-        tracing::info!(sandbox = %info.id, workspace = %info.workspace, image = %info.image, "docker sandbox created");
-        Ok(info)
+impl Backend for Docker {
+    type Sandbox = Sandbox;
+    const NAME: &'static str = "docker";
+
+    fn table(&self) -> &Table<Sandbox> {
+        &self.inner.table
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
-        let all: Vec<Arc<Sandbox>> = self
-            .inner
-            .sandboxes
-            .read()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default();
-        let mut v: Vec<SandboxInfo> = all.iter().map(|s| s.snapshot_info()).collect();
-        v.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
-        v
+    fn start(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
+        self.inner.create(req)
     }
 
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        Ok(self.inner.get(id)?.snapshot_info())
+    fn end(&self, sandbox: &Sandbox) {
+        self.inner.destroy(sandbox);
     }
 
-    fn exec(
-        &self,
-        id: &SandboxId,
-        req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-    ) -> Result<ExecOutcome, ApiError> {
-        self.inner.get(id)?.exec(req, events)
-    }
-
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        Ok(self.inner.get(id)?.slot(exec_id)?.info())
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        self.inner.get(id)?.wait(exec_id, timeout)
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        self.inner.get(id)?.kill(exec_id, signal)
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        self.inner.get(id)?.write_stdin(exec_id, data, close)
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        self.inner.get(id)?.fs_read(req)
-    }
-
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.write(&req))
-    }
-
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.edit(&req))
-    }
-
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.patch(&req))
-    }
-
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.list(&req))
-    }
-
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.search(&req))
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.stat(&req))
-    }
-
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.remove(&req))
-    }
-
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        self.inner.get(id)?.with_fs(|fs| fs.rename(&req))
-    }
-
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.inner.get(id)?.diff(req)
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        self.inner.get(id)?.checkpoint(req)
-    }
-
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        self.inner.get(id)?.restore(req)
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.inner.get(id)?.export(req, &self.inner.exports)
-    }
-
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.inner.get(id)?.set_network(rules)
-    }
-
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        let sb = self
-            .inner
-            .sandboxes
-            .write()
-            .map_err(|_| ApiError::internal("sandbox table poisoned"))?
-            .remove(id)
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))?;
-        self.inner.destroy(&sb);
-        tracing::info!(sandbox = %id, "docker sandbox destroyed");
-        Ok(())
+    fn end_all(&self, sandboxes: Vec<Arc<Sandbox>>) {
+        let inner = self.inner.clone();
+        // Cleanup blocks on the daemon; never from inside an async runtime's thread.
+        let cleanup = std::thread::spawn(move || {
+            for sb in sandboxes {
+                inner.destroy(&sb);
+            }
+        });
+        let _ = cleanup.join();
     }
 }
 

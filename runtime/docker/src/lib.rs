@@ -30,8 +30,8 @@ mod sandbox;
 pub mod seccomp;
 
 pub use backend::{
-    DEFAULT_USER, DockerBackend, DockerConfig, LABEL_IMAGE, LABEL_LEASE, LABEL_OWNER, LABEL_POLICY,
-    LABEL_SANDBOX, owner_id,
+    DEFAULT_USER, Docker, DockerBackend, DockerConfig, LABEL_IMAGE, LABEL_LEASE, LABEL_OWNER,
+    LABEL_POLICY, LABEL_SANDBOX, owner_id,
 };
 pub use images::{DaemonImages, ensure_image};
 pub use sandbox::{INIT_PATH, RUN_MOUNT};

@@ -1,31 +1,27 @@
 //! One Docker sandbox: its container, its host-side workspace, and the operations on it (exec
 //! through the Engine API; files, diff, checkpoints and export on the host side).
 
-use std::collections::HashMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use futures_util::StreamExt;
 use taskbox_core::api::*;
-use taskbox_core::capture::Capture;
-use taskbox_core::changes;
-use taskbox_core::egress::{self, CLOSE_GRACE, ExecWindow, SandboxEgress};
+use taskbox_core::egress::{CLOSE_GRACE, ExecWindow};
 use taskbox_core::exec_limits;
 use taskbox_core::fsops::WorkspaceFs;
-use taskbox_core::layers;
-use taskbox_core::policy::{CREDENTIAL_STORES, Policy, WorkspaceMode};
-use taskbox_core::result::{Change, Enforcement, ExecResult, Output, Resources, Violation};
-use taskbox_core::sandbox::{
-    SPILL_MOUNT, StagedLayers, changes_err, checkpoint_name, layer_diff, layers_err, read_spill,
-    take_checkpoint,
+use taskbox_core::kit::{
+    self, Common, ExecEnd, ExecPlan, ExecSlot, Handle, ProcState, StagedLayers, StdinSink,
 };
+use taskbox_core::layers::Fingerprint;
+use taskbox_core::policy::{CREDENTIAL_STORES, Policy, WorkspaceMode};
+use taskbox_core::result::{Enforcement, ExecResult};
 use tokio::io::AsyncWriteExt;
 
 use crate::daemon::{Daemon, DaemonError};
@@ -35,20 +31,6 @@ use crate::procfs;
 pub use crate::procfs::INIT_PATH;
 /// Where the per-exec status files appear in the container.
 pub const RUN_MOUNT: &str = "/.taskbox/run";
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
 
 /// The directories of one sandbox under `STATE/docker/sandboxes/ID`.
 #[derive(Debug, Clone)]
@@ -194,81 +176,45 @@ pub(crate) enum StdinMsg {
     Close,
 }
 
-pub(crate) struct SlotState {
+/// What the Docker backend keeps of an exec's process.
+#[derive(Default)]
+pub struct DockerProc {
     /// The wrapper's pid on the host, once known.
     wrapper_pid: Option<i32>,
     /// Docker's id of the exec.
     docker_exec: Option<String>,
-    stdout: Option<Capture>,
-    stderr: Option<Capture>,
-    result: Option<ExecResult>,
-    error: Option<String>,
-    stdin: Option<tokio::sync::mpsc::UnboundedSender<StdinMsg>>,
-    done: bool,
 }
 
-pub(crate) struct ExecSlot {
-    id: u64,
-    argv: Vec<String>,
-    state: Mutex<SlotState>,
-    cond: Condvar,
-}
+impl ProcState for DockerProc {}
 
-impl ExecSlot {
-    pub fn info(&self) -> ProcessInfo {
-        let mut st = lock(&self.state);
-        let stdout = st.stdout.as_mut().map(Capture::snapshot);
-        let stderr = st.stderr.as_mut().map(Capture::snapshot);
-        let result = st.result.clone();
-        ProcessInfo {
-            exec_id: self.id,
-            argv: self.argv.clone(),
-            running: !st.done,
-            stdout: stdout
-                .or_else(|| result.as_ref().map(|r| r.stdout.clone()))
-                .unwrap_or_default(),
-            stderr: stderr
-                .or_else(|| result.as_ref().map(|r| r.stderr.clone()))
-                .unwrap_or_default(),
-            result,
-        }
+type Slot = ExecSlot<DockerProc>;
+
+/// A background exec's stdin: what the driver forwards to the attached stream.
+struct StdinChannel(tokio::sync::mpsc::UnboundedSender<StdinMsg>);
+
+impl StdinSink for StdinChannel {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.0
+            .send(StdinMsg::Data(data.to_vec()))
+            .map_err(|_| std::io::Error::other("it ended"))
     }
 
-    fn finish(&self, outcome: Result<ExecResult, ApiError>) {
-        let mut st = lock(&self.state);
-        match outcome {
-            Ok(r) => st.result = Some(r),
-            Err(e) => st.error = Some(e.to_string()),
-        }
-        st.stdin = None;
-        st.done = true;
-        drop(st);
-        self.cond.notify_all();
+    fn close(self: Box<Self>) {
+        let _ = self.0.send(StdinMsg::Close);
     }
 }
 
 /// One live sandbox.
-pub(crate) struct Sandbox {
-    pub id: SandboxId,
-    pub info: Mutex<SandboxInfo>,
-    pub dirs: Dirs,
-    pub overlay: Overlay,
-    /// Where the workspace is inside the container.
-    pub workdir: String,
+pub struct Sandbox {
+    pub common: Common<DockerProc>,
+    pub(crate) dirs: Dirs,
+    pub(crate) overlay: Overlay,
     pub container: String,
     pub init: procfs::ProcId,
-    pub policy: Policy,
-    pub base_env: Vec<(String, String)>,
-    pub execs: Mutex<HashMap<u64, Arc<ExecSlot>>>,
-    pub next_exec: AtomicU64,
     pub lost: AtomicBool,
-    /// Execs and file operations hold it shared; checkpoint and restore exclusively.
-    pub layers_lock: RwLock<()>,
     pub daemon: Arc<Daemon>,
     /// "cgroup-v1" or "cgroup-v2".
     pub limits_kind: String,
-    /// Network mode "proxy": the sandbox's egress proxy.
-    pub egress: Option<SandboxEgress>,
 }
 
 /// Runs file operations with the container user's filesystem ids, so what the API writes is
@@ -302,7 +248,7 @@ impl Sandbox {
         ApiError::Conflict(format!(
             "sandbox {} is lost (its container is gone or stopped, e.g. the Docker daemon \
              restarted); destroy it",
-            self.id
+            self.common.id
         ))
     }
 
@@ -318,226 +264,26 @@ impl Sandbox {
         false
     }
 
-    /// Puts new egress rules in force (network mode "proxy" only).
-    pub fn set_network(&self, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        match &self.egress {
-            Some(egress) => egress.replace_rules(self.id.as_str(), rules),
-            None => Err(egress::no_proxy(self.id.as_str(), self.policy.network.mode)),
-        }
-    }
-
     pub fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
-        lock(&self.info).state = "lost".into();
-    }
-
-    pub fn snapshot_info(&self) -> SandboxInfo {
-        self.check_alive();
-        lock(&self.info).clone()
+        self.common.mark_lost();
     }
 
     fn enforcement(&self) -> Enforcement {
         Enforcement {
             landlock: "none".into(),
             seccomp: true,
-            network: self.policy.network.mode.as_str().into(),
+            network: self.common.policy.network.mode.as_str().into(),
             limits: self.limits_kind.clone(),
             disk: "loop-ext4".into(),
         }
     }
 
-    /// The workspace for path-safe file operations, with the container user's ids.
-    pub fn with_fs<T>(
-        &self,
-        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
-    ) -> Result<T, ApiError> {
-        let _g = self
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        if !self.check_alive() {
-            return Err(self.lost_error());
-        }
-        let fs = WorkspaceFs::open(&self.dirs.mnt())?
-            .with_mount_path(PathBuf::from(&self.workdir))
-            .with_protected(&self.policy.filesystem.protected);
-        let _user = AsUser::enter(self.overlay.user);
-        op(&fs)
-    }
-
-    /// Reads a workspace file, or an exec's spill file under [`SPILL_MOUNT`].
-    pub fn fs_read(&self, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        if let Some(r) = read_spill(&self.dirs.out(), &req) {
-            return r;
-        }
-        self.with_fs(|fs| fs.read(&req))
-    }
-
-    fn checkpoint_dir(&self, name: &str) -> Result<PathBuf, ApiError> {
-        Ok(self.dirs.checkpoints().join(checkpoint_name(name)?))
-    }
-
-    pub fn diff(&self, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        let _g = self
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        let since = match &req.since {
-            None => None,
-            Some(name) => {
-                let base = self.checkpoint_dir(name)?;
-                if !base.is_dir() {
-                    return Err(ApiError::not_found(format!(
-                        "checkpoint {name} does not exist"
-                    )));
-                }
-                Some(base)
-            }
-        };
-        layer_diff(
-            &self.overlay.workspace,
-            &self.dirs.upper(),
-            since.as_deref(),
-        )
-    }
-
-    pub fn checkpoint(&self, req: CheckpointRequest) -> Result<CheckpointInfo, ApiError> {
-        let dir = self.checkpoint_dir(&req.name)?;
-        let _g = self
-            .layers_lock
-            .write()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        let files = take_checkpoint(&self.overlay.workspace, &self.dirs.upper(), &dir, &req.name)?;
-        lock(&self.info).checkpoints.push(req.name.clone());
-        Ok(CheckpointInfo {
-            name: req.name,
-            created_at_ms: now_ms(),
-            files,
-        })
-    }
-
-    /// Stops every exec of the sandbox and waits (up to `wait`) until they have ended.
-    fn stop_execs(&self, wait: Duration) {
-        let slots: Vec<Arc<ExecSlot>> = lock(&self.execs).values().cloned().collect();
-        for slot in &slots {
-            if !lock(&slot.state).done {
-                self.kill_tree(slot);
-            }
-        }
-        let deadline = Instant::now() + wait;
-        for slot in slots {
-            let mut st = lock(&slot.state);
-            while !st.done {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                st = match slot.cond.wait_timeout(st, left) {
-                    Ok((g, _)) => g,
-                    Err(p) => p.into_inner().0,
-                };
-            }
-        }
-    }
-
-    /// Rolls the workspace back to a checkpoint: every exec is stopped (and every other process
-    /// of the container but its pid 1 killed), the overlay is detached
-    /// on the host (and so in the container), and a fresh one on a copy of the checkpoint is
-    /// mounted in its place (it propagates into the container).
-    pub fn restore(&self, req: CheckpointRequest) -> Result<(), ApiError> {
-        let ckpt = self.checkpoint_dir(&req.name)?;
-        if !ckpt.is_dir() {
-            return Err(ApiError::not_found(format!(
-                "checkpoint {} does not exist",
-                req.name
-            )));
-        }
-        let _g = self
-            .layers_lock
-            .write()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        if !self.check_alive() {
-            return Err(self.lost_error());
-        }
-        self.stop_execs(Duration::from_secs(5));
-        // Whatever left its exec's tree (and could pose as another exec's wrapper) too: nothing
-        // of the sandbox may run while the new workspace and its guards are mounted on paths it
-        // could otherwise swap for symlinks.
-        procfs::kill_all_but_init(&self.init);
-        let staged = StagedLayers::stage(&self.dirs.disk(), &ckpt)?;
-        self.overlay.prepare_upper(&staged.upper)?;
-        hostmount::detach(&self.dirs.mnt()).map_err(|e| {
-            self.mark_lost();
-            ApiError::internal(format!("restore: {e}; destroy the sandbox"))
-        })?;
-        if let Err(e) = self
-            .overlay
-            .mount(&self.dirs, &staged.upper, &staged.work, &self.policy)
-        {
-            self.mark_lost();
-            return Err(ApiError::internal(format!(
-                "restore of checkpoint {} failed: {e}; destroy the sandbox",
-                req.name
-            )));
-        }
-        staged.swap_in(&self.dirs.disk(), &self.dirs.upper(), &self.dirs.work())
-    }
-
-    pub fn export(&self, req: ExportRequest, exports: &Path) -> Result<ExportResult, ApiError> {
-        let _g = self
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
-        let upper = self.dirs.upper();
-        let ws = &self.overlay.workspace;
-        let list = changes::scan(&upper, ws).map_err(changes_err)?;
-        let mut patch = None;
-        let mut tar_path = None;
-        match req.format {
-            ExportFormat::Patch => {
-                patch = Some(changes::unified_diff(&upper, ws, &list).map_err(changes_err)?);
-            }
-            ExportFormat::Tar => {
-                fs::create_dir_all(exports).map_err(|e| {
-                    ApiError::internal(format!("cannot create {}: {e}", exports.display()))
-                })?;
-                let path = exports.join(format!("{}-{}.tar", self.id, now_ms()));
-                let mut f = std::io::BufWriter::new(fs::File::create(&path).map_err(|e| {
-                    ApiError::internal(format!("cannot create {}: {e}", path.display()))
-                })?);
-                layers::export_tar(&upper, ws, &list, &mut f).map_err(layers_err)?;
-                f.flush().map_err(|e| {
-                    ApiError::internal(format!("cannot write {}: {e}", path.display()))
-                })?;
-                tar_path = Some(path.display().to_string());
-            }
-        }
-        let mut applied = false;
-        if req.apply {
-            layers::apply_to_host(&upper, ws, &list).map_err(layers_err)?;
-            applied = true;
-        }
-        Ok(ExportResult {
-            format: req.format,
-            patch,
-            tar_path,
-            changes: list,
-            applied,
-        })
-    }
-
-    pub fn slot(&self, exec_id: u64) -> Result<Arc<ExecSlot>, ApiError> {
-        lock(&self.execs)
-            .get(&exec_id)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("process {exec_id} does not exist")))
-    }
-
     /// The wrapper's host pid of an exec, asking the daemon the first time.
-    fn wrapper_pid(&self, slot: &ExecSlot) -> Option<i32> {
+    fn wrapper_pid(&self, slot: &Slot) -> Option<i32> {
         let (known, exec) = {
-            let st = lock(&slot.state);
-            (st.wrapper_pid, st.docker_exec.clone())
+            let st = slot.state();
+            (st.proc.wrapper_pid, st.proc.docker_exec.clone())
         };
         if known.is_some() {
             return known;
@@ -552,7 +298,7 @@ impl Sandbox {
                 Ok(i) => {
                     if let Some(pid) = i.pid.filter(|p| *p > 0) {
                         let pid = pid as i32;
-                        lock(&slot.state).wrapper_pid = Some(pid);
+                        slot.state().proc.wrapper_pid = Some(pid);
                         return Some(pid);
                     }
                     if i.running == Some(false) && Instant::now() > deadline {
@@ -570,7 +316,7 @@ impl Sandbox {
 
     /// Asks an exec's wrapper to kill the exec's whole process tree; if the wrapper is gone,
     /// kills what is left of the tree from the host.
-    pub fn kill_tree(&self, slot: &ExecSlot) {
+    pub fn kill_tree(&self, slot: &Slot) {
         match self.wrapper_pid(slot) {
             Some(pid) if procfs::is_wrapper_of(pid, slot.id) => {
                 // SAFETY: kill has no memory arguments; the pid was checked to be the wrapper.
@@ -580,147 +326,50 @@ impl Sandbox {
         }
     }
 
-    /// Sends `signal` to the exec's main process (SIGKILL: the whole tree).
-    pub fn kill(&self, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        let slot = self.slot(exec_id)?;
-        if !(1..=64).contains(&signal) {
-            return Err(ApiError::invalid(format!("invalid signal {signal}")));
-        }
-        if !lock(&slot.state).done {
-            if signal == libc::SIGKILL {
-                self.kill_tree(&slot);
-            } else if let Some(wrapper) = self.wrapper_pid(&slot)
-                && procfs::is_wrapper_of(wrapper, slot.id)
-                && let Some(main) = procfs::children(wrapper).first().copied()
-            {
-                // SAFETY: kill has no memory arguments; `main` is the wrapper's child.
-                unsafe { libc::kill(main, signal) };
-            }
-        }
-        Ok(slot.info())
-    }
-
-    pub fn write_stdin(&self, exec_id: u64, data: &[u8], close: bool) -> Result<(), ApiError> {
-        let slot = self.slot(exec_id)?;
-        let mut st = lock(&slot.state);
-        let Some(tx) = st.stdin.as_ref() else {
-            return Err(ApiError::Conflict(format!(
-                "process {exec_id} has no open stdin (it ended, was started with stdin text, or \
-                 stdin was closed)"
-            )));
-        };
-        if !data.is_empty() && tx.send(StdinMsg::Data(data.to_vec())).is_err() {
-            st.stdin = None;
-            return Err(ApiError::Conflict(format!(
-                "cannot write to process {exec_id}: it ended"
-            )));
-        }
-        if close {
-            let _ = tx.send(StdinMsg::Close);
-            st.stdin = None;
-        }
-        Ok(())
-    }
-
-    pub fn wait(&self, exec_id: u64, timeout: Duration) -> Result<ProcessInfo, ApiError> {
-        let slot = self.slot(exec_id)?;
-        let deadline = Instant::now() + timeout;
-        {
-            let mut st = lock(&slot.state);
-            while !st.done {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                st = match slot.cond.wait_timeout(st, left) {
-                    Ok((g, _)) => g,
-                    Err(p) => p.into_inner().0,
-                };
-            }
-        }
-        Ok(slot.info())
-    }
-
-    fn fingerprint(&self) -> Result<Option<layers::Fingerprint>, ApiError> {
-        if self.policy.filesystem.workspace != WorkspaceMode::Overlay {
-            return Ok(None);
-        }
-        layers::fingerprint(&self.dirs.upper())
-            .map(Some)
-            .map_err(layers_err)
-    }
-
-    fn changes_since(&self, before: &layers::Fingerprint) -> Result<Vec<Change>, ApiError> {
-        let upper = self.dirs.upper();
-        let after = layers::fingerprint(&upper).map_err(layers_err)?;
-        layers::exec_changes(before, &after, &upper, &self.overlay.workspace).map_err(layers_err)
-    }
-
     /// Runs a command: foreground (blocking, streaming `events`) or background.
-    pub fn exec(
+    fn run(
         self: &Arc<Self>,
-        req: ExecRequest,
+        plan: ExecPlan,
         events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
-        let guard = self
-            .layers_lock
-            .read()
-            .map_err(|_| ApiError::internal("poisoned"))?;
         if !self.check_alive() {
             return Err(self.lost_error());
         }
-        let argv = req.resolved_argv()?;
-        let timeout = req.time_limit(self.policy.limits.timeout)?;
-        let cwd = match &req.cwd {
-            None => self.workdir.clone(),
-            Some(c) if c.starts_with('/') => c.clone(),
-            Some(c) => format!("{}/{c}", self.workdir.trim_end_matches('/')),
-        };
-        exec_limits::check_cwd(&cwd)?;
-        let env = req.layered_env(&self.base_env)?;
+        let layers = &self.common.layers;
         // What execve would refuse (for the wrapper, then for the command) is refused here,
         // naming the limit, before the daemon is asked for anything.
-        let wrapper = [INIT_PATH, "exec", LONGEST_ID, &cwd, "--"];
-        exec_limits::Command {
-            argv: &argv,
-            env: &env,
-            shell: req.shell.is_some(),
-            extra: &wrapper,
-        }
-        .check(exec_limits::argument_space(
-            procfs::stack_limit(&self.init).unwrap_or(DEFAULT_STACK),
-        ))?;
-        check_spec_size(&wrapper, &argv, &env)?;
-        let limit = req.output_cap(self.policy.limits.output_bytes);
-        let before = self.fingerprint()?;
+        let wrapper = [INIT_PATH, "exec", LONGEST_ID, &plan.cwd, "--"];
+        plan.check(
+            exec_limits::argument_space(procfs::stack_limit(&self.init).unwrap_or(DEFAULT_STACK)),
+            &wrapper,
+        )?;
+        check_spec_size(&wrapper, &plan.argv, &plan.env)?;
+        let before = layers.fingerprint()?;
         let oom_before = procfs::oom_kills(&self.init);
-        let id = self.next_exec.fetch_add(1, Ordering::SeqCst);
-        let out = self.dirs.out();
-        let stdout = Capture::new(limit, out.join(format!("{id}.stdout")))
-            .with_shown_path(Path::new(SPILL_MOUNT).join(format!("{id}.stdout")));
-        let stderr = Capture::new(limit, out.join(format!("{id}.stderr")))
-            .with_shown_path(Path::new(SPILL_MOUNT).join(format!("{id}.stderr")));
+        let id = self.common.slots.next_id();
         let (stdin_tx, stdin_rx) = tokio::sync::mpsc::unbounded_channel();
-        let attach_stdin = req.stdin.is_some() || req.background;
-        if let Some(text) = &req.stdin {
+        let attach_stdin = plan.stdin.is_some() || plan.background;
+        if let Some(text) = &plan.stdin {
             let _ = stdin_tx.send(StdinMsg::Data(text.clone().into_bytes()));
             let _ = stdin_tx.send(StdinMsg::Close);
         }
-        let slot = Arc::new(ExecSlot {
+        let keep_stdin = plan.background && plan.stdin.is_none();
+        let slot = Arc::new(ExecSlot::new(
             id,
-            argv: argv.clone(),
-            state: Mutex::new(SlotState {
-                wrapper_pid: None,
-                docker_exec: None,
-                stdout: Some(stdout),
-                stderr: Some(stderr),
-                result: None,
-                error: None,
-                stdin: (req.background && req.stdin.is_none()).then_some(stdin_tx),
-                done: false,
-            }),
-            cond: Condvar::new(),
-        });
+            plan.argv.clone(),
+            plan.output_limit,
+            &layers.spill,
+            keep_stdin.then(|| Box::new(StdinChannel(stdin_tx)) as Box<dyn StdinSink>),
+            DockerProc::default(),
+        ));
+        let ExecPlan {
+            argv,
+            env,
+            cwd,
+            timeout,
+            background,
+            ..
+        } = plan;
         let mut cmd = vec![
             INIT_PATH.to_string(),
             "exec".into(),
@@ -773,7 +422,7 @@ impl Sandbox {
         let (docker_exec, started) = match started {
             Ok(s) => s,
             Err(DaemonError::Conflict(m)) | Err(DaemonError::NotFound(m)) => {
-                tracing::warn!(sandbox = %self.id, message = %m, "the container is not running");
+                tracing::warn!(sandbox = %self.common.id, message = %m, "the container is not running");
                 self.mark_lost();
                 return Err(self.lost_error());
             }
@@ -787,12 +436,12 @@ impl Sandbox {
         let StartExecResults::Attached { output, input } = started else {
             return Err(ApiError::internal("the daemon started the exec detached"));
         };
-        lock(&slot.state).docker_exec = Some(docker_exec);
-        lock(&self.execs).insert(id, slot.clone());
+        slot.state().proc.docker_exec = Some(docker_exec);
+        self.common.slots.insert(slot.clone());
         let baseline = Baseline {
             before,
             oom_before,
-            window: self.egress.as_ref().map(|e| e.log.open()),
+            window: self.common.egress.as_ref().map(|e| e.log.open()),
         };
         let stream = Stream {
             output,
@@ -800,8 +449,7 @@ impl Sandbox {
             stdin: stdin_rx,
         };
         let start = Instant::now();
-        if req.background {
-            drop(guard);
+        if background {
             let sb = Arc::clone(self);
             let slot2 = slot.clone();
             let d = self.daemon.clone();
@@ -836,8 +484,7 @@ impl Sandbox {
             .map_err(|_| ApiError::internal("the exec's driver ended without an answer"))
             .and_then(|r| r)
             .and_then(|ended| self.result(&slot, ended, timeout, start, baseline));
-        lock(&self.execs).remove(&id);
-        drop(guard);
+        self.common.slots.remove(id);
         Ok(ExecOutcome::Finished(res?))
     }
 }
@@ -897,7 +544,7 @@ pub(crate) struct Stream {
 /// What an exec's result is measured against: the upper layer and the OOM count before it
 /// started, and its window on the egress proxy's decisions.
 pub(crate) struct Baseline {
-    before: Option<layers::Fingerprint>,
+    before: Option<Fingerprint>,
     oom_before: u64,
     window: Option<ExecWindow>,
 }
@@ -913,7 +560,7 @@ impl Sandbox {
     /// the tree at the deadline; then reads the wrapper's status.
     async fn drive(
         self: &Arc<Self>,
-        slot: &Arc<ExecSlot>,
+        slot: &Arc<Slot>,
         mut stream: Stream,
         timeout: Duration,
         start: Instant,
@@ -937,10 +584,10 @@ impl Sandbox {
             tokio::select! {
                 item = stream.output.next() => match item {
                     Some(Ok(LogOutput::StdOut { message })) => {
-                        self.push(slot, true, &message, &events);
+                        Self::push(slot, true, &message, &events);
                     }
                     Some(Ok(LogOutput::StdErr { message })) => {
-                        self.push(slot, false, &message, &events);
+                        Self::push(slot, false, &message, &events);
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
@@ -978,7 +625,7 @@ impl Sandbox {
                             procfs::kill_orphans(&sb.init, s.id)
                         })
                         .await;
-                        tracing::warn!(sandbox = %self.id, exec = slot.id,
+                        tracing::warn!(sandbox = %self.common.id, exec = slot.id,
                             "the exec's streams stayed open after its tree was killed");
                         break;
                     }
@@ -1004,23 +651,12 @@ impl Sandbox {
     }
 
     fn push(
-        &self,
-        slot: &ExecSlot,
+        slot: &Slot,
         stdout: bool,
         data: &[u8],
         events: &Option<std::sync::mpsc::Sender<ExecEvent>>,
     ) {
-        {
-            let mut st = lock(&slot.state);
-            let cap = if stdout {
-                &mut st.stdout
-            } else {
-                &mut st.stderr
-            };
-            if let Some(c) = cap.as_mut() {
-                c.push(data);
-            }
-        }
+        slot.push(stdout, data);
         if let Some(ev) = events {
             let text = String::from_utf8_lossy(data).into_owned();
             let _ = ev.send(if stdout {
@@ -1051,48 +687,42 @@ impl Sandbox {
     /// Builds the observation of an exec that has ended.
     fn result(
         &self,
-        slot: &ExecSlot,
+        slot: &Slot,
         driven: Driven,
         timeout: Duration,
         start: Instant,
         baseline: Baseline,
     ) -> Result<ExecResult, ApiError> {
-        let Baseline {
-            before,
-            oom_before,
-            window,
-        } = baseline;
-        let (mut out, mut err) = {
-            let mut st = lock(&slot.state);
-            (
-                st.stdout.take().map(Capture::finish).unwrap_or_default(),
-                st.stderr.take().map(Capture::finish).unwrap_or_default(),
-            )
-        };
-        let (mut exit_code, mut signal, cpu_ms, max_rss_bytes) = match &driven.ended {
-            Some(Ended::Exit { code, cpu_ms, rss }) => (Some(*code), None, *cpu_ms, *rss),
+        let (out, err) = slot.take_output();
+        let mut end = match &driven.ended {
+            Some(Ended::Exit { code, cpu_ms, rss }) => ExecEnd {
+                exit_code: Some(*code),
+                cpu_ms: *cpu_ms,
+                max_rss_bytes: *rss,
+                ..ExecEnd::default()
+            },
             Some(Ended::Signal {
                 signal,
                 cpu_ms,
                 rss,
-            }) => (None, Some(*signal), *cpu_ms, *rss),
-            Some(Ended::ExecFailed { errno }) => {
-                let program = slot.argv.first().map_or("", String::as_str);
-                err.note_exec_failure(*errno, program);
-                (
-                    Some(if *errno == libc::ENOENT { 127 } else { 126 }),
-                    None,
-                    0,
-                    0,
-                )
-            }
+            }) => ExecEnd {
+                signal: Some(*signal),
+                cpu_ms: *cpu_ms,
+                max_rss_bytes: *rss,
+                ..ExecEnd::default()
+            },
+            Some(Ended::ExecFailed { errno }) => ExecEnd {
+                exit_code: Some(if *errno == libc::ENOENT { 127 } else { 126 }),
+                exec_failed: Some((*errno, slot.argv.first().cloned().unwrap_or_default())),
+                ..ExecEnd::default()
+            },
             Some(Ended::Cwd { errno }) => {
                 return Err(ApiError::invalid(format!(
                     "cannot enter working directory: {}",
                     std::io::Error::from_raw_os_error(*errno)
                 )));
             }
-            None if driven.timed_out => (None, Some(libc::SIGKILL), 0, 0),
+            None if driven.timed_out => ExecEnd::default(),
             None => {
                 return Err(ApiError::internal(
                     "the exec ended without a status from its wrapper (was it killed from \
@@ -1100,74 +730,113 @@ impl Sandbox {
                 ));
             }
         };
-        if driven.timed_out {
-            exit_code = None;
-            signal = Some(libc::SIGKILL);
-        }
-        let mut violations = Vec::new();
-        if driven.timed_out {
-            violations.push(Violation::timeout(timeout));
-        }
+        let limits = &self.common.policy.limits;
+        end.timed_out = driven.timed_out.then_some(timeout);
+        end.duration_ms = start.elapsed().as_millis() as u64;
         // The container's memory cgroup counts the kernel's OOM kills.
-        let oom_killed = procfs::oom_kills(&self.init) > oom_before;
-        if oom_killed {
-            violations.push(Violation::memory_limit(self.policy.limits.memory_bytes));
+        if procfs::oom_kills(&self.init) > baseline.oom_before {
+            end.oom_killed_at = Some(limits.memory_bytes);
         }
         // A process killed for writing past the file size limit, or a shell reporting that a
         // child was (128 + SIGXFSZ).
-        if signal == Some(libc::SIGXFSZ) || exit_code == Some(128 + libc::SIGXFSZ) {
-            violations.push(Violation::file_size_limit(
-                self.policy.limits.file_size_bytes,
-            ));
+        if end.signal == Some(libc::SIGXFSZ) || end.exit_code == Some(128 + libc::SIGXFSZ) {
+            end.file_size_limit = Some(limits.file_size_bytes);
         }
-        if taskbox_core::disk::is_full_at(&self.dirs.disk(), self.policy.limits.disk_bytes) {
-            violations.push(Violation::disk_limit(self.policy.limits.disk_bytes));
+        if taskbox_core::disk::is_full_at(&self.dirs.disk(), limits.disk_bytes) {
+            end.disk_full_at = Some(limits.disk_bytes);
         }
         // The exec's wrapper has ended, and with it every process of the exec: what the proxy
         // decided meanwhile is (also) this exec's.
-        let network = window.map(|w| {
-            let (denials, activity) = w.close(CLOSE_GRACE);
-            violations.extend(denials);
-            activity
-        });
-        let changes = match &before {
-            Some(before) => self.changes_since(before)?,
-            None => Vec::new(),
-        };
-        if out.text.is_empty() && out.bytes == 0 {
-            out = Output::default();
-        }
-        Ok(ExecResult {
-            exit_code,
-            signal,
-            timed_out: driven.timed_out,
-            duration_ms: start.elapsed().as_millis() as u64,
-            stdout: out,
-            stderr: err,
-            changes,
-            violations,
-            resources: Resources {
-                cpu_ms,
-                max_rss_bytes,
-                oom_killed,
-            },
-            enforcement: self.enforcement(),
-            network,
-        })
+        end.network = baseline.window.map(|w| w.close(CLOSE_GRACE));
+        let changes = self.common.layers.changes_since(baseline.before.as_ref())?;
+        Ok(end.into_result(out, err, changes, self.enforcement()))
+    }
+}
+
+impl Handle for Sandbox {
+    type Proc = DockerProc;
+
+    fn common(&self) -> &Common<DockerProc> {
+        &self.common
     }
 
-    /// Marks every exec of a sandbox that is going away.
-    pub fn end_execs(&self, why: &str) {
-        for slot in lock(&self.execs).values() {
-            let mut st = lock(&slot.state);
-            if !st.done {
-                st.error = Some(why.to_string());
-                st.done = true;
-                st.stdin = None;
-            }
-            drop(st);
-            slot.cond.notify_all();
+    fn refresh(&self) {
+        self.check_alive();
+    }
+
+    fn exec(
+        self: &Arc<Self>,
+        plan: ExecPlan,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        self.run(plan, events)
+    }
+
+    fn signal(&self, slot: &Slot, signal: i32) -> Result<(), ApiError> {
+        if signal == libc::SIGKILL {
+            self.kill_tree(slot);
+        } else if let Some(wrapper) = self.wrapper_pid(slot)
+            && procfs::is_wrapper_of(wrapper, slot.id)
+            && let Some(main) = procfs::children(wrapper).first().copied()
+        {
+            // SAFETY: kill has no memory arguments; `main` is the wrapper's child.
+            unsafe { libc::kill(main, signal) };
         }
+        Ok(())
+    }
+
+    /// The workspace as mounted on the host, with the container user's ids.
+    fn with_fs<T>(
+        &self,
+        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        if !self.check_alive() {
+            return Err(self.lost_error());
+        }
+        let fs = WorkspaceFs::open(&self.dirs.mnt())?
+            .with_mount_path(PathBuf::from(&self.common.exec_base.workdir))
+            .with_protected(&self.common.policy.filesystem.protected);
+        let _user = AsUser::enter(self.overlay.user);
+        op(&fs)
+    }
+
+    /// Every exec is stopped, and every other process of the container but its pid 1 killed:
+    /// nothing of the sandbox may run while the new workspace and its guards are mounted on
+    /// paths it could otherwise swap for symlinks.
+    fn stop_all(&self) -> Result<(), ApiError> {
+        if !self.check_alive() {
+            return Err(self.lost_error());
+        }
+        let slots = &self.common.slots;
+        for slot in slots.all() {
+            if !slot.state().settled() {
+                self.kill_tree(&slot);
+            }
+        }
+        slots.wait_settled(Instant::now() + kit::STOP_WAIT);
+        procfs::kill_all_but_init(&self.init);
+        Ok(())
+    }
+
+    /// The overlay is detached on the host (and so in the container), and a fresh one on the
+    /// staged layers is mounted in its place (it propagates into the container).
+    fn remount(&self, staged: &StagedLayers, name: &str) -> Result<(), ApiError> {
+        self.overlay.prepare_upper(&staged.upper)?;
+        hostmount::detach(&self.dirs.mnt()).map_err(|e| {
+            self.mark_lost();
+            ApiError::internal(format!("restore: {e}; destroy the sandbox"))
+        })?;
+        let policy = &self.common.policy;
+        if let Err(e) = self
+            .overlay
+            .mount(&self.dirs, &staged.upper, &staged.work, policy)
+        {
+            self.mark_lost();
+            return Err(ApiError::internal(format!(
+                "restore of checkpoint {name} failed: {e}; destroy the sandbox"
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -188,10 +188,7 @@ fn long_output_is_cut_to_head_and_tail_and_spilled() {
     assert!(r.stdout.text.starts_with("line 0\n"));
     assert!(r.stdout.text.ends_with("line 1999\n"));
     let spill = r.stdout.spill_path.clone().unwrap();
-    assert!(
-        spill.starts_with(taskbox_core::sandbox::SPILL_MOUNT),
-        "{spill}"
-    );
+    assert!(spill.starts_with(taskbox_core::kit::SPILL_MOUNT), "{spill}");
     // The spill file is readable through the API and inside the sandbox.
     let read = h
         .backend

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use taskbox_core::api::*;
-use taskbox_docker::{DockerBackend, DockerConfig, LABEL_OWNER};
+use taskbox_docker::{Docker, DockerConfig, LABEL_OWNER};
 
 /// Set in the re-executed test binary that plays the supervisor.
 const CHILD_ENV: &str = "TASKBOX_DOCKER_SUPERVISOR_CHILD";
@@ -25,7 +25,7 @@ fn supervisor_child() {
     };
     let state = std::path::PathBuf::from(state);
     let ws = state.parent().unwrap().join("ws");
-    let backend = DockerBackend::new(&state, images(), DockerConfig::default()).unwrap();
+    let backend = Docker::open(&state, images(), DockerConfig::default()).unwrap();
     let info = backend
         .create(CreateRequest {
             workspace: ws.display().to_string(),
@@ -103,7 +103,7 @@ fn a_killed_supervisors_containers_and_mounts_are_removed_by_the_next() {
     );
 
     // The next supervisor on the same state directory removes the orphan and its mounts.
-    let backend = DockerBackend::new(&state, images(), DockerConfig::default()).unwrap();
+    let backend = Docker::open(&state, images(), DockerConfig::default()).unwrap();
     let owner = backend.owner().to_string();
     assert!(containers_with_label(LABEL_OWNER, &owner).is_empty());
     assert!(

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use taskbox_core::api::*;
 use taskbox_core::image::{ImageConfig, ImageResolver, ImageRoot};
-use taskbox_docker::{DockerBackend, DockerConfig};
+use taskbox_docker::{Docker, DockerBackend, DockerConfig};
 
 pub const BUSYBOX: &str = "/bin/busybox";
 
@@ -342,8 +342,7 @@ impl Harness {
             std::fs::create_dir(dir.path().join(d)).unwrap();
         }
         let images = images();
-        let backend =
-            DockerBackend::new(&dir.path().join("state"), images.clone(), config).unwrap();
+        let backend = Docker::open(&dir.path().join("state"), images.clone(), config).unwrap();
         Harness {
             backend,
             dir,

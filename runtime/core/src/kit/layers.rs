@@ -1,0 +1,431 @@
+//! A sandbox's workspace as overlay layers on the host, and the operations on them every backend
+//! shares: diff, checkpoint, the staging of a restore, export, the change an exec made, and the
+//! spill files of its output.
+//!
+//! The backends differ only in where the layers are mounted and how a restore remounts them
+//! ([`super::Handle::remount`]); the layers themselves are directories this process reaches.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::api::*;
+use crate::changes;
+use crate::fsops::WorkspaceFs;
+use crate::layers::{self, Fingerprint};
+use crate::native;
+use crate::result::Change;
+
+/// Where spill files of execs appear inside the sandbox (read-only).
+pub const SPILL_MOUNT: &str = "/tmp/.taskbox/out";
+
+/// The layers of one sandbox's workspace, as this process reaches them.
+#[derive(Debug)]
+pub struct Layers {
+    /// The workspace on the host: the overlay's lower layer.
+    pub host: PathBuf,
+    /// The directory that holds `upper` and `work` (the sandbox's disk, when it has one): a
+    /// restore stages its layers here, since a rename cannot cross file systems.
+    pub disk: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub checkpoints: PathBuf,
+    /// The spill files of the execs' output ([`SPILL_MOUNT`] inside).
+    pub spill: PathBuf,
+    /// Where `export` writes tars.
+    pub exports: PathBuf,
+    /// The workspace is an overlay (not the host directory itself): execs report changes.
+    pub overlay: bool,
+    /// Execs and file operations hold it shared; checkpoint and restore exclusively.
+    lock: RwLock<()>,
+}
+
+impl Layers {
+    pub fn new(host: PathBuf, disk: PathBuf, checkpoints: PathBuf, spill: PathBuf) -> Layers {
+        Layers {
+            upper: disk.join("upper"),
+            work: disk.join("work"),
+            host,
+            disk,
+            checkpoints,
+            spill,
+            exports: PathBuf::new(),
+            overlay: true,
+            lock: RwLock::new(()),
+        }
+    }
+
+    /// Where `export` writes tars.
+    pub fn with_exports(mut self, dir: PathBuf) -> Layers {
+        self.exports = dir;
+        self
+    }
+
+    /// Whether the workspace is an overlay whose changes execs report.
+    pub fn with_overlay(mut self, overlay: bool) -> Layers {
+        self.overlay = overlay;
+        self
+    }
+
+    /// Shared: an exec or a file operation.
+    pub fn shared(&self) -> Result<RwLockReadGuard<'_, ()>, ApiError> {
+        self.lock
+            .read()
+            .map_err(|_| ApiError::internal("the sandbox's layer lock is poisoned"))
+    }
+
+    /// Exclusive: no exec or file operation of the API changes the upper layer meanwhile.
+    pub fn exclusive(&self) -> Result<RwLockWriteGuard<'_, ()>, ApiError> {
+        self.lock
+            .write()
+            .map_err(|_| ApiError::internal("the sandbox's layer lock is poisoned"))
+    }
+
+    /// A fingerprint of the upper layer taken before an exec (cost: the size of the change so
+    /// far, not of the workspace); `None` when the workspace is not an overlay.
+    pub fn fingerprint(&self) -> Result<Option<Fingerprint>, ApiError> {
+        if !self.overlay {
+            return Ok(None);
+        }
+        layers::fingerprint(&self.upper)
+            .map(Some)
+            .map_err(layers_err)
+    }
+
+    /// What changed in the workspace since `before` was taken (nothing without one).
+    pub fn changes_since(&self, before: Option<&Fingerprint>) -> Result<Vec<Change>, ApiError> {
+        let Some(before) = before else {
+            return Ok(Vec::new());
+        };
+        let after = layers::fingerprint(&self.upper).map_err(layers_err)?;
+        layers::exec_changes(before, &after, &self.upper, &self.host).map_err(layers_err)
+    }
+
+    /// A file the exec added or changed has the size of the per-file limit: a write past it
+    /// failed (see [`native::reached_file_size`]).
+    pub fn reached_file_size(&self, changes: &[Change], limit: u64) -> bool {
+        native::reached_file_size(&self.upper, changes, limit)
+    }
+
+    fn checkpoint_dir(&self, name: &str) -> Result<PathBuf, ApiError> {
+        Ok(self.checkpoints.join(checkpoint_name(name)?))
+    }
+
+    /// The layer of an existing checkpoint.
+    fn existing_checkpoint(&self, name: &str) -> Result<PathBuf, ApiError> {
+        let dir = self.checkpoint_dir(name)?;
+        if !dir.is_dir() {
+            return Err(ApiError::not_found(format!(
+                "checkpoint {name} does not exist"
+            )));
+        }
+        Ok(dir)
+    }
+
+    /// Reads an exec's spill file when `req` names one under [`SPILL_MOUNT`]; None for any
+    /// other path.
+    pub fn read_spill(&self, req: &ReadRequest) -> Option<Result<ReadResult, ApiError>> {
+        read_spill(&self.spill, req)
+    }
+
+    pub fn diff(&self, req: &DiffRequest) -> Result<DiffResult, ApiError> {
+        let _g = self.shared()?;
+        let since = match &req.since {
+            None => None,
+            Some(name) => Some(self.existing_checkpoint(name)?),
+        };
+        layer_diff(&self.host, &self.upper, since.as_deref())
+    }
+
+    /// Copies the upper layer to a new checkpoint and lists it in `info`.
+    pub fn checkpoint(
+        &self,
+        req: CheckpointRequest,
+        info: &Mutex<SandboxInfo>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let dir = self.checkpoint_dir(&req.name)?;
+        let _g = self.exclusive()?;
+        let files = take_checkpoint(&self.host, &self.upper, &dir, &req.name)?;
+        super::lock(info).checkpoints.push(req.name.clone());
+        Ok(CheckpointInfo {
+            name: req.name,
+            created_at_ms: super::now_ms(),
+            files,
+        })
+    }
+
+    /// Rolls the workspace back to checkpoint `name`, holding the layers exclusively: `stop`
+    /// ends every process of the sandbox, `remount` mounts the staged copy of the checkpoint
+    /// where the workspace was; then the staged layers take the place of the old ones.
+    pub fn restore(
+        &self,
+        name: &str,
+        stop: impl FnOnce() -> Result<(), ApiError>,
+        remount: impl FnOnce(&StagedLayers) -> Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
+        let ckpt = self.existing_checkpoint(name)?;
+        let _g = self.exclusive()?;
+        // Processes with files open in the old view would keep writing to it.
+        stop()?;
+        let staged = StagedLayers::stage(&self.disk, &ckpt)?;
+        remount(&staged)?;
+        // The new mount holds the new directories; the old ones are no longer used.
+        staged.swap_in(&self.disk, &self.upper, &self.work)
+    }
+
+    /// The change as a patch or a tar (written under [`Layers::exports`]), applied to the host
+    /// workspace too when asked.
+    pub fn export(&self, req: &ExportRequest, id: &SandboxId) -> Result<ExportResult, ApiError> {
+        let _g = self.shared()?;
+        let (upper, ws) = (&self.upper, &self.host);
+        let list = changes::scan(upper, ws).map_err(changes_err)?;
+        let mut patch = None;
+        let mut tar_path = None;
+        match req.format {
+            ExportFormat::Patch => {
+                patch = Some(changes::unified_diff(upper, ws, &list).map_err(changes_err)?);
+            }
+            ExportFormat::Tar => {
+                let dir = &self.exports;
+                fs::create_dir_all(dir).map_err(|e| {
+                    ApiError::internal(format!("cannot create {}: {e}", dir.display()))
+                })?;
+                let path = dir.join(format!("{id}-{}.tar", super::now_ms()));
+                let mut f = std::io::BufWriter::new(fs::File::create(&path).map_err(|e| {
+                    ApiError::internal(format!("cannot create {}: {e}", path.display()))
+                })?);
+                layers::export_tar(upper, ws, &list, &mut f).map_err(layers_err)?;
+                f.flush().map_err(|e| {
+                    ApiError::internal(format!("cannot write {}: {e}", path.display()))
+                })?;
+                tar_path = Some(path.display().to_string());
+            }
+        }
+        let mut applied = false;
+        if req.apply {
+            layers::apply_to_host(upper, ws, &list).map_err(layers_err)?;
+            applied = true;
+        }
+        Ok(ExportResult {
+            format: req.format,
+            patch,
+            tar_path,
+            changes: list,
+            applied,
+        })
+    }
+}
+
+/// What a git-style diff says about one file beyond its status.
+#[derive(Default)]
+struct Section {
+    binary: bool,
+    mode_change: Option<String>,
+}
+
+/// Reads the per-file facts of a git-style diff: binary or not, and mode changes. Sections start
+/// at `diff --git a/P b/P` lines (paths are written as the renderer writes them, unquoted).
+fn diff_sections(text: &str) -> BTreeMap<&str, Section> {
+    let mut out: BTreeMap<&str, Section> = BTreeMap::new();
+    let mut current: Option<&str> = None;
+    let mut old_mode: Option<&str> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("diff --git a/") {
+            current = rest.split(" b/").next();
+            old_mode = None;
+            if let Some(p) = current {
+                out.entry(p).or_default();
+            }
+            continue;
+        }
+        let Some(p) = current else { continue };
+        if let Some(m) = line.strip_prefix("old mode ") {
+            old_mode = Some(m);
+        } else if let (Some(m), Some(old)) = (line.strip_prefix("new mode "), old_mode) {
+            out.entry(p).or_default().mode_change = Some(format!("{old} -> {m}"));
+        } else if line.starts_with("Binary files ") {
+            out.entry(p).or_default().binary = true;
+        }
+    }
+    out
+}
+
+/// Reads an exec's spill file when `req` names one under [`SPILL_MOUNT`] (`N.stdout` or
+/// `N.stderr`, kept in `dir`); None for any other path.
+pub fn read_spill(dir: &Path, req: &ReadRequest) -> Option<Result<ReadResult, ApiError>> {
+    let name = req.path.strip_prefix(SPILL_MOUNT)?.strip_prefix('/')?;
+    let valid = name.split_once('.').is_some_and(|(n, ext)| {
+        !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && (ext == "stdout" || ext == "stderr")
+    });
+    if !valid {
+        return Some(Err(ApiError::not_found(format!(
+            "{} does not exist",
+            req.path
+        ))));
+    }
+    Some(WorkspaceFs::open(dir).and_then(|fs| {
+        let mut r = fs.read(&ReadRequest {
+            path: name.to_string(),
+            ..req.clone()
+        })?;
+        r.path = req.path.clone();
+        Ok(r)
+    }))
+}
+
+/// The change in the upper layer `upper` over the workspace `host`, or, with `since` (a
+/// checkpoint's layer), since that checkpoint.
+pub fn layer_diff(host: &Path, upper: &Path, since: Option<&Path>) -> Result<DiffResult, ApiError> {
+    let (list, d) = match since {
+        None => {
+            let list = changes::scan(upper, host).map_err(changes_err)?;
+            let d = changes::diff(upper, host, &list).map_err(changes_err)?;
+            (list, d)
+        }
+        Some(base) => {
+            let list = layers::scan_between(host, base, upper).map_err(layers_err)?;
+            let d = layers::diff_between(host, base, upper, &list).map_err(layers_err)?;
+            (list, d)
+        }
+    };
+    let sections = diff_sections(&d.text);
+    let files = list
+        .into_iter()
+        .map(|c| {
+            let section = sections.get(c.path.as_str());
+            FileDiff {
+                binary: section.is_some_and(|s| s.binary),
+                mode_change: section.and_then(|s| s.mode_change.clone()),
+                path: c.path,
+                status: c.kind,
+            }
+        })
+        .collect();
+    Ok(DiffResult {
+        files,
+        diff: d.text,
+        stats: d.stats,
+    })
+}
+
+/// Copies the upper layer `upper` to a new checkpoint layer `dir` (named `name`; it must not
+/// exist); the number of changed files it holds.
+pub fn take_checkpoint(host: &Path, upper: &Path, dir: &Path, name: &str) -> Result<u64, ApiError> {
+    if dir.exists() {
+        return Err(ApiError::Conflict(format!(
+            "checkpoint {name} exists already; choose another name"
+        )));
+    }
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent)
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    if let Err(e) = layers::copy_layer(upper, dir) {
+        native::remove_tree(dir);
+        return Err(layers_err(e));
+    }
+    Ok(changes::scan(upper, host).map_err(changes_err)?.len() as u64)
+}
+
+/// The layers a restore mounts, made in a sandbox's directory `dir` before the swap:
+/// `upper.next` (a copy of the checkpoint layer `ckpt`) and an empty `work.next`.
+pub struct StagedLayers {
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+impl StagedLayers {
+    pub fn stage(dir: &Path, ckpt: &Path) -> Result<StagedLayers, ApiError> {
+        let staged = StagedLayers {
+            upper: dir.join("upper.next"),
+            work: dir.join("work.next"),
+        };
+        native::remove_tree(&staged.upper);
+        native::remove_tree(&staged.work);
+        layers::copy_layer(ckpt, &staged.upper).map_err(layers_err)?;
+        fs::create_dir(&staged.work).map_err(|e| {
+            ApiError::internal(format!("cannot create {}: {e}", staged.work.display()))
+        })?;
+        Ok(staged)
+    }
+
+    /// Once the new overlay is mounted on them: puts them in place of `upper` and `work`, and
+    /// removes the old ones (through `dir/trash`).
+    pub fn swap_in(self, dir: &Path, upper: &Path, work: &Path) -> Result<(), ApiError> {
+        let trash = dir.join("trash");
+        native::remove_tree(&trash);
+        let _ = fs::create_dir(&trash);
+        let moves = [
+            (upper.to_path_buf(), trash.join("upper")),
+            (work.to_path_buf(), trash.join("work")),
+            (self.upper, upper.to_path_buf()),
+            (self.work, work.to_path_buf()),
+        ];
+        for (from, to) in moves {
+            fs::rename(&from, &to).map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot move {} to {}: {e}",
+                    from.display(),
+                    to.display()
+                ))
+            })?;
+        }
+        native::remove_tree(&trash);
+        Ok(())
+    }
+}
+
+/// A layer operation's error as the API reports it.
+pub fn layers_err(e: layers::LayersError) -> ApiError {
+    match e {
+        layers::LayersError::Refused { .. } => ApiError::PathRefused(e.to_string()),
+        other => ApiError::internal(other),
+    }
+}
+
+/// A change scan's error as the API reports it.
+pub fn changes_err(e: changes::ChangesError) -> ApiError {
+    ApiError::internal(e)
+}
+
+/// The canonical path of a workspace a create request names: an existing directory other than
+/// `/`, whose path overlay mount options can carry.
+pub fn overlay_workspace(given: &str) -> Result<PathBuf, ApiError> {
+    let workspace = fs::canonicalize(given)
+        .map_err(|e| ApiError::invalid(format!("workspace {given}: {e}")))?;
+    if !workspace.is_dir() || workspace == Path::new("/") {
+        return Err(ApiError::invalid(format!(
+            "workspace {} must be a directory other than /",
+            workspace.display()
+        )));
+    }
+    if workspace.to_string_lossy().contains([',', ':', '\\', '\n']) {
+        return Err(ApiError::invalid(format!(
+            "workspace {}: the path contains ',', ':' or '\\', which overlay options cannot carry",
+            workspace.display()
+        )));
+    }
+    Ok(workspace)
+}
+
+/// Checkpoint names: `[A-Za-z0-9._-]{1,64}`, not `.` or `..`.
+pub fn checkpoint_name(name: &str) -> Result<&str, ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(name)
+    } else {
+        Err(ApiError::invalid(format!(
+            "invalid checkpoint name {name:?}: use 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'"
+        )))
+    }
+}

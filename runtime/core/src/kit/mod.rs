@@ -1,0 +1,490 @@
+//! The backend kit: everything between the contract and how a process starts inside a backend's
+//! boundary, written once.
+//!
+//! A backend implements two traits:
+//! - [`Backend`]: starts a sandbox for a create request and ends one; it owns the [`Table`] of
+//!   its live sandboxes;
+//! - [`Handle`]: one live sandbox. It runs an exec (building its [`ExecPlan`] and reporting its
+//!   end as an [`ExecEnd`](crate::exec_end::ExecEnd)), signals one, opens the workspace for file
+//!   operations, stops every process and remounts the workspace for a restore.
+//!
+//! [`Sandboxes`] then implements [`SandboxApi`] for it: ids and the table, leases, background
+//! processes (wait, kill, stdin, their state) over [`Slots`], and the workspace operations (file
+//! operations, diff, checkpoint, restore, export) over the shared overlay type [`Layers`].
+//! `docs/backends.md` walks through adding a backend.
+
+pub mod layers;
+pub mod slots;
+
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use crate::exec_end::ExecEnd;
+pub use crate::exec_plan::ExecPlan;
+pub use layers::{Layers, SPILL_MOUNT, StagedLayers};
+pub use slots::{ExecSlot, ProcState, Slots, StdinSink};
+
+use crate::api::*;
+use crate::egress::SandboxEgress;
+use crate::fsops::WorkspaceFs;
+use crate::policy::Policy;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// A lock that a panicking holder does not make unusable: the data it guards stays consistent
+/// (each holder makes whole changes).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// A backend: how sandboxes start and end in its boundary.
+pub trait Backend: Send + Sync + 'static {
+    type Sandbox: Handle;
+    /// Its name in `SandboxInfo.backend` and the logs.
+    const NAME: &'static str;
+
+    /// Its live sandboxes.
+    fn table(&self) -> &Table<Self::Sandbox>;
+
+    /// Starts a sandbox for `req`, whose policy is resolved ([`CreateRequest::for_backend`]).
+    fn start(&self, req: &CreateRequest) -> Result<Arc<Self::Sandbox>, ApiError>;
+
+    /// Ends a sandbox taken out of the table: its processes, its mounts, its directories.
+    fn end(&self, sandbox: &Self::Sandbox);
+
+    /// Ends the sandboxes left when the backend is dropped.
+    fn end_all(&self, sandboxes: Vec<Arc<Self::Sandbox>>) {
+        for sb in sandboxes {
+            self.end(&sb);
+        }
+    }
+}
+
+/// One live sandbox of a backend.
+pub trait Handle: Send + Sync + Sized + 'static {
+    /// What the backend keeps of an exec's process.
+    type Proc: ProcState;
+
+    /// The parts every backend's sandbox has.
+    fn common(&self) -> &Common<Self::Proc>;
+
+    /// Called before the sandbox's info is read: a backend that learns that a sandbox is lost
+    /// only by looking (Docker) looks.
+    fn refresh(&self) {}
+
+    /// Runs a planned command: to its end (streaming `events`), or in the background with a
+    /// slot in [`Common::slots`]. The layers are held shared until it returns.
+    fn exec(
+        self: &Arc<Self>,
+        plan: ExecPlan,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError>;
+
+    /// Delivers `signal` (1-64; SIGKILL: to the exec's whole tree) to a running exec.
+    fn signal(&self, slot: &ExecSlot<Self::Proc>, signal: i32) -> Result<(), ApiError>;
+
+    /// Runs a file operation on the workspace as the sandbox sees it (the layers are held
+    /// shared meanwhile).
+    fn with_fs<T>(
+        &self,
+        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError>;
+
+    /// For a restore: ends every process of the sandbox that could hold files of the old
+    /// workspace open, and waits for its execs to settle.
+    fn stop_all(&self) -> Result<(), ApiError>;
+
+    /// For a restore of checkpoint `name`: mounts `staged` where the workspace is.
+    fn remount(&self, staged: &StagedLayers, name: &str) -> Result<(), ApiError>;
+}
+
+/// The parts every backend's sandbox has.
+pub struct Common<P> {
+    pub id: SandboxId,
+    pub info: Mutex<SandboxInfo>,
+    pub policy: Policy,
+    /// What execs run in: the workspace inside the sandbox (the default working directory),
+    /// the environment every exec gets, and the shell of `shell` execs.
+    pub exec_base: ExecBase,
+    pub layers: Layers,
+    pub slots: Slots<P>,
+    /// Network mode "proxy": the sandbox's egress proxy.
+    pub egress: Option<SandboxEgress>,
+}
+
+/// What a sandbox's execs run in.
+#[derive(Debug, Clone, Default)]
+pub struct ExecBase {
+    /// The workspace inside the sandbox: the default working directory.
+    pub workdir: String,
+    /// The environment every exec gets, under the request's.
+    pub env: Vec<(String, String)>,
+    /// The image's shell and its flag for `shell` execs (`None`: `/bin/sh -c`).
+    pub shell: Option<Vec<String>>,
+}
+
+impl<P: ProcState> Common<P> {
+    pub fn new(
+        info: SandboxInfo,
+        policy: Policy,
+        exec_base: ExecBase,
+        layers: Layers,
+    ) -> Common<P> {
+        Common {
+            id: info.id.clone(),
+            info: Mutex::new(info),
+            policy,
+            exec_base,
+            layers,
+            slots: Slots::default(),
+            egress: None,
+        }
+    }
+
+    pub fn with_egress(mut self, egress: Option<SandboxEgress>) -> Common<P> {
+        self.egress = egress;
+        self
+    }
+
+    /// Puts new egress rules in force (network mode "proxy" only).
+    pub fn set_network(&self, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        match &self.egress {
+            Some(egress) => egress.replace_rules(self.id.as_str(), rules),
+            None => Err(crate::egress::no_proxy(
+                self.id.as_str(),
+                self.policy.network.mode,
+            )),
+        }
+    }
+
+    /// The plan of an exec request in this sandbox.
+    pub fn plan(&self, req: &ExecRequest) -> Result<ExecPlan, ApiError> {
+        let base = &self.exec_base;
+        ExecPlan::new(
+            req,
+            &self.policy,
+            &base.env,
+            &base.workdir,
+            base.shell.as_deref(),
+        )
+    }
+
+    /// Marks the sandbox lost in its info.
+    pub fn mark_lost(&self) {
+        lock(&self.info).state = "lost".into();
+    }
+}
+
+/// A backend's live sandboxes by id.
+pub struct Table<S> {
+    map: RwLock<HashMap<SandboxId, Arc<S>>>,
+}
+
+impl<S> Default for Table<S> {
+    fn default() -> Self {
+        Table {
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl<S> Table<S> {
+    pub fn get(&self, id: &SandboxId) -> Result<Arc<S>, ApiError> {
+        self.map
+            .read()
+            .map_err(|_| ApiError::internal("sandbox table poisoned"))?
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+    }
+
+    fn insert(&self, id: SandboxId, sb: Arc<S>) -> Result<(), ApiError> {
+        self.map
+            .write()
+            .map_err(|_| ApiError::internal("sandbox table poisoned"))?
+            .insert(id, sb);
+        Ok(())
+    }
+
+    fn remove(&self, id: &SandboxId) -> Result<Arc<S>, ApiError> {
+        self.map
+            .write()
+            .map_err(|_| ApiError::internal("sandbox table poisoned"))?
+            .remove(id)
+            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+    }
+
+    pub fn all(&self) -> Vec<Arc<S>> {
+        self.map
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Takes every sandbox out of the table.
+    pub fn drain(&self) -> Vec<Arc<S>> {
+        match self.map.write() {
+            Ok(mut m) => m.drain().map(|(_, s)| s).collect(),
+            Err(p) => p.into_inner().drain().map(|(_, s)| s).collect(),
+        }
+    }
+}
+
+/// A backend with the operations of [`SandboxApi`]: the one implementation of the contract
+/// that every backend shares. It derefs to the backend for what is the backend's own.
+pub struct Sandboxes<B: Backend>(B);
+
+impl<B: Backend> Sandboxes<B> {
+    pub fn of(backend: B) -> Sandboxes<B> {
+        Sandboxes(backend)
+    }
+
+    fn get(&self, id: &SandboxId) -> Result<Arc<B::Sandbox>, ApiError> {
+        self.0.table().get(id)
+    }
+
+    /// Destroys every sandbox whose lease has run out; returns their ids.
+    pub fn reap_expired(&self) -> Vec<SandboxId> {
+        let now = now_ms();
+        let expired: Vec<SandboxId> = self
+            .list()
+            .into_iter()
+            .filter(|i| i.expires_at_ms.is_some_and(|t| t <= now))
+            .map(|i| i.id)
+            .collect();
+        for id in &expired {
+            let _ = self.destroy(id);
+        }
+        expired
+    }
+
+    /// Extends (or sets) a sandbox's lease to `ttl` from now.
+    pub fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, ApiError> {
+        let sb = self.get(id)?;
+        let mut info = lock(&sb.common().info);
+        info.expires_at_ms = Some(now_ms() + ttl.as_millis() as u64);
+        Ok(info.clone())
+    }
+
+    fn info_of(sb: &B::Sandbox) -> SandboxInfo {
+        sb.refresh();
+        lock(&sb.common().info).clone()
+    }
+
+    /// A file operation on the workspace, shared with execs and excluded from checkpoint and
+    /// restore.
+    fn with_fs<T>(
+        &self,
+        id: &SandboxId,
+        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let sb = self.get(id)?;
+        let _g = sb.common().layers.shared()?;
+        sb.with_fs(op)
+    }
+}
+
+impl<B: Backend> Deref for Sandboxes<B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        &self.0
+    }
+}
+
+impl<B: Backend> std::ops::DerefMut for Sandboxes<B> {
+    fn deref_mut(&mut self) -> &mut B {
+        &mut self.0
+    }
+}
+
+impl<B: Backend> Drop for Sandboxes<B> {
+    fn drop(&mut self) {
+        let all = self.0.table().drain();
+        self.0.end_all(all);
+    }
+}
+
+impl<B: Backend + std::fmt::Debug> std::fmt::Debug for Sandboxes<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<B: Backend> SandboxApi for Sandboxes<B> {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        let sb = self.0.start(&req)?;
+        let info = Self::info_of(&sb);
+        self.0.table().insert(info.id.clone(), sb)?;
+        tracing::info!(sandbox = %info.id, backend = B::NAME, workspace = %info.workspace,
+            image = %info.image, "sandbox created");
+        Ok(info)
+    }
+
+    fn list(&self) -> Vec<SandboxInfo> {
+        let mut v: Vec<SandboxInfo> = self
+            .0
+            .table()
+            .all()
+            .iter()
+            .map(|s| Self::info_of(s))
+            .collect();
+        v.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        let sb = self.get(id)?;
+        Ok(Self::info_of(&sb))
+    }
+
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        let sb = self.get(id)?;
+        let _g = sb.common().layers.shared()?;
+        let plan = sb.common().plan(&req)?;
+        let Some(events) = events else {
+            return sb.exec(plan, None);
+        };
+        let mut forward = |e| events(e);
+        let outcome = sb.exec(plan, Some(&mut forward))?;
+        // The stream ends with the result, whatever the backend.
+        if let ExecOutcome::Finished(result) = &outcome {
+            events(ExecEvent::Ended {
+                result: Box::new(result.clone()),
+            });
+        }
+        Ok(outcome)
+    }
+
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
+        Ok(self.get(id)?.common().slots.get(exec_id)?.info())
+    }
+
+    fn wait(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        timeout: Duration,
+    ) -> Result<ProcessInfo, ApiError> {
+        Ok(self.get(id)?.common().slots.get(exec_id)?.wait(timeout))
+    }
+
+    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
+        let sb = self.get(id)?;
+        let slot = sb.common().slots.get(exec_id)?;
+        if !(1..=64).contains(&signal) {
+            return Err(ApiError::invalid(format!("invalid signal {signal}")));
+        }
+        if !slot.state().settled() {
+            sb.signal(&slot, signal)?;
+        }
+        Ok(slot.info())
+    }
+
+    fn write_stdin(
+        &self,
+        id: &SandboxId,
+        exec_id: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ApiError> {
+        let sb = self.get(id)?;
+        sb.common().slots.get(exec_id)?.write_stdin(data, close)
+    }
+
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
+        let sb = self.get(id)?;
+        let _g = sb.common().layers.shared()?;
+        if let Some(r) = sb.common().layers.read_spill(&req) {
+            return r;
+        }
+        sb.with_fs(|fs| fs.read(&req))
+    }
+
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
+        self.with_fs(id, |fs| fs.write(&req))
+    }
+
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
+        self.with_fs(id, |fs| fs.edit(&req))
+    }
+
+    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
+        self.with_fs(id, |fs| fs.patch(&req))
+    }
+
+    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
+        self.with_fs(id, |fs| fs.list(&req))
+    }
+
+    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
+        self.with_fs(id, |fs| fs.search(&req))
+    }
+
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
+        self.with_fs(id, |fs| fs.stat(&req))
+    }
+
+    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
+        self.with_fs(id, |fs| fs.remove(&req))
+    }
+
+    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
+        self.with_fs(id, |fs| fs.rename(&req))
+    }
+
+    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
+        self.get(id)?.common().layers.diff(&req)
+    }
+
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let sb = self.get(id)?;
+        sb.common().layers.checkpoint(req, &sb.common().info)
+    }
+
+    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
+        let sb = self.get(id)?;
+        sb.common().layers.restore(
+            &req.name,
+            || sb.stop_all(),
+            |staged| sb.remount(staged, &req.name),
+        )
+    }
+
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
+        self.get(id)?.common().layers.export(&req, id)
+    }
+
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
+        let sb = self.0.table().remove(id)?;
+        self.0.end(&sb);
+        tracing::info!(sandbox = %id, backend = B::NAME, "sandbox destroyed");
+        Ok(())
+    }
+
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.get(id)?.common().set_network(rules)
+    }
+}
+
+/// How long a restore waits for the execs it stopped to settle.
+pub const STOP_WAIT: Duration = Duration::from_secs(5);

@@ -1,0 +1,275 @@
+//! The execs of a sandbox: one slot per exec, from its start until its result is read, with its
+//! output so far, its standard input when it is a background exec, and what the backend keeps
+//! of the process (`P`). Waiting, writing to stdin and reading a background process's state are
+//! the same on every backend; only signalling it is the backend's ([`super::Handle::signal`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::layers::SPILL_MOUNT;
+use super::lock;
+use crate::api::{ApiError, ProcessInfo};
+use crate::capture::Capture;
+use crate::result::ExecResult;
+
+/// What a backend keeps of an exec's process in its slot.
+pub trait ProcState: Send + 'static {
+    /// The process has ended (the backend learned it before the result was built).
+    fn exited(&self) -> bool {
+        false
+    }
+}
+
+/// Where a background exec's standard input goes.
+pub trait StdinSink: Send {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<()>;
+    /// Closes the stream (dropping the sink must close it too).
+    fn close(self: Box<Self>) {}
+}
+
+impl StdinSink for std::fs::File {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        std::io::Write::write_all(self, data)
+    }
+}
+
+/// An exec's state, under its slot's lock.
+pub struct SlotState<P> {
+    pub stdout: Option<Capture>,
+    pub stderr: Option<Capture>,
+    pub result: Option<ExecResult>,
+    /// Why the exec has no result (its sandbox was lost or destroyed, or its driver failed).
+    pub error: Option<String>,
+    pub stdin: Option<Box<dyn StdinSink>>,
+    pub proc: P,
+}
+
+impl<P: ProcState> SlotState<P> {
+    /// The exec has its result, or never will.
+    pub fn finished(&self) -> bool {
+        self.result.is_some() || self.error.is_some()
+    }
+
+    /// Nothing of the exec runs any more.
+    pub fn settled(&self) -> bool {
+        self.finished() || self.proc.exited()
+    }
+}
+
+/// One exec.
+pub struct ExecSlot<P> {
+    pub id: u64,
+    pub argv: Vec<String>,
+    state: Mutex<SlotState<P>>,
+    cond: Condvar,
+}
+
+impl<P: ProcState> ExecSlot<P> {
+    /// A slot for exec `id` whose output is kept up to `limit` bytes a stream, spilling to
+    /// `spill/ID.stdout` and `spill/ID.stderr` (shown under [`SPILL_MOUNT`]).
+    pub fn new(
+        id: u64,
+        argv: Vec<String>,
+        limit: usize,
+        spill: &Path,
+        stdin: Option<Box<dyn StdinSink>>,
+        proc: P,
+    ) -> ExecSlot<P> {
+        let capture = |stream: &str| {
+            let name = format!("{id}.{stream}");
+            Capture::new(limit, spill.join(&name))
+                .with_shown_path(Path::new(SPILL_MOUNT).join(name))
+        };
+        ExecSlot {
+            id,
+            argv,
+            state: Mutex::new(SlotState {
+                stdout: Some(capture("stdout")),
+                stderr: Some(capture("stderr")),
+                result: None,
+                error: None,
+                stdin,
+                proc,
+            }),
+            cond: Condvar::new(),
+        }
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, SlotState<P>> {
+        lock(&self.state)
+    }
+
+    /// Changes the state and wakes whoever waits on it.
+    pub fn update(&self, change: impl FnOnce(&mut SlotState<P>)) {
+        change(&mut self.state());
+        self.cond.notify_all();
+    }
+
+    /// Appends output to stdout (or stderr).
+    pub fn push(&self, stdout: bool, data: &[u8]) {
+        let mut st = self.state();
+        let cap = if stdout {
+            &mut st.stdout
+        } else {
+            &mut st.stderr
+        };
+        if let Some(c) = cap.as_mut() {
+            c.push(data);
+        }
+    }
+
+    /// Takes the captured streams once the exec has ended.
+    pub fn take_output(&self) -> (crate::result::Output, crate::result::Output) {
+        let mut st = self.state();
+        (
+            st.stdout.take().map(Capture::finish).unwrap_or_default(),
+            st.stderr.take().map(Capture::finish).unwrap_or_default(),
+        )
+    }
+
+    /// Keeps a background exec's result (or why it has none) and closes its stdin.
+    pub fn finish(&self, outcome: Result<ExecResult, ApiError>) {
+        self.update(|st| {
+            match outcome {
+                Ok(r) => st.result = Some(r),
+                Err(e) => st.error = Some(e.to_string()),
+            }
+            st.stdin = None;
+        });
+    }
+
+    /// Waits until `done` holds of the state or `deadline` passes; returns the state.
+    pub fn wait_until(
+        &self,
+        deadline: Instant,
+        done: impl Fn(&SlotState<P>) -> bool,
+    ) -> MutexGuard<'_, SlotState<P>> {
+        let mut st = self.state();
+        while !done(&st) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = match self.cond.wait_timeout(st, left) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        st
+    }
+
+    /// The process's state and output so far.
+    pub fn info(&self) -> ProcessInfo {
+        let mut st = self.state();
+        let stdout = st.stdout.as_mut().map(Capture::snapshot);
+        let stderr = st.stderr.as_mut().map(Capture::snapshot);
+        let result = st.result.clone();
+        ProcessInfo {
+            exec_id: self.id,
+            argv: self.argv.clone(),
+            running: !st.finished(),
+            stdout: stdout
+                .or_else(|| result.as_ref().map(|r| r.stdout.clone()))
+                .unwrap_or_default(),
+            stderr: stderr
+                .or_else(|| result.as_ref().map(|r| r.stderr.clone()))
+                .unwrap_or_default(),
+            result,
+        }
+    }
+
+    /// Waits until the process ends or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) -> ProcessInfo {
+        drop(self.wait_until(Instant::now() + timeout, SlotState::finished));
+        self.info()
+    }
+
+    /// Writes to the process's stdin; `close` closes it afterwards.
+    pub fn write_stdin(&self, data: &[u8], close: bool) -> Result<(), ApiError> {
+        let mut st = self.state();
+        let Some(sink) = st.stdin.as_mut() else {
+            return Err(ApiError::Conflict(format!(
+                "process {} has no open stdin (it ended, was started with stdin text, or stdin \
+                 was closed)",
+                self.id
+            )));
+        };
+        if !data.is_empty()
+            && let Err(e) = sink.write(data)
+        {
+            st.stdin = None;
+            return Err(ApiError::Conflict(format!(
+                "cannot write to process {}: {e}",
+                self.id
+            )));
+        }
+        if close && let Some(sink) = st.stdin.take() {
+            sink.close();
+        }
+        Ok(())
+    }
+}
+
+/// The execs of one sandbox, by id.
+pub struct Slots<P> {
+    map: Mutex<HashMap<u64, Arc<ExecSlot<P>>>>,
+    next: AtomicU64,
+}
+
+impl<P: ProcState> Default for Slots<P> {
+    fn default() -> Self {
+        Slots {
+            map: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl<P: ProcState> Slots<P> {
+    /// The id of the next exec.
+    pub fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst)
+    }
+
+    pub fn insert(&self, slot: Arc<ExecSlot<P>>) {
+        lock(&self.map).insert(slot.id, slot);
+    }
+
+    pub fn remove(&self, id: u64) {
+        lock(&self.map).remove(&id);
+    }
+
+    pub fn get(&self, id: u64) -> Result<Arc<ExecSlot<P>>, ApiError> {
+        lock(&self.map)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("process {id} does not exist")))
+    }
+
+    pub fn all(&self) -> Vec<Arc<ExecSlot<P>>> {
+        lock(&self.map).values().cloned().collect()
+    }
+
+    /// Marks every exec that has not ended with `why` (its sandbox is going away) and wakes
+    /// its waiters.
+    pub fn end_all(&self, why: &str) {
+        for slot in self.all() {
+            slot.update(|st| {
+                if !st.settled() {
+                    st.error = Some(why.to_string());
+                }
+                st.stdin = None;
+            });
+        }
+    }
+
+    /// Waits (until `deadline`) for every exec to have stopped running.
+    pub fn wait_settled(&self, deadline: Instant) {
+        for slot in self.all() {
+            drop(slot.wait_until(deadline, SlotState::settled));
+        }
+    }
+}
