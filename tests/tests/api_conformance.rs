@@ -15,7 +15,7 @@
 //!   exec's over it, invalid names), stdin, exit codes, signals, a missing command (127),
 //!   malformed requests, the changes it made, timeout (partial output kept), output limit
 //!   (head and tail kept, the whole stream readable through `read`), and the streamed events
-//!   (started, then output, then ended with the same result).
+//!   (started, then output, then ended with the same result; see the known divergences).
 //! - background exec: process, wait (with and without the process ending), kill (bad signals
 //!   refused), write_stdin (and after close/end), unknown exec ids `not_found`.
 //! - read (line and byte ranges, max_bytes, binary as base64), write (create_parents, mode,
@@ -28,10 +28,16 @@
 //!   none), set_network (refused for a sandbox without an egress proxy).
 //! - hostile input on every path-taking operation: `..` climbing out, absolute paths outside the
 //!   workspace, NUL bytes, empty paths (`path_refused` / `invalid_argument`, never a panic); and
-//!   the escapes that do not depend on the backend: symlinks planted by the sandbox to
-//!   `/etc/shadow`, to a host file or directory outside the workspace, or up through `..`, cannot
-//!   be read, written, edited, patched, renamed or removed through; a patch naming `../` paths is
-//!   refused. The host's files beside the workspace are checked unchanged byte for byte.
+//!   the escapes that do not depend on the backend: symlinks (planted by the sandbox, or brought
+//!   by the repository) to `/etc/shadow`, to a host file or directory outside the workspace, or
+//!   up through `..`, cannot be read, written, edited, patched, renamed or removed through; a
+//!   patch naming `../` or absolute paths is refused whole; a fifo cannot block the caller; no
+//!   set-id bit reaches the host on export. The host's files beside the workspace, and the host
+//!   workspace until an export applies, are checked unchanged entry by entry.
+//!
+//! Known divergences, the same on every backend, are pinned where they are checked (marked
+//! DIVERGENCE or BUG) so that their fix shows as a failing pin: no backend sends the `ended`
+//! event the trait's doc promises, and a directory of the host workspace cannot be renamed.
 //!
 //! The native variant runs rootless too (scripts/test.sh); the image-rooted ones need root (the
 //! shared image store) and docker a daemon: they skip with the reason, or fail under
@@ -884,7 +890,15 @@ fn background_process_wait_kill_and_stdin(s: &Subject) {
     let r = p.result.expect("ended by the signal");
     assert_eq!((r.exit_code, r.signal), (None, Some(15)), "{r:?}");
 
-    let tree = s.background(&id, shell("sleep 300 & sleep 300"));
+    // BUG (reported; not checked here because it is a race): a signal sent at once after a
+    // background exec returns is lost while kill answers Ok and the process runs on. Native
+    // drops every signal but SIGKILL until pid 1 has reported the pid (lost 15 times of 15);
+    // Docker loses SIGTERM and SIGKILL now and then (3 of 10, 1 of 30). So the checks here
+    // signal a process only once its output shows it runs.
+    let tree = s.background(&id, shell("echo ready; sleep 300 & sleep 300"));
+    assert!(eventually(Duration::from_secs(10), || {
+        s.api.process(&id, tree.exec_id).unwrap().stdout.text == "ready\n"
+    }));
     s.api.kill(&id, tree.exec_id, 9).unwrap();
     let p = s
         .api
