@@ -71,15 +71,16 @@ for line in sys.stdin:
        and m.get("executable"):
         print(m["target"]["name"], m["executable"])
 ')
-# The suites that exercise the sandbox without root: the native conformance, escape and race
-# suites, the supervisor's (its API, its connection front), the init helper's seccomp/Landlock
-# tests, and the workspace crate's real-overlay change scan and layer reads.
+# The suites that exercise the sandbox without root: the native conformance suites (of `run`
+# and of the library API), the escape and race suites, the supervisor's (its API, its connection
+# front), the init helper's seccomp/Landlock tests, and the workspace crate's real-overlay change
+# scan and layer reads.
 for entry in "${tests[@]}"; do
   target=${entry%% *}
   exe=${entry#* }
   case "$target" in
     conformance|escapes) filter=(--skip docker:: --skip native_image:: --skip with_an_image_root --skip on_the_docker_backend) ;;
-    races) filter=(--skip docker:: --skip native_image::) ;;
+    races|api_conformance) filter=(--skip docker:: --skip native_image::) ;;
     egress) filter=(--skip docker_) ;;
     traces) filter=(--skip an_exec_on_a_full_state_directory_is_refused_before_it_runs) ;;
     bad_input|api_native|disk|supervisor|native|front|taskbox_init|taskbox_protocol) filter=() ;;

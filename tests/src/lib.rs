@@ -9,6 +9,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+pub mod suite;
+
 /// Directory holding the `taskbox` and `taskbox-init` binaries: `$TASKBOX_BIN_DIR`, else the
 /// cargo target directory of the running test binary.
 pub fn bin_dir() -> PathBuf {
