@@ -36,8 +36,8 @@
 //!   workspace until an export applies, are checked unchanged entry by entry.
 //!
 //! Known divergences, the same on every backend, are pinned where they are checked (marked
-//! DIVERGENCE or BUG) so that their fix shows as a failing pin: no backend sends the `ended`
-//! event the trait's doc promises, and a directory of the host workspace cannot be renamed.
+//! BUG) so that their fix shows as a failing pin: a directory of the host workspace cannot be
+//! renamed.
 //!
 //! The native variant runs rootless too (scripts/test.sh); the image-rooted ones need root (the
 //! shared image store) and docker a daemon: they skip with the reason, or fail under
@@ -54,7 +54,7 @@ use taskbox_core::api::*;
 use taskbox_core::image::ImageResolver;
 use taskbox_core::result::ChangeKind;
 use taskbox_core::sandbox::NativeBackend;
-use taskbox_docker::{DockerBackend, DockerConfig};
+use taskbox_docker::{Docker, DockerConfig};
 use taskbox_tests::image::tree_state;
 use taskbox_tests::suite::{Subject, code_of, docker_lock, expect_code};
 use taskbox_tests::{Backend, Env, SUITE_IMAGE, test_image_dir};
@@ -85,7 +85,7 @@ fn subject(backend: Backend) -> Option<Subject> {
         ),
         Backend::Docker => {
             let lock = docker_lock();
-            let docker = DockerBackend::new(&env.state(), store(&env), DockerConfig::default())
+            let docker = Docker::open(&env.state(), store(&env), DockerConfig::default())
                 .unwrap_or_else(|e| panic!("the docker backend: {e}"));
             (
                 Box::new(docker) as Box<dyn SandboxApi>,
@@ -775,14 +775,8 @@ fn exec_events_stream_in_order(s: &Subject) {
         }
         _ => (false, rest),
     };
-    // DIVERGENCE from the trait's doc, on every backend (reported; pinned so that the fix shows
-    // here): `exec` says `events` receives "started, output chunks, ended", but neither backend
-    // sends `ended`; the HTTP server makes it from the result. Fixed, flip SENDS_ENDED.
-    const SENDS_ENDED: bool = false;
-    assert_eq!(
-        ended, SENDS_ENDED,
-        "the pinned divergence changed: {events:?}"
-    );
+    // The stream ends with the result on every backend (the kit sends it).
+    assert!(ended, "no ended event: {events:?}");
     let (mut out, mut err) = (String::new(), String::new());
     for e in middle {
         match e {
@@ -890,11 +884,15 @@ fn background_process_wait_kill_and_stdin(s: &Subject) {
     let r = p.result.expect("ended by the signal");
     assert_eq!((r.exit_code, r.signal), (None, Some(15)), "{r:?}");
 
-    // BUG (reported; not checked here because it is a race): a signal sent at once after a
-    // background exec returns is lost while kill answers Ok and the process runs on. Native
-    // drops every signal but SIGKILL until pid 1 has reported the pid (lost 15 times of 15);
-    // Docker loses SIGTERM and SIGKILL now and then (3 of 10, 1 of 30). So the checks here
-    // signal a process only once its output shows it runs.
+    // A signal sent at once, before the backend has seen the process start, still reaches it
+    // (it once was lost: native before pid 1 reported the pid, Docker before its wrapper ran).
+    for signal in [15, 9, 15] {
+        let p = s.background(&id, argv(&["sleep", "300"]));
+        s.api.kill(&id, p.exec_id, signal).unwrap();
+        let p = s.api.wait(&id, p.exec_id, Duration::from_secs(10)).unwrap();
+        let r = p.result.expect("ended by the signal sent at once");
+        assert_eq!(r.signal, Some(signal), "{r:?}");
+    }
     let tree = s.background(&id, shell("echo ready; sleep 300 & sleep 300"));
     assert!(eventually(Duration::from_secs(10), || {
         s.api.process(&id, tree.exec_id).unwrap().stdout.text == "ready\n"

@@ -1207,20 +1207,26 @@ impl Handle for Sandbox {
     }
 
     fn signal(&self, slot: &Slot, signal: i32) -> Result<(), ApiError> {
-        let pid = slot.state().proc.pid;
         if signal == libc::SIGKILL {
-            self.send(&Request::KillTree { id: slot.id }, &[])
-        } else if let Some(pid) = pid {
-            self.send(
+            return self.send(&Request::KillTree { id: slot.id }, &[]);
+        }
+        // A signal for the command needs its pid, which pid 1 reports once it has started it.
+        let pid = slot
+            .wait_until(Instant::now() + Duration::from_secs(5), |st| {
+                st.proc.pid.is_some() || st.settled()
+            })
+            .proc
+            .pid;
+        match pid {
+            Some(pid) => self.send(
                 &Request::Signal {
                     id: slot.id,
                     pid,
                     signal,
                 },
                 &[],
-            )
-        } else {
-            Ok(())
+            ),
+            None => Ok(()),
         }
     }
 

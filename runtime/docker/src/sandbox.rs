@@ -314,15 +314,35 @@ impl Sandbox {
         }
     }
 
+    /// The exec's wrapper, once it runs the command (a kill sent before could miss the exec:
+    /// the daemon reports a pid before the wrapper is executed, and the wrapper waits for its
+    /// signals only once it has blocked them, which it does before it starts the command);
+    /// `None` when it never shows in time or the exec ended.
+    fn wrapper(&self, slot: &Slot) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(pid) = self.wrapper_pid(slot)
+                && procfs::is_wrapper_of(pid, slot.id)
+                && !procfs::children(pid).is_empty()
+            {
+                return Some(pid);
+            }
+            if slot.state().settled() || Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Asks an exec's wrapper to kill the exec's whole process tree; if the wrapper is gone,
     /// kills what is left of the tree from the host.
     pub fn kill_tree(&self, slot: &Slot) {
-        match self.wrapper_pid(slot) {
-            Some(pid) if procfs::is_wrapper_of(pid, slot.id) => {
+        match self.wrapper(slot) {
+            Some(pid) => {
                 // SAFETY: kill has no memory arguments; the pid was checked to be the wrapper.
                 unsafe { libc::kill(pid, libc::SIGUSR1) };
             }
-            _ => procfs::kill_orphans(&self.init, slot.id),
+            None => procfs::kill_orphans(&self.init, slot.id),
         }
     }
 
@@ -775,8 +795,7 @@ impl Handle for Sandbox {
     fn signal(&self, slot: &Slot, signal: i32) -> Result<(), ApiError> {
         if signal == libc::SIGKILL {
             self.kill_tree(slot);
-        } else if let Some(wrapper) = self.wrapper_pid(slot)
-            && procfs::is_wrapper_of(wrapper, slot.id)
+        } else if let Some(wrapper) = self.wrapper(slot)
             && let Some(main) = procfs::children(wrapper).first().copied()
         {
             // SAFETY: kill has no memory arguments; `main` is the wrapper's child.
