@@ -1164,8 +1164,9 @@ impl Backend for Native {
         Ok(sandbox)
     }
 
-    fn end(&self, sandbox: &Sandbox) {
+    fn end(&self, sandbox: Arc<Sandbox>) {
         sandbox.shutdown();
+        kit::release(sandbox);
     }
 }
 

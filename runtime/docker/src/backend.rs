@@ -1039,8 +1039,8 @@ impl Backend for Docker {
         self.inner.create(req)
     }
 
-    fn end(&self, sandbox: &Sandbox) {
-        self.inner.destroy(sandbox);
+    fn end(&self, sandbox: Arc<Sandbox>) {
+        self.inner.destroy(&sandbox);
     }
 
     fn end_all(&self, sandboxes: Vec<Arc<Sandbox>>) {

@@ -60,13 +60,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Starts a sandbox for `req`, whose policy is resolved ([`CreateRequest::for_backend`]).
     fn start(&self, req: &CreateRequest) -> Result<Arc<Self::Sandbox>, ApiError>;
 
-    /// Ends a sandbox taken out of the table: its processes, its mounts, its directories.
-    fn end(&self, sandbox: &Self::Sandbox);
+    /// Ends a sandbox taken out of the table: its processes, its mounts, its directories. The
+    /// sandbox's last handles are those of its background execs' drivers, which end with it.
+    fn end(&self, sandbox: Arc<Self::Sandbox>);
 
     /// Ends the sandboxes left when the backend is dropped.
     fn end_all(&self, sandboxes: Vec<Arc<Self::Sandbox>>) {
         for sb in sandboxes {
-            self.end(&sb);
+            self.end(sb);
         }
     }
 }
@@ -476,7 +477,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
         let sb = self.0.table().remove(id)?;
-        self.0.end(&sb);
+        self.0.end(sb);
         tracing::info!(sandbox = %id, backend = B::NAME, "sandbox destroyed");
         Ok(())
     }
@@ -488,3 +489,14 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
 
 /// How long a restore waits for the execs it stopped to settle.
 pub const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (up to [`STOP_WAIT`]) until `sb` is the last handle of its sandbox, then drops it: what
+/// the sandbox owns (its directories) is gone when this returns, not when the last driver of a
+/// background exec lets go of it.
+pub fn release<S>(sb: Arc<S>) {
+    let deadline = std::time::Instant::now() + STOP_WAIT;
+    while Arc::strong_count(&sb) > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(sb);
+}
