@@ -70,10 +70,10 @@ fn main() {
         sizes::run(here, &mut out);
     }
     print!("{out}");
-    if let Some(path) = out_file {
-        if let Err(e) = std::fs::write(&path, &out) {
-            eprintln!("cannot write {}: {e}", path.display());
-            std::process::exit(1);
-        }
+    if let Some(path) = out_file
+        && let Err(e) = std::fs::write(&path, &out)
+    {
+        eprintln!("cannot write {}: {e}", path.display());
+        std::process::exit(1);
     }
 }

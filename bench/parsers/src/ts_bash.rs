@@ -42,10 +42,10 @@ pub fn read(parser: &mut Parser, src: &str) -> Reading {
     let mut stack: Vec<(Node, bool)> = vec![(root, false)];
     while let Some((node, exiting)) = stack.pop() {
         if exiting {
-            if let Some(words) = command_words(node, b, &mut out.unsure) {
-                if !words.is_empty() {
-                    out.commands.push(words);
-                }
+            if let Some(words) = command_words(node, b, &mut out.unsure)
+                && !words.is_empty()
+            {
+                out.commands.push(words);
             }
             continue;
         }
