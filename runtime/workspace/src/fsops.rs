@@ -1894,6 +1894,8 @@ struct Hunk {
     new: Vec<Vec<u8>>,
     old_no_newline: bool,
     new_no_newline: bool,
+    /// How many of the lines are context (in both `old` and `new`).
+    context: usize,
 }
 
 /// One file's part of a patch, its paths still as written (prefixes stripped).
@@ -2187,6 +2189,7 @@ fn parse_patch(text: &str) -> Result<Vec<FilePatch>, ApiError> {
                 new: Vec::new(),
                 old_no_newline: false,
                 new_no_newline: false,
+                context: 0,
             };
             let mut last = b' ';
             i += 1;
@@ -2220,6 +2223,7 @@ fn parse_patch(text: &str) -> Result<Vec<FilePatch>, ApiError> {
                     b' ' => {
                         hunk.old.push(body.to_vec());
                         hunk.new.push(body.to_vec());
+                        hunk.context += 1;
                     }
                     b'-' => hunk.old.push(body.to_vec()),
                     _ => hunk.new.push(body.to_vec()),
@@ -2365,6 +2369,65 @@ fn hunk_failure(
         "its lines were not found in order after the previous hunk"
     };
     ApiError::PatchFailed(format!("{head}: {why}"))
+}
+
+/// The patch parser alone, for the comparison harness in `bench/parsers` (ours against the
+/// diff-parsing libraries): not an API, its shape follows the parser's.
+#[doc(hidden)]
+pub mod patch_parser {
+    use super::ApiError;
+
+    /// One file's section as the parser read it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct ParsedFile {
+        /// `None` for an added file (`/dev/null`, `new file mode`).
+        pub old_path: Option<String>,
+        /// `None` for a deleted file.
+        pub new_path: Option<String>,
+        pub mode: Option<u32>,
+        pub hunks: usize,
+        /// Lines the hunks add and remove.
+        pub added: usize,
+        pub removed: usize,
+        /// A hunk says "\ No newline at end of file" of the old or the new side.
+        pub old_no_newline: bool,
+        pub new_no_newline: bool,
+    }
+
+    /// Parses a patch as [`super::WorkspaceFs::patch`] does, without touching any file.
+    pub fn parse(text: &str) -> Result<Vec<ParsedFile>, ApiError> {
+        Ok(super::parse_patch(text)?
+            .into_iter()
+            .map(|f| {
+                let added = f.hunks.iter().map(|h| h.new.len()).sum::<usize>();
+                let removed = f.hunks.iter().map(|h| h.old.len()).sum::<usize>();
+                let context = f.hunks.iter().map(|h| h.context).sum::<usize>();
+                ParsedFile {
+                    old_path: f.old_path,
+                    new_path: f.new_path,
+                    mode: f.mode,
+                    hunks: f.hunks.len(),
+                    added: added - context,
+                    removed: removed - context,
+                    old_no_newline: f.hunks.iter().any(|h| h.old_no_newline),
+                    new_no_newline: f.hunks.iter().any(|h| h.new_no_newline),
+                }
+            })
+            .collect())
+    }
+
+    /// Parses a one-file patch and applies it to `content` in memory, as `patch` would.
+    pub fn apply(text: &str, content: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let files = super::parse_patch(text)?;
+        let [file] = files.as_slice() else {
+            return Err(ApiError::invalid(format!(
+                "patch: {} file sections, one expected",
+                files.len()
+            )));
+        };
+        let label = file.new_path.as_deref().or(file.old_path.as_deref());
+        super::apply_hunks(label.unwrap_or_default(), content, &file.hunks)
+    }
 }
 
 #[cfg(test)]
@@ -3083,6 +3146,24 @@ rename to new_name.txt
         assert!(!w.root.join("old_name.txt").exists());
         assert_eq!(content(&w, "new_name.txt"), "keep\nyou\n");
         no_temp_files(&w);
+    }
+
+    #[test]
+    fn fsops_patch_parser_hook_reads_as_patch_does() {
+        let p = "--- a/x\n+++ b/x\n@@ -1,3 +1,4 @@\n one\n-two\n+2\n+2b\n three\n";
+        let files = patch_parser::parse(p).unwrap();
+        assert_eq!(files.len(), 1);
+        let f = &files[0];
+        assert_eq!((f.hunks, f.added, f.removed), (1, 2, 1));
+        assert_eq!(
+            (f.old_path.as_deref(), f.new_path.as_deref()),
+            (Some("x"), Some("x"))
+        );
+        assert_eq!(
+            patch_parser::apply(p, b"one\ntwo\nthree\n").unwrap(),
+            b"one\n2\n2b\nthree\n"
+        );
+        assert!(patch_parser::apply(p, b"one\nTWO\nthree\n").is_err());
     }
 
     #[test]
