@@ -16,9 +16,7 @@ use taskbox_agent::model::Provider;
 use taskbox_agent::remote::Remote;
 use taskbox_agent::{Approver, Decision, Termination};
 use taskbox_core::api::{Approval, SandboxApi};
-use taskbox_core::approvals::CommandPolicy;
-use taskbox_core::sandbox::NativeBackend;
-use taskbox_core::trace::Traced;
+use taskbox_core::runtime::RuntimeBuilder;
 
 struct Supervisor {
     socket: std::path::PathBuf,
@@ -41,11 +39,12 @@ fn supervisor(state: &std::path::Path) -> Supervisor {
     let socket = state.join("taskbox.sock");
     let mut config = taskbox_server::ServerConfig::new(state.to_path_buf());
     config.socket = Some(socket.clone());
-    let native = NativeBackend::new(state.to_path_buf()).unwrap();
-    let backend: Arc<dyn SandboxApi> = Arc::new(Traced::new(
-        CommandPolicy::new(native),
-        state.join("traces"),
-    ));
+    let backend = RuntimeBuilder::new()
+        .native(state.to_path_buf())
+        .command_policy(true)
+        .trace(state.join("traces"))
+        .build()
+        .unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1477,3 +1477,154 @@ fn a_sandbox_whose_control_channel_breaks_is_lost_everywhere_and_destroy_cleans_
     assert!(matches!(f.backend.info(&f.id), Err(ApiError::NotFound(_))));
     assert!(host_processes_with(&plan).is_empty());
 }
+
+/// The one `command` violation of an exec the command policy refused: nothing ran.
+fn command_refusal(r: &taskbox_core::result::ExecResult) -> &str {
+    assert_eq!(r.exit_code, None, "{r:?}");
+    assert_eq!(r.signal, None, "{r:?}");
+    assert_eq!(r.violations.len(), 1, "{r:?}");
+    assert_eq!(r.violations[0].kind, "command", "{r:?}");
+    &r.violations[0].detail
+}
+
+/// The runtime every in-process surface builds (`serve`, `mcp`, `agent`): the command policy
+/// over the native backend, inside the trace. A forbidden exec and a denied ask never reach the
+/// backend, and both are in the trace with their violation, as is the denial (none of which the
+/// trace would hold were it inside the policy, or the policy missing).
+#[test]
+fn the_built_runtime_polices_commands_inside_its_trace() {
+    use taskbox_core::runtime::RuntimeBuilder;
+    let env = Env::new();
+    let policy = env.policy(
+        "rules",
+        "[commands]\nforbid = [\"git push\"]\nask = [\"touch\"]\n",
+    );
+    let traces = env.state().join("traces");
+    let api = RuntimeBuilder::new()
+        .native(env.state())
+        .command_policy(true)
+        .trace(&traces)
+        .build()
+        .unwrap();
+    let info = api
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            policy: Some(policy.display().to_string()),
+            ..CreateRequest::default()
+        })
+        .unwrap();
+    assert_eq!(info.backend, "native");
+    let id = info.id.clone();
+
+    let r = taskbox_tests::shell(&*api, &id, "echo ran > ran.txt && git push origin main");
+    let detail = command_refusal(&r);
+    assert!(
+        detail.contains("is forbidden by the command policy"),
+        "{detail}"
+    );
+
+    let asking = {
+        let api = api.clone();
+        let id = id.clone();
+        std::thread::spawn(move || {
+            let req = ExecRequest {
+                argv: Some(vec!["touch".into(), "asked.txt".into()]),
+                ..ExecRequest::default()
+            };
+            match api.exec(&id, req, None).unwrap() {
+                ExecOutcome::Finished(r) => r,
+                other => panic!("expected a finished exec, got {other:?}"),
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pending = loop {
+        let pending = api
+            .list_approvals(&id, Some(Duration::from_secs(5)))
+            .unwrap();
+        if !pending.is_empty() || Instant::now() > deadline {
+            break pending;
+        }
+    };
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].command, "touch asked.txt");
+    let denied = api.deny(&id, &pending[0].id, "not in this task").unwrap();
+    assert_eq!(denied.state, ApprovalState::Denied, "{denied:?}");
+    let r = asking.join().unwrap();
+    let detail = command_refusal(&r);
+    assert!(detail.contains("was denied: not in this task"), "{detail}");
+
+    // Neither refused command ran; an allowed one does.
+    let r = taskbox_tests::shell(&*api, &id, "ls; echo ok");
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.stdout.text, "ok\n", "{r:?}");
+    api.destroy(&id).unwrap();
+
+    let trace = taskbox_core::trace::read_trace(&traces.join(format!("{id}.jsonl"))).unwrap();
+    assert_eq!(trace.header.policy_hash, info.policy_hash);
+    assert!(
+        trace
+            .header
+            .policy_toml
+            .as_deref()
+            .is_some_and(|t| t.contains("git push")),
+        "{:?}",
+        trace.header
+    );
+    // The denial and the exec it ended finish together: either may be recorded first.
+    let mut ops: Vec<&str> = trace.ops.iter().map(|o| o.op.as_str()).collect();
+    ops[1..5].sort_unstable();
+    assert_eq!(
+        ops,
+        ["create", "deny", "exec", "exec", "exec", "destroy"],
+        "{:#?}",
+        trace.ops
+    );
+    let refused: Vec<String> = trace
+        .ops
+        .iter()
+        .filter(|o| o.op == "exec")
+        .map(|o| serde_json::to_value(&o.outcome).unwrap())
+        .filter(|o| o["ok"]["violations"][0]["kind"] == "command")
+        .map(|o| o.to_string())
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+}
+
+/// Without the Docker backend the built runtime is native only, and a create asking for
+/// docker is refused, naming what there is.
+#[test]
+fn a_runtime_without_docker_refuses_a_docker_create_naming_its_backends() {
+    use taskbox_core::runtime::RuntimeBuilder;
+    let env = Env::new();
+    let api = RuntimeBuilder::new()
+        .native(env.state())
+        .command_policy(true)
+        .trace(env.state().join("traces"))
+        .build()
+        .unwrap();
+    let e = api
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            backend: Some("docker".into()),
+            image: Some("busybox".into()),
+            ..CreateRequest::default()
+        })
+        .unwrap_err();
+    assert!(matches!(e, ApiError::InvalidArgument(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("backend \"docker\" is not available here; available: native"),
+        "{e}"
+    );
+    assert!(api.list().is_empty());
+    // The native backend serves the same runtime.
+    let info = api
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            ..CreateRequest::default()
+        })
+        .unwrap();
+    assert_eq!(info.backend, "native");
+    api.destroy(&info.id).unwrap();
+}

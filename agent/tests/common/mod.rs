@@ -1,5 +1,5 @@
 //! Shared fixture of the agent suites: a small sample repository with a failing test, a real
-//! native sandbox backend (wrapped in the command policy and the trace, as the CLI does), and
+//! native sandbox backend (under the command policy and the trace, built as the CLI builds it), and
 //! model configurations pointing at a scripted mock server.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
@@ -13,9 +13,7 @@ use taskbox_agent::mock::{MockServer, Step};
 use taskbox_agent::model::{ModelConfig, Provider};
 use taskbox_agent::{Options, Report, TaskSpec};
 use taskbox_core::api::SandboxApi;
-use taskbox_core::approvals::CommandPolicy;
-use taskbox_core::sandbox::NativeBackend;
-use taskbox_core::trace::Traced;
+use taskbox_core::runtime::RuntimeBuilder;
 use taskbox_tests::Env;
 
 pub const BUGGY: &str = "add() { echo $(( $1 - $2 )); }\n";
@@ -36,11 +34,12 @@ impl Fx {
         env.write("AGENTS.md", "Use POSIX sh only.\n");
         env.write("README.md", "A tiny calculator.\n");
         let state = env.state();
-        let native = NativeBackend::new(state.clone()).unwrap();
-        let api: Arc<dyn SandboxApi> = Arc::new(Traced::new(
-            CommandPolicy::new(native),
-            state.join("traces"),
-        ));
+        let api = RuntimeBuilder::new()
+            .native(state.clone())
+            .command_policy(true)
+            .trace(state.join("traces"))
+            .build()
+            .unwrap();
         let task_dir = env.dir.path().join("task");
         Fx { env, api, task_dir }
     }

@@ -199,14 +199,16 @@ fn backend(conn: &Conn, remote: bool) -> Result<Backend> {
         .join("agent")
         .join("sessions")
         .join(std::process::id().to_string());
-    let native = taskbox_core::sandbox::NativeBackend::new(session_dir.clone())
-        .map_err(|e| anyhow!(e))?
-        .with_images(crate::docker::image_resolver(&state_dir)?)
-        .with_egress(crate::egress_service(1)?);
-    let guarded = taskbox_core::approvals::CommandPolicy::new(native);
-    let traced = taskbox_core::trace::Traced::new(guarded, state_dir.join("traces"));
+    let api = taskbox_core::runtime::RuntimeBuilder::new()
+        .native(session_dir.clone())
+        .images(crate::docker::image_resolver(&state_dir))
+        .egress(crate::egress_service(1)?)
+        .command_policy(true)
+        .trace(state_dir.join("traces"))
+        .build()
+        .map_err(|e| anyhow!(e))?;
     Ok(Backend {
-        api: Arc::new(traced),
+        api,
         session_dir: Some(session_dir),
         remote: false,
     })

@@ -1,5 +1,5 @@
 //! The Docker backend in the CLI: `serve --docker [--docker-pool N]` (one supervisor serving
-//! both backends through a [`BackendRouter`]) and `run --backend docker --image NAME|DIGEST`.
+//! both backends through the runtime's router) and `run --backend docker --image NAME|DIGEST`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,11 +9,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use taskbox_core::api::{
-    ApiError, CreateRequest, DiffRequest, ExecEvent, ExecOutcome, ExecRequest, SandboxApi,
+    ApiError, CreateRequest, DiffRequest, ExecEvent, ExecOutcome, ExecRequest, ResolvedPolicy,
+    SandboxApi,
 };
 use taskbox_core::egress::EgressService;
 use taskbox_core::image::ImageResolver;
-use taskbox_core::router::BackendRouter;
+use taskbox_core::runtime::RuntimeBuilder;
 use taskbox_docker::{Docker, DockerBackend, DockerConfig};
 
 /// `serve`'s Docker options.
@@ -31,11 +32,11 @@ pub struct ServeDocker {
 /// The images both backends use: the image store (`taskbox image build`), `$TASKBOX_IMAGE_DIR`
 /// or `STATE/images`. The Docker backend loads an image into the daemon by digest on first use.
 /// The store is opened on first use, so a supervisor that never sees an image never needs it.
-pub fn image_resolver(state_dir: &Path) -> Result<Arc<dyn ImageResolver>> {
-    Ok(Arc::new(LazyStore {
+pub fn image_resolver(state_dir: &Path) -> Arc<dyn ImageResolver> {
+    Arc::new(LazyStore {
         state_dir: state_dir.to_path_buf(),
         store: std::sync::OnceLock::new(),
-    }))
+    })
 }
 
 /// The Docker backend's images: the image store first, then what the Docker daemon already has
@@ -43,11 +44,21 @@ pub fn image_resolver(state_dir: &Path) -> Result<Arc<dyn ImageResolver>> {
 pub fn docker_image_resolver(
     state_dir: &Path,
     config: &DockerConfig,
-) -> Result<Arc<dyn ImageResolver>> {
+) -> Result<Arc<dyn ImageResolver>, ApiError> {
     Ok(Arc::new(StoreThenDaemon {
-        store: image_resolver(state_dir)?,
-        daemon: taskbox_docker::DaemonImages::new(&config.socket).map_err(|e| anyhow!(e))?,
+        store: image_resolver(state_dir),
+        daemon: taskbox_docker::DaemonImages::new(&config.socket)?,
     }))
+}
+
+/// Opens the Docker backend in `state_dir` with `images` (normally [`docker_image_resolver`]):
+/// it needs root and a Docker daemon that answers, and says so when either is missing.
+pub fn docker_backend(
+    state_dir: &Path,
+    images: Arc<dyn ImageResolver>,
+    config: DockerConfig,
+) -> Result<Arc<dyn SandboxApi>, ApiError> {
+    Ok(Arc::new(Docker::open(state_dir, images, config)?))
 }
 
 struct StoreThenDaemon {
@@ -97,32 +108,35 @@ impl ImageResolver for LazyStore {
     }
 }
 
-/// The backend `serve` hands to the server: native alone, or native and docker behind a router.
-pub fn serve_backend(
+/// `serve`'s runtime: as given (the native backend), or with the Docker backend too when asked
+/// for, opened after the native one and sharing its egress service.
+pub fn serve_docker(
+    runtime: RuntimeBuilder,
     opts: &ServeDocker,
     state_dir: &Path,
-    native: Arc<dyn SandboxApi>,
     egress: Arc<dyn EgressService>,
-) -> Result<BackendRouter> {
-    let mut router = BackendRouter::new().with("native", native);
-    if opts.docker || opts.docker_pool.is_some() {
-        let config = DockerConfig {
-            pool_size: opts.docker_pool.unwrap_or(0),
-            egress: Some(egress),
-            ..DockerConfig::default()
-        };
-        let images = docker_image_resolver(state_dir, &config)?;
-        let docker = Docker::open(state_dir, images, config).map_err(|e| anyhow!(e))?;
-        router = router.with("docker", Arc::new(docker));
+) -> RuntimeBuilder {
+    if !opts.docker && opts.docker_pool.is_none() {
+        return runtime;
     }
-    Ok(router)
+    let config = DockerConfig {
+        pool_size: opts.docker_pool.unwrap_or(0),
+        egress: Some(egress),
+        ..DockerConfig::default()
+    };
+    let state_dir = state_dir.to_path_buf();
+    runtime.backend("docker", move || {
+        let images = docker_image_resolver(&state_dir, &config)?;
+        docker_backend(&state_dir, images, config)
+    })
 }
 
 /// What `run --backend docker` needs.
 #[derive(Debug)]
 pub struct RunDocker {
     pub image: Option<String>,
-    pub policy: String,
+    /// The policy `run` resolved (and checked the command against).
+    pub policy: ResolvedPolicy,
     pub workspace: PathBuf,
     pub timeout: Option<Duration>,
     pub json: bool,
@@ -164,18 +178,21 @@ pub fn run(args: RunDocker) -> Result<u8> {
         egress: Some(crate::egress_service(1)?),
         ..DockerConfig::default()
     };
-    let images = docker_image_resolver(&args.state_dir, &config)?;
+    let images = docker_image_resolver(&args.state_dir, &config).map_err(|e| anyhow!(e))?;
     let runs = args.state_dir.join("docker-runs");
     sweep_dead_runs(&runs, &images);
     let own = runs.join(std::process::id().to_string());
     std::fs::create_dir_all(&own).with_context(|| format!("cannot create {}", own.display()))?;
     let outcome = (|| -> Result<u8> {
-        let backend = Docker::open(&own, images, config).map_err(|e| anyhow!(e))?;
-        let policy = if Path::new(&args.policy).exists() {
-            std::fs::canonicalize(&args.policy)?.display().to_string()
-        } else {
-            args.policy.clone()
-        };
+        // The concrete backend too: its spill files are kept past the sandbox.
+        let docker = Arc::new(Docker::open(&own, images, config).map_err(|e| anyhow!(e))?);
+        let opened: Arc<dyn SandboxApi> = docker.clone();
+        // No command policy (`run` asked before) and no trace, as a native one-shot run.
+        let backend = RuntimeBuilder::new()
+            .backend("docker", move || Ok(opened))
+            .build()
+            .map_err(|e| anyhow!(e))?;
+        let policy = args.policy.name.clone();
         let info = backend
             .create(CreateRequest {
                 workspace: args.workspace.display().to_string(),
@@ -183,6 +200,7 @@ pub fn run(args: RunDocker) -> Result<u8> {
                 backend: Some("docker".into()),
                 image: Some(image),
                 env: args.env.iter().cloned().collect(),
+                resolved_policy: Some(Arc::new(args.policy.clone())),
                 ..Default::default()
             })
             .map_err(|e| anyhow!(e))?;
@@ -235,7 +253,7 @@ pub fn run(args: RunDocker) -> Result<u8> {
             ("stderr", &mut result.stderr),
         ] {
             if let Some(shown) = out.spill_path.take() {
-                out.spill_path = keep_spill(&backend, &info.id, &shown, &args.state_dir, stream);
+                out.spill_path = keep_spill(&docker, &info.id, &shown, &args.state_dir, stream);
             }
         }
         let _ = backend.destroy(&info.id);

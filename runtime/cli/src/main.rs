@@ -21,6 +21,7 @@ use taskbox_core::approvals::{Refusal, refusal_detail};
 use taskbox_core::commands::{Check, Verdict};
 use taskbox_core::native::{self, RunRequest, StdinSource};
 use taskbox_core::policy;
+use taskbox_core::runtime::RuntimeBuilder;
 
 #[derive(Parser)]
 #[command(
@@ -347,13 +348,14 @@ fn mcp(args: McpArgs, conn: &verbs::Conn) -> Result<u8> {
     // Each MCP session has a backend of its own (a supervisor may own STATE/sandboxes); its
     // trace goes with the others into STATE/traces.
     let session_dir = state_dir.join("mcp").join(std::process::id().to_string());
-    let native = taskbox_core::sandbox::NativeBackend::new(session_dir.clone())
-        .map_err(|e| anyhow!(e))?
-        .with_images(docker::image_resolver(&state_dir)?)
-        .with_egress(egress_service(1)?);
-    let guarded = taskbox_core::approvals::CommandPolicy::new(native);
-    let traced = taskbox_core::trace::Traced::new(guarded, state_dir.join("traces"));
-    let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
+    let backend = RuntimeBuilder::new()
+        .native(session_dir.clone())
+        .images(docker::image_resolver(&state_dir))
+        .egress(egress_service(1)?)
+        .command_policy(true)
+        .trace(state_dir.join("traces"))
+        .build()
+        .map_err(|e| anyhow!(e))?;
     let create = taskbox_core::api::CreateRequest {
         workspace: workspace.display().to_string(),
         policy: Some(policy),
@@ -446,22 +448,18 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     }
     // One egress service (its own threads) for the proxies of both backends' sandboxes.
     let egress = egress_service(2)?;
-    let native = taskbox_core::sandbox::NativeBackend::new(state_dir.clone())
-        .map_err(|e| anyhow!(e))?
-        .with_images(docker::image_resolver(&state_dir)?)
-        .with_egress(egress.clone())
-        .with_hidden_paths(hidden);
-    let routed = docker::serve_backend(
-        &args.docker,
-        &state_dir,
-        std::sync::Arc::new(native),
-        egress,
-    )?;
+    let native = RuntimeBuilder::new()
+        .native(state_dir.clone())
+        .images(docker::image_resolver(&state_dir))
+        .egress(egress.clone())
+        .hidden_paths(hidden);
     // Every exec is checked against its sandbox's command rules; every operation of every
     // surface, refusals and approvals included, is recorded in STATE/traces/ID.jsonl.
-    let guarded = taskbox_core::approvals::CommandPolicy::new(routed);
-    let traced = taskbox_core::trace::Traced::new(guarded, state_dir.join("traces"));
-    let backend: std::sync::Arc<dyn taskbox_core::api::SandboxApi> = std::sync::Arc::new(traced);
+    let backend = docker::serve_docker(native, &args.docker, &state_dir, egress)
+        .command_policy(true)
+        .trace(state_dir.join("traces"))
+        .build()
+        .map_err(|e| anyhow!(e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -540,9 +538,20 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
             bail!("--write-through is not supported by the docker backend")
         }
         Some("docker") => {
+            // The policy read above is the sandbox's: the backend is handed it, not its name
+            // to read again.
+            let name = if std::path::Path::new(&args.policy).exists() {
+                std::fs::canonicalize(&args.policy)?.display().to_string()
+            } else {
+                args.policy
+            };
             return docker::run(docker::RunDocker {
                 image: args.image,
-                policy: args.policy,
+                policy: taskbox_core::api::ResolvedPolicy {
+                    name,
+                    hash: policy.hash(),
+                    policy,
+                },
                 workspace,
                 timeout: args.timeout,
                 json: args.json,
@@ -558,7 +567,7 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
     native::prune_spill(&state_dir, Duration::from_secs(24 * 3600));
     let image = match &args.image {
         Some(name) => Some(
-            docker::image_resolver(&state_dir)?
+            docker::image_resolver(&state_dir)
                 .resolve(name)
                 .map_err(|e| anyhow!(e))?,
         ),

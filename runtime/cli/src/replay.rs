@@ -6,15 +6,13 @@
 //! replay cannot run (a missing image, commit or policy, a bad trace).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{Result, anyhow, bail};
 use clap::Args;
-use taskbox_core::api::{ApiError, SandboxApi};
+use taskbox_core::api::ApiError;
 use taskbox_core::replay::{self, BaseSource, Normalization, ReplayOptions, ReplaySetup};
-use taskbox_core::router::BackendRouter;
-use taskbox_core::sandbox::NativeBackend;
-use taskbox_docker::{Docker, DockerConfig};
+use taskbox_core::runtime::RuntimeBuilder;
+use taskbox_docker::DockerConfig;
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -92,27 +90,31 @@ fn replay_in(
     opts: &ReplayOptions,
 ) -> Result<replay::ReplayReport> {
     let header = &trace.header;
-    let images = crate::docker::image_resolver(state_dir)?;
+    let images = crate::docker::image_resolver(state_dir);
     // A sandbox recorded with network mode "proxy" replays behind the egress proxy too.
     let egress = crate::egress_service(1)?;
-    let native = NativeBackend::new(scratch.join("state"))
-        .map_err(|e| anyhow!(e))?
-        .with_images(images.clone())
-        .with_egress(egress.clone());
-    let mut router = BackendRouter::new().with("native", Arc::new(native));
+    let state = scratch.join("state");
+    // No command policy: the replay answers each ask as the recording did. No trace of its own:
+    // the report is the replay's record.
+    let mut runtime = RuntimeBuilder::new()
+        .native(state.clone())
+        .images(images.clone())
+        .egress(egress.clone());
     if backend == "docker" {
         let config = DockerConfig {
             egress: Some(egress),
             ..DockerConfig::default()
         };
-        let docker_images = crate::docker::docker_image_resolver(state_dir, &config)?;
+        let docker_images =
+            crate::docker::docker_image_resolver(state_dir, &config).map_err(|e| anyhow!(e))?;
         check_image(&*docker_images, image)?;
-        let docker =
-            Docker::open(&scratch.join("state"), docker_images, config).map_err(|e| anyhow!(e))?;
-        router = router.with("docker", Arc::new(docker));
+        runtime = runtime.backend("docker", move || {
+            crate::docker::docker_backend(&state, docker_images, config)
+        });
     } else if image != "host" {
         check_image(&*images, image)?;
     }
+    let api = runtime.build().map_err(|e| anyhow!(e))?;
 
     let source = match (&args.repo, &args.workspace_tar, &args.workspace_dir) {
         (Some(r), _, _) => BaseSource::Repo(r.clone()),
@@ -129,8 +131,7 @@ fn replay_in(
     let resolved = setup.policy(header)?;
     let policy = resolved.policy.clone();
     let create = setup.create_request(header, &ws.dir, resolved);
-    let api: &dyn SandboxApi = &router;
-    let mut report = replay::replay(trace, api, create, &policy, opts)?;
+    let mut report = replay::replay(trace, &*api, create, &policy, opts)?;
     report.notes.splice(0..0, ws.notes);
     Ok(report)
 }

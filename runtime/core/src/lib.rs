@@ -10,7 +10,9 @@
 //!   sandbox's listener, and turns its decisions into each exec's violations and network
 //!   activity);
 //! - the decorators over any backend: the command policy and the execs waiting for a person's
-//!   approval ([`approvals`]), and the router over several backends ([`router`]).
+//!   approval ([`approvals`]), and the router over several backends ([`router`]);
+//! - the runtime assembled once ([`runtime`]): the backends, the router, the command policy and
+//!   the trace recorder stacked in one order, for every surface.
 //!
 //! The crates below it are re-exported under their old module names, so `taskbox_core::api`
 //! and the rest stay valid paths: the contract (`taskbox-contract`: [`api`], [`result`],
@@ -29,6 +31,7 @@ pub mod kit;
 pub mod loopdev;
 pub mod native;
 pub mod router;
+pub mod runtime;
 pub mod sandbox;
 
 pub use taskbox_contract::{api, exec_end, exec_limits, exec_plan, result};

@@ -19,8 +19,7 @@ use std::sync::Arc;
 
 use rmcp::ServiceExt;
 use taskbox_core::api::{ApiError, CreateRequest, SandboxApi, SandboxId, SandboxInfo};
-use taskbox_core::approvals::CommandPolicy;
-use taskbox_core::sandbox::NativeBackend;
+use taskbox_core::runtime::RuntimeBuilder;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub mod approvals;
@@ -60,12 +59,15 @@ impl McpOptions {
     /// Opens the native backend in `state_dir`, under the command policy, and runs
     /// [`serve_stdio`] with it.
     pub async fn serve_stdio(self) -> Result<(), McpError> {
-        let backend =
-            NativeBackend::new(self.state_dir.clone()).map_err(|source| McpError::Backend {
+        let backend = RuntimeBuilder::new()
+            .native(self.state_dir.clone())
+            .command_policy(true)
+            .build()
+            .map_err(|source| McpError::Backend {
                 path: self.state_dir,
                 source,
             })?;
-        serve_stdio(Arc::new(CommandPolicy::new(backend)), self.create).await
+        serve_stdio(backend, self.create).await
     }
 }
 
