@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+pub mod conformance;
 pub mod suite;
 
 /// Directory holding the `taskbox` and `taskbox-init` binaries: `$TASKBOX_BIN_DIR`, else the

@@ -11,14 +11,26 @@ use taskbox_core::api::{
 };
 use taskbox_core::result::ExecResult;
 
-use crate::{Backend, Env};
+use crate::Env;
+
+/// What a backend's sandboxes say of themselves, where backends rightly differ.
+#[derive(Debug, Clone)]
+pub struct Expect {
+    /// `SandboxInfo.backend`.
+    pub backend: &'static str,
+    /// `SandboxInfo.image`: "host" for the host view, else the image's digest.
+    pub image: String,
+    /// `Enforcement.landlock` of the default policy ("full" where each exec is confined by
+    /// Landlock, "none" where the boundary is a container or a VM).
+    pub landlock: &'static str,
+}
 
 /// One backend under test, with its create-request template.
 pub struct Subject {
     // Declared first so it is dropped first: the backend destroys its sandboxes before the
     // scratch directories holding their workspaces and state go.
     pub api: Box<dyn SandboxApi>,
-    pub backend: Backend,
+    pub expect: Expect,
     pub env: Env,
     template: CreateRequest,
     _lock: Option<std::fs::File>,
@@ -28,7 +40,7 @@ impl Subject {
     /// A subject: `api` serving sandboxes made from `template` (its workspace set to `env`'s),
     /// holding `lock` (if any) while it lives.
     pub fn new(
-        backend: Backend,
+        expect: Expect,
         env: Env,
         api: Box<dyn SandboxApi>,
         mut template: CreateRequest,
@@ -37,7 +49,7 @@ impl Subject {
         template.workspace = env.ws().display().to_string();
         Subject {
             api,
-            backend,
+            expect,
             env,
             template,
             _lock: lock,
@@ -53,7 +65,7 @@ impl Subject {
     pub fn create(&self) -> SandboxId {
         match self.api.create(self.request()) {
             Ok(info) => info.id,
-            Err(e) => panic!("create on {:?}: {} ({e})", self.backend, e.code()),
+            Err(e) => panic!("create on {}: {} ({e})", self.expect.backend, e.code()),
         }
     }
 

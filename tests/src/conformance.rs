@@ -1,0 +1,1748 @@
+//! The conformance suite of the library API, written once over [`SandboxApi`]: the contract a
+//! backend passes to be done. [`api_conformance!`](crate::api_conformance) declares every check
+//! as a test on one [`Subject`]; `tests/tests/api_conformance.rs` runs it on the native backend
+//! (host view and image root) and on Docker, and a new backend runs it from its own crate's tests
+//! (see `docs/backends.md`). What it covers is listed in that file's header.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // checks fail the test by panicking
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use taskbox_core::api::*;
+use taskbox_core::result::ChangeKind;
+
+use crate::image::tree_state;
+use crate::suite::{Subject, code_of, expect_code};
+
+/// Declares every check of the suite as a `#[test]` on the subject `$subject` (an expression
+/// giving an `Option<Subject>`: `None` when the backend cannot run here, its reason printed).
+#[macro_export]
+macro_rules! api_conformance {
+    ($subject:expr) => {
+        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace);
+    };
+    (@checks $subject:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(s) = $subject {
+                    $crate::conformance::$name(&s);
+                }
+            }
+        )*
+    };
+}
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+fn ghost() -> SandboxId {
+    SandboxId::parse("sb-00000000deadbeef").unwrap()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn shell(script: &str) -> ExecRequest {
+    ExecRequest {
+        shell: Some(script.into()),
+        ..ExecRequest::default()
+    }
+}
+
+fn argv(args: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: Some(args.iter().map(|a| a.to_string()).collect()),
+        ..ExecRequest::default()
+    }
+}
+
+fn read(s: &Subject, id: &SandboxId, path: &str) -> Result<ReadResult, ApiError> {
+    s.api.read(
+        id,
+        ReadRequest {
+            path: path.into(),
+            ..ReadRequest::default()
+        },
+    )
+}
+
+fn text(s: &Subject, id: &SandboxId, path: &str) -> String {
+    read(s, id, path)
+        .unwrap_or_else(|e| panic!("read {path}: {e}"))
+        .content
+}
+
+fn write(s: &Subject, id: &SandboxId, path: &str, content: &str) -> Result<WriteResult, ApiError> {
+    s.api.write(
+        id,
+        WriteRequest {
+            path: path.into(),
+            content: content.into(),
+            ..WriteRequest::default()
+        },
+    )
+}
+
+fn edit(path: &str, old: &str, new: &str) -> EditRequest {
+    EditRequest {
+        path: path.into(),
+        old: old.into(),
+        new: new.into(),
+        expected_count: None,
+    }
+}
+
+fn patch(s: &Subject, id: &SandboxId, text: &str) -> Result<PatchResult, ApiError> {
+    s.api.patch(id, PatchRequest { patch: text.into() })
+}
+
+fn stat(s: &Subject, id: &SandboxId, path: &str) -> Result<StatResult, ApiError> {
+    s.api.stat(id, PathRequest { path: path.into() })
+}
+
+fn list(s: &Subject, id: &SandboxId, req: ListRequest) -> Vec<String> {
+    let r = s.api.list_dir(id, req.clone()).unwrap();
+    assert!(!r.truncated || req.limit.is_some(), "{r:?}");
+    r.entries.into_iter().map(|e| e.path).collect()
+}
+
+fn search(s: &Subject, id: &SandboxId, req: SearchRequest) -> Vec<(String, u64)> {
+    let r = s.api.search(id, req).unwrap();
+    let mut found: Vec<_> = r
+        .matches
+        .into_iter()
+        .map(|m| (m.path, m.line_number))
+        .collect();
+    found.sort();
+    found
+}
+
+fn remove(s: &Subject, id: &SandboxId, path: &str, recursive: bool) -> Result<(), ApiError> {
+    let path = path.into();
+    s.api.remove(id, RemoveRequest { path, recursive })
+}
+
+fn rename(
+    s: &Subject,
+    id: &SandboxId,
+    from: &str,
+    to: &str,
+    overwrite: bool,
+) -> Result<(), ApiError> {
+    let (from, to) = (from.into(), to.into());
+    s.api.rename(
+        id,
+        MoveRequest {
+            from,
+            to,
+            overwrite,
+        },
+    )
+}
+
+fn list_at(path: &str) -> ListRequest {
+    ListRequest {
+        path: Some(path.into()),
+        ..ListRequest::default()
+    }
+}
+
+fn pattern(p: &str) -> SearchRequest {
+    SearchRequest {
+        pattern: p.into(),
+        ..SearchRequest::default()
+    }
+}
+
+/// What every path-taking operation answers for `path` in sandbox `id`: its error code, or "ok".
+fn path_ops(s: &Subject, id: &SandboxId, path: &str) -> Vec<(&'static str, &'static str)> {
+    fn code<T>(r: Result<T, ApiError>) -> &'static str {
+        r.map_or_else(|e| e.code(), |_| "ok")
+    }
+    let with_parents = WriteRequest {
+        path: path.into(),
+        content: "pwned\n".into(),
+        create_parents: true,
+        ..WriteRequest::default()
+    };
+    let patched = format!("--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-SECRET\n+pwned\n");
+    vec![
+        ("read", code(read(s, id, path))),
+        ("write", code(write(s, id, path, "pwned\n"))),
+        ("write with parents", code(s.api.write(id, with_parents))),
+        ("edit", code(s.api.edit(id, edit(path, "SECRET", "x")))),
+        ("patch", code(patch(s, id, &patched))),
+        ("stat", code(stat(s, id, path))),
+        ("remove", code(remove(s, id, path, true))),
+        ("rename from", code(rename(s, id, path, "stolen.txt", true))),
+        ("rename to", code(rename(s, id, "in.txt", path, true))),
+        ("list_dir", code(s.api.list_dir(id, list_at(path)))),
+        (
+            "search",
+            code(s.api.search(
+                id,
+                SearchRequest {
+                    path: Some(path.into()),
+                    ..pattern("SECRET")
+                },
+            )),
+        ),
+    ]
+}
+
+fn changes(list: &[taskbox_core::result::Change]) -> Vec<(String, ChangeKind)> {
+    let mut v: Vec<_> = list.iter().map(|c| (c.path.clone(), c.kind)).collect();
+    v.sort();
+    v
+}
+
+fn diff_files(d: &DiffResult) -> Vec<(String, ChangeKind)> {
+    let mut v: Vec<_> = d.files.iter().map(|f| (f.path.clone(), f.status)).collect();
+    v.sort();
+    v
+}
+
+fn checkpoint(name: &str) -> CheckpointRequest {
+    CheckpointRequest { name: name.into() }
+}
+
+/// Polls `f` until it holds or `limit` passes.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+/// Every entry of a host tree with its mode, size and mtime (see [`tree_state`]).
+type TreeState = BTreeMap<std::path::PathBuf, (u32, u64, i64, i64)>;
+
+/// Asserts the host copy of the workspace is as `before`: nothing reaches it before an export
+/// applies.
+fn assert_host_untouched(s: &Subject, before: &TreeState) {
+    assert_eq!(
+        &tree_state(&s.ws()),
+        before,
+        "{}: the host workspace changed before an export applied",
+        s.expect.backend
+    );
+}
+
+// ---- create, list, info, destroy ---------------------------------------------------------------
+
+pub fn lifecycle_and_info(s: &Subject) {
+    let t0 = now_ms();
+    let info = s
+        .api
+        .create(CreateRequest {
+            ttl_secs: Some(600),
+            ..s.request()
+        })
+        .unwrap();
+    let id = info.id.clone();
+    assert_eq!(info.state, "running", "{info:?}");
+    assert_eq!(info.policy, "default");
+    assert!(!info.policy_hash.is_empty());
+    assert_eq!(
+        info.labels.get("suite").map(String::as_str),
+        Some("api-conformance")
+    );
+    assert!(info.checkpoints.is_empty());
+    assert!(
+        info.created_at_ms + 1000 >= t0 && info.created_at_ms <= now_ms() + 1000,
+        "{info:?}"
+    );
+    let expires = info.expires_at_ms.expect("a lease was asked for");
+    assert!(
+        (info.created_at_ms + 598_000..=info.created_at_ms + 602_000).contains(&expires),
+        "{info:?}"
+    );
+    // What differs by backend is what it is: its name, and the root it runs on (the host view,
+    // or the suite image by the digest the image store gives it, the same on both backends).
+    assert_eq!(
+        (info.backend.as_str(), info.image.as_str()),
+        (s.expect.backend, s.expect.image.as_str())
+    );
+    // Enforcement is reported, never assumed; its values are the backend's own mechanisms:
+    // native confines each exec with Landlock, Docker with its container (no Landlock inside).
+    let e = &info.enforcement;
+    assert!(e.seccomp, "{e:?}");
+    assert_eq!(
+        e.network, "none",
+        "the default policy has no network: {e:?}"
+    );
+    assert_eq!(e.landlock, s.expect.landlock, "{e:?}");
+    // An exec reports the same enforcement the info does.
+    let r = s.sh(&id, "true");
+    assert_eq!(&r.enforcement, e);
+
+    let again = s.api.info(&id).unwrap();
+    assert_eq!(
+        (&again.id, &again.image, &again.policy_hash),
+        (&id, &info.image, &info.policy_hash)
+    );
+    assert_eq!(again.expires_at_ms, info.expires_at_ms);
+
+    // The create's env reaches every exec; an exec's own env goes over it.
+    let r = s.run(
+        &id,
+        ExecRequest {
+            env: BTreeMap::from([("CONF_EXEC".into(), "from-exec".into())]),
+            ..shell("echo $CONF_CREATE $CONF_EXEC")
+        },
+    );
+    assert_eq!(r.stdout.text, "from-create from-exec\n", "{r:?}");
+    let r = s.run(
+        &id,
+        ExecRequest {
+            env: BTreeMap::from([("CONF_CREATE".into(), "over".into())]),
+            ..shell("echo $CONF_CREATE")
+        },
+    );
+    assert_eq!(r.stdout.text, "over\n", "{r:?}");
+
+    let other = s.create();
+    let ids = |s: &Subject| -> Vec<SandboxId> { s.api.list().into_iter().map(|i| i.id).collect() };
+    let listed = ids(s);
+    assert!(
+        listed.contains(&id) && listed.contains(&other),
+        "{listed:?}"
+    );
+    s.api.destroy(&other).unwrap();
+    assert!(!ids(s).contains(&other));
+    expect_code(
+        "info of a destroyed sandbox",
+        s.api.info(&other),
+        "not_found",
+    );
+    expect_code("destroy twice", s.api.destroy(&other), "not_found");
+    expect_code(
+        "exec in a destroyed sandbox",
+        s.api.exec(&other, shell("true"), None),
+        "not_found",
+    );
+    assert_eq!(s.sh(&id, "echo alive").stdout.text, "alive\n");
+
+    // Bad creates are refused with the reason, and leave nothing behind.
+    let bad = |what: &str, req: CreateRequest, code: &str| {
+        expect_code(what, s.api.create(req), code);
+    };
+    bad(
+        "a missing workspace",
+        CreateRequest {
+            workspace: s.ws().join("missing").display().to_string(),
+            ..s.request()
+        },
+        "invalid_argument",
+    );
+    bad(
+        "an unknown policy",
+        CreateRequest {
+            policy: Some("no-such-policy-zz".into()),
+            ..s.request()
+        },
+        "invalid_argument",
+    );
+    bad(
+        "a malformed inline policy",
+        CreateRequest {
+            policy_toml: Some("[[[".into()),
+            ..s.request()
+        },
+        "invalid_argument",
+    );
+    bad(
+        "an upload id, which is the supervisor's",
+        CreateRequest {
+            workspace_id: Some("ws-0123".into()),
+            ..s.request()
+        },
+        "invalid_argument",
+    );
+    if s.expect.image != "host" {
+        bad(
+            "an image not in the store",
+            CreateRequest {
+                image: Some("no-such-image-zz".into()),
+                ..s.request()
+            },
+            "not_found",
+        );
+    }
+    assert_eq!(ids(s), vec![id.clone()], "a refused create left a sandbox");
+    s.api.destroy(&id).unwrap();
+    assert!(s.api.list().is_empty());
+}
+
+pub fn every_operation_on_an_unknown_sandbox_is_not_found(s: &Subject) {
+    fn code<T>(r: Result<T, ApiError>) -> &'static str {
+        r.map_or_else(|e| e.code(), |_| "ok")
+    }
+    let g = ghost();
+    let ap = ApprovalId::parse("ap-0000000000000000").unwrap();
+    let mut ops = vec![
+        ("info", code(s.api.info(&g))),
+        ("exec", code(s.api.exec(&g, shell("true"), None))),
+        ("process", code(s.api.process(&g, 1))),
+        ("wait", code(s.api.wait(&g, 1, Duration::from_millis(10)))),
+        ("kill", code(s.api.kill(&g, 1, 9))),
+        ("write_stdin", code(s.api.write_stdin(&g, 1, b"x", true))),
+        ("diff", code(s.api.diff(&g, DiffRequest::default()))),
+        ("checkpoint", code(s.api.checkpoint(&g, checkpoint("c")))),
+        ("restore", code(s.api.restore(&g, checkpoint("c")))),
+        ("export", code(s.api.export(&g, ExportRequest::default()))),
+        ("list_approvals", code(s.api.list_approvals(&g, None))),
+        ("approve", code(s.api.approve(&g, &ap))),
+        ("deny", code(s.api.deny(&g, &ap, "no"))),
+        (
+            "set_network",
+            code(s.api.set_network(&g, NetworkRules::default())),
+        ),
+        ("destroy", code(s.api.destroy(&g))),
+    ];
+    ops.extend(path_ops(s, &g, "a"));
+    for (op, code) in ops {
+        assert_eq!(code, "not_found", "{op} on an unknown sandbox");
+    }
+    // Nothing was made on the way.
+    assert!(s.api.list().is_empty());
+}
+
+// ---- exec --------------------------------------------------------------------------------------
+
+pub fn exec_argv_shell_cwd_env_stdin_and_exits(s: &Subject) {
+    let id = s.create();
+    // argv is given as is, never split by a shell.
+    let r = s.run(&id, argv(&["/bin/echo", "a  b", "$HOME", "c"]));
+    assert_eq!(r.stdout.text, "a  b $HOME c\n", "{r:?}");
+    assert_eq!((r.exit_code, r.signal, r.timed_out), (Some(0), None, false));
+
+    let r = s.sh(&id, "echo $((6 * 7)); echo oops >&2; exit 3");
+    assert_eq!(
+        (r.stdout.text.as_str(), r.stderr.text.as_str()),
+        ("42\n", "oops\n")
+    );
+    assert_eq!((r.exit_code, r.signal), (Some(3), None));
+    assert_eq!((r.stdout.bytes, r.stdout.truncated), (3, false));
+
+    // Killed by a signal: the signal, no exit code.
+    let r = s.sh(&id, "kill -TERM $$");
+    assert_eq!((r.exit_code, r.signal), (None, Some(15)), "{r:?}");
+
+    let r = s.run(&id, argv(&["no-such-command-zz"]));
+    assert_eq!(r.exit_code, Some(127), "{r:?}");
+    assert!(!r.stderr.text.is_empty(), "{r:?}");
+
+    // Working directory: the workspace root by default, relative to it, or absolute inside.
+    assert_eq!(s.sh(&id, "pwd").stdout.text, format!("{}\n", s.inside_ws()));
+    s.sh(&id, "mkdir -p sub/dir");
+    let at = |cwd: String| {
+        s.run(
+            &id,
+            ExecRequest {
+                cwd: Some(cwd),
+                ..shell("pwd")
+            },
+        )
+    };
+    assert_eq!(
+        at("sub".into()).stdout.text,
+        format!("{}/sub\n", s.inside_ws())
+    );
+    let abs = format!("{}/sub/dir", s.inside_ws());
+    assert_eq!(at(abs.clone()).stdout.text, format!("{abs}\n"));
+    expect_code(
+        "a missing cwd",
+        s.api.exec(
+            &id,
+            ExecRequest {
+                cwd: Some("no/such/dir".into()),
+                ..shell("true")
+            },
+            None,
+        ),
+        "invalid_argument",
+    );
+
+    // Environment.
+    let r = s.run(
+        &id,
+        ExecRequest {
+            env: BTreeMap::from([("CONF_VAR".into(), "x  y".into())]),
+            ..shell("printf '%s\\n' \"$CONF_VAR\"")
+        },
+    );
+    assert_eq!(r.stdout.text, "x  y\n");
+    for bad in ["", "A=B", "NUL\0"] {
+        expect_code(
+            &format!("env name {bad:?}"),
+            s.api.exec(
+                &id,
+                ExecRequest {
+                    env: BTreeMap::from([(bad.to_string(), "v".into())]),
+                    ..shell("true")
+                },
+                None,
+            ),
+            "invalid_argument",
+        );
+    }
+
+    // Stdin: the text given, then end of file; without it, empty.
+    let r = s.run(
+        &id,
+        ExecRequest {
+            stdin: Some("one\ntwo\n".into()),
+            ..argv(&["/bin/cat"])
+        },
+    );
+    assert_eq!(r.stdout.text, "one\ntwo\n");
+    let r = s.run(&id, argv(&["/bin/cat"]));
+    assert_eq!((r.exit_code, r.stdout.text.as_str()), (Some(0), ""));
+
+    // Malformed requests.
+    for (what, req) in [
+        ("neither argv nor shell", ExecRequest::default()),
+        (
+            "both argv and shell",
+            ExecRequest {
+                shell: Some("true".into()),
+                ..argv(&["true"])
+            },
+        ),
+        ("an empty argv", argv(&[])),
+        ("a NUL byte in argv", argv(&["/bin/echo", "a\0b"])),
+        (
+            "a zero timeout",
+            ExecRequest {
+                timeout_ms: Some(0),
+                ..shell("true")
+            },
+        ),
+    ] {
+        expect_code(what, s.api.exec(&id, req, None), "invalid_argument");
+    }
+
+    // An exec reports what it changed in the workspace, and only that.
+    let r = s.sh(&id, "echo x > made.txt; echo y > sub/dir/deep.txt");
+    assert_eq!(
+        changes(&r.changes),
+        [
+            ("made.txt".into(), ChangeKind::Added),
+            ("sub/dir/deep.txt".into(), ChangeKind::Added)
+        ]
+    );
+    let r = s.sh(&id, "rm made.txt");
+    assert_eq!(
+        changes(&r.changes),
+        [("made.txt".into(), ChangeKind::Deleted)]
+    );
+    assert!(!s.ws().join("sub").exists(), "the host workspace changed");
+}
+
+pub fn exec_timeout_and_output_limit(s: &Subject) {
+    let id = s.create();
+    let start = Instant::now();
+    let r = s.run(
+        &id,
+        ExecRequest {
+            timeout_ms: Some(700),
+            ..shell("echo partial; sleep 30.123 & sleep 30.123")
+        },
+    );
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.stdout.text, "partial\n", "partial output is kept");
+    assert!(r.exit_code.is_none(), "{r:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    // The whole tree went with it: nothing of it is left in the sandbox.
+    let r = s.sh(
+        &id,
+        "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | \
+         grep -c 'slee[p] 30.123'",
+    );
+    assert_eq!(r.stdout.text.trim(), "0", "{r:?}");
+
+    // Output beyond the limit: head and tail kept, the whole stream readable through `read`.
+    let total = (1..=20000u32)
+        .map(|n| n.to_string().len() as u64 + 1)
+        .sum::<u64>();
+    let r = s.run(
+        &id,
+        ExecRequest {
+            output_limit: Some(1000),
+            ..shell("seq 1 20000")
+        },
+    );
+    assert_eq!(r.exit_code, Some(0));
+    assert!(r.stdout.truncated, "{:?}", r.stdout);
+    assert_eq!(r.stdout.bytes, total);
+    assert!(
+        r.stdout.text.len() <= 1200,
+        "{} bytes kept",
+        r.stdout.text.len()
+    );
+    assert!(
+        r.stdout.text.starts_with("1\n2\n3\n"),
+        "head: {:?}",
+        r.stdout.text
+    );
+    assert!(
+        r.stdout.text.ends_with("19999\n20000\n"),
+        "tail: {:?}",
+        r.stdout.text
+    );
+    let spill = r.stdout.spill_path.clone().expect("a spill file");
+    let full = s
+        .api
+        .read(
+            &id,
+            ReadRequest {
+                path: spill.clone(),
+                max_bytes: Some(1 << 20),
+                ..ReadRequest::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("read the spill file {spill}: {e}"));
+    assert_eq!(full.total_bytes, total);
+    assert!(full.content.starts_with("1\n2\n") && full.content.ends_with("20000\n"));
+    // Under the limit nothing is cut or spilled.
+    let r = s.sh(&id, "seq 1 10");
+    assert_eq!(
+        (r.stdout.truncated, r.stdout.spill_path.as_deref()),
+        (false, None)
+    );
+}
+
+pub fn exec_events_stream_in_order(s: &Subject) {
+    let id = s.create();
+    let mut events = Vec::new();
+    let out = {
+        let mut sink = |e: ExecEvent| events.push(e);
+        s.api
+            .exec(
+                &id,
+                shell("echo a; echo b >&2; echo c; exit 4"),
+                Some(&mut sink),
+            )
+            .unwrap()
+    };
+    let ExecOutcome::Finished(result) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(result.exit_code, Some(4));
+    let (first, rest) = events.split_first().expect("events");
+    assert!(matches!(first, ExecEvent::Started { .. }), "{events:?}");
+    let (ended, middle) = match rest.split_last() {
+        Some((ExecEvent::Ended { result: ended }, middle)) => {
+            assert_eq!(**ended, result, "the ended event carries the result");
+            (true, middle)
+        }
+        _ => (false, rest),
+    };
+    // The stream ends with the result on every backend (the kit sends it).
+    assert!(ended, "no ended event: {events:?}");
+    let (mut out, mut err) = (String::new(), String::new());
+    for e in middle {
+        match e {
+            ExecEvent::Stdout { data } => out.push_str(data),
+            ExecEvent::Stderr { data } => err.push_str(data),
+            other => panic!("between started and ended: {other:?}"),
+        }
+    }
+    assert_eq!((out.as_str(), err.as_str()), ("a\nc\n", "b\n"));
+    assert_eq!(
+        (result.stdout.text.as_str(), result.stderr.text.as_str()),
+        ("a\nc\n", "b\n")
+    );
+    // A refused exec ends before it starts: an error, and no event.
+    let mut events = Vec::new();
+    let r = {
+        let mut sink = |e: ExecEvent| events.push(e);
+        s.api.exec(&id, ExecRequest::default(), Some(&mut sink))
+    };
+    expect_code("an empty exec, streamed", r, "invalid_argument");
+    assert!(events.is_empty(), "{events:?}");
+}
+
+pub fn background_process_wait_kill_and_stdin(s: &Subject) {
+    let id = s.create();
+    let cat = s.background(&id, argv(&["/bin/cat"]));
+    assert!(cat.running && cat.result.is_none(), "{cat:?}");
+    assert_eq!(cat.argv, ["/bin/cat"]);
+    s.api
+        .write_stdin(&id, cat.exec_id, b"hello\n", false)
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            s.api.process(&id, cat.exec_id).unwrap().stdout.text == "hello\n"
+        }),
+        "{:?}",
+        s.api.process(&id, cat.exec_id)
+    );
+    // A foreground exec runs meanwhile.
+    assert_eq!(s.sh(&id, "echo between").stdout.text, "between\n");
+    s.api.write_stdin(&id, cat.exec_id, b"bye\n", true).unwrap();
+    let done = s
+        .api
+        .wait(&id, cat.exec_id, Duration::from_secs(10))
+        .unwrap();
+    assert!(!done.running, "{done:?}");
+    let r = done.result.clone().expect("a result once ended");
+    assert_eq!(
+        (r.exit_code, r.stdout.text.as_str()),
+        (Some(0), "hello\nbye\n")
+    );
+    assert_eq!(s.api.process(&id, cat.exec_id).unwrap().result, Some(r));
+    expect_code(
+        "write_stdin to an ended process",
+        s.api.write_stdin(&id, cat.exec_id, b"late\n", false),
+        "conflict",
+    );
+
+    // Stdin given up front is all it gets.
+    let given = s.background(
+        &id,
+        ExecRequest {
+            stdin: Some("given\n".into()),
+            ..argv(&["/bin/cat"])
+        },
+    );
+    let p = s
+        .api
+        .wait(&id, given.exec_id, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(p.result.map(|r| r.stdout.text), Some("given\n".into()));
+
+    // Waiting less than it runs returns it still running; kill ends it by the signal.
+    let sleeper = s.background(&id, shell("echo ready; exec sleep 300"));
+    assert_eq!(
+        sleeper.argv,
+        ["/bin/sh", "-c", "echo ready; exec sleep 300"]
+    );
+    let t = Instant::now();
+    let p = s
+        .api
+        .wait(&id, sleeper.exec_id, Duration::from_millis(300))
+        .unwrap();
+    assert!(p.running && p.result.is_none(), "{p:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(eventually(Duration::from_secs(10), || {
+        s.api.process(&id, sleeper.exec_id).unwrap().stdout.text == "ready\n"
+    }));
+    for bad in [0, -1, 65] {
+        expect_code(
+            &format!("signal {bad}"),
+            s.api.kill(&id, sleeper.exec_id, bad),
+            "invalid_argument",
+        );
+    }
+    s.api.kill(&id, sleeper.exec_id, 15).unwrap();
+    let p = s
+        .api
+        .wait(&id, sleeper.exec_id, Duration::from_secs(10))
+        .unwrap();
+    let r = p.result.expect("ended by the signal");
+    assert_eq!((r.exit_code, r.signal), (None, Some(15)), "{r:?}");
+
+    // A signal sent at once, before the backend has seen the process start, still reaches it
+    // (it once was lost: native before pid 1 reported the pid, Docker before its wrapper ran).
+    for signal in [15, 9, 15] {
+        let p = s.background(&id, argv(&["sleep", "300"]));
+        s.api.kill(&id, p.exec_id, signal).unwrap();
+        let p = s.api.wait(&id, p.exec_id, Duration::from_secs(10)).unwrap();
+        let r = p.result.expect("ended by the signal sent at once");
+        assert_eq!(r.signal, Some(signal), "{r:?}");
+    }
+    let tree = s.background(&id, shell("echo ready; sleep 300 & sleep 300"));
+    assert!(eventually(Duration::from_secs(10), || {
+        s.api.process(&id, tree.exec_id).unwrap().stdout.text == "ready\n"
+    }));
+    s.api.kill(&id, tree.exec_id, 9).unwrap();
+    let p = s
+        .api
+        .wait(&id, tree.exec_id, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(p.result.map(|r| r.signal), Some(Some(9)));
+    // Killing what has ended changes nothing.
+    let again = s.api.kill(&id, tree.exec_id, 9).unwrap();
+    assert!(!again.running);
+
+    // Ids no exec has.
+    let none = 424_242;
+    for (what, r) in [
+        ("process", s.api.process(&id, none)),
+        ("wait", s.api.wait(&id, none, Duration::from_millis(10))),
+        ("kill", s.api.kill(&id, none, 9)),
+    ] {
+        expect_code(&format!("{what} of an unknown exec id"), r, "not_found");
+    }
+    expect_code(
+        "write_stdin of an unknown exec id",
+        s.api.write_stdin(&id, none, b"x", true),
+        "not_found",
+    );
+}
+
+// ---- files -------------------------------------------------------------------------------------
+
+pub fn read_and_write(s: &Subject) {
+    s.env.write("lines.txt", "l1\nl2\nl3\nl4\n");
+    let before = tree_state(&s.ws());
+    let id = s.create();
+
+    // Reads: whole, line ranges, byte ranges, capped.
+    let r = read(s, &id, "lines.txt").unwrap();
+    assert_eq!(r.content, "l1\nl2\nl3\nl4\n");
+    assert_eq!(
+        (r.encoding.as_str(), r.total_bytes, r.total_lines),
+        ("utf-8", 12, Some(4))
+    );
+    assert!(!r.truncated && !r.binary);
+    let ranged = |req: ReadRequest| {
+        s.api
+            .read(
+                &id,
+                ReadRequest {
+                    path: "lines.txt".into(),
+                    ..req
+                },
+            )
+            .map(|r| (r.content, r.truncated))
+    };
+    let lines = |a, b| ReadRequest {
+        line_start: Some(a),
+        line_end: Some(b),
+        ..ReadRequest::default()
+    };
+    assert_eq!(ranged(lines(2, 3)).unwrap().0, "l2\nl3\n");
+    assert_eq!(
+        ranged(ReadRequest {
+            line_start: Some(3),
+            ..ReadRequest::default()
+        })
+        .unwrap()
+        .0,
+        "l3\nl4\n"
+    );
+    assert_eq!(
+        ranged(ReadRequest {
+            offset: Some(3),
+            length: Some(4),
+            ..ReadRequest::default()
+        })
+        .unwrap()
+        .0,
+        "l2\nl"
+    );
+    assert_eq!(
+        ranged(ReadRequest {
+            max_bytes: Some(5),
+            ..ReadRequest::default()
+        })
+        .unwrap(),
+        ("l1\nl2".into(), true)
+    );
+    expect_code(
+        "a line and a byte range at once",
+        ranged(ReadRequest {
+            line_start: Some(1),
+            offset: Some(0),
+            ..ReadRequest::default()
+        }),
+        "invalid_argument",
+    );
+    expect_code(
+        "line 0 (lines are 1-based)",
+        ranged(lines(0, 1)),
+        "invalid_argument",
+    );
+    expect_code("a missing file", read(s, &id, "missing.txt"), "not_found");
+    s.sh(&id, "mkdir adir");
+    expect_code("a directory", read(s, &id, "adir"), "invalid_argument");
+    // Absolute paths inside the workspace are the workspace's.
+    assert_eq!(
+        text(s, &id, &format!("{}/lines.txt", s.inside_ws())),
+        "l1\nl2\nl3\nl4\n"
+    );
+
+    // Writes: new, over, with parents, a mode, base64; each visible to the next exec.
+    let w = write(s, &id, "new.txt", "new\n").unwrap();
+    assert_eq!((w.bytes_written, w.created), (4, true));
+    let w = write(s, &id, "new.txt", "newer\n").unwrap();
+    assert_eq!((w.bytes_written, w.created), (6, false));
+    assert_eq!(s.sh(&id, "cat new.txt").stdout.text, "newer\n");
+    expect_code(
+        "a missing parent without create_parents",
+        write(s, &id, "a/b/c.txt", "x"),
+        "not_found",
+    );
+    s.api
+        .write(
+            &id,
+            WriteRequest {
+                path: "a/b/run.sh".into(),
+                content: "#!/bin/sh\necho ran\n".into(),
+                create_parents: true,
+                mode: Some(0o755),
+                ..WriteRequest::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.sh(&id, "./a/b/run.sh").stdout.text, "ran\n");
+    assert_eq!(stat(s, &id, "a/b/run.sh").unwrap().mode & 0o7777, 0o755);
+    assert_eq!(stat(s, &id, "new.txt").unwrap().mode & 0o7777, 0o644);
+    let b64 = |content: &str, encoding: &str| {
+        s.api.write(
+            &id,
+            WriteRequest {
+                path: "blob.bin".into(),
+                content: content.into(),
+                encoding: Some(encoding.into()),
+                ..WriteRequest::default()
+            },
+        )
+    };
+    assert_eq!(b64("AAEC/w==", "base64").unwrap().bytes_written, 4);
+    assert_eq!(
+        s.sh(&id, "od -An -tx1 blob.bin").stdout.text.trim(),
+        "00 01 02 ff"
+    );
+    let r = read(s, &id, "blob.bin").unwrap();
+    assert_eq!(
+        (r.encoding.as_str(), r.content.as_str(), r.binary),
+        ("base64", "AAEC/w==", true)
+    );
+    expect_code(
+        "bad base64",
+        b64("not base64!", "base64"),
+        "invalid_argument",
+    );
+    expect_code(
+        "an unknown encoding",
+        b64("x", "latin1"),
+        "invalid_argument",
+    );
+    expect_code(
+        "writing over a directory",
+        write(s, &id, "adir", "x"),
+        "invalid_argument",
+    );
+    // What an exec writes, read sees.
+    s.sh(&id, "printf 'from exec' > by-exec.txt");
+    assert_eq!(text(s, &id, "by-exec.txt"), "from exec");
+    assert_host_untouched(s, &before);
+}
+
+pub fn edit_and_patch(s: &Subject) {
+    s.env.write("e.txt", "one two one\n");
+    s.env.write("p1.txt", "a\nb\nc\n");
+    s.env.write("p2.txt", "x\ny\nz\n");
+    let before = tree_state(&s.ws());
+    let id = s.create();
+
+    let e = s.api.edit(&id, edit("e.txt", "two", "2")).unwrap();
+    assert_eq!(e.replacements, 1);
+    assert!(
+        e.diff.contains("-one two one") && e.diff.contains("+one 2 one"),
+        "{}",
+        e.diff
+    );
+    expect_code(
+        "old text that does not occur",
+        s.api.edit(&id, edit("e.txt", "three", "3")),
+        "edit_not_found",
+    );
+    expect_code(
+        "old text that occurs twice",
+        s.api.edit(&id, edit("e.txt", "one", "1")),
+        "edit_ambiguous",
+    );
+    assert_eq!(
+        text(s, &id, "e.txt"),
+        "one 2 one\n",
+        "a refused edit changed the file"
+    );
+    let e = s
+        .api
+        .edit(
+            &id,
+            EditRequest {
+                expected_count: Some(2),
+                ..edit("e.txt", "one", "1")
+            },
+        )
+        .unwrap();
+    assert_eq!(e.replacements, 2);
+    assert_eq!(s.sh(&id, "cat e.txt").stdout.text, "1 2 1\n");
+    for (what, req, code) in [
+        (
+            "fewer occurrences than expected",
+            EditRequest {
+                expected_count: Some(5),
+                ..edit("e.txt", "1", "one")
+            },
+            "edit_not_found",
+        ),
+        (
+            "an expected count of zero",
+            EditRequest {
+                expected_count: Some(0),
+                ..edit("e.txt", "1", "one")
+            },
+            "invalid_argument",
+        ),
+        ("empty old text", edit("e.txt", "", "x"), "invalid_argument"),
+    ] {
+        expect_code(what, s.api.edit(&id, req), code);
+    }
+    expect_code(
+        "edit of a missing file",
+        s.api.edit(&id, edit("missing.txt", "a", "b")),
+        "not_found",
+    );
+
+    // A patch over several files applies whole.
+    let good = "--- a/p1.txt\n+++ b/p1.txt\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n\
+                --- /dev/null\n+++ b/new/p3.txt\n@@ -0,0 +1 @@\n+three\n";
+    let p = patch(s, &id, good).unwrap();
+    assert_eq!(
+        changes(&p.files),
+        [
+            ("new/p3.txt".into(), ChangeKind::Added),
+            ("p1.txt".into(), ChangeKind::Modified)
+        ]
+    );
+    assert_eq!(
+        s.sh(&id, "cat p1.txt new/p3.txt").stdout.text,
+        "a\nB\nc\nthree\n"
+    );
+
+    // ... or not at all: the second file's hunk does not apply, so the first is not changed and
+    // the new file not made.
+    let failing = "--- a/p1.txt\n+++ b/p1.txt\n@@ -1,3 +1,3 @@\n a\n-B\n+BB\n c\n\
+                   --- /dev/null\n+++ b/p4.txt\n@@ -0,0 +1 @@\n+four\n\
+                   --- a/p2.txt\n+++ b/p2.txt\n@@ -1,3 +1,3 @@\n x\n-nope\n+y2\n z\n";
+    expect_code(
+        "a patch with a failing hunk",
+        patch(s, &id, failing),
+        "patch_failed",
+    );
+    assert_eq!(text(s, &id, "p1.txt"), "a\nB\nc\n");
+    assert_eq!(text(s, &id, "p2.txt"), "x\ny\nz\n");
+    expect_code(
+        "the failed patch's new file",
+        stat(s, &id, "p4.txt"),
+        "not_found",
+    );
+    expect_code(
+        "a patch of a missing file",
+        patch(
+            s,
+            &id,
+            "--- a/gone.txt\n+++ b/gone.txt\n@@ -1 +1 @@\n-a\n+b\n",
+        ),
+        "patch_failed",
+    );
+    expect_code(
+        "text that is no patch",
+        patch(s, &id, "hello\n"),
+        "invalid_argument",
+    );
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert_eq!(
+        diff_files(&d),
+        [
+            ("e.txt".into(), ChangeKind::Modified),
+            ("new/p3.txt".into(), ChangeKind::Added),
+            ("p1.txt".into(), ChangeKind::Modified)
+        ]
+    );
+    assert_host_untouched(s, &before);
+}
+
+pub fn list_search_and_stat(s: &Subject) {
+    for (path, content) in [
+        ("README.md", "read me\n"),
+        ("src/lib.rs", "fn alpha() {}\nfn Beta() {}\n"),
+        ("src/deep/x/y.rs", "// y\nfn gamma() {}\n"),
+        (".hidden", "fn hidden() {}\n"),
+        (".gitignore", "target/\n*.log\n"),
+        ("target/out.rs", "fn ignored() {}\n"),
+        ("notes.log", "fn logged() {}\n"),
+    ] {
+        s.env.write(path, content);
+    }
+    let id = s.create();
+    let ls = |req: ListRequest| list(s, &id, req);
+    assert_eq!(ls(ListRequest::default()), ["README.md", "src"]);
+    assert_eq!(
+        ls(ListRequest {
+            max_depth: Some(2),
+            ..ListRequest::default()
+        }),
+        ["README.md", "src", "src/deep", "src/lib.rs"]
+    );
+    assert_eq!(
+        ls(ListRequest {
+            glob: Some("**/*.rs".into()),
+            ..ListRequest::default()
+        }),
+        ["src/deep/x/y.rs", "src/lib.rs"]
+    );
+    assert_eq!(
+        ls(ListRequest {
+            glob: Some("**/*.rs".into()),
+            include_ignored: true,
+            ..ListRequest::default()
+        }),
+        ["src/deep/x/y.rs", "src/lib.rs", "target/out.rs"]
+    );
+    assert_eq!(
+        ls(ListRequest {
+            include_hidden: true,
+            ..ListRequest::default()
+        }),
+        [".gitignore", ".hidden", "README.md", "src"]
+    );
+    assert_eq!(ls(list_at("src")), ["src/deep", "src/lib.rs"]);
+    let capped = s
+        .api
+        .list_dir(
+            &id,
+            ListRequest {
+                max_depth: Some(5),
+                limit: Some(2),
+                ..ListRequest::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((capped.entries.len(), capped.truncated), (2, true));
+    let entries = s.api.list_dir(&id, ListRequest::default()).unwrap().entries;
+    assert_eq!(
+        entries.iter().map(|e| (e.kind, e.size)).next(),
+        Some((EntryKind::File, 8))
+    );
+    assert_eq!(entries[1].kind, EntryKind::Dir);
+    let bad_list = |path: &str| s.api.list_dir(&id, list_at(path));
+    expect_code("list of a missing directory", bad_list("nope"), "not_found");
+    expect_code("list of a file", bad_list("README.md"), "invalid_argument");
+    expect_code(
+        "an invalid glob",
+        s.api.list_dir(
+            &id,
+            ListRequest {
+                glob: Some("a[".into()),
+                ..ListRequest::default()
+            },
+        ),
+        "invalid_argument",
+    );
+
+    let find = |req: SearchRequest| search(s, &id, req);
+    let pat = pattern;
+    assert_eq!(
+        find(pat("fn [a-z]+")),
+        [("src/deep/x/y.rs".into(), 2), ("src/lib.rs".into(), 1)]
+    );
+    assert_eq!(
+        find(SearchRequest {
+            case_insensitive: true,
+            ..pat("fn [a-z]+")
+        }),
+        [
+            ("src/deep/x/y.rs".into(), 2),
+            ("src/lib.rs".into(), 1),
+            ("src/lib.rs".into(), 2)
+        ]
+    );
+    assert_eq!(
+        find(SearchRequest {
+            glob: Some("**/y.rs".into()),
+            ..pat("fn")
+        }),
+        [("src/deep/x/y.rs".into(), 2)]
+    );
+    assert_eq!(
+        find(SearchRequest {
+            path: Some("src/deep".into()),
+            ..pat("fn")
+        }),
+        [("src/deep/x/y.rs".into(), 2)]
+    );
+    assert_eq!(
+        find(SearchRequest {
+            include_hidden: true,
+            include_ignored: true,
+            ..pat("fn (hidden|ignored|logged)")
+        }),
+        [
+            (".hidden".into(), 1),
+            ("notes.log".into(), 1),
+            ("target/out.rs".into(), 1)
+        ]
+    );
+    let m = s.api.search(&id, pat("alpha")).unwrap();
+    assert_eq!(m.matches.len(), 1);
+    assert_eq!(m.matches[0].line, "fn alpha() {}");
+    let capped = s
+        .api
+        .search(
+            &id,
+            SearchRequest {
+                max_matches: Some(1),
+                ..pat("fn")
+            },
+        )
+        .unwrap();
+    assert_eq!((capped.matches.len(), capped.truncated), (1, true));
+    expect_code(
+        "an invalid regex",
+        s.api.search(&id, pat("(")),
+        "invalid_argument",
+    );
+
+    let st = stat(s, &id, "README.md").unwrap();
+    assert_eq!(
+        (st.kind, st.size, st.mode & 0o777),
+        (EntryKind::File, 8, 0o644)
+    );
+    assert!(st.modified_ms > 0 && st.symlink_target.is_none());
+    assert_eq!(stat(s, &id, "src").unwrap().kind, EntryKind::Dir);
+    s.sh(&id, "ln -s README.md link");
+    let st = stat(s, &id, "link").unwrap();
+    assert_eq!(
+        (st.kind, st.symlink_target.as_deref()),
+        (EntryKind::Symlink, Some("README.md"))
+    );
+    expect_code("stat of a missing path", stat(s, &id, "nope"), "not_found");
+}
+
+pub fn remove_and_rename(s: &Subject) {
+    s.env.write("r/a.txt", "a\n");
+    s.env.write("r/sub/b.txt", "b\n");
+    s.env.write("one.txt", "1\n");
+    s.env.write("two.txt", "2\n");
+    let before = tree_state(&s.ws());
+    let id = s.create();
+    let mv = |from: &str, to: &str, overwrite: bool| rename(s, &id, from, to, overwrite);
+    let rm = |path: &str, recursive: bool| remove(s, &id, path, recursive);
+    mv("one.txt", "moved.txt", false).unwrap();
+    assert_eq!(text(s, &id, "moved.txt"), "1\n");
+    expect_code("the old name", read(s, &id, "one.txt"), "not_found");
+    expect_code(
+        "rename onto a file without overwrite",
+        mv("moved.txt", "two.txt", false),
+        "conflict",
+    );
+    assert_eq!(text(s, &id, "two.txt"), "2\n");
+    mv("moved.txt", "two.txt", true).unwrap();
+    assert_eq!(
+        s.sh(&id, "cat two.txt; ls moved.txt 2>&1 >/dev/null | wc -l")
+            .stdout
+            .text,
+        "1\n1\n"
+    );
+    expect_code(
+        "rename of a missing path",
+        mv("nope", "x", false),
+        "not_found",
+    );
+    expect_code(
+        "rename into a missing directory",
+        mv("two.txt", "no/dir/x", false),
+        "not_found",
+    );
+    // A directory made in the sandbox moves like a file.
+    s.sh(&id, "mkdir -p made/inner && echo m > made/inner/m.txt");
+    mv("made", "made-moved", false).unwrap();
+    assert_eq!(text(s, &id, "made-moved/inner/m.txt"), "m\n");
+    rm("made-moved", true).unwrap();
+    // BUG, on every backend (reported; pinned so that the fix shows here): a directory of the
+    // host workspace, in the overlay's lower layer, does not move. Overlayfs answers EXDEV (no
+    // redirect_dir), which the file operations report as path_refused "leads outside the
+    // workspace (through a symlink or a mount)", wrong on both counts, while `mv` in the sandbox
+    // moves it (it copies on EXDEV). Fixed, this rename succeeds like the one above.
+    let code = code_of(
+        "rename of a host directory",
+        mv("r/sub", "sub-moved", false),
+    );
+    assert_eq!(
+        code, "path_refused",
+        "the pinned bug changed: update this check"
+    );
+    let r = s.sh(
+        &id,
+        "mv r/sub sub-moved && cat sub-moved/b.txt && mv sub-moved r/sub",
+    );
+    assert_eq!(
+        (r.exit_code, r.stdout.text.as_str()),
+        (Some(0), "b\n"),
+        "{r:?}"
+    );
+
+    expect_code(
+        "remove of a non-empty directory, not recursive",
+        rm("r", false),
+        "invalid_argument",
+    );
+    assert_eq!(text(s, &id, "r/a.txt"), "a\n");
+    rm("r", true).unwrap();
+    expect_code("a removed tree", stat(s, &id, "r"), "not_found");
+    assert_eq!(s.sh(&id, "test -e r || echo gone").stdout.text, "gone\n");
+    rm("two.txt", false).unwrap();
+    expect_code("remove twice", rm("two.txt", false), "not_found");
+    expect_code("remove of the root", rm(".", true), "path_refused");
+    // A directory, even an empty one, goes only with recursive.
+    s.sh(&id, "mkdir empty");
+    expect_code(
+        "remove of an empty directory",
+        rm("empty", false),
+        "invalid_argument",
+    );
+    rm("empty", true).unwrap();
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert_eq!(
+        diff_files(&d),
+        [
+            ("one.txt".into(), ChangeKind::Deleted),
+            ("r/a.txt".into(), ChangeKind::Deleted),
+            ("r/sub/b.txt".into(), ChangeKind::Deleted),
+            ("two.txt".into(), ChangeKind::Deleted)
+        ]
+    );
+    assert_host_untouched(s, &before);
+}
+
+// ---- diff, checkpoints, export -----------------------------------------------------------------
+
+pub fn diff_checkpoint_restore_and_export(s: &Subject) {
+    s.env.write("a.txt", "a\n");
+    s.env.write("keep.txt", "k\n");
+    let before = tree_state(&s.ws());
+    let id = s.create();
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert!(d.files.is_empty() && d.diff.is_empty(), "{d:?}");
+    assert_eq!(d.stats.files, 0);
+
+    write(s, &id, "a.txt", "a2\n").unwrap();
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert_eq!(diff_files(&d), [("a.txt".into(), ChangeKind::Modified)]);
+    assert!(d.diff.contains("-a\n+a2\n"), "{}", d.diff);
+    assert_eq!(
+        (d.stats.files, d.stats.insertions, d.stats.deletions),
+        (1, 1, 1)
+    );
+
+    let c = s.api.checkpoint(&id, checkpoint("one")).unwrap();
+    assert_eq!((c.name.as_str(), c.files), ("one", 1));
+    assert_eq!(s.api.info(&id).unwrap().checkpoints, ["one"]);
+    expect_code(
+        "a taken name",
+        s.api.checkpoint(&id, checkpoint("one")),
+        "conflict",
+    );
+    for bad in ["../x", "a/b", "", "sp ace"] {
+        expect_code(
+            &format!("checkpoint name {bad:?}"),
+            s.api.checkpoint(&id, checkpoint(bad)),
+            "invalid_argument",
+        );
+    }
+
+    s.sh(&id, "echo b > b.txt; rm keep.txt");
+    let since = |name: &str| {
+        s.api.diff(
+            &id,
+            DiffRequest {
+                since: Some(name.into()),
+            },
+        )
+    };
+    assert_eq!(
+        diff_files(&since("one").unwrap()),
+        [
+            ("b.txt".into(), ChangeKind::Added),
+            ("keep.txt".into(), ChangeKind::Deleted)
+        ]
+    );
+    expect_code(
+        "diff since an unknown checkpoint",
+        since("nope"),
+        "not_found",
+    );
+    expect_code(
+        "restore of an unknown checkpoint",
+        s.api.restore(&id, checkpoint("nope")),
+        "not_found",
+    );
+    s.api.restore(&id, checkpoint("one")).unwrap();
+    assert_eq!(text(s, &id, "a.txt"), "a2\n");
+    assert_eq!(text(s, &id, "keep.txt"), "k\n");
+    expect_code(
+        "a file made after the checkpoint",
+        read(s, &id, "b.txt"),
+        "not_found",
+    );
+    assert_eq!(
+        s.sh(&id, "cat a.txt keep.txt; test -e b.txt || echo no-b")
+            .stdout
+            .text,
+        "a2\nk\nno-b\n"
+    );
+    assert!(since("one").unwrap().files.is_empty());
+    // A checkpoint is reusable.
+    write(s, &id, "c.txt", "c\n").unwrap();
+    s.api.restore(&id, checkpoint("one")).unwrap();
+    expect_code("restored away", read(s, &id, "c.txt"), "not_found");
+    assert_host_untouched(s, &before);
+
+    // Export: the change as a patch or a tar; the host copy changes only when it applies.
+    let e = s.api.export(&id, ExportRequest::default()).unwrap();
+    assert_eq!((e.format, e.applied), (ExportFormat::Patch, false));
+    assert!(
+        e.patch.as_deref().unwrap_or_default().contains("+a2"),
+        "{e:?}"
+    );
+    assert_eq!(
+        changes(&e.changes),
+        [("a.txt".into(), ChangeKind::Modified)]
+    );
+    let e = s
+        .api
+        .export(
+            &id,
+            ExportRequest {
+                format: ExportFormat::Tar,
+                apply: false,
+            },
+        )
+        .unwrap();
+    let tar = e.tar_path.expect("a tar path");
+    assert!(Path::new(&tar).is_file(), "{tar}");
+    assert_host_untouched(s, &before);
+    // No set-id bit reaches the host: not one the API wrote, nor one the sandbox set.
+    s.api
+        .write(
+            &id,
+            WriteRequest {
+                path: "suid".into(),
+                content: "x".into(),
+                mode: Some(0o4755),
+                ..WriteRequest::default()
+            },
+        )
+        .unwrap();
+    s.sh(&id, "echo y > sgid && chmod 2755 sgid");
+    let e = s
+        .api
+        .export(
+            &id,
+            ExportRequest {
+                format: ExportFormat::Patch,
+                apply: true,
+            },
+        )
+        .unwrap();
+    assert!(e.applied);
+    for p in ["suid", "sgid"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(s.ws().join(p))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o755, "{p} on the host: {mode:o}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("a.txt")).unwrap(),
+        "a2\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("keep.txt")).unwrap(),
+        "k\n"
+    );
+    assert!(!s.ws().join("b.txt").exists() && !s.ws().join("c.txt").exists());
+}
+
+// ---- approvals, network ------------------------------------------------------------------------
+
+pub fn approvals_and_network_defaults(s: &Subject) {
+    let id = s.create();
+    // No command policy decorates a bare backend: nothing is ever pending.
+    assert!(s.api.list_approvals(&id, None).unwrap().is_empty());
+    let t = Instant::now();
+    assert!(
+        s.api
+            .list_approvals(&id, Some(Duration::from_millis(200)))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let ap = ApprovalId::parse("ap-0123456789abcdef").unwrap();
+    expect_code(
+        "approve of no approval",
+        s.api.approve(&id, &ap),
+        "not_found",
+    );
+    expect_code(
+        "deny of no approval",
+        s.api.deny(&id, &ap, "no"),
+        "not_found",
+    );
+    // The default policy has no network: rules apply only to mode "proxy", fixed at create.
+    let rules = NetworkRules {
+        allow: vec!["example.com".into()],
+        ..NetworkRules::default()
+    };
+    expect_code(
+        "set_network without an egress proxy",
+        s.api.set_network(&id, rules),
+        "conflict",
+    );
+    assert_eq!(s.api.info(&id).unwrap().enforcement.network, "none");
+}
+
+// ---- hostile input and escapes -----------------------------------------------------------------
+
+/// A file and a directory of the host beside the workspace, which no operation may reach.
+struct Outside {
+    secret: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl Outside {
+    fn plant(s: &Subject) -> Outside {
+        let secret = s.env.dir.path().join("secret.txt");
+        std::fs::write(&secret, "SECRET\n").unwrap();
+        let dir = s.env.dir.path().join("outside");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("o.txt"), "outside\n").unwrap();
+        Outside { secret, dir }
+    }
+
+    fn state(&self) -> (String, TreeState) {
+        (
+            std::fs::read_to_string(&self.secret).unwrap(),
+            tree_state(&self.dir),
+        )
+    }
+}
+
+pub fn hostile_paths_are_refused_on_every_operation(s: &Subject) {
+    s.env.write("in.txt", "in\n");
+    let out = Outside::plant(s);
+    let host_before = out.state();
+    let before = tree_state(&s.ws());
+    let id = s.create();
+    let secret = out.secret.display().to_string();
+    let cases = [
+        ("../secret.txt", "path_refused"),
+        ("sub/../../secret.txt", "path_refused"),
+        ("/etc/passwd", "path_refused"),
+        (secret.as_str(), "path_refused"),
+        ("in\0.txt", "invalid_argument"),
+        ("", "invalid_argument"),
+    ];
+    for (p, want) in cases {
+        let ops = path_ops(s, &id, p);
+        for (op, code) in ops {
+            assert_eq!(code, want, "{op} of {p:?} on {}", s.expect.backend);
+        }
+    }
+    // A patch naming paths that climb out, or absolute ones, is refused whole.
+    for target in [
+        "b/../escape.txt",
+        "b/sub/../../escape.txt",
+        "/tmp/escape.txt",
+    ] {
+        let text = format!(
+            "--- /dev/null\n+++ b/in-ok.txt\n@@ -0,0 +1 @@\n+ok\n\
+             --- /dev/null\n+++ {target}\n@@ -0,0 +1 @@\n+pwned\n"
+        );
+        expect_code(
+            &format!("a patch of {target}"),
+            patch(s, &id, &text),
+            "path_refused",
+        );
+        expect_code(
+            "the refused patch's other file",
+            stat(s, &id, "in-ok.txt"),
+            "not_found",
+        );
+    }
+    expect_code(
+        "a patch of a file with a NUL in its name",
+        patch(s, &id, "--- /dev/null\n+++ b/a\0b\n@@ -0,0 +1 @@\n+x\n"),
+        "invalid_argument",
+    );
+    // Checkpoint names are names, not paths.
+    expect_code(
+        "diff since a path",
+        s.api.diff(
+            &id,
+            DiffRequest {
+                since: Some("../../etc".into()),
+            },
+        ),
+        "invalid_argument",
+    );
+    expect_code(
+        "restore of a path",
+        s.api.restore(&id, checkpoint("/etc/passwd")),
+        "invalid_argument",
+    );
+    assert_eq!(text(s, &id, "in.txt"), "in\n");
+    assert!(!s.env.dir.path().join("escape.txt").exists());
+    assert!(!Path::new("/tmp/escape.txt").exists());
+    assert_eq!(
+        out.state(),
+        host_before,
+        "a file beside the workspace changed"
+    );
+    assert_host_untouched(s, &before);
+}
+
+pub fn planted_symlinks_lead_nowhere_outside_the_workspace(s: &Subject) {
+    s.env.write("in.txt", "in\n");
+    let out = Outside::plant(s);
+    // A hostile repository brings its own, in the host copy.
+    std::os::unix::fs::symlink("/etc/shadow", s.ws().join("repo-shadow")).unwrap();
+    std::os::unix::fs::symlink(&out.dir, s.ws().join("repo-dir")).unwrap();
+    let host_before = out.state();
+    let before = tree_state(&s.ws());
+    let id = s.create();
+    // The sandbox plants them: an absolute link to /etc/shadow, to a host file and a host
+    // directory beside the workspace, and relative ones that climb out.
+    let r = s.sh(
+        &id,
+        &format!(
+            "ln -s /etc/shadow shadow && ln -s {secret} hostfile && ln -s {dir} hostdir && \
+             ln -s ../secret.txt upfile && ln -s .. up && ln -s ../outside updir",
+            secret = out.secret.display(),
+            dir = out.dir.display()
+        ),
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    // Links resolve inside the workspace, so through a link to a directory outside (or up and
+    // out of the root) there is nothing, whatever the operation; a patch finds no file to patch.
+    for p in ["hostdir/o.txt", "updir/o.txt", "repo-dir/o.txt"] {
+        for (op, code) in path_ops(s, &id, p) {
+            let want = if op == "patch" {
+                "patch_failed"
+            } else {
+                "not_found"
+            };
+            assert_eq!(code, want, "{op} through {p} on {}", s.expect.backend);
+        }
+    }
+    // A final link is the workspace's own entry (stat, rename and remove act on the link);
+    // reading through it finds nothing, and what writes refuses to write through it.
+    for p in ["shadow", "hostfile", "upfile", "repo-shadow"] {
+        expect_code(&format!("read through {p}"), read(s, &id, p), "not_found");
+        let patched = format!("--- a/{p}\n+++ b/{p}\n@@ -1 +1 @@\n-SECRET\n+pwned\n");
+        for (what, r) in [
+            ("write", write(s, &id, p, "pwned\n").map(|_| ())),
+            ("edit", s.api.edit(&id, edit(p, "SECRET", "x")).map(|_| ())),
+            ("patch", patch(s, &id, &patched).map(|_| ())),
+        ] {
+            expect_code(&format!("{what} through {p}"), r, "path_refused");
+        }
+    }
+    // `..` from the root is the root: a write through a link to it lands in the workspace.
+    write(s, &id, "up/new.txt", "inside\n").unwrap();
+    assert_eq!(text(s, &id, "new.txt"), "inside\n");
+    assert!(!s.env.dir.path().join("new.txt").exists());
+    // A fifo the sandbox makes cannot block the caller: it is not a regular file.
+    s.sh(&id, "mkfifo fifo");
+    let t = Instant::now();
+    expect_code("read of a fifo", read(s, &id, "fifo"), "path_refused");
+    expect_code(
+        "edit of a fifo",
+        s.api.edit(&id, edit("fifo", "a", "b")),
+        "path_refused",
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Listing and searching never follow a link out.
+    for p in ["hostdir", "updir", "repo-dir"] {
+        let r = s.api.list_dir(&id, list_at(p));
+        assert_eq!(code_of(p, r), "not_found", "list of {p}");
+    }
+    let all = s
+        .api
+        .list_dir(
+            &id,
+            ListRequest {
+                max_depth: Some(10),
+                include_hidden: true,
+                ..ListRequest::default()
+            },
+        )
+        .unwrap();
+    assert!(
+        !all.entries.iter().any(|e| e.path.ends_with("o.txt")),
+        "{all:?}"
+    );
+    let found = s
+        .api
+        .search(
+            &id,
+            SearchRequest {
+                pattern: "SECRET|outside".into(),
+                include_hidden: true,
+                include_ignored: true,
+                ..SearchRequest::default()
+            },
+        )
+        .unwrap();
+    assert!(found.matches.is_empty(), "{found:?}");
+    // Stat sees the links as links.
+    let st = stat(s, &id, "hostfile").unwrap();
+    assert_eq!(st.kind, EntryKind::Symlink);
+    assert_eq!(
+        st.symlink_target.as_deref(),
+        Some(out.secret.to_str().unwrap())
+    );
+    expect_code(
+        "stat through a link",
+        stat(s, &id, "hostdir/o.txt"),
+        "not_found",
+    );
+    // Removing a link removes the link, not what it names.
+    for p in ["hostfile", "hostdir", "updir", "repo-dir"] {
+        s.api
+            .remove(
+                &id,
+                RemoveRequest {
+                    path: p.into(),
+                    recursive: true,
+                },
+            )
+            .unwrap_or_else(|e| panic!("remove the link {p}: {e}"));
+    }
+    expect_code("a removed link", stat(s, &id, "hostdir"), "not_found");
+    // The sandbox's view agrees: nothing outside was written through the links.
+    assert_eq!(s.sh(&id, "cat in.txt").stdout.text, "in\n");
+    assert_eq!(
+        out.state(),
+        host_before,
+        "a file beside the workspace changed"
+    );
+    assert_host_untouched(s, &before);
+}
