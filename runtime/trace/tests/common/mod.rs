@@ -1,0 +1,309 @@
+//! A scripted backend: every operation answers the same way each time, so a trace of a session
+//! on it is the same each run but for its times.
+#![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use taskbox_contract::api::*;
+use taskbox_contract::result::{
+    Change, ChangeKind, DiffStats, Enforcement, ExecResult, Output, Resources,
+};
+
+/// TEST-ONLY backend with fixed answers (see the module doc). Its sandbox ids count from 1.
+#[derive(Default)]
+pub struct Scripted {
+    sandboxes: Mutex<BTreeMap<SandboxId, SandboxInfo>>,
+    created: Mutex<u64>,
+}
+
+fn output(text: &str) -> Output {
+    Output {
+        text: text.into(),
+        bytes: text.len() as u64,
+        truncated: false,
+        spill_path: None,
+    }
+}
+
+fn enforcement() -> Enforcement {
+    Enforcement {
+        landlock: "full".into(),
+        seccomp: true,
+        network: "none".into(),
+        limits: "rlimit".into(),
+        disk: "none".into(),
+    }
+}
+
+fn result(stdout: &str) -> ExecResult {
+    ExecResult {
+        exit_code: Some(0),
+        signal: None,
+        timed_out: false,
+        duration_ms: 3,
+        stdout: output(stdout),
+        stderr: output("warn\n"),
+        changes: vec![Change {
+            path: "out.txt".into(),
+            kind: ChangeKind::Added,
+        }],
+        violations: Vec::new(),
+        resources: Resources::default(),
+        enforcement: enforcement(),
+        network: None,
+    }
+}
+
+fn process(exec_id: u64, running: bool) -> ProcessInfo {
+    ProcessInfo {
+        exec_id,
+        argv: vec!["/bin/sh".into(), "-c".into(), "cat".into()],
+        running,
+        stdout: output("so far\n"),
+        stderr: Output::default(),
+        result: (!running).then(|| result("done\n")),
+    }
+}
+
+impl Scripted {
+    fn known(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+    }
+}
+
+impl SandboxApi for Scripted {
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        let resolved = req.for_backend()?;
+        let n = {
+            let mut c = self.created.lock().unwrap();
+            *c += 1;
+            *c
+        };
+        let info = SandboxInfo {
+            id: SandboxId::parse(&format!("sb-{n:016x}"))?,
+            backend: "scripted".into(),
+            workspace: req.workspace,
+            policy: resolved.name.clone(),
+            policy_hash: resolved.hash.clone(),
+            image: "host".into(),
+            enforcement: enforcement(),
+            labels: req.labels,
+            created_at_ms: 1_700_000_000_000,
+            expires_at_ms: None,
+            state: "running".into(),
+            checkpoints: Vec::new(),
+        };
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(info.id.clone(), info.clone());
+        Ok(info)
+    }
+
+    fn list(&self) -> Vec<SandboxInfo> {
+        self.sandboxes.lock().unwrap().values().cloned().collect()
+    }
+
+    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
+        self.known(id)
+    }
+
+    fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+    ) -> Result<ExecOutcome, ApiError> {
+        self.known(id)?;
+        let argv = req.resolved_argv()?;
+        if req.background {
+            return Ok(ExecOutcome::Background(process(7, true)));
+        }
+        let r = result(&format!("{}\n", argv.join(" ")));
+        if let Some(events) = events {
+            events(ExecEvent::Started { exec_id: 1 });
+            events(ExecEvent::Ended {
+                result: Box::new(r.clone()),
+            });
+        }
+        Ok(ExecOutcome::Finished(r))
+    }
+
+    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
+        self.known(id)?;
+        if exec_id != 7 {
+            return Err(ApiError::not_found(format!("no process {exec_id}")));
+        }
+        Ok(process(exec_id, true))
+    }
+
+    fn wait(&self, id: &SandboxId, exec_id: u64, _: Duration) -> Result<ProcessInfo, ApiError> {
+        self.known(id)?;
+        Ok(process(exec_id, false))
+    }
+
+    fn kill(&self, id: &SandboxId, exec_id: u64, _: i32) -> Result<ProcessInfo, ApiError> {
+        self.known(id)?;
+        Ok(process(exec_id, false))
+    }
+
+    fn write_stdin(&self, id: &SandboxId, _: u64, _: &[u8], _: bool) -> Result<(), ApiError> {
+        self.known(id).map(|_| ())
+    }
+
+    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
+        self.known(id)?;
+        let content = match req.path.as_str() {
+            "small.txt" => "small\n".to_string(),
+            "large.txt" => "l".repeat(70_000),
+            p => return Err(ApiError::not_found(format!("{p} does not exist"))),
+        };
+        Ok(ReadResult {
+            path: req.path,
+            total_bytes: content.len() as u64,
+            total_lines: Some(1),
+            content,
+            encoding: "utf-8".into(),
+            truncated: false,
+            binary: false,
+        })
+    }
+
+    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
+        self.known(id)?;
+        Ok(WriteResult {
+            bytes_written: req.content.len() as u64,
+            path: req.path,
+            created: true,
+        })
+    }
+
+    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
+        self.known(id)?;
+        if req.old != "alpha" {
+            return Err(ApiError::EditNotFound(format!(
+                "{:?} does not occur in {} (DB_PASSWORD=hunter2)",
+                req.old, req.path
+            )));
+        }
+        Ok(EditResult {
+            path: req.path,
+            replacements: 1,
+            diff: "-alpha\n+beta\n".into(),
+        })
+    }
+
+    fn patch(&self, id: &SandboxId, _: PatchRequest) -> Result<PatchResult, ApiError> {
+        self.known(id)?;
+        Ok(PatchResult {
+            files: vec![Change {
+                path: "a.txt".into(),
+                kind: ChangeKind::Modified,
+            }],
+        })
+    }
+
+    fn list_dir(&self, id: &SandboxId, _: ListRequest) -> Result<ListResult, ApiError> {
+        self.known(id)?;
+        Ok(ListResult {
+            entries: vec![Entry {
+                path: "a.txt".into(),
+                kind: EntryKind::File,
+                size: 6,
+            }],
+            truncated: false,
+        })
+    }
+
+    fn search(&self, id: &SandboxId, _: SearchRequest) -> Result<SearchResult, ApiError> {
+        self.known(id)?;
+        Ok(SearchResult {
+            matches: vec![Match {
+                path: "a.txt".into(),
+                line_number: 1,
+                line: "delta".into(),
+            }],
+            truncated: false,
+            files_searched: 2,
+        })
+    }
+
+    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
+        self.known(id)?;
+        Ok(StatResult {
+            path: req.path,
+            kind: EntryKind::File,
+            size: 6,
+            mode: 0o644,
+            modified_ms: 1_700_000_000_000,
+            symlink_target: None,
+        })
+    }
+
+    fn remove(&self, id: &SandboxId, _: RemoveRequest) -> Result<(), ApiError> {
+        self.known(id).map(|_| ())
+    }
+
+    fn rename(&self, id: &SandboxId, _: MoveRequest) -> Result<(), ApiError> {
+        self.known(id).map(|_| ())
+    }
+
+    fn diff(&self, id: &SandboxId, _: DiffRequest) -> Result<DiffResult, ApiError> {
+        self.known(id)?;
+        Ok(DiffResult {
+            files: Vec::new(),
+            diff: String::new(),
+            stats: DiffStats::default(),
+        })
+    }
+
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        req: CheckpointRequest,
+    ) -> Result<CheckpointInfo, ApiError> {
+        self.known(id)?;
+        Ok(CheckpointInfo {
+            name: req.name,
+            created_at_ms: 1_700_000_000_000,
+            files: 1,
+        })
+    }
+
+    fn restore(&self, id: &SandboxId, _: CheckpointRequest) -> Result<(), ApiError> {
+        self.known(id).map(|_| ())
+    }
+
+    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
+        self.known(id)?;
+        Ok(ExportResult {
+            format: req.format,
+            patch: Some("--- a/b.txt\n+++ b/b.txt\n".into()),
+            tar_path: None,
+            changes: Vec::new(),
+            applied: req.apply,
+        })
+    }
+
+    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
+        self.known(id)?;
+        Ok(rules)
+    }
+
+    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .remove(id)
+            .map(|_| ())
+            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+    }
+}
