@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::op::{Answer, Op, OpHandler, OpName};
 use crate::result::{Change, ChangeKind, DiffStats, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
@@ -829,7 +830,27 @@ pub enum ApiError {
     /// the backend cannot be reached now (e.g. the Docker daemon is down or restarting)
     #[error("{0}")]
     Unavailable(String),
+    /// the backend failed because of `source` ([`ApiError::internal_with`]); code `internal`
+    #[error("{message}")]
+    InternalCause {
+        /// The whole message, cause included in words (what the JSON body says).
+        message: String,
+        #[source]
+        source: BoxError,
+    },
+    /// the backend cannot be reached now because of `source` ([`ApiError::unavailable_with`]);
+    /// code `unavailable`
+    #[error("{message}")]
+    UnavailableCause {
+        /// The whole message, cause included in words (what the JSON body says).
+        message: String,
+        #[source]
+        source: BoxError,
+    },
 }
+
+/// The cause an [`ApiError`] keeps.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 impl ApiError {
     pub fn invalid(msg: impl Into<String>) -> ApiError {
@@ -844,6 +865,24 @@ impl ApiError {
         ApiError::Internal(msg.to_string())
     }
 
+    /// An internal error that keeps its cause: `message` is all the error says (the cause in
+    /// words included, as the JSON body has always said it), `source` the cause itself, for a
+    /// program to look at ([`std::error::Error::source`], downcasting).
+    pub fn internal_with(message: impl Into<String>, source: impl Into<BoxError>) -> ApiError {
+        ApiError::InternalCause {
+            message: message.into(),
+            source: source.into(),
+        }
+    }
+
+    /// As [`ApiError::internal_with`], for a backend that cannot be reached now.
+    pub fn unavailable_with(message: impl Into<String>, source: impl Into<BoxError>) -> ApiError {
+        ApiError::UnavailableCause {
+            message: message.into(),
+            source: source.into(),
+        }
+    }
+
     /// The stable error code of the JSON error body.
     pub fn code(&self) -> &'static str {
         match self {
@@ -855,8 +894,8 @@ impl ApiError {
             ApiError::PathRefused(_) => "path_refused",
             ApiError::Conflict(_) => "conflict",
             ApiError::LimitExceeded(_) => "limit_exceeded",
-            ApiError::Internal(_) => "internal",
-            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) | ApiError::InternalCause { .. } => "internal",
+            ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => "unavailable",
         }
     }
 
@@ -871,8 +910,8 @@ impl ApiError {
             ApiError::PathRefused(_) => 403,
             ApiError::Conflict(_) => 409,
             ApiError::LimitExceeded(_) => 429,
-            ApiError::Internal(_) => 500,
-            ApiError::Unavailable(_) => 503,
+            ApiError::Internal(_) | ApiError::InternalCause { .. } => 500,
+            ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => 503,
         }
     }
 }
@@ -883,6 +922,13 @@ impl ApiError {
 pub trait SandboxApi: Send + Sync {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError>;
     fn list(&self) -> Vec<SandboxInfo>;
+
+    /// Serves one operation given as data (see [`crate::op`]): for a backend, the typed method
+    /// it names; for an [`OpHandler`], its `handle`.
+    fn call(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        crate::op::dispatch(self, id, op)
+    }
+
     fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError>;
     /// Runs a command. `events`, when given, receives the stream (started, output chunks, ended).
     fn exec(
@@ -1146,6 +1192,22 @@ mod tests {
         assert_eq!(r.resolved_argv().unwrap(), ["true"]);
         let e: Result<ExecRequest, _> = serde_json::from_str(r#"{"argv":["x"],"bogus":1}"#);
         assert!(e.is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn a_kept_cause_changes_neither_text_nor_code() {
+        let io = std::io::Error::other("disk on fire");
+        let e = ApiError::internal_with(format!("cannot record the exec: {io}"), io);
+        assert_eq!(e.to_string(), "cannot record the exec: disk on fire");
+        assert_eq!((e.code(), e.http_status()), ("internal", 500));
+        let cause = std::error::Error::source(&e).unwrap();
+        let io = cause.downcast_ref::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::Other);
+        let e = ApiError::unavailable_with("the daemon is gone", std::io::Error::other("eof"));
+        assert_eq!((e.code(), e.http_status()), ("unavailable", 503));
+        assert_eq!(e.to_string(), "the daemon is gone");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(std::error::Error::source(&ApiError::internal("x")).is_none());
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! surface speaks.
 //!
 //! It owns the operations' requests and answers and the [`api::SandboxApi`] trait with its errors
-//! ([`api`]), the observations agents see ([`result`]: `ExecResult`, changes, violations,
+//! ([`api`]), the operations as data with their names ([`op`]: `Op`, `Answer`, `OpName`, and
+//! `OpHandler` for decorators written as one function over operations), the observations agents see ([`result`]: `ExecResult`, changes, violations,
 //! enforcement), and the limits every backend checks on a command before it runs
 //! ([`exec_limits`]). It depends on policies only for the resolved policy a create carries.
 
 pub mod api;
 pub mod exec_limits;
+pub mod op;
 pub mod result;
 
 /// The policy model, as `crate::policy` for the contract's own modules.

@@ -307,3 +307,174 @@ impl SandboxApi for Scripted {
             .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
     }
 }
+
+/// One call of every operation, with the shapes the trace treats apart: background execs and
+/// their process calls, text, binary and large stdin, large file contents both ways, errors,
+/// secrets, export with and without apply, calls that are not recorded.
+pub fn session(api: &dyn SandboxApi) -> SandboxId {
+    let info = api
+        .create(CreateRequest {
+            workspace: "/nonexistent-workspace".into(),
+            env: [("GITHUB_TOKEN".to_string(), "plain".to_string())].into(),
+            ..CreateRequest::default()
+        })
+        .unwrap();
+    let id = info.id;
+    let shell = |s: &str, background: bool| ExecRequest {
+        shell: Some(s.into()),
+        background,
+        ..ExecRequest::default()
+    };
+    api.exec(&id, shell("echo hi", false), None).unwrap();
+    let mut events = Vec::new();
+    let mut on = |e: ExecEvent| events.push(e);
+    api.exec(&id, shell("echo streamed", false), Some(&mut on))
+        .unwrap();
+    assert_eq!(
+        events.len(),
+        2,
+        "the events reach the caller through the trace"
+    );
+    api.exec(
+        &id,
+        ExecRequest {
+            argv: Some(vec!["env".into()]),
+            env: [("API_KEY".to_string(), "k".to_string())].into(),
+            stdin: Some("token ghp_0123456789abcdef0123456789\n".into()),
+            timeout_ms: Some(5000),
+            ..ExecRequest::default()
+        },
+        None,
+    )
+    .unwrap();
+    api.exec(&id, shell("cat", true), None).unwrap();
+    api.process(&id, 7).unwrap();
+    api.wait(&id, 7, Duration::from_millis(1500)).unwrap();
+    api.kill(&id, 7, 15).unwrap();
+    api.write_stdin(&id, 7, b"hello\n", false).unwrap();
+    api.write_stdin(&id, 7, &[0xff, 0, 1], false).unwrap();
+    api.write_stdin(&id, 7, "y".repeat(70_000).as_bytes(), true)
+        .unwrap();
+    api.process(&id, 99).unwrap_err();
+    let read = |path: &str| ReadRequest {
+        path: path.into(),
+        ..ReadRequest::default()
+    };
+    api.read(&id, read("small.txt")).unwrap();
+    api.read(&id, read("large.txt")).unwrap();
+    api.read(&id, read("missing.txt")).unwrap_err();
+    let write = |path: &str, content: String| WriteRequest {
+        path: path.into(),
+        content,
+        create_parents: true,
+        ..WriteRequest::default()
+    };
+    api.write(&id, write("a.txt", "alpha\n".into())).unwrap();
+    api.write(&id, write("big.txt", "z".repeat(70_000)))
+        .unwrap();
+    api.edit(
+        &id,
+        EditRequest {
+            path: "a.txt".into(),
+            old: "beta".into(),
+            new: "gamma".into(),
+            expected_count: None,
+        },
+    )
+    .unwrap_err();
+    api.edit(
+        &id,
+        EditRequest {
+            path: "a.txt".into(),
+            old: "alpha".into(),
+            new: "beta".into(),
+            expected_count: Some(1),
+        },
+    )
+    .unwrap();
+    api.patch(
+        &id,
+        PatchRequest {
+            patch: "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-beta\n+delta\n".into(),
+        },
+    )
+    .unwrap();
+    api.list_dir(
+        &id,
+        ListRequest {
+            glob: Some("**/*.txt".into()),
+            ..ListRequest::default()
+        },
+    )
+    .unwrap();
+    api.search(
+        &id,
+        SearchRequest {
+            pattern: "delta".into(),
+            ..SearchRequest::default()
+        },
+    )
+    .unwrap();
+    api.stat(
+        &id,
+        PathRequest {
+            path: "a.txt".into(),
+        },
+    )
+    .unwrap();
+    api.remove(
+        &id,
+        RemoveRequest {
+            path: "big.txt".into(),
+            recursive: false,
+        },
+    )
+    .unwrap();
+    api.rename(
+        &id,
+        MoveRequest {
+            from: "a.txt".into(),
+            to: "b.txt".into(),
+            overwrite: false,
+        },
+    )
+    .unwrap();
+    api.diff(&id, DiffRequest::default()).unwrap();
+    let cp = CheckpointRequest { name: "one".into() };
+    api.checkpoint(&id, cp.clone()).unwrap();
+    api.restore(&id, cp).unwrap();
+    api.export(&id, ExportRequest::default()).unwrap();
+    api.export(
+        &id,
+        ExportRequest {
+            format: ExportFormat::Patch,
+            apply: true,
+        },
+    )
+    .unwrap();
+    api.set_network(
+        &id,
+        NetworkRules {
+            allow: vec!["example.org".into()],
+            ..NetworkRules::default()
+        },
+    )
+    .unwrap();
+    // Not recorded: reports on the sandbox itself.
+    api.info(&id).unwrap();
+    api.list_approvals(&id, None).unwrap();
+    let ap = ApprovalId::parse("ap-0123").unwrap();
+    api.approve(&id, &ap).unwrap_err();
+    api.deny(&id, &ap, "not now").unwrap_err();
+    // Not recorded: the sandbox does not exist, so there is no trace to go to.
+    let ghost = SandboxId::parse("sb-ghost").unwrap();
+    api.stat(
+        &ghost,
+        PathRequest {
+            path: "a.txt".into(),
+        },
+    )
+    .unwrap_err();
+    api.destroy(&id).unwrap();
+    id
+}
