@@ -6,8 +6,8 @@
 //!
 //! - [`SandboxApi::call`] takes an [`Op`] to the typed method that serves it (provided for
 //!   every backend by [`dispatch`]);
-//! - a type that implements [`OpHandler`] (one `handle` for every operation, besides `create`
-//!   and `list`) is a [`SandboxApi`]: each typed method builds its [`Op`], hands it to `handle`
+//! - a type that implements [`OpHandler`] (one `handle` for every operation, besides
+//!   `handle_create` and `handle_list`) is a [`SandboxApi`]: each typed method builds its [`Op`], hands it to `handle`
 //!   and takes the answer back out.
 //!
 //! So a decorator (trace, command policy, router, a timer), a client or a fake matches the
@@ -650,8 +650,11 @@ pub fn dispatch<A: SandboxApi + ?Sized>(
 /// implementation gives every typed method. For decorators (match the operations you treat
 /// apart, hand the rest on with `inner.call(id, op)`), clients and fakes.
 pub trait OpHandler: Send + Sync {
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError>;
-    fn list(&self) -> Vec<SandboxInfo>;
+    /// [`SandboxApi::create`] (named apart, so that calling `create` on a handler is not
+    /// ambiguous between the two traits).
+    fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError>;
+    /// [`SandboxApi::list`]
+    fn handle_list(&self) -> Vec<SandboxInfo>;
     /// Serves one operation on sandbox `id`; the answer must be the one the operation gives
     /// (else the typed method returns an internal error naming both).
     fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError>;
@@ -675,11 +678,11 @@ macro_rules! take {
 
 impl<H: OpHandler> SandboxApi for H {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
-        OpHandler::create(self, req)
+        self.handle_create(req)
     }
 
     fn list(&self) -> Vec<SandboxInfo> {
-        OpHandler::list(self)
+        self.handle_list()
     }
 
     fn call(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {

@@ -297,12 +297,12 @@ struct Counting<B> {
 }
 
 impl<B: SandboxApi> OpHandler for Counting<B> {
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+    fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         self.seen.lock().unwrap().push(OpName::Create);
         self.inner.create(req)
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         self.inner.list()
     }
 
@@ -344,11 +344,11 @@ fn a_decorator_on_the_handler_trait_sees_every_operation_and_changes_no_trace() 
 struct Careless;
 
 impl OpHandler for Careless {
-    fn create(&self, _: CreateRequest) -> Result<SandboxInfo, ApiError> {
+    fn handle_create(&self, _: CreateRequest) -> Result<SandboxInfo, ApiError> {
         Err(ApiError::invalid("no"))
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         Vec::new()
     }
 
@@ -377,4 +377,43 @@ fn a_wrong_answer_is_an_internal_error_naming_both() {
     // The operations that answer nothing take "done".
     Careless.destroy(&id).unwrap();
     assert!(Careless.info(&id).is_err());
+}
+
+#[test]
+fn a_trace_that_cannot_be_written_keeps_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let api = Traced::new(Scripted::default(), file.join("traces"));
+    let e = api
+        .create(CreateRequest {
+            workspace: "/nonexistent-workspace".into(),
+            ..CreateRequest::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), "internal");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(
+            "sandbox not created: its trace could not be recorded: cannot write trace"
+        ),
+        "{text}"
+    );
+    let cause = std::error::Error::source(&e).expect("the trace error is kept");
+    let trace_error = cause
+        .downcast_ref::<taskbox_trace::trace::TraceError>()
+        .unwrap();
+    assert!(matches!(
+        trace_error,
+        taskbox_trace::trace::TraceError::Write { .. }
+    ));
+    let io = std::error::Error::source(trace_error).unwrap();
+    assert_eq!(
+        io.downcast_ref::<std::io::Error>().unwrap().kind(),
+        std::io::ErrorKind::NotADirectory
+    );
+    assert!(
+        api.inner().list().is_empty(),
+        "the sandbox was destroyed again"
+    );
 }
