@@ -883,6 +883,12 @@ impl ApiError {
         }
     }
 
+    /// Whether the sandbox or its backend failed (codes `internal` and `unavailable`), not the
+    /// request: what DESIGN.md calls an infrastructure error.
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self.code(), "internal" | "unavailable")
+    }
+
     /// The stable error code of the JSON error body.
     pub fn code(&self) -> &'static str {
         match self {
@@ -1017,130 +1023,6 @@ pub trait SandboxApi: Send + Sync {
     }
 }
 
-/// Implements the listed [`SandboxApi`] methods of a decorator by handing each call on, for the
-/// many operations a decorator leaves alone. `$via!(self, id, call)` must expand to the
-/// expression that makes `call` (e.g. `read(id, req)`) where it belongs: on the inner backend,
-/// on the backend that owns `id`, or timed. The signatures are the trait's, written once here.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! forward_sandbox_api {
-    ($via:ident: $($m:ident),+ $(,)?) => {
-        $( $crate::forward_sandbox_api!(@one $via $m); )+
-    };
-    (@one $via:ident info) => {
-        fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-            $via!(self, id, info(id))
-        }
-    };
-    (@one $via:ident exec) => {
-        fn exec(
-            &self,
-            id: &SandboxId,
-            req: ExecRequest,
-            events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-        ) -> Result<ExecOutcome, ApiError> {
-            $via!(self, id, exec(id, req, events))
-        }
-    };
-    (@one $via:ident process) => {
-        fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-            $via!(self, id, process(id, exec_id))
-        }
-    };
-    (@one $via:ident wait) => {
-        fn wait(
-            &self,
-            id: &SandboxId,
-            exec_id: u64,
-            timeout: Duration,
-        ) -> Result<ProcessInfo, ApiError> {
-            $via!(self, id, wait(id, exec_id, timeout))
-        }
-    };
-    (@one $via:ident kill) => {
-        fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-            $via!(self, id, kill(id, exec_id, signal))
-        }
-    };
-    (@one $via:ident write_stdin) => {
-        fn write_stdin(
-            &self,
-            id: &SandboxId,
-            exec_id: u64,
-            data: &[u8],
-            close: bool,
-        ) -> Result<(), ApiError> {
-            $via!(self, id, write_stdin(id, exec_id, data, close))
-        }
-    };
-    (@one $via:ident destroy) => {
-        fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-            $via!(self, id, destroy(id))
-        }
-    };
-    (@one $via:ident list_approvals) => {
-        fn list_approvals(
-            &self,
-            id: &SandboxId,
-            wait: Option<Duration>,
-        ) -> Result<Vec<Approval>, ApiError> {
-            $via!(self, id, list_approvals(id, wait))
-        }
-    };
-    (@one $via:ident approve) => {
-        fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
-            $via!(self, id, approve(id, approval))
-        }
-    };
-    (@one $via:ident deny) => {
-        fn deny(
-            &self,
-            id: &SandboxId,
-            approval: &ApprovalId,
-            reason: &str,
-        ) -> Result<Approval, ApiError> {
-            $via!(self, id, deny(id, approval, reason))
-        }
-    };
-    (@one $via:ident set_network) => {
-        fn set_network(
-            &self,
-            id: &SandboxId,
-            rules: NetworkRules,
-        ) -> Result<NetworkRules, ApiError> {
-            $via!(self, id, set_network(id, rules))
-        }
-    };
-    // The operations that take one request and give one answer.
-    (@one $via:ident read) => { $crate::forward_sandbox_api!(@req $via read ReadRequest, ReadResult); };
-    (@one $via:ident write) => { $crate::forward_sandbox_api!(@req $via write WriteRequest, WriteResult); };
-    (@one $via:ident edit) => { $crate::forward_sandbox_api!(@req $via edit EditRequest, EditResult); };
-    (@one $via:ident patch) => { $crate::forward_sandbox_api!(@req $via patch PatchRequest, PatchResult); };
-    (@one $via:ident list_dir) => {
-        $crate::forward_sandbox_api!(@req $via list_dir ListRequest, ListResult);
-    };
-    (@one $via:ident search) => {
-        $crate::forward_sandbox_api!(@req $via search SearchRequest, SearchResult);
-    };
-    (@one $via:ident stat) => { $crate::forward_sandbox_api!(@req $via stat PathRequest, StatResult); };
-    (@one $via:ident remove) => { $crate::forward_sandbox_api!(@req $via remove RemoveRequest, ()); };
-    (@one $via:ident rename) => { $crate::forward_sandbox_api!(@req $via rename MoveRequest, ()); };
-    (@one $via:ident diff) => { $crate::forward_sandbox_api!(@req $via diff DiffRequest, DiffResult); };
-    (@one $via:ident checkpoint) => {
-        $crate::forward_sandbox_api!(@req $via checkpoint CheckpointRequest, CheckpointInfo);
-    };
-    (@one $via:ident restore) => { $crate::forward_sandbox_api!(@req $via restore CheckpointRequest, ()); };
-    (@one $via:ident export) => {
-        $crate::forward_sandbox_api!(@req $via export ExportRequest, ExportResult);
-    };
-    (@req $via:ident $m:ident $req:ty, $out:ty) => {
-        fn $m(&self, id: &SandboxId, req: $req) -> Result<$out, ApiError> {
-            $via!(self, id, $m(id, req))
-        }
-    };
-}
-pub use crate::forward_sandbox_api;
-
 /// The one answer for an approval that is not pending in this sandbox.
 pub fn approval_not_found(id: &SandboxId, approval: &ApprovalId) -> ApiError {
     ApiError::not_found(format!(
@@ -1208,6 +1090,8 @@ mod tests {
         assert_eq!(e.to_string(), "the daemon is gone");
         assert!(std::error::Error::source(&e).is_some());
         assert!(std::error::Error::source(&ApiError::internal("x")).is_none());
+        assert!(e.is_infrastructure() && ApiError::internal("x").is_infrastructure());
+        assert!(!ApiError::not_found("x").is_infrastructure());
     }
 
     #[test]
