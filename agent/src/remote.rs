@@ -308,6 +308,59 @@ mod tests {
     use super::*;
 
     #[test]
+    fn operations_take_their_routes() {
+        let id = SandboxId::parse("sb-1").unwrap();
+        let t = Duration::from_secs(2);
+        let shown = |op: Op<'_>| {
+            let r = route(&id, &op, t).unwrap();
+            (r.method, r.path, r.body, r.timeout)
+        };
+        let wait = Op::Wait {
+            exec_id: 3,
+            timeout: Duration::from_secs(5),
+        };
+        assert_eq!(
+            shown(wait),
+            (
+                "POST",
+                "/v1/sandboxes/sb-1/processes/3/wait?timeout_ms=5000".into(),
+                None,
+                Duration::from_secs(7)
+            )
+        );
+        let stdin = Op::WriteStdin {
+            exec_id: 3,
+            data: b"hi".as_slice().into(),
+            close: true,
+        };
+        let (_, path, body, _) = shown(stdin);
+        assert_eq!(path, "/v1/sandboxes/sb-1/processes/3/stdin");
+        assert_eq!(body, Some(json!({"data": "hi", "close": true})));
+        let moved = shown(Op::Rename(MoveRequest::default()));
+        assert_eq!(
+            (moved.0, moved.1.as_str()),
+            ("POST", "/v1/sandboxes/sb-1/move")
+        );
+        let cp = shown(Op::Checkpoint(CheckpointRequest::default()));
+        assert_eq!(cp.1, "/v1/sandboxes/sb-1/checkpoints");
+        let net = shown(Op::SetNetwork(NetworkRules::default()));
+        assert_eq!(
+            (net.0, net.1.as_str()),
+            ("PUT", "/v1/sandboxes/sb-1/network")
+        );
+        let gone = shown(Op::Destroy);
+        assert_eq!(
+            (gone.0, gone.1.as_str(), gone.2),
+            ("DELETE", "/v1/sandboxes/sb-1", None)
+        );
+        let polled = shown(Op::ListApprovals {
+            wait: Some(Duration::from_millis(1500)),
+        });
+        assert_eq!(polled.1, "/v1/sandboxes/sb-1/approvals?wait_ms=1500");
+        assert_eq!(polled.3, Duration::from_millis(3500));
+    }
+
+    #[test]
     fn error_bodies_keep_their_codes() {
         let e = api_error(
             422,
