@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::op::{Answer, Op, OpHandler, OpName};
+pub use crate::op::{Answer, ExecEvents, Op, OpHandler, OpName};
 use crate::result::{Change, ChangeKind, DiffStats, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.

@@ -25,6 +25,9 @@ use serde_json::{Value, json};
 
 use crate::api::*;
 
+/// Where an exec's streamed events go, if anywhere (the `events` of [`SandboxApi::exec`]).
+pub type ExecEvents<'a> = Option<&'a mut (dyn FnMut(ExecEvent) + Send)>;
+
 /// One operation on one sandbox: what [`SandboxApi::call`] takes and [`OpHandler::handle`]
 /// serves. (`create` and `list` are not on one sandbox and are not operations here.)
 pub enum Op<'a> {
@@ -33,7 +36,7 @@ pub enum Op<'a> {
     /// [`SandboxApi::exec`], with the sink of its streamed events.
     Exec {
         req: ExecRequest,
-        events: Option<&'a mut (dyn FnMut(ExecEvent) + Send)>,
+        events: ExecEvents<'a>,
     },
     /// [`SandboxApi::process`]
     Process {
@@ -236,10 +239,10 @@ pub struct UnknownOp(pub String);
 impl FromStr for OpName {
     type Err = UnknownOp;
     fn from_str(s: &str) -> Result<OpName, UnknownOp> {
-        OpName::ALL
-            .into_iter()
-            .find(|n| n.as_str() == s)
-            .ok_or_else(|| UnknownOp(s.to_owned()))
+        match OpName::ALL.into_iter().find(|n| n.as_str() == s) {
+            Some(name) => Ok(name),
+            None => Err(UnknownOp(s.to_owned())),
+        }
     }
 }
 
@@ -340,25 +343,11 @@ impl Op<'_> {
 
     /// Whether the operation may change the sandbox: its files, its processes, its rules, its
     /// existence, or let a waiting exec run. What a write-ahead record must catch before it
-    /// runs; the rest only look.
+    /// runs. Only the operations that just look (and a denial, which ends a waiting exec
+    /// without running it) are listed as not changing it: a new operation is on the safe side.
     pub fn changes_sandbox(&self) -> bool {
         match self {
             Op::Export(req) => req.apply,
-            Op::Exec { .. }
-            | Op::Kill { .. }
-            | Op::WriteStdin { .. }
-            | Op::Write(_)
-            | Op::Edit(_)
-            | Op::Patch(_)
-            | Op::Remove(_)
-            | Op::Rename(_)
-            | Op::Checkpoint(_)
-            | Op::Restore(_)
-            | Op::Destroy
-            | Op::Approve { .. }
-            | Op::SetNetwork(_) => true,
-            // A denial ends a waiting exec without running it.
-            Op::Deny { .. } => false,
             Op::Info
             | Op::Process { .. }
             | Op::Wait { .. }
@@ -367,7 +356,9 @@ impl Op<'_> {
             | Op::Search(_)
             | Op::Stat(_)
             | Op::Diff(_)
-            | Op::ListApprovals { .. } => false,
+            | Op::ListApprovals { .. }
+            | Op::Deny { .. } => false,
+            _ => true,
         }
     }
 
@@ -660,20 +651,26 @@ pub trait OpHandler: Send + Sync {
     fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError>;
 }
 
-/// The answer of `$call` as the variant `$variant` of [`Answer`] (or an internal error).
-macro_rules! take {
-    ($call:expr, $name:ident, $variant:ident) => {
-        match $call? {
-            Answer::$variant(v) => Ok(v),
-            other => Err(wrong_answer(OpName::$name, &other)),
-        }
+/// The typed methods of an [`OpHandler`], one row each: `method(arguments) -> result = the
+/// operation it builds => the answer it takes back out` (`Done` for the methods that return
+/// nothing). Any other answer is a [`wrong_answer`].
+macro_rules! handler_methods {
+    ($( $m:ident ( $($arg:ident : $ty:ty),* ) -> $out:ty = $op:expr => $answer:ident; )*) => {
+        $(
+            fn $m(&self, id: &SandboxId $(, $arg: $ty)*) -> Result<$out, ApiError> {
+                let op = $op;
+                let name = op.name();
+                match self.handle(id, op)? {
+                    handler_methods!(@pattern $answer v) => Ok(handler_methods!(@value $answer v)),
+                    other => Err(wrong_answer(name, &other)),
+                }
+            }
+        )*
     };
-    ($call:expr, $name:ident) => {
-        match $call? {
-            Answer::Done => Ok(()),
-            other => Err(wrong_answer(OpName::$name, &other)),
-        }
-    };
+    (@pattern Done $v:ident) => { Answer::Done };
+    (@pattern $answer:ident $v:ident) => { Answer::$answer($v) };
+    (@value Done $v:ident) => { () };
+    (@value $answer:ident $v:ident) => { $v };
 }
 
 impl<H: OpHandler> SandboxApi for H {
@@ -689,146 +686,37 @@ impl<H: OpHandler> SandboxApi for H {
         self.handle(id, op)
     }
 
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        take!(self.handle(id, Op::Info), Info, Info)
-    }
-
-    fn exec(
-        &self,
-        id: &SandboxId,
-        req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-    ) -> Result<ExecOutcome, ApiError> {
-        take!(self.handle(id, Op::Exec { req, events }), Exec, Exec)
-    }
-
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        take!(self.handle(id, Op::Process { exec_id }), Process, Process)
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        take!(
-            self.handle(id, Op::Wait { exec_id, timeout }),
-            Wait,
-            Process
-        )
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        take!(self.handle(id, Op::Kill { exec_id, signal }), Kill, Process)
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        let data = Cow::Borrowed(data);
-        let op = Op::WriteStdin {
-            exec_id,
-            data,
-            close,
-        };
-        take!(self.handle(id, op), WriteStdin)
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        take!(self.handle(id, Op::Read(req)), Read, Read)
-    }
-
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        take!(self.handle(id, Op::Write(req)), Write, Write)
-    }
-
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        take!(self.handle(id, Op::Edit(req)), Edit, Edit)
-    }
-
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        take!(self.handle(id, Op::Patch(req)), Patch, Patch)
-    }
-
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        take!(self.handle(id, Op::ListDir(req)), ListDir, List)
-    }
-
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        take!(self.handle(id, Op::Search(req)), Search, Search)
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        take!(self.handle(id, Op::Stat(req)), Stat, Stat)
-    }
-
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        take!(self.handle(id, Op::Remove(req)), Remove)
-    }
-
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        take!(self.handle(id, Op::Rename(req)), Rename)
-    }
-
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        take!(self.handle(id, Op::Diff(req)), Diff, Diff)
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        take!(self.handle(id, Op::Checkpoint(req)), Checkpoint, Checkpoint)
-    }
-
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        take!(self.handle(id, Op::Restore(req)), Restore)
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        take!(self.handle(id, Op::Export(req)), Export, Export)
-    }
-
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        take!(self.handle(id, Op::Destroy), Destroy)
-    }
-
-    fn list_approvals(
-        &self,
-        id: &SandboxId,
-        wait: Option<Duration>,
-    ) -> Result<Vec<Approval>, ApiError> {
-        let op = Op::ListApprovals { wait };
-        take!(self.handle(id, op), ListApprovals, Approvals)
-    }
-
-    fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
-        let op = Op::Approve {
-            approval: Cow::Borrowed(approval),
-        };
-        take!(self.handle(id, op), Approve, Approval)
-    }
-
-    fn deny(
-        &self,
-        id: &SandboxId,
-        approval: &ApprovalId,
-        reason: &str,
-    ) -> Result<Approval, ApiError> {
-        let op = Op::Deny {
-            approval: Cow::Borrowed(approval),
-            reason: Cow::Borrowed(reason),
-        };
-        take!(self.handle(id, op), Deny, Approval)
-    }
-
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        take!(self.handle(id, Op::SetNetwork(rules)), SetNetwork, Network)
+    handler_methods! {
+        info() -> SandboxInfo = Op::Info => Info;
+        exec(req: ExecRequest, events: Option<&mut (dyn FnMut(ExecEvent) + Send)>) -> ExecOutcome
+            = Op::Exec { req, events } => Exec;
+        process(exec_id: u64) -> ProcessInfo = Op::Process { exec_id } => Process;
+        wait(exec_id: u64, timeout: Duration) -> ProcessInfo = Op::Wait { exec_id, timeout }
+            => Process;
+        kill(exec_id: u64, signal: i32) -> ProcessInfo = Op::Kill { exec_id, signal } => Process;
+        write_stdin(exec_id: u64, data: &[u8], close: bool) -> ()
+            = Op::WriteStdin { exec_id, data: Cow::Borrowed(data), close } => Done;
+        read(req: ReadRequest) -> ReadResult = Op::Read(req) => Read;
+        write(req: WriteRequest) -> WriteResult = Op::Write(req) => Write;
+        edit(req: EditRequest) -> EditResult = Op::Edit(req) => Edit;
+        patch(req: PatchRequest) -> PatchResult = Op::Patch(req) => Patch;
+        list_dir(req: ListRequest) -> ListResult = Op::ListDir(req) => List;
+        search(req: SearchRequest) -> SearchResult = Op::Search(req) => Search;
+        stat(req: PathRequest) -> StatResult = Op::Stat(req) => Stat;
+        remove(req: RemoveRequest) -> () = Op::Remove(req) => Done;
+        rename(req: MoveRequest) -> () = Op::Rename(req) => Done;
+        diff(req: DiffRequest) -> DiffResult = Op::Diff(req) => Diff;
+        checkpoint(req: CheckpointRequest) -> CheckpointInfo = Op::Checkpoint(req) => Checkpoint;
+        restore(req: CheckpointRequest) -> () = Op::Restore(req) => Done;
+        export(req: ExportRequest) -> ExportResult = Op::Export(req) => Export;
+        destroy() -> () = Op::Destroy => Done;
+        list_approvals(wait: Option<Duration>) -> Vec<Approval> = Op::ListApprovals { wait }
+            => Approvals;
+        approve(approval: &ApprovalId) -> Approval
+            = Op::Approve { approval: Cow::Borrowed(approval) } => Approval;
+        deny(approval: &ApprovalId, reason: &str) -> Approval
+            = Op::Deny { approval: Cow::Borrowed(approval), reason: Cow::Borrowed(reason) }
+            => Approval;
+        set_network(rules: NetworkRules) -> NetworkRules = Op::SetNetwork(rules) => Network;
     }
 }

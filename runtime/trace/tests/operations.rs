@@ -360,19 +360,11 @@ impl OpHandler for Careless {
 #[test]
 fn a_wrong_answer_is_an_internal_error_naming_both() {
     let id = SandboxId::parse("sb-1").unwrap();
-    let e = Careless
-        .read(
-            &id,
-            ReadRequest {
-                path: "a".into(),
-                ..ReadRequest::default()
-            },
-        )
-        .unwrap_err();
+    let e = Careless.diff(&id, DiffRequest::default()).unwrap_err();
     assert_eq!(e.code(), "internal");
     assert_eq!(
         e.to_string(),
-        "internal error: operation read was answered with nothing"
+        "internal error: operation diff was answered with nothing"
     );
     // The operations that answer nothing take "done".
     Careless.destroy(&id).unwrap();

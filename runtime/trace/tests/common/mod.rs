@@ -38,6 +38,13 @@ fn enforcement() -> Enforcement {
     }
 }
 
+fn change(path: &str, kind: ChangeKind) -> Change {
+    Change {
+        path: path.into(),
+        kind,
+    }
+}
+
 fn result(stdout: &str) -> ExecResult {
     ExecResult {
         exit_code: Some(0),
@@ -46,10 +53,7 @@ fn result(stdout: &str) -> ExecResult {
         duration_ms: 3,
         stdout: output(stdout),
         stderr: output("warn\n"),
-        changes: vec![Change {
-            path: "out.txt".into(),
-            kind: ChangeKind::Added,
-        }],
+        changes: vec![change("out.txt", ChangeKind::Added)],
         violations: Vec::new(),
         resources: Resources::default(),
         enforcement: enforcement(),
@@ -120,7 +124,7 @@ impl SandboxApi for Scripted {
         &self,
         id: &SandboxId,
         req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+        ev: ExecEvents,
     ) -> Result<ExecOutcome, ApiError> {
         self.known(id)?;
         let argv = req.resolved_argv()?;
@@ -128,7 +132,7 @@ impl SandboxApi for Scripted {
             return Ok(ExecOutcome::Background(process(7, true)));
         }
         let r = result(&format!("{}\n", argv.join(" ")));
-        if let Some(events) = events {
+        if let Some(events) = ev {
             events(ExecEvent::Started { exec_id: 1 });
             events(ExecEvent::Ended {
                 result: Box::new(r.clone()),
@@ -203,12 +207,8 @@ impl SandboxApi for Scripted {
 
     fn patch(&self, id: &SandboxId, _: PatchRequest) -> Result<PatchResult, ApiError> {
         self.known(id)?;
-        Ok(PatchResult {
-            files: vec![Change {
-                path: "a.txt".into(),
-                kind: ChangeKind::Modified,
-            }],
-        })
+        let files = vec![change("a.txt", ChangeKind::Modified)];
+        Ok(PatchResult { files })
     }
 
     fn list_dir(&self, id: &SandboxId, _: ListRequest) -> Result<ListResult, ApiError> {
