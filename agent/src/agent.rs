@@ -928,9 +928,7 @@ impl Runner {
             Err(e) => {
                 let text = tools::render_error(&e);
                 self.st.failed_attempts.push(format!("turn {turn}: {text}"));
-                if matches!(e, ApiError::Internal(_) | ApiError::Unavailable(_))
-                    && self.api.info(&self.id).is_err()
-                {
+                if e.is_infrastructure() && self.api.info(&self.id).is_err() {
                     self.fatal = Some(format!("the sandbox is gone: {e}"));
                 }
                 (false, text)
@@ -1087,9 +1085,7 @@ impl Runner {
                 format!("the command went to the background as exec {}", p.exec_id),
             ),
             Err(e) => {
-                if matches!(e, ApiError::Internal(_) | ApiError::Unavailable(_))
-                    && self.api.info(&self.id).is_err()
-                {
+                if e.is_infrastructure() && self.api.info(&self.id).is_err() {
                     self.fatal = Some(format!("the sandbox is gone: {e}"));
                 }
                 (false, tools::render_error(&e))

@@ -66,38 +66,165 @@ impl Remote {
         timeout: Duration,
     ) -> Result<T, ApiError> {
         let (_, raw) = self.call_raw(method, path, body, timeout)?;
-        serde_json::from_slice(&raw).map_err(|e| {
-            ApiError::internal(format!(
-                "unexpected answer from the supervisor to {path}: {e}"
-            ))
-        })
+        serde_json::from_slice(&raw).map_err(|e| unexpected(path, e))
     }
 
-    fn post<R: Serialize, T: DeserializeOwned>(
+    /// A streamed exec: its events go to `events` as they come; the result ends the stream.
+    fn stream_exec(
         &self,
-        id: &SandboxId,
-        op: &str,
-        req: &R,
-    ) -> Result<T, ApiError> {
-        let body = serde_json::to_value(req).map_err(ApiError::internal)?;
-        self.call(
-            "POST",
-            &format!("/v1/sandboxes/{id}/{op}"),
-            Some(&body),
-            self.timeout,
-        )
+        route: &Route,
+        events: &mut (dyn FnMut(ExecEvent) + Send),
+    ) -> Result<ExecOutcome, ApiError> {
+        let payload = route
+            .body
+            .as_ref()
+            .map(|b| b.to_string().into_bytes())
+            .unwrap_or_default();
+        let mut r = http::Request::new(route.method, &route.path);
+        r.headers = self.headers();
+        r.body = Some(&payload);
+        r.accept = "text/event-stream";
+        let mut stream = self.client.open(&r, route.timeout).map_err(transport)?;
+        if stream.status != 200 {
+            let status = stream.status;
+            let raw = stream.read_all().map_err(transport)?;
+            return Err(api_error(status, &raw));
+        }
+        let mut data = String::new();
+        while let Some(line) = stream.next_line().map_err(transport)? {
+            if let Some(d) = line.strip_prefix("data:") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(d.strip_prefix(' ').unwrap_or(d));
+            } else if line.is_empty() && !data.is_empty() {
+                let ev: Value = serde_json::from_str(&data).map_err(|e| {
+                    let message = format!("malformed exec event from the supervisor: {e}");
+                    ApiError::internal_with(message, e)
+                })?;
+                data.clear();
+                if ev["type"] == "error" || ev.get("error").is_some() {
+                    return Err(api_error(500, ev.to_string().as_bytes()));
+                }
+                let ev: ExecEvent = serde_json::from_value(ev).map_err(|e| {
+                    let message = format!("unknown exec event from the supervisor: {e}");
+                    ApiError::internal_with(message, e)
+                })?;
+                if let ExecEvent::Ended { result } = ev {
+                    let result = *result;
+                    events(ExecEvent::Ended {
+                        result: Box::new(result.clone()),
+                    });
+                    return Ok(ExecOutcome::Finished(result));
+                }
+                events(ev);
+            }
+        }
+        Err(ApiError::internal(
+            "the supervisor ended the exec's event stream without a result",
+        ))
+    }
+}
+
+/// One operation as an HTTP request to the supervisor.
+struct Route {
+    method: &'static str,
+    path: String,
+    body: Option<Value>,
+    /// How long to wait for the answer.
+    timeout: Duration,
+}
+
+impl Route {
+    fn new(method: &'static str, path: String, body: Option<Value>, timeout: Duration) -> Route {
+        Route {
+            method,
+            path,
+            body,
+            timeout,
+        }
     }
 
-    fn post_unit<R: Serialize>(&self, id: &SandboxId, op: &str, req: &R) -> Result<(), ApiError> {
-        let body = serde_json::to_value(req).map_err(ApiError::internal)?;
-        self.call_raw(
-            "POST",
-            &format!("/v1/sandboxes/{id}/{op}"),
-            Some(&body),
-            self.timeout,
-        )
-        .map(|_| ())
+    /// The same request, allowed `extra` more time (an operation that waits on purpose).
+    fn waiting(mut self, extra: Duration) -> Route {
+        self.timeout += extra;
+        self
     }
+}
+
+/// The route of each operation on sandbox `id` (the supervisor's route table), with `timeout`
+/// as the deadline of an answer that does not wait on purpose.
+fn route(id: &SandboxId, op: &Op<'_>, timeout: Duration) -> Result<Route, ApiError> {
+    let sb = format!("/v1/sandboxes/{id}");
+    let get = |path: String| Route::new("GET", path, None, timeout);
+    let post = |path: String, body: Option<Value>| Route::new("POST", path, body, timeout);
+    let fs = |name: &str, req: Value| post(format!("{sb}/{name}"), Some(req));
+    Ok(match op {
+        Op::Info => get(sb.clone()),
+        // The exec's own timeout, plus a long wait for a person's approval, plus slack.
+        Op::Exec { req, .. } => Route::new(
+            "POST",
+            format!("{sb}/exec"),
+            Some(body(req)?),
+            Duration::from_millis(req.timeout_ms.unwrap_or(600_000)) + Duration::from_secs(3600),
+        ),
+        Op::Process { exec_id } => get(format!("{sb}/processes/{exec_id}")),
+        Op::Wait { exec_id, timeout } => post(
+            format!(
+                "{sb}/processes/{exec_id}/wait?timeout_ms={}",
+                timeout.as_millis()
+            ),
+            None,
+        )
+        .waiting(*timeout),
+        Op::Kill { exec_id, signal } => post(
+            format!("{sb}/processes/{exec_id}/kill"),
+            Some(json!({ "signal": signal })),
+        ),
+        Op::WriteStdin {
+            exec_id,
+            data,
+            close,
+        } => post(
+            format!("{sb}/processes/{exec_id}/stdin"),
+            Some(json!({"data": String::from_utf8_lossy(data), "close": close})),
+        ),
+        Op::Read(r) => fs("read", body(r)?),
+        Op::Write(r) => fs("write", body(r)?),
+        Op::Edit(r) => fs("edit", body(r)?),
+        Op::Patch(r) => fs("patch", body(r)?),
+        Op::ListDir(r) => fs("list", body(r)?),
+        Op::Search(r) => fs("search", body(r)?),
+        Op::Stat(r) => fs("stat", body(r)?),
+        Op::Remove(r) => fs("remove", body(r)?),
+        Op::Rename(r) => fs("move", body(r)?),
+        Op::Diff(r) => fs("diff", body(r)?),
+        Op::Checkpoint(r) => fs("checkpoints", body(r)?),
+        Op::Restore(r) => fs("restore", body(r)?),
+        Op::Export(r) => fs("export", body(r)?),
+        Op::Destroy => Route::new("DELETE", sb.clone(), None, timeout),
+        Op::ListApprovals { wait: None } => get(format!("{sb}/approvals")),
+        Op::ListApprovals { wait: Some(w) } => {
+            get(format!("{sb}/approvals?wait_ms={}", w.as_millis())).waiting(*w)
+        }
+        Op::Approve { approval } => post(format!("{sb}/approvals/{approval}/approve"), None),
+        Op::Deny { approval, reason } => post(
+            format!("{sb}/approvals/{approval}/deny"),
+            Some(json!({ "reason": reason })),
+        ),
+        Op::SetNetwork(r) => Route::new("PUT", format!("{sb}/network"), Some(body(r)?), timeout),
+    })
+}
+
+/// A request as its JSON body.
+fn body<T: Serialize>(req: &T) -> Result<Value, ApiError> {
+    serde_json::to_value(req).map_err(|e| ApiError::internal_with(e.to_string(), e))
+}
+
+/// An answer of the supervisor that is not what the API promises.
+fn unexpected(path: &str, e: serde_json::Error) -> ApiError {
+    let message = format!("unexpected answer from the supervisor to {path}: {e}");
+    ApiError::internal_with(message, e)
 }
 
 fn transport(e: HttpError) -> ApiError {
@@ -130,8 +257,8 @@ fn api_error(status: u16, body: &[u8]) -> ApiError {
     }
 }
 
-impl SandboxApi for Remote {
-    fn create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+impl OpHandler for Remote {
+    fn handle_create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         // The supervisor takes a policy's name or text, never a path: a file is read here, by
         // the client's own user, and sent as text.
         if req.policy_toml.is_none()
@@ -141,231 +268,97 @@ impl SandboxApi for Remote {
                 .map_err(|e| ApiError::invalid(e.to_string()))?;
             req.policy_toml = Some(text);
         }
-        let body = serde_json::to_value(&req).map_err(ApiError::internal)?;
-        self.call("POST", "/v1/sandboxes", Some(&body), self.timeout)
+        self.call("POST", "/v1/sandboxes", Some(&body(&req)?), self.timeout)
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         self.call("GET", "/v1/sandboxes", None, self.timeout)
             .unwrap_or_default()
     }
 
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        self.call("GET", &format!("/v1/sandboxes/{id}"), None, self.timeout)
-    }
-
-    fn exec(
-        &self,
-        id: &SandboxId,
-        req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-    ) -> Result<ExecOutcome, ApiError> {
-        // The exec's own timeout, plus a long wait for a person's approval, plus slack.
-        let timeout =
-            Duration::from_millis(req.timeout_ms.unwrap_or(600_000)) + Duration::from_secs(3600);
-        let body = serde_json::to_value(&req).map_err(ApiError::internal)?;
-        let path = format!("/v1/sandboxes/{id}/exec");
-        let Some(events) = events.filter(|_| !req.background) else {
-            return self.call("POST", &path, Some(&body), timeout);
-        };
-        let payload = body.to_string().into_bytes();
-        let mut r = http::Request::new("POST", &path);
-        r.headers = self.headers();
-        r.body = Some(&payload);
-        r.accept = "text/event-stream";
-        let mut stream = self.client.open(&r, timeout).map_err(transport)?;
-        if stream.status != 200 {
-            let status = stream.status;
-            let raw = stream.read_all().map_err(transport)?;
-            return Err(api_error(status, &raw));
+    fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        let name = op.name();
+        let route = route(id, &op, self.timeout)?;
+        if let Op::Exec {
+            req,
+            events: Some(events),
+        } = op
+            && !req.background
+        {
+            return self.stream_exec(&route, events).map(Answer::Exec);
         }
-        let mut data = String::new();
-        while let Some(line) = stream.next_line().map_err(transport)? {
-            if let Some(d) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(d.strip_prefix(' ').unwrap_or(d));
-            } else if line.is_empty() && !data.is_empty() {
-                let ev: Value = serde_json::from_str(&data).map_err(|e| {
-                    ApiError::internal(format!("malformed exec event from the supervisor: {e}"))
-                })?;
-                data.clear();
-                if ev["type"] == "error" || ev.get("error").is_some() {
-                    return Err(api_error(500, ev.to_string().as_bytes()));
-                }
-                let ev: ExecEvent = serde_json::from_value(ev).map_err(|e| {
-                    ApiError::internal(format!("unknown exec event from the supervisor: {e}"))
-                })?;
-                if let ExecEvent::Ended { result } = ev {
-                    let result = *result;
-                    events(ExecEvent::Ended {
-                        result: Box::new(result.clone()),
-                    });
-                    return Ok(ExecOutcome::Finished(result));
-                }
-                events(ev);
-            }
-        }
-        Err(ApiError::internal(
-            "the supervisor ended the exec's event stream without a result",
-        ))
-    }
-
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        self.call(
-            "GET",
-            &format!("/v1/sandboxes/{id}/processes/{exec_id}"),
-            None,
-            self.timeout,
-        )
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        self.call(
-            "POST",
-            &format!(
-                "/v1/sandboxes/{id}/processes/{exec_id}/wait?timeout_ms={}",
-                timeout.as_millis()
-            ),
-            None,
-            timeout + self.timeout,
-        )
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        self.call(
-            "POST",
-            &format!("/v1/sandboxes/{id}/processes/{exec_id}/kill"),
-            Some(&json!({ "signal": signal })),
-            self.timeout,
-        )
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        self.call_raw(
-            "POST",
-            &format!("/v1/sandboxes/{id}/processes/{exec_id}/stdin"),
-            Some(&json!({"data": String::from_utf8_lossy(data), "close": close})),
-            self.timeout,
-        )
-        .map(|_| ())
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        self.post(id, "read", &req)
-    }
-
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.post(id, "write", &req)
-    }
-
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.post(id, "edit", &req)
-    }
-
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.post(id, "patch", &req)
-    }
-
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        self.post(id, "list", &req)
-    }
-
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.post(id, "search", &req)
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.post(id, "stat", &req)
-    }
-
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        self.post_unit(id, "remove", &req)
-    }
-
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        self.post_unit(id, "move", &req)
-    }
-
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.post(id, "diff", &req)
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        self.post(id, "checkpoints", &req)
-    }
-
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        self.post_unit(id, "restore", &req)
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.post(id, "export", &req)
-    }
-
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        self.call_raw("DELETE", &format!("/v1/sandboxes/{id}"), None, self.timeout)
-            .map(|_| ())
-    }
-
-    fn list_approvals(
-        &self,
-        id: &SandboxId,
-        wait: Option<Duration>,
-    ) -> Result<Vec<Approval>, ApiError> {
-        let (path, timeout) = match wait {
-            Some(w) => (
-                format!("/v1/sandboxes/{id}/approvals?wait_ms={}", w.as_millis()),
-                w + self.timeout,
-            ),
-            None => (format!("/v1/sandboxes/{id}/approvals"), self.timeout),
+        let (_, raw) = self.call_raw(
+            route.method,
+            &route.path,
+            route.body.as_ref(),
+            route.timeout,
+        )?;
+        // The operations that answer nothing answer 204 and no body.
+        let v = if raw.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&raw).map_err(|e| unexpected(&route.path, e))?
         };
-        self.call("GET", &path, None, timeout)
-    }
-
-    fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
-        self.call(
-            "POST",
-            &format!("/v1/sandboxes/{id}/approvals/{approval}/approve"),
-            None,
-            self.timeout,
-        )
-    }
-
-    fn deny(
-        &self,
-        id: &SandboxId,
-        approval: &ApprovalId,
-        reason: &str,
-    ) -> Result<Approval, ApiError> {
-        self.call(
-            "POST",
-            &format!("/v1/sandboxes/{id}/approvals/{approval}/deny"),
-            Some(&json!({ "reason": reason })),
-            self.timeout,
-        )
+        Answer::from_json(name, v).map_err(|e| unexpected(&route.path, e))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operations_take_their_routes() {
+        let id = SandboxId::parse("sb-1").unwrap();
+        let t = Duration::from_secs(2);
+        let shown = |op: Op<'_>| {
+            let r = route(&id, &op, t).unwrap();
+            (r.method, r.path, r.body, r.timeout)
+        };
+        let wait = Op::Wait {
+            exec_id: 3,
+            timeout: Duration::from_secs(5),
+        };
+        assert_eq!(
+            shown(wait),
+            (
+                "POST",
+                "/v1/sandboxes/sb-1/processes/3/wait?timeout_ms=5000".into(),
+                None,
+                Duration::from_secs(7)
+            )
+        );
+        let stdin = Op::WriteStdin {
+            exec_id: 3,
+            data: b"hi".as_slice().into(),
+            close: true,
+        };
+        let (_, path, body, _) = shown(stdin);
+        assert_eq!(path, "/v1/sandboxes/sb-1/processes/3/stdin");
+        assert_eq!(body, Some(json!({"data": "hi", "close": true})));
+        let moved = shown(Op::Rename(MoveRequest::default()));
+        assert_eq!(
+            (moved.0, moved.1.as_str()),
+            ("POST", "/v1/sandboxes/sb-1/move")
+        );
+        let cp = shown(Op::Checkpoint(CheckpointRequest::default()));
+        assert_eq!(cp.1, "/v1/sandboxes/sb-1/checkpoints");
+        let net = shown(Op::SetNetwork(NetworkRules::default()));
+        assert_eq!(
+            (net.0, net.1.as_str()),
+            ("PUT", "/v1/sandboxes/sb-1/network")
+        );
+        let gone = shown(Op::Destroy);
+        assert_eq!(
+            (gone.0, gone.1.as_str(), gone.2),
+            ("DELETE", "/v1/sandboxes/sb-1", None)
+        );
+        let polled = shown(Op::ListApprovals {
+            wait: Some(Duration::from_millis(1500)),
+        });
+        assert_eq!(polled.1, "/v1/sandboxes/sb-1/approvals?wait_ms=1500");
+        assert_eq!(polled.3, Duration::from_millis(3500));
+    }
 
     #[test]
     fn error_bodies_keep_their_codes() {

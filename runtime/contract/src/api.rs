@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::op::{Answer, ExecEvents, Op, OpHandler, OpName};
 use crate::result::{Change, ChangeKind, DiffStats, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
@@ -829,7 +830,27 @@ pub enum ApiError {
     /// the backend cannot be reached now (e.g. the Docker daemon is down or restarting)
     #[error("{0}")]
     Unavailable(String),
+    /// the backend failed because of `source` ([`ApiError::internal_with`]); code `internal`
+    #[error("{message}")]
+    InternalCause {
+        /// The whole message, cause included in words (what the JSON body says).
+        message: String,
+        #[source]
+        source: BoxError,
+    },
+    /// the backend cannot be reached now because of `source` ([`ApiError::unavailable_with`]);
+    /// code `unavailable`
+    #[error("{message}")]
+    UnavailableCause {
+        /// The whole message, cause included in words (what the JSON body says).
+        message: String,
+        #[source]
+        source: BoxError,
+    },
 }
+
+/// The cause an [`ApiError`] keeps.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 impl ApiError {
     pub fn invalid(msg: impl Into<String>) -> ApiError {
@@ -844,6 +865,30 @@ impl ApiError {
         ApiError::Internal(msg.to_string())
     }
 
+    /// An internal error that keeps its cause: `message` is all the error says (the cause in
+    /// words included, as the JSON body has always said it), `source` the cause itself, for a
+    /// program to look at ([`std::error::Error::source`], downcasting).
+    pub fn internal_with(message: impl Into<String>, source: impl Into<BoxError>) -> ApiError {
+        ApiError::InternalCause {
+            message: message.into(),
+            source: source.into(),
+        }
+    }
+
+    /// As [`ApiError::internal_with`], for a backend that cannot be reached now.
+    pub fn unavailable_with(message: impl Into<String>, source: impl Into<BoxError>) -> ApiError {
+        ApiError::UnavailableCause {
+            message: message.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Whether the sandbox or its backend failed (codes `internal` and `unavailable`), not the
+    /// request: what DESIGN.md calls an infrastructure error.
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self.code(), "internal" | "unavailable")
+    }
+
     /// The stable error code of the JSON error body.
     pub fn code(&self) -> &'static str {
         match self {
@@ -855,8 +900,8 @@ impl ApiError {
             ApiError::PathRefused(_) => "path_refused",
             ApiError::Conflict(_) => "conflict",
             ApiError::LimitExceeded(_) => "limit_exceeded",
-            ApiError::Internal(_) => "internal",
-            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) | ApiError::InternalCause { .. } => "internal",
+            ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => "unavailable",
         }
     }
 
@@ -871,8 +916,8 @@ impl ApiError {
             ApiError::PathRefused(_) => 403,
             ApiError::Conflict(_) => 409,
             ApiError::LimitExceeded(_) => 429,
-            ApiError::Internal(_) => 500,
-            ApiError::Unavailable(_) => 503,
+            ApiError::Internal(_) | ApiError::InternalCause { .. } => 500,
+            ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => 503,
         }
     }
 }
@@ -883,6 +928,13 @@ impl ApiError {
 pub trait SandboxApi: Send + Sync {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError>;
     fn list(&self) -> Vec<SandboxInfo>;
+
+    /// Serves one operation given as data (see [`crate::op`]): for a backend, the typed method
+    /// it names; for an [`OpHandler`], its `handle`.
+    fn call(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        crate::op::dispatch(self, id, op)
+    }
+
     fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError>;
     /// Runs a command. `events`, when given, receives the stream (started, output chunks, ended).
     fn exec(
@@ -971,130 +1023,6 @@ pub trait SandboxApi: Send + Sync {
     }
 }
 
-/// Implements the listed [`SandboxApi`] methods of a decorator by handing each call on, for the
-/// many operations a decorator leaves alone. `$via!(self, id, call)` must expand to the
-/// expression that makes `call` (e.g. `read(id, req)`) where it belongs: on the inner backend,
-/// on the backend that owns `id`, or timed. The signatures are the trait's, written once here.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! forward_sandbox_api {
-    ($via:ident: $($m:ident),+ $(,)?) => {
-        $( $crate::forward_sandbox_api!(@one $via $m); )+
-    };
-    (@one $via:ident info) => {
-        fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-            $via!(self, id, info(id))
-        }
-    };
-    (@one $via:ident exec) => {
-        fn exec(
-            &self,
-            id: &SandboxId,
-            req: ExecRequest,
-            events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-        ) -> Result<ExecOutcome, ApiError> {
-            $via!(self, id, exec(id, req, events))
-        }
-    };
-    (@one $via:ident process) => {
-        fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-            $via!(self, id, process(id, exec_id))
-        }
-    };
-    (@one $via:ident wait) => {
-        fn wait(
-            &self,
-            id: &SandboxId,
-            exec_id: u64,
-            timeout: Duration,
-        ) -> Result<ProcessInfo, ApiError> {
-            $via!(self, id, wait(id, exec_id, timeout))
-        }
-    };
-    (@one $via:ident kill) => {
-        fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-            $via!(self, id, kill(id, exec_id, signal))
-        }
-    };
-    (@one $via:ident write_stdin) => {
-        fn write_stdin(
-            &self,
-            id: &SandboxId,
-            exec_id: u64,
-            data: &[u8],
-            close: bool,
-        ) -> Result<(), ApiError> {
-            $via!(self, id, write_stdin(id, exec_id, data, close))
-        }
-    };
-    (@one $via:ident destroy) => {
-        fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-            $via!(self, id, destroy(id))
-        }
-    };
-    (@one $via:ident list_approvals) => {
-        fn list_approvals(
-            &self,
-            id: &SandboxId,
-            wait: Option<Duration>,
-        ) -> Result<Vec<Approval>, ApiError> {
-            $via!(self, id, list_approvals(id, wait))
-        }
-    };
-    (@one $via:ident approve) => {
-        fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
-            $via!(self, id, approve(id, approval))
-        }
-    };
-    (@one $via:ident deny) => {
-        fn deny(
-            &self,
-            id: &SandboxId,
-            approval: &ApprovalId,
-            reason: &str,
-        ) -> Result<Approval, ApiError> {
-            $via!(self, id, deny(id, approval, reason))
-        }
-    };
-    (@one $via:ident set_network) => {
-        fn set_network(
-            &self,
-            id: &SandboxId,
-            rules: NetworkRules,
-        ) -> Result<NetworkRules, ApiError> {
-            $via!(self, id, set_network(id, rules))
-        }
-    };
-    // The operations that take one request and give one answer.
-    (@one $via:ident read) => { $crate::forward_sandbox_api!(@req $via read ReadRequest, ReadResult); };
-    (@one $via:ident write) => { $crate::forward_sandbox_api!(@req $via write WriteRequest, WriteResult); };
-    (@one $via:ident edit) => { $crate::forward_sandbox_api!(@req $via edit EditRequest, EditResult); };
-    (@one $via:ident patch) => { $crate::forward_sandbox_api!(@req $via patch PatchRequest, PatchResult); };
-    (@one $via:ident list_dir) => {
-        $crate::forward_sandbox_api!(@req $via list_dir ListRequest, ListResult);
-    };
-    (@one $via:ident search) => {
-        $crate::forward_sandbox_api!(@req $via search SearchRequest, SearchResult);
-    };
-    (@one $via:ident stat) => { $crate::forward_sandbox_api!(@req $via stat PathRequest, StatResult); };
-    (@one $via:ident remove) => { $crate::forward_sandbox_api!(@req $via remove RemoveRequest, ()); };
-    (@one $via:ident rename) => { $crate::forward_sandbox_api!(@req $via rename MoveRequest, ()); };
-    (@one $via:ident diff) => { $crate::forward_sandbox_api!(@req $via diff DiffRequest, DiffResult); };
-    (@one $via:ident checkpoint) => {
-        $crate::forward_sandbox_api!(@req $via checkpoint CheckpointRequest, CheckpointInfo);
-    };
-    (@one $via:ident restore) => { $crate::forward_sandbox_api!(@req $via restore CheckpointRequest, ()); };
-    (@one $via:ident export) => {
-        $crate::forward_sandbox_api!(@req $via export ExportRequest, ExportResult);
-    };
-    (@req $via:ident $m:ident $req:ty, $out:ty) => {
-        fn $m(&self, id: &SandboxId, req: $req) -> Result<$out, ApiError> {
-            $via!(self, id, $m(id, req))
-        }
-    };
-}
-pub use crate::forward_sandbox_api;
-
 /// The one answer for an approval that is not pending in this sandbox.
 pub fn approval_not_found(id: &SandboxId, approval: &ApprovalId) -> ApiError {
     ApiError::not_found(format!(
@@ -1146,6 +1074,24 @@ mod tests {
         assert_eq!(r.resolved_argv().unwrap(), ["true"]);
         let e: Result<ExecRequest, _> = serde_json::from_str(r#"{"argv":["x"],"bogus":1}"#);
         assert!(e.is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn a_kept_cause_changes_neither_text_nor_code() {
+        let io = std::io::Error::other("disk on fire");
+        let e = ApiError::internal_with(format!("cannot record the exec: {io}"), io);
+        assert_eq!(e.to_string(), "cannot record the exec: disk on fire");
+        assert_eq!((e.code(), e.http_status()), ("internal", 500));
+        let cause = std::error::Error::source(&e).unwrap();
+        let io = cause.downcast_ref::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::Other);
+        let e = ApiError::unavailable_with("the daemon is gone", std::io::Error::other("eof"));
+        assert_eq!((e.code(), e.http_status()), ("unavailable", 503));
+        assert_eq!(e.to_string(), "the daemon is gone");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(std::error::Error::source(&ApiError::internal("x")).is_none());
+        assert!(e.is_infrastructure() && ApiError::internal("x").is_infrastructure());
+        assert!(!ApiError::not_found("x").is_infrastructure());
     }
 
     #[test]

@@ -2,14 +2,18 @@
 //! surface speaks.
 //!
 //! It owns the operations' requests and answers and the [`api::SandboxApi`] trait with its errors
-//! ([`api`]), the observations agents see ([`result`]: `ExecResult`, changes, violations,
-//! enforcement), how an exec ended and the one builder of its result ([`exec_end`]), and an exec request made concrete once, with the limits every backend checks on a command
-//! before it runs ([`exec_plan`], [`exec_limits`]). It depends on policies only for the resolved policy a create carries.
+//! ([`api`]), the operations as data with their names ([`op`]: `Op`, `Answer`, `OpName`, and
+//! `OpHandler` for decorators written as one function over operations), the observations agents
+//! see ([`result`]: `ExecResult`, changes, violations, enforcement), how an exec ended and the one
+//! builder of its result ([`exec_end`]), and an exec request made concrete once, with the limits
+//! every backend checks on a command before it runs ([`exec_plan`], [`exec_limits`]). It depends
+//! on policies only for the resolved policy a create carries.
 
 pub mod api;
 pub mod exec_end;
 pub mod exec_limits;
 pub mod exec_plan;
+pub mod op;
 pub mod result;
 
 /// The policy model, as `crate::policy` for the contract's own modules.

@@ -186,19 +186,8 @@ pub fn refusal_detail(check: &Check, refusal: Refusal<'_>) -> String {
     }
 }
 
-/// Hands a call to the decorated backend.
-macro_rules! to_inner {
-    ($s:ident, $id:ident, $($call:tt)+) => {
-        $s.inner.$($call)+
-    };
-}
-
-impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
-    forward_sandbox_api!(to_inner: info, process, wait, kill, write_stdin, read, write, edit,
-        patch, list_dir, search, stat, remove, rename, diff, checkpoint, restore, export,
-        set_network);
-
-    fn create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+impl<B: SandboxApi> OpHandler for CommandPolicy<B> {
+    fn handle_create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         // The rules come from the policy the request resolved once, never from reading it again.
         let resolved = req.resolve_policy(PolicySources::Local)?;
         let info = self.inner.create(req)?;
@@ -210,11 +199,63 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
         Ok(info)
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         self.inner.list()
     }
 
-    fn exec(
+    fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        match op {
+            Op::Exec { req, events } => self.exec_under_rules(id, req, events).map(Answer::Exec),
+            Op::Destroy => {
+                let r = self.inner.call(id, Op::Destroy);
+                if r.is_ok() || matches!(r, Err(ApiError::NotFound(_))) {
+                    lock(&self.rules).remove(id);
+                    self.queue.cancel(id, "the sandbox was destroyed");
+                }
+                r
+            }
+            Op::ListApprovals { wait } => {
+                self.rules_for(id)?;
+                let pending = self.queue.pending(id, wait, || self.known(id));
+                Ok(Answer::Approvals(pending))
+            }
+            Op::Approve { approval } => {
+                self.rules_for(id)?;
+                let answered = self.queue.answer(id, &approval, Reply::Approved)?;
+                Ok(Answer::Approval(answered))
+            }
+            Op::Deny { approval, reason } => {
+                self.rules_for(id)?;
+                let answered =
+                    self.queue
+                        .answer(id, &approval, Reply::Denied(reason_kept(&reason)))?;
+                Ok(Answer::Approval(answered))
+            }
+            op => self.inner.call(id, op),
+        }
+    }
+}
+
+/// A denial's reason as it is kept: trimmed, never empty, at most [`MAX_REASON_BYTES`].
+fn reason_kept(reason: &str) -> String {
+    let mut reason = reason.trim().to_owned();
+    if reason.is_empty() {
+        reason = "no reason was given".to_owned();
+    }
+    if reason.len() > MAX_REASON_BYTES {
+        let mut cut = MAX_REASON_BYTES;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+        reason.push_str(" [...]");
+    }
+    reason
+}
+
+impl<B: SandboxApi> CommandPolicy<B> {
+    /// An exec, checked against the sandbox's command rules first (see the module docs).
+    fn exec_under_rules(
         &self,
         id: &SandboxId,
         req: ExecRequest,
@@ -274,11 +315,11 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                     });
                 }
                 match answer {
-                    Answer::Approved => {
+                    Reply::Approved => {
                         tracing::info!(sandbox = %id, approval = %approval_id, "approved; the exec runs");
                         self.inner.exec(id, req, events)
                     }
-                    Answer::Denied(reason) => {
+                    Reply::Denied(reason) => {
                         tracing::info!(sandbox = %id, approval = %approval_id, reason = %reason, "denied");
                         let detail = refusal_detail(
                             &check,
@@ -289,7 +330,7 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
                         );
                         self.refuse(id, started, detail, events)
                     }
-                    Answer::Expired => {
+                    Reply::Expired => {
                         tracing::info!(sandbox = %id, approval = %approval_id, "no answer; denied");
                         let detail = refusal_detail(
                             &check,
@@ -304,75 +345,31 @@ impl<B: SandboxApi> SandboxApi for CommandPolicy<B> {
             }
         }
     }
-
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        let r = self.inner.destroy(id);
-        if r.is_ok() || matches!(r, Err(ApiError::NotFound(_))) {
-            lock(&self.rules).remove(id);
-            self.queue.cancel(id, "the sandbox was destroyed");
-        }
-        r
-    }
-
-    fn list_approvals(
-        &self,
-        id: &SandboxId,
-        wait: Option<Duration>,
-    ) -> Result<Vec<Approval>, ApiError> {
-        self.rules_for(id)?;
-        Ok(self.queue.pending(id, wait, || self.known(id)))
-    }
-
-    fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
-        self.rules_for(id)?;
-        self.queue.answer(id, approval, Answer::Approved)
-    }
-
-    fn deny(
-        &self,
-        id: &SandboxId,
-        approval: &ApprovalId,
-        reason: &str,
-    ) -> Result<Approval, ApiError> {
-        self.rules_for(id)?;
-        let mut reason = reason.trim().to_owned();
-        if reason.is_empty() {
-            reason = "no reason was given".to_owned();
-        }
-        if reason.len() > MAX_REASON_BYTES {
-            let mut cut = MAX_REASON_BYTES;
-            while !reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            reason.truncate(cut);
-            reason.push_str(" [...]");
-        }
-        self.queue.answer(id, approval, Answer::Denied(reason))
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The queue of pending approvals
 // ---------------------------------------------------------------------------------------------
 
+/// A person's answer to a pending approval (or its absence).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Answer {
+enum Reply {
     Approved,
     Denied(String),
     /// Nobody answered in time.
     Expired,
 }
 
-impl Answer {
+impl Reply {
     /// `approval` as this answer leaves it: its state, and a denial's reason.
     fn apply(&self, approval: &mut Approval) {
         match self {
-            Answer::Approved => approval.state = ApprovalState::Approved,
-            Answer::Denied(reason) => {
+            Reply::Approved => approval.state = ApprovalState::Approved,
+            Reply::Denied(reason) => {
                 approval.state = ApprovalState::Denied;
                 approval.denial_reason = Some(reason.clone());
             }
-            Answer::Expired => approval.state = ApprovalState::Expired,
+            Reply::Expired => approval.state = ApprovalState::Expired,
         }
     }
 }
@@ -380,7 +377,7 @@ impl Answer {
 #[derive(Debug)]
 struct Entry {
     approval: Approval,
-    answer: Option<Answer>,
+    answer: Option<Reply>,
 }
 
 /// Pending approvals of every sandbox. One condition variable signals every change: an exec
@@ -393,7 +390,7 @@ struct Queue {
 
 impl Queue {
     /// Parks `approval` until it is answered or `timeout` passes.
-    fn wait(&self, approval: Approval, timeout: Duration) -> Answer {
+    fn wait(&self, approval: Approval, timeout: Duration) -> Reply {
         let id = approval.id.clone();
         let deadline = Instant::now() + timeout;
         let mut entries = lock(&self.entries);
@@ -411,7 +408,7 @@ impl Queue {
             if answered.is_some() || now >= deadline {
                 entries.remove(&id);
                 self.changed.notify_all();
-                return answered.unwrap_or(Answer::Expired);
+                return answered.unwrap_or(Reply::Expired);
             }
             entries = self
                 .changed
@@ -462,7 +459,7 @@ impl Queue {
         &self,
         sandbox: &SandboxId,
         id: &ApprovalId,
-        answer: Answer,
+        answer: Reply,
     ) -> Result<Approval, ApiError> {
         let mut entries = lock(&self.entries);
         let entry = entries
@@ -481,7 +478,7 @@ impl Queue {
         let mut entries = lock(&self.entries);
         for e in entries.values_mut() {
             if e.approval.sandbox == *sandbox && e.answer.is_none() {
-                e.answer = Some(Answer::Denied(reason.to_owned()));
+                e.answer = Some(Reply::Denied(reason.to_owned()));
             }
         }
         self.changed.notify_all();
@@ -515,12 +512,8 @@ mod tests {
         execs: AtomicUsize,
     }
 
-    fn unsupported<T>() -> Result<T, ApiError> {
-        Err(ApiError::internal("not in this fake"))
-    }
-
-    impl SandboxApi for Fake {
-        fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+    impl OpHandler for Fake {
+        fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
             let name = req.policy.unwrap_or_else(|| "default".into());
             let (p, _) = policy::resolve(&name).map_err(|e| ApiError::invalid(e.to_string()))?;
             let info = SandboxInfo {
@@ -546,102 +539,47 @@ mod tests {
             lock(&self.sandboxes).insert(info.id.clone(), info.clone());
             Ok(info)
         }
-        fn list(&self) -> Vec<SandboxInfo> {
+
+        fn handle_list(&self) -> Vec<SandboxInfo> {
             lock(&self.sandboxes).values().cloned().collect()
         }
-        fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-            lock(&self.sandboxes)
-                .get(id)
-                .cloned()
-                .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))
-        }
-        fn exec(
-            &self,
-            id: &SandboxId,
-            _req: ExecRequest,
-            _events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-        ) -> Result<ExecOutcome, ApiError> {
-            let info = self.info(id)?;
-            self.execs.fetch_add(1, Ordering::SeqCst);
-            Ok(ExecOutcome::Finished(ExecResult {
-                exit_code: Some(0),
-                signal: None,
-                timed_out: false,
-                duration_ms: 1,
-                stdout: Output {
-                    text: "ran\n".into(),
-                    bytes: 4,
-                    truncated: false,
-                    spill_path: None,
-                },
-                stderr: Output::default(),
-                changes: Vec::new(),
-                violations: Vec::new(),
-                resources: Resources::default(),
-                enforcement: info.enforcement,
-                network: None,
-            }))
-        }
-        fn process(&self, _: &SandboxId, _: u64) -> Result<ProcessInfo, ApiError> {
-            unsupported()
-        }
-        fn wait(&self, _: &SandboxId, _: u64, _: Duration) -> Result<ProcessInfo, ApiError> {
-            unsupported()
-        }
-        fn kill(&self, _: &SandboxId, _: u64, _: i32) -> Result<ProcessInfo, ApiError> {
-            unsupported()
-        }
-        fn write_stdin(&self, _: &SandboxId, _: u64, _: &[u8], _: bool) -> Result<(), ApiError> {
-            unsupported()
-        }
-        fn read(&self, _: &SandboxId, _: ReadRequest) -> Result<ReadResult, ApiError> {
-            unsupported()
-        }
-        fn write(&self, _: &SandboxId, _: WriteRequest) -> Result<WriteResult, ApiError> {
-            unsupported()
-        }
-        fn edit(&self, _: &SandboxId, _: EditRequest) -> Result<EditResult, ApiError> {
-            unsupported()
-        }
-        fn patch(&self, _: &SandboxId, _: PatchRequest) -> Result<PatchResult, ApiError> {
-            unsupported()
-        }
-        fn list_dir(&self, _: &SandboxId, _: ListRequest) -> Result<ListResult, ApiError> {
-            unsupported()
-        }
-        fn search(&self, _: &SandboxId, _: SearchRequest) -> Result<SearchResult, ApiError> {
-            unsupported()
-        }
-        fn stat(&self, _: &SandboxId, _: PathRequest) -> Result<StatResult, ApiError> {
-            unsupported()
-        }
-        fn remove(&self, _: &SandboxId, _: RemoveRequest) -> Result<(), ApiError> {
-            unsupported()
-        }
-        fn rename(&self, _: &SandboxId, _: MoveRequest) -> Result<(), ApiError> {
-            unsupported()
-        }
-        fn diff(&self, _: &SandboxId, _: DiffRequest) -> Result<DiffResult, ApiError> {
-            unsupported()
-        }
-        fn checkpoint(
-            &self,
-            _: &SandboxId,
-            _: CheckpointRequest,
-        ) -> Result<CheckpointInfo, ApiError> {
-            unsupported()
-        }
-        fn restore(&self, _: &SandboxId, _: CheckpointRequest) -> Result<(), ApiError> {
-            unsupported()
-        }
-        fn export(&self, _: &SandboxId, _: ExportRequest) -> Result<ExportResult, ApiError> {
-            unsupported()
-        }
-        fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-            lock(&self.sandboxes)
-                .remove(id)
-                .map(|_| ())
-                .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))
+
+        fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+            let not_found = || ApiError::not_found(format!("sandbox {id} not found"));
+            let info = lock(&self.sandboxes).get(id).cloned();
+            match op {
+                Op::Info => info.map(Answer::Info).ok_or_else(not_found),
+                Op::Exec { .. } => {
+                    let info = info.ok_or_else(not_found)?;
+                    self.execs.fetch_add(1, Ordering::SeqCst);
+                    Ok(Answer::Exec(ExecOutcome::Finished(ExecResult {
+                        exit_code: Some(0),
+                        signal: None,
+                        timed_out: false,
+                        duration_ms: 1,
+                        stdout: Output {
+                            text: "ran\n".into(),
+                            bytes: 4,
+                            truncated: false,
+                            spill_path: None,
+                        },
+                        stderr: Output::default(),
+                        changes: Vec::new(),
+                        violations: Vec::new(),
+                        resources: Resources::default(),
+                        enforcement: info.enforcement,
+                        network: None,
+                    })))
+                }
+                Op::Destroy => lock(&self.sandboxes)
+                    .remove(id)
+                    .map(|_| Answer::Done)
+                    .ok_or_else(not_found),
+                op => Err(ApiError::internal(format!(
+                    "{} is not in this fake",
+                    op.name()
+                ))),
+            }
         }
     }
 

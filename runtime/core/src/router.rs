@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use crate::api::*;
 
@@ -75,19 +74,8 @@ impl BackendRouter {
     }
 }
 
-/// Hands a call to the backend that owns the sandbox.
-macro_rules! to_owner {
-    ($s:ident, $id:ident, $($call:tt)+) => {
-        $s.owner($id)?.$($call)+
-    };
-}
-
-impl SandboxApi for BackendRouter {
-    forward_sandbox_api!(to_owner: info, exec, process, wait, kill, write_stdin, read, write,
-        edit, patch, list_dir, search, stat, remove, rename, diff, checkpoint, restore, export,
-        set_network, list_approvals, approve, deny);
-
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+impl OpHandler for BackendRouter {
+    fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         let name = req
             .backend
             .clone()
@@ -108,7 +96,7 @@ impl SandboxApi for BackendRouter {
         Ok(info)
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         let mut all = Vec::new();
         for (name, b) in &self.backends {
             for info in b.list() {
@@ -120,9 +108,11 @@ impl SandboxApi for BackendRouter {
         all
     }
 
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        let r = self.owner(id)?.destroy(id);
-        if r.is_ok()
+    fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        let destroy = matches!(op, Op::Destroy);
+        let r = self.owner(id)?.call(id, op);
+        if destroy
+            && r.is_ok()
             && let Ok(mut m) = self.owners.write()
         {
             m.remove(id);

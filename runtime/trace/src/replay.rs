@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::api::*;
@@ -635,7 +634,7 @@ pub fn replay(
     let mut ops = Vec::with_capacity(trace.ops.len());
     let mut destroyed = false;
     for (i, op) in trace.ops.iter().enumerate() {
-        if i == 0 && op.op == "create" {
+        if i == 0 && op.name() == Some(OpName::Create) {
             let mut r = report_of(op);
             if let Outcome::Ok(rec) = &op.outcome {
                 // Outputs mention the workspace where commands see it: the host path with the
@@ -671,7 +670,7 @@ pub fn replay(
         let before = timed.spent();
         let mut r = engine.step(op);
         r.replay_ms = (timed.spent() - before).as_millis() as u64;
-        if op.op == "destroy" && r.status != OpStatus::Skipped {
+        if op.name() == Some(OpName::Destroy) && r.status != OpStatus::Skipped {
             destroyed = true;
         }
         ops.push(r);
@@ -723,26 +722,17 @@ impl Timed<'_> {
     }
 }
 
-/// Makes a call on the backend inside the time it counts.
-macro_rules! timed {
-    ($s:ident, $id:ident, $($call:tt)+) => {
-        $s.time(|| $s.inner.$($call)+)
-    };
-}
-
-impl SandboxApi for Timed<'_> {
-    forward_sandbox_api!(timed: exec, process, wait, kill, write_stdin, read, write, edit, patch,
-        list_dir, search, stat, remove, rename, diff, checkpoint, restore, export, destroy,
-        set_network);
-
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+impl OpHandler for Timed<'_> {
+    fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         self.time(|| self.inner.create(req))
     }
-    fn list(&self) -> Vec<SandboxInfo> {
+
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         self.inner.list()
     }
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        self.inner.info(id)
+
+    fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        self.time(|| self.inner.call(id, op))
     }
 }
 
@@ -777,8 +767,8 @@ impl Engine<'_> {
     fn step(&mut self, op: &TraceOp) -> OpReport {
         let mut r = report_of(op);
         match self.issue(op) {
-            Ok(actual) => {
-                r.mismatches = self.compare(op, &op.outcome, &actual);
+            Ok((name, actual)) => {
+                r.mismatches = self.compare(name, &op.outcome, &actual);
                 r.status = if r.mismatches.is_empty() {
                     OpStatus::Match
                 } else {
@@ -794,126 +784,89 @@ impl Engine<'_> {
     }
 
     /// Re-issues `op`; the new observation as the trace writer would record it.
-    fn issue(&mut self, op: &TraceOp) -> Result<Outcome, Skip> {
-        if let Some(cut) = find_cut(&op.request) {
+    fn issue(&mut self, op: &TraceOp) -> Result<(OpName, Outcome), Skip> {
+        let rq = &op.request;
+        if let Some(cut) = find_cut(rq) {
             return Err(Skip(format!(
                 "its request was cut in the trace ({cut}); it cannot be re-issued faithfully"
             )));
         }
-        let api = self.api;
-        let id = &self.id;
-        let rq = &op.request;
-        let out = match op.op.as_str() {
-            "exec" => {
-                let req: ExecRequest = parse_request(rq)?;
-                let argv = req
-                    .resolved_argv()
-                    .map_err(|e| Skip(format!("invalid recorded exec: {e}")))?;
-                match self.policy.commands.check(&argv).verdict {
-                    Verdict::Allow => {}
-                    // Answered as it was then: refused (denied, or no answer in time) or run.
-                    Verdict::Ask => {
-                        if let Outcome::Ok(rec) = &op.outcome
-                            && violation_kinds(rec).iter().any(|k| k == "command")
-                        {
-                            return Ok(Outcome::Ok(json!({ "refused": true })));
-                        }
-                    }
-                    Verdict::Forbid => {
-                        // Refused without running, as the command policy would.
-                        return Ok(Outcome::Ok(json!({ "refused": true })));
-                    }
-                }
-                let background = req.background;
-                let r = api.exec(id, req, None);
-                if let (Ok(ExecOutcome::Background(p)), Outcome::Ok(rec)) = (&r, &op.outcome)
-                    && background
-                    && let Some(old) = rec.get("exec_id").and_then(Value::as_u64)
-                {
-                    self.processes.insert(old, p.exec_id);
-                }
-                trace::observe(&r, trace::shape_exec)
-            }
-            "process" | "wait" | "kill" | "stdin" => {
-                let old = rq
-                    .get("exec_id")
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| Skip("the request has no exec_id".into()))?;
-                let Some(&new) = self.processes.get(&old) else {
-                    return Err(Skip(format!(
-                        "background exec #{old} was not started by this replay"
-                    )));
-                };
-                match op.op.as_str() {
-                    "process" => trace::observe(&api.process(id, new), trace::shape_process),
-                    "wait" => {
-                        let ms = rq.get("timeout_ms").and_then(Value::as_u64).unwrap_or(0);
-                        let r = api.wait(id, new, Duration::from_millis(ms));
-                        trace::observe(&r, trace::shape_process)
-                    }
-                    "kill" => {
-                        let sig = rq
-                            .get("signal")
-                            .and_then(Value::as_i64)
-                            .and_then(|s| i32::try_from(s).ok())
-                            .ok_or_else(|| Skip("the request has no valid signal".into()))?;
-                        trace::observe(&api.kill(id, new, sig), trace::shape_process)
-                    }
-                    _ => {
-                        let data = stdin_bytes(rq)?;
-                        let close = rq.get("close").and_then(Value::as_bool).unwrap_or(false);
-                        trace::observe(&api.write_stdin(id, new, &data, close), |_, _| {})
-                    }
-                }
-            }
-            "read" => trace::observe(&api.read(id, parse_request(rq)?), |_, v| {
-                trace::digest_large_field(v, "content")
-            }),
-            "write" => {
-                if rq.get("content").is_some_and(Value::is_object) {
-                    return Err(Skip(
-                        "its content (over 64 KiB) was recorded as a digest only".into(),
-                    ));
-                }
-                trace::observe(&api.write(id, parse_request(rq)?), |_, _| {})
-            }
-            "edit" => trace::observe(&api.edit(id, parse_request(rq)?), |_, _| {}),
-            "patch" => trace::observe(&api.patch(id, parse_request(rq)?), |_, _| {}),
-            "list" => trace::observe(&api.list_dir(id, parse_request(rq)?), |_, _| {}),
-            "search" => trace::observe(&api.search(id, parse_request(rq)?), |_, _| {}),
-            "stat" => trace::observe(&api.stat(id, parse_request(rq)?), |_, _| {}),
-            "remove" => trace::observe(&api.remove(id, parse_request(rq)?), |_, _| {}),
-            "move" => trace::observe(&api.rename(id, parse_request(rq)?), |_, _| {}),
-            "diff" => trace::observe(&api.diff(id, parse_request(rq)?), |_, _| {}),
-            "checkpoint" => trace::observe(&api.checkpoint(id, parse_request(rq)?), |_, _| {}),
-            "restore" => trace::observe(&api.restore(id, parse_request(rq)?), |_, _| {}),
-            "export" => {
-                let mut req: ExportRequest = parse_request(rq)?;
-                // The replay never writes to a host workspace.
-                req.apply = false;
-                trace::observe(&api.export(id, req), |_, _| {})
-            }
-            "network" => trace::observe(&api.set_network(id, parse_request(rq)?), |_, _| {}),
-            "destroy" => trace::observe(&api.destroy(id), |_, _| {}),
-            "approve" | "deny" => {
+        let name = op.name().ok_or_else(|| {
+            Skip(format!(
+                "operation kind {:?} is not known to this taskbox",
+                op.op
+            ))
+        })?;
+        match name {
+            OpName::Create => return Err(Skip("a second create in one trace".into())),
+            OpName::Approve | OpName::Deny => {
                 return Err(Skip(
                     "an answer to an approval; the exec that asked is replayed as it was \
                      answered"
                         .into(),
                 ));
             }
-            "create" => return Err(Skip("a second create in one trace".into())),
-            other => {
-                return Err(Skip(format!(
-                    "operation kind {other:?} is not known to this taskbox"
-                )));
+            _ => {}
+        }
+        if let Some(field) = name.payload_field()
+            && rq.get(field).is_some_and(Value::is_object)
+        {
+            return Err(Skip(format!(
+                "its {field} (over 64 KiB) was recorded as a digest only"
+            )));
+        }
+        let mut call = Op::from_request(name, rq)
+            .map_err(|e| Skip(format!("its recorded request does not parse: {e}")))?;
+        if let Some(exec_id) = call.exec_id_mut() {
+            let old = *exec_id;
+            *exec_id = *self.processes.get(&old).ok_or_else(|| {
+                Skip(format!(
+                    "background exec #{old} was not started by this replay"
+                ))
+            })?;
+        }
+        let mut background = false;
+        match &mut call {
+            Op::Exec { req, .. } => {
+                if let Some(refused) = self.refused(req, &op.outcome)? {
+                    return Ok((name, refused));
+                }
+                background = req.background;
             }
-        };
-        Ok(out)
+            // The replay never writes to a host workspace.
+            Op::Export(req) => req.apply = false,
+            _ => {}
+        }
+        let r = self.api.call(&self.id, call);
+        if let (true, Ok(Answer::Exec(ExecOutcome::Background(p))), Outcome::Ok(rec)) =
+            (background, &r, &op.outcome)
+            && let Some(old) = rec.get("exec_id").and_then(Value::as_u64)
+        {
+            self.processes.insert(old, p.exec_id);
+        }
+        Ok((name, trace::observe(&r)))
+    }
+
+    /// The observation of an exec the command policy refuses, as the policy would: a forbidden
+    /// command, or one that asked and was refused then. `None` when it runs.
+    fn refused(&self, req: &ExecRequest, recorded: &Outcome) -> Result<Option<Outcome>, Skip> {
+        let argv = req
+            .resolved_argv()
+            .map_err(|e| Skip(format!("invalid recorded exec: {e}")))?;
+        let refused = Some(Outcome::Ok(json!({ "refused": true })));
+        Ok(match self.policy.commands.check(&argv).verdict {
+            Verdict::Allow => None,
+            // Answered as it was then: refused (denied, or no answer in time) or run.
+            Verdict::Ask => match recorded {
+                Outcome::Ok(rec) if violation_kinds(rec).iter().any(|k| k == "command") => refused,
+                _ => None,
+            },
+            Verdict::Forbid => refused,
+        })
     }
 
     /// The fields of the two observations that differ.
-    fn compare(&self, op: &TraceOp, expected: &Outcome, actual: &Outcome) -> Vec<Mismatch> {
+    fn compare(&self, name: OpName, expected: &Outcome, actual: &Outcome) -> Vec<Mismatch> {
         let mut m = Vec::new();
         let (rec, new) = match (expected, actual) {
             (Outcome::Error(a), Outcome::Error(b)) => {
@@ -929,8 +882,8 @@ impl Engine<'_> {
             }
         };
         let new = &self.subst(new);
-        match op.op.as_str() {
-            "exec" if new.get("refused").is_some() => {
+        match name {
+            OpName::Exec if new.get("refused").is_some() => {
                 let refused = violation_kinds(rec).contains(&"command".to_string());
                 if !refused {
                     m.push(Mismatch {
@@ -941,11 +894,11 @@ impl Engine<'_> {
                     });
                 }
             }
-            "exec" if rec.get("exec_id").is_some() || new.get("exec_id").is_some() => {
+            OpName::Exec if rec.get("exec_id").is_some() || new.get("exec_id").is_some() => {
                 self.compare_fields(&mut m, rec, new, &["argv"]);
             }
-            "exec" => self.compare_exec(&mut m, "", rec, new),
-            "wait" => {
+            OpName::Exec => self.compare_exec(&mut m, "", rec, new),
+            OpName::Wait => {
                 self.compare_fields(&mut m, rec, new, &["running"]);
                 if let (Some(a), Some(b)) = (rec.get("result"), new.get("result"))
                     && !a.is_null()
@@ -955,17 +908,17 @@ impl Engine<'_> {
                 }
             }
             // Snapshots of a running process and the answer to a signal depend on timing.
-            "process" | "kill" | "stdin" => {}
-            "read" => self.compare_fields(
+            OpName::Process | OpName::Kill | OpName::WriteStdin => {}
+            OpName::Read => self.compare_fields(
                 &mut m,
                 rec,
                 new,
                 &["content", "encoding", "total_bytes", "truncated", "binary"],
             ),
-            "write" => self.compare_fields(&mut m, rec, new, &["bytes_written", "created"]),
-            "edit" => self.compare_fields(&mut m, rec, new, &["replacements", "diff"]),
-            "patch" => self.compare_fields(&mut m, rec, new, &["files"]),
-            "list" => {
+            OpName::Write => self.compare_fields(&mut m, rec, new, &["bytes_written", "created"]),
+            OpName::Edit => self.compare_fields(&mut m, rec, new, &["replacements", "diff"]),
+            OpName::Patch => self.compare_fields(&mut m, rec, new, &["files"]),
+            OpName::ListDir => {
                 let a = entries_view(rec);
                 let b = entries_view(new);
                 if a != b {
@@ -978,8 +931,8 @@ impl Engine<'_> {
                 }
                 self.compare_fields(&mut m, rec, new, &["truncated"]);
             }
-            "search" => self.compare_fields(&mut m, rec, new, &["matches", "truncated"]),
-            "stat" => {
+            OpName::Search => self.compare_fields(&mut m, rec, new, &["matches", "truncated"]),
+            OpName::Stat => {
                 let file = rec.get("kind") == Some(&json!("file"));
                 let fields: &[&str] = if file {
                     &["kind", "size", "mode", "symlink_target"]
@@ -988,10 +941,14 @@ impl Engine<'_> {
                 };
                 self.compare_fields(&mut m, rec, new, fields);
             }
-            "diff" => self.compare_fields(&mut m, rec, new, &["files", "diff", "stats"]),
-            "checkpoint" => self.compare_fields(&mut m, rec, new, &["name", "files"]),
-            "export" => self.compare_fields(&mut m, rec, new, &["format", "patch", "changes"]),
-            "network" => self.compare_fields(&mut m, rec, new, &["allow", "deny", "hosts"]),
+            OpName::Diff => self.compare_fields(&mut m, rec, new, &["files", "diff", "stats"]),
+            OpName::Checkpoint => self.compare_fields(&mut m, rec, new, &["name", "files"]),
+            OpName::Export => {
+                self.compare_fields(&mut m, rec, new, &["format", "patch", "changes"])
+            }
+            OpName::SetNetwork => {
+                self.compare_fields(&mut m, rec, new, &["allow", "deny", "hosts"])
+            }
             _ => {}
         }
         m
@@ -1216,32 +1173,6 @@ fn text_diff(a: &str, b: &str) -> Option<String> {
     Some(out)
 }
 
-fn parse_request<T: DeserializeOwned>(v: &Value) -> Result<T, Skip> {
-    serde_json::from_value(v.clone())
-        .map_err(|e| Skip(format!("its recorded request does not parse: {e}")))
-}
-
-fn stdin_bytes(rq: &Value) -> Result<Vec<u8>, Skip> {
-    let data = match rq.get("data") {
-        Some(Value::String(s)) => s,
-        Some(Value::Object(_)) => {
-            return Err(Skip(
-                "its data (over 64 KiB) was recorded as a digest only".into(),
-            ));
-        }
-        _ => return Err(Skip("the request has no data".into())),
-    };
-    match rq.get("encoding").and_then(Value::as_str) {
-        Some("base64") => {
-            use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD
-                .decode(data)
-                .map_err(|e| Skip(format!("its base64 data does not decode: {e}")))
-        }
-        _ => Ok(data.as_bytes().to_vec()),
-    }
-}
-
 /// The first string in `v` that the trace writer cut, as a short description.
 fn find_cut(v: &Value) -> Option<String> {
     match v {
@@ -1435,16 +1366,6 @@ mod tests {
         let v = json!({"a": [format!("xyz\n[taskbox trace: 5 more bytes not recorded]")]});
         assert!(find_cut(&v).is_some());
         assert!(find_cut(&json!({"a": "more bytes not recorded]"})).is_none());
-    }
-
-    #[test]
-    fn stdin_data_decodes() {
-        assert_eq!(
-            stdin_bytes(&json!({"data": "aGk=", "encoding": "base64"})).ok(),
-            Some(b"hi".to_vec())
-        );
-        assert!(stdin_bytes(&json!({"data": "!!", "encoding": "base64"})).is_err());
-        assert!(stdin_bytes(&json!({"data": {"sha256": "x", "bytes": 1}})).is_err());
     }
 
     #[test]

@@ -218,9 +218,10 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceOp {
     pub seq: u64,
-    /// "create", "exec", "read", "write", "edit", "patch", "list", "search", "stat", "remove",
-    /// "move", "diff", "checkpoint", "restore", "export", "process", "wait", "kill", "stdin",
-    /// "approve", "deny", "network" (new egress rules) or "destroy".
+    /// The operation's [`OpName`]: "create", "exec", "read", "write", "edit", "patch", "list",
+    /// "search", "stat", "remove", "move", "diff", "checkpoint", "restore", "export",
+    /// "process", "wait", "kill", "stdin", "approve", "deny", "network" (new egress rules) or
+    /// "destroy". Kept as text: a trace may name an operation this taskbox does not know.
     pub op: String,
     pub started_at_ms: u64,
     pub duration_ms: u64,
@@ -229,6 +230,13 @@ pub struct TraceOp {
     /// The [`TraceStart`] recorded before the operation ran, when one was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<u64>,
+}
+
+impl TraceOp {
+    /// The operation, when this taskbox knows its name.
+    pub fn name(&self) -> Option<OpName> {
+        self.op.parse().ok()
+    }
 }
 
 /// An operation that changes the sandbox, recorded (and synced) before it runs: the trace
@@ -325,7 +333,7 @@ impl<B: SandboxApi> std::fmt::Debug for Traced<B> {
 
 /// An operation under way: what was asked and when.
 struct Call {
-    op: &'static str,
+    op: OpName,
     request: Value,
     started_at_ms: u64,
     started: Instant,
@@ -334,7 +342,7 @@ struct Call {
 }
 
 impl Call {
-    fn start(op: &'static str, request: Value) -> Call {
+    fn start(op: OpName, request: Value) -> Call {
         Call {
             op,
             request,
@@ -342,6 +350,24 @@ impl Call {
             started: Instant::now(),
             start: None,
         }
+    }
+
+    /// The call as a trace line with its outcome (numbered when it is appended), having taken
+    /// `duration_ms`.
+    fn into_op(self, duration_ms: u64, outcome: Outcome) -> TraceOp {
+        TraceOp {
+            seq: 0,
+            op: self.op.as_str().to_owned(),
+            started_at_ms: self.started_at_ms,
+            duration_ms,
+            request: self.request,
+            outcome,
+            start: self.start,
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 }
 
@@ -409,7 +435,7 @@ impl<B: SandboxApi> Traced<B> {
     /// The open trace of `id`. A sandbox the backend knows but this writer has not opened (it
     /// was created before a restart, or by another writer) has its trace reopened, or started
     /// from its info. `None` when the backend does not know the sandbox.
-    fn handle(&self, id: &SandboxId) -> Result<Option<Handle>, TraceError> {
+    fn trace_of(&self, id: &SandboxId) -> Result<Option<Handle>, TraceError> {
         let mut open = lock(&self.open);
         if let Some(h) = open.get(id) {
             return Ok(Some(h.clone()));
@@ -433,7 +459,7 @@ impl<B: SandboxApi> Traced<B> {
     /// ran). Returns the start's number for [`Traced::finish`]; `None` for a sandbox the
     /// backend does not know (its call fails on its own).
     fn begin(&self, id: &SandboxId, call: &mut Call) -> Result<(), ApiError> {
-        let handle = self.handle(id).map_err(|e| begin_failed(call.op, &e))?;
+        let handle = self.trace_of(id).map_err(|e| begin_failed(call.op, e))?;
         let Some(handle) = handle else {
             return Ok(());
         };
@@ -445,84 +471,75 @@ impl<B: SandboxApi> Traced<B> {
         }
         let start = TraceStart {
             start: tf.next_start,
-            op: call.op.to_string(),
+            op: call.op.as_str().to_owned(),
             started_at_ms: call.started_at_ms,
             request,
         };
         let mut bytes = serde_json::to_vec(&Line::Started(start)).unwrap_or_default();
         bytes.push(b'\n');
-        tf.append(&bytes).map_err(|e| begin_failed(call.op, &e))?;
+        tf.append(&bytes).map_err(|e| begin_failed(call.op, e))?;
         call.start = Some(tf.next_start);
         tf.next_start += 1;
         Ok(())
     }
 
-    /// Records `call` and its result before the result goes back to the caller. `shape` adds to
-    /// the result's JSON what the typed value knows (exec digests).
-    fn finish<T: Serialize>(
+    /// Records `call` and its result before the result goes back to the caller.
+    fn finish(
         &self,
         id: &SandboxId,
         call: Call,
-        result: &Result<T, ApiError>,
-        shape: impl FnOnce(&T, &mut Value),
+        result: &Result<Answer, ApiError>,
     ) -> Result<(), ApiError> {
-        let duration_ms = call.started.elapsed().as_millis() as u64;
-        let handle = self.handle(id).map_err(|e| record_failed(call.op, &e))?;
+        let duration_ms = call.elapsed_ms();
+        let name = call.op;
+        let handle = self.trace_of(id).map_err(|e| record_failed(name, e))?;
         let Some(handle) = handle else {
             return Ok(());
         };
-        let outcome = match result {
-            Ok(v) => {
-                let mut j = to_json(v);
-                shape(v, &mut j);
-                Outcome::Ok(j)
-            }
-            Err(e) => Outcome::Error(ErrorBody {
-                code: e.code().to_string(),
-                message: e.to_string(),
-            }),
-        };
-        let op = TraceOp {
-            seq: 0,
-            op: call.op.to_string(),
-            started_at_ms: call.started_at_ms,
-            duration_ms,
-            request: call.request,
-            outcome,
-            start: call.start,
-        };
-        let closes = call.op == "destroy" && result.is_ok();
-        append_op(&handle, op, closes).map_err(|e| record_failed(call.op, &e))?;
-        if closes {
-            lock(&self.open).remove(id);
+        let op = call.into_op(duration_ms, outcome_of(result));
+        append_op(&handle, op, false).map_err(|e| record_failed(name, e))
+    }
+
+    /// Destroys sandbox `id` and records it as the trace's last line.
+    fn record_destroy(&self, id: &SandboxId) -> Result<Answer, ApiError> {
+        let call = Call::start(OpName::Destroy, Op::Destroy.request());
+        // The trace must be open before the backend forgets the sandbox, or its info (needed to
+        // open a trace not opened yet) is gone. A trace that cannot be opened does not keep the
+        // sandbox alive.
+        if let Err(e) = self.trace_of(id) {
+            tracing::warn!(sandbox = %id, error = %e, "destroying a sandbox whose trace cannot be opened");
         }
-        Ok(())
+        let r = self.inner.call(id, Op::Destroy);
+        let handle = lock(&self.open).get(id).cloned();
+        if let Some(handle) = handle {
+            let duration_ms = call.elapsed_ms();
+            let op = call.into_op(duration_ms, outcome_of(&r));
+            append_op(&handle, op, r.is_ok()).map_err(|e| record_failed(OpName::Destroy, e))?;
+            if r.is_ok() {
+                lock(&self.open).remove(id);
+            }
+        }
+        r
     }
 }
 
-fn begin_failed(op: &str, e: &TraceError) -> ApiError {
-    ApiError::Unavailable(format!(
+fn begin_failed(op: OpName, e: TraceError) -> ApiError {
+    let message = format!(
         "the {op} was refused before it ran: the trace cannot be written ({e}); free space \
          for the state directory or fix its permissions, then retry"
-    ))
+    );
+    ApiError::unavailable_with(message, e)
 }
 
-fn record_failed(op: &str, e: &TraceError) -> ApiError {
-    ApiError::internal(format!(
-        "the {op} ran but its observation could not be recorded: {e}"
-    ))
+fn record_failed(op: OpName, e: TraceError) -> ApiError {
+    let message = format!("the {op} ran but its observation could not be recorded: {e}");
+    ApiError::internal_with(message, e)
 }
 
 /// Sanitises `op`, numbers it and appends it under the file's lock, so seq matches file order.
 fn append_op(handle: &Handle, mut op: TraceOp, closes: bool) -> Result<(), TraceError> {
     sanitize(&mut op.request);
-    match &mut op.outcome {
-        Outcome::Ok(v) => sanitize(v),
-        Outcome::Error(e) => {
-            mask_secrets(&mut e.message);
-            cap_string(&mut e.message);
-        }
-    }
+    sanitize_outcome(&mut op.outcome);
     let mut tf = lock(handle);
     if tf.closed {
         return Ok(());
@@ -559,7 +576,7 @@ fn reopen(path: &Path) -> Result<TraceFile, TraceError> {
     let closed = trace
         .ops
         .last()
-        .is_some_and(|o| o.op == "destroy" && matches!(o.outcome, Outcome::Ok(_)));
+        .is_some_and(|o| o.name() == Some(OpName::Destroy) && matches!(o.outcome, Outcome::Ok(_)));
     Ok(TraceFile {
         path: path.to_path_buf(),
         file,
@@ -642,42 +659,50 @@ fn add_exec_digests(r: &ExecResult, v: &mut Value) {
     }
 }
 
-/// An observation as the writer records it: shaped by `shape`, redacted and bounded (what
-/// replay compares with a recorded outcome).
-pub(crate) fn observe<T: Serialize>(
-    result: &Result<T, ApiError>,
-    shape: impl FnOnce(&T, &mut Value),
-) -> Outcome {
+/// An observation as JSON: the answer shaped by [`shape`], or the error's code and message
+/// (not yet redacted or bounded).
+fn outcome_of(result: &Result<Answer, ApiError>) -> Outcome {
     match result {
-        Ok(v) => {
-            let mut j = to_json(v);
-            shape(v, &mut j);
-            sanitize(&mut j);
+        Ok(answer) => {
+            let mut j = to_json(answer);
+            shape(answer, &mut j);
             Outcome::Ok(j)
         }
-        Err(e) => {
-            let mut message = e.to_string();
-            mask_secrets(&mut message);
-            cap_string(&mut message);
-            Outcome::Error(ErrorBody {
-                code: e.code().to_string(),
-                message,
-            })
+        Err(e) => Outcome::Error(ErrorBody {
+            code: e.code().to_string(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Redacts and bounds an observation.
+fn sanitize_outcome(outcome: &mut Outcome) {
+    match outcome {
+        Outcome::Ok(v) => sanitize(v),
+        Outcome::Error(e) => {
+            mask_secrets(&mut e.message);
+            cap_string(&mut e.message);
         }
     }
 }
 
-/// The digests an exec's recorded result carries.
-pub(crate) fn shape_exec(out: &ExecOutcome, v: &mut Value) {
-    match out {
-        ExecOutcome::Finished(res) => add_exec_digests(res, v),
-        ExecOutcome::Background(p) => add_process_digests(p, v),
-    }
+/// An observation as the writer records it: shaped, redacted and bounded (what replay compares
+/// with a recorded outcome).
+pub(crate) fn observe(result: &Result<Answer, ApiError>) -> Outcome {
+    let mut outcome = outcome_of(result);
+    sanitize_outcome(&mut outcome);
+    outcome
 }
 
-/// The digests a background process's recorded result carries.
-pub(crate) fn shape_process(p: &ProcessInfo, v: &mut Value) {
-    add_process_digests(p, v);
+/// Adds to an answer's JSON what the trace records beyond the answer itself: the digests of
+/// exec output (a result, or a process's), and a large read's content as its digest.
+fn shape(answer: &Answer, v: &mut Value) {
+    match answer {
+        Answer::Exec(ExecOutcome::Finished(res)) => add_exec_digests(res, v),
+        Answer::Exec(ExecOutcome::Background(p)) | Answer::Process(p) => add_process_digests(p, v),
+        Answer::Read(_) => digest_large_field(v, "content"),
+        _ => {}
+    }
 }
 
 fn add_process_digests(p: &ProcessInfo, v: &mut Value) {
@@ -845,22 +870,14 @@ fn git(ws: &Path, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out).into_owned())
 }
 
-impl<B: SandboxApi> SandboxApi for Traced<B> {
-    fn create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+impl<B: SandboxApi> OpHandler for Traced<B> {
+    fn handle_create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         req.resolve_policy(PolicySources::Local)?;
-        let call = Call::start("create", to_json(&req));
+        let call = Call::start(OpName::Create, to_json(&req));
         let info = self.inner.create(req.clone())?;
-        let duration_ms = call.started.elapsed().as_millis() as u64;
+        let duration_ms = call.elapsed_ms();
         let header = header_for(&info, Some(&req));
-        let op = TraceOp {
-            seq: 1,
-            op: "create".into(),
-            started_at_ms: call.started_at_ms,
-            duration_ms,
-            request: call.request,
-            outcome: Outcome::Ok(to_json(&info)),
-            start: None,
-        };
+        let op = call.into_op(duration_ms, Outcome::Ok(to_json(&info)));
         let started = self.start_trace(&header).and_then(|h| {
             lock(&self.open).insert(info.id.clone(), h.clone());
             append_op(&h, op, false)
@@ -869,269 +886,34 @@ impl<B: SandboxApi> SandboxApi for Traced<B> {
             tracing::error!(sandbox = %info.id, error = %e, "cannot start trace; destroying the sandbox");
             lock(&self.open).remove(&info.id);
             let _ = self.inner.destroy(&info.id);
-            return Err(ApiError::internal(format!(
-                "sandbox not created: its trace could not be recorded: {e}"
-            )));
+            let message = format!("sandbox not created: its trace could not be recorded: {e}");
+            return Err(ApiError::internal_with(message, e));
         }
         Ok(info)
     }
 
-    fn list(&self) -> Vec<SandboxInfo> {
+    fn handle_list(&self) -> Vec<SandboxInfo> {
         self.inner.list()
     }
 
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        self.inner.info(id)
-    }
-
-    fn exec(
-        &self,
-        id: &SandboxId,
-        req: ExecRequest,
-        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-    ) -> Result<ExecOutcome, ApiError> {
-        let mut call = Call::start("exec", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.exec(id, req, events);
-        self.finish(id, call, &r, |out, v| match out {
-            ExecOutcome::Finished(res) => add_exec_digests(res, v),
-            ExecOutcome::Background(p) => add_process_digests(p, v),
-        })?;
-        r
-    }
-
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        let call = Call::start("process", json!({ "exec_id": exec_id }));
-        let r = self.inner.process(id, exec_id);
-        self.finish(id, call, &r, add_process_digests)?;
-        r
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        let request = json!({ "exec_id": exec_id, "timeout_ms": timeout.as_millis() as u64 });
-        let call = Call::start("wait", request);
-        let r = self.inner.wait(id, exec_id, timeout);
-        self.finish(id, call, &r, add_process_digests)?;
-        r
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        let mut call = Call::start("kill", json!({ "exec_id": exec_id, "signal": signal }));
-        self.begin(id, &mut call)?;
-        let r = self.inner.kill(id, exec_id, signal);
-        self.finish(id, call, &r, add_process_digests)?;
-        r
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        let (data_json, encoding) = match std::str::from_utf8(data) {
-            Ok(s) => (s.to_string(), "utf-8"),
-            Err(_) => {
-                use base64::Engine as _;
-                (
-                    base64::engine::general_purpose::STANDARD.encode(data),
-                    "base64",
-                )
-            }
-        };
-        let mut request = json!({
-            "exec_id": exec_id, "data": data_json, "encoding": encoding, "close": close,
-        });
-        digest_large_field(&mut request, "data");
-        let mut call = Call::start("stdin", request);
-        self.begin(id, &mut call)?;
-        let r = self.inner.write_stdin(id, exec_id, data, close);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        let call = Call::start("read", to_json(&req));
-        let r = self.inner.read(id, req);
-        self.finish(id, call, &r, |_, v| digest_large_field(v, "content"))?;
-        r
-    }
-
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        let mut request = to_json(&req);
-        digest_large_field(&mut request, "content");
-        let mut call = Call::start("write", request);
-        self.begin(id, &mut call)?;
-        let r = self.inner.write(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        let mut call = Call::start("edit", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.edit(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        let mut call = Call::start("patch", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.patch(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        let call = Call::start("list", to_json(&req));
-        let r = self.inner.list_dir(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        let call = Call::start("search", to_json(&req));
-        let r = self.inner.search(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        let call = Call::start("stat", to_json(&req));
-        let r = self.inner.stat(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        let mut call = Call::start("remove", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.remove(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        let mut call = Call::start("move", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.rename(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        let call = Call::start("diff", to_json(&req));
-        let r = self.inner.diff(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        let mut call = Call::start("checkpoint", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.checkpoint(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        let mut call = Call::start("restore", to_json(&req));
-        self.begin(id, &mut call)?;
-        let r = self.inner.restore(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        let mut call = Call::start("export", to_json(&req));
-        if req.apply {
+    fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        let name = op.name();
+        match name {
+            // They report on the sandbox itself and are not recorded (see the module docs).
+            OpName::Info | OpName::ListApprovals => return self.inner.call(id, op),
+            OpName::Destroy => return self.record_destroy(id),
+            _ => {}
+        }
+        let mut request = op.request();
+        if let Some(field) = name.payload_field() {
+            digest_large_field(&mut request, field);
+        }
+        let mut call = Call::start(name, request);
+        if op.changes_sandbox() {
             self.begin(id, &mut call)?;
         }
-        let r = self.inner.export(id, req);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        let mut call = Call::start("network", to_json(&rules));
-        self.begin(id, &mut call)?;
-        let r = self.inner.set_network(id, rules);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        let call = Call::start("destroy", json!({}));
-        // The trace must be open before the backend forgets the sandbox, or its info (needed to
-        // open a trace not opened yet) is gone. A trace that cannot be opened does not keep the
-        // sandbox alive.
-        if let Err(e) = self.handle(id) {
-            tracing::warn!(sandbox = %id, error = %e, "destroying a sandbox whose trace cannot be opened");
-        }
-        let r = self.inner.destroy(id);
-        let handle = lock(&self.open).get(id).cloned();
-        if let Some(handle) = handle {
-            let duration_ms = call.started.elapsed().as_millis() as u64;
-            let outcome = match &r {
-                Ok(()) => Outcome::Ok(Value::Null),
-                Err(e) => Outcome::Error(ErrorBody {
-                    code: e.code().to_string(),
-                    message: e.to_string(),
-                }),
-            };
-            let op = TraceOp {
-                seq: 0,
-                op: "destroy".into(),
-                started_at_ms: call.started_at_ms,
-                duration_ms,
-                request: call.request,
-                outcome,
-                start: None,
-            };
-            append_op(&handle, op, r.is_ok()).map_err(|e| record_failed("destroy", &e))?;
-            if r.is_ok() {
-                lock(&self.open).remove(id);
-            }
-        }
-        r
-    }
-
-    fn list_approvals(
-        &self,
-        id: &SandboxId,
-        wait: Option<Duration>,
-    ) -> Result<Vec<Approval>, ApiError> {
-        self.inner.list_approvals(id, wait)
-    }
-
-    fn approve(&self, id: &SandboxId, approval: &ApprovalId) -> Result<Approval, ApiError> {
-        let mut call = Call::start("approve", json!({ "approval": approval }));
-        self.begin(id, &mut call)?;
-        let r = self.inner.approve(id, approval);
-        self.finish(id, call, &r, |_, _| {})?;
-        r
-    }
-
-    fn deny(
-        &self,
-        id: &SandboxId,
-        approval: &ApprovalId,
-        reason: &str,
-    ) -> Result<Approval, ApiError> {
-        let call = Call::start("deny", json!({ "approval": approval, "reason": reason }));
-        let r = self.inner.deny(id, approval, reason);
-        self.finish(id, call, &r, |_, _| {})?;
+        let r = self.inner.call(id, op);
+        self.finish(id, call, &r)?;
         r
     }
 }
@@ -1473,7 +1255,7 @@ pub fn render_text(trace: &Trace) -> String {
             op.started_at_ms.saturating_sub(base_ms) as f64 / 1000.0
         );
         let status = match &op.outcome {
-            Outcome::Ok(v) if op.op == "exec" => {
+            Outcome::Ok(v) if op.name() == Some(OpName::Exec) => {
                 execs += 1;
                 let s = exec_status(v);
                 if s != "exit 0" && !s.starts_with("background") {
@@ -1481,7 +1263,12 @@ pub fn render_text(trace: &Trace) -> String {
                 }
                 s
             }
-            Outcome::Ok(v) if matches!(op.op.as_str(), "process" | "wait" | "kill") => {
+            Outcome::Ok(v)
+                if matches!(
+                    op.name(),
+                    Some(OpName::Process | OpName::Wait | OpName::Kill)
+                ) =>
+            {
                 match v.get("result") {
                     Some(r) if !r.is_null() => format!("ended, {}", exec_status(r)),
                     _ => "running".into(),
@@ -1489,7 +1276,7 @@ pub fn render_text(trace: &Trace) -> String {
             }
             Outcome::Ok(_) => "ok".into(),
             Outcome::Error(e) => {
-                if op.op == "exec" {
+                if op.name() == Some(OpName::Exec) {
                     execs += 1;
                 }
                 failed += 1;
@@ -1585,9 +1372,9 @@ fn exec_status(v: &Value) -> String {
 pub(crate) fn op_detail(op: &TraceOp) -> String {
     let r = &op.request;
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    let d = match op.op.as_str() {
-        "create" => s("workspace"),
-        "exec" => match (r.get("argv").and_then(Value::as_array), r.get("shell")) {
+    let d = match op.name() {
+        Some(OpName::Create) => s("workspace"),
+        Some(OpName::Exec) => match (r.get("argv").and_then(Value::as_array), r.get("shell")) {
             (Some(argv), _) => argv
                 .iter()
                 .map(|a| shell_word(a.as_str().unwrap_or("")))
@@ -1596,24 +1383,26 @@ pub(crate) fn op_detail(op: &TraceOp) -> String {
             (None, Some(Value::String(sh))) => sh.clone(),
             _ => String::new(),
         },
-        "read" | "write" | "edit" | "stat" | "remove" => s("path"),
-        "list" => {
+        Some(OpName::Read | OpName::Write | OpName::Edit | OpName::Stat | OpName::Remove) => {
+            s("path")
+        }
+        Some(OpName::ListDir) => {
             let p = r.get("path").and_then(Value::as_str).unwrap_or(".");
             match r.get("glob").and_then(Value::as_str) {
                 Some(g) => format!("{p} {g}"),
                 None => p.to_string(),
             }
         }
-        "search" => format!("/{}/", s("pattern")),
-        "move" => format!("{} -> {}", s("from"), s("to")),
-        "diff" => match r.get("since").and_then(Value::as_str) {
+        Some(OpName::Search) => format!("/{}/", s("pattern")),
+        Some(OpName::Rename) => format!("{} -> {}", s("from"), s("to")),
+        Some(OpName::Diff) => match r.get("since").and_then(Value::as_str) {
             Some(c) => format!("since {c}"),
             None => "since baseline".into(),
         },
-        "checkpoint" | "restore" => s("name"),
-        "approve" => s("approval"),
-        "deny" => format!("{}: {}", s("approval"), s("reason")),
-        "network" => {
+        Some(OpName::Checkpoint | OpName::Restore) => s("name"),
+        Some(OpName::Approve) => s("approval"),
+        Some(OpName::Deny) => format!("{}: {}", s("approval"), s("reason")),
+        Some(OpName::SetNetwork) => {
             let list = |k: &str| {
                 r.get(k)
                     .and_then(Value::as_array)
@@ -1627,11 +1416,11 @@ pub(crate) fn op_detail(op: &TraceOp) -> String {
             };
             format!("allow [{}] deny [{}]", list("allow"), list("deny"))
         }
-        "export" => {
+        Some(OpName::Export) => {
             let apply = r.get("apply").and_then(Value::as_bool) == Some(true);
             format!("{}{}", s("format"), if apply { " --apply" } else { "" })
         }
-        "process" | "wait" | "kill" | "stdin" => r
+        Some(OpName::Process | OpName::Wait | OpName::Kill | OpName::WriteStdin) => r
             .get("exec_id")
             .and_then(Value::as_u64)
             .map(|id| format!("#{id}"))

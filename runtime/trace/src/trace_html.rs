@@ -82,7 +82,7 @@ pub fn render_html(trace: &Trace) -> String {
     let (mut execs, mut nonzero, mut failed, mut violations) = (0, 0, 0, 0);
     for op in &trace.ops {
         let s = status(op);
-        if op.op == "exec" {
+        if op.name() == Some(crate::api::OpName::Exec) {
             execs += 1;
             if s.class != "ok" && s.class != "bg" {
                 nonzero += 1;

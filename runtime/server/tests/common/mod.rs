@@ -123,14 +123,6 @@ impl FakeBackend {
     pub fn exists(&self, id: &SandboxId) -> bool {
         self.inner.lock().unwrap().sandboxes.contains_key(id)
     }
-
-    fn check(&self, id: &SandboxId) -> Result<(), ApiError> {
-        if self.exists(id) {
-            Ok(())
-        } else {
-            Err(ApiError::not_found(format!("sandbox {id} not found")))
-        }
-    }
 }
 
 fn info(
@@ -160,48 +152,14 @@ fn info(
     }
 }
 
-impl SandboxApi for FakeBackend {
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
-        self.record(format!("create ttl={:?}", req.ttl_secs));
-        let id = SandboxId::generate();
-        let exp = req.ttl_secs.map(|s| now_ms() + s * 1000);
-        let i = info(&id, req.labels, exp);
-        self.inner.lock().unwrap().sandboxes.insert(id, i.clone());
-        Ok(i)
-    }
-
-    fn list(&self) -> Vec<SandboxInfo> {
-        self.record("list".into());
-        self.inner
-            .lock()
-            .unwrap()
-            .sandboxes
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    fn info(&self, id: &SandboxId) -> Result<SandboxInfo, ApiError> {
-        self.record(format!("info {id}"));
-        self.inner
-            .lock()
-            .unwrap()
-            .sandboxes
-            .get(id)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))
-    }
-
+impl FakeBackend {
     /// Scripted commands: `echo ARGS...` streams each arg as a stdout chunk; `sleep MS` holds
     /// the exec open; `violate KIND` reports a violation; `false-start` fails before starting.
-    fn exec(
+    fn run(
         &self,
-        id: &SandboxId,
         req: ExecRequest,
         mut events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
-        self.record(format!("exec {id}"));
-        self.check(id)?;
         let argv = req.resolved_argv()?;
         if argv[0] == "false-start" {
             return Err(ApiError::invalid(
@@ -252,46 +210,7 @@ impl SandboxApi for FakeBackend {
         Ok(ExecOutcome::Finished(result))
     }
 
-    fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        self.record(format!("process {id} {exec_id}"));
-        self.check(id)?;
-        Ok(process_info(exec_id))
-    }
-
-    fn wait(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        timeout: Duration,
-    ) -> Result<ProcessInfo, ApiError> {
-        self.record(format!("wait {id} {exec_id} {}ms", timeout.as_millis()));
-        self.check(id)?;
-        Ok(process_info(exec_id))
-    }
-
-    fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        self.record(format!("kill {id} {exec_id} {signal}"));
-        self.check(id)?;
-        Ok(process_info(exec_id))
-    }
-
-    fn write_stdin(
-        &self,
-        id: &SandboxId,
-        exec_id: u64,
-        data: &[u8],
-        close: bool,
-    ) -> Result<(), ApiError> {
-        self.record(format!(
-            "stdin {id} {exec_id} {} {close}",
-            String::from_utf8_lossy(data)
-        ));
-        self.check(id)
-    }
-
-    fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        self.record(format!("read {id}"));
-        self.check(id)?;
+    fn read_file(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
         let g = self.inner.lock().unwrap();
         let content = g
             .files
@@ -309,9 +228,7 @@ impl SandboxApi for FakeBackend {
         })
     }
 
-    fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.record(format!("write {id}"));
-        self.check(id)?;
+    fn write_file(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
         let n = req.content.len() as u64;
         let created = self
             .inner
@@ -326,118 +243,119 @@ impl SandboxApi for FakeBackend {
             created,
         })
     }
+}
 
-    fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.record(format!("edit {id}"));
-        self.check(id)?;
-        Err(ApiError::EditNotFound(format!(
-            "{:?} does not occur in {}",
-            req.old, req.path
-        )))
+/// What a call records besides its operation's name and sandbox: the arguments tests check.
+fn call_detail(op: &Op<'_>) -> String {
+    match op {
+        Op::Process { exec_id } => format!(" {exec_id}"),
+        Op::Wait { exec_id, timeout } => format!(" {exec_id} {}ms", timeout.as_millis()),
+        Op::Kill { exec_id, signal } => format!(" {exec_id} {signal}"),
+        Op::WriteStdin {
+            exec_id,
+            data,
+            close,
+        } => format!(" {exec_id} {} {close}", String::from_utf8_lossy(data)),
+        _ => String::new(),
+    }
+}
+
+impl OpHandler for FakeBackend {
+    fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        self.record(format!("create ttl={:?}", req.ttl_secs));
+        let id = SandboxId::generate();
+        let exp = req.ttl_secs.map(|s| now_ms() + s * 1000);
+        let i = info(&id, req.labels, exp);
+        self.inner.lock().unwrap().sandboxes.insert(id, i.clone());
+        Ok(i)
     }
 
-    fn patch(&self, id: &SandboxId, _req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.record(format!("patch {id}"));
-        self.check(id)?;
-        Ok(PatchResult { files: Vec::new() })
+    fn handle_list(&self) -> Vec<SandboxInfo> {
+        self.record("list".into());
+        self.inner
+            .lock()
+            .unwrap()
+            .sandboxes
+            .values()
+            .cloned()
+            .collect()
     }
 
-    fn list_dir(&self, id: &SandboxId, _req: ListRequest) -> Result<ListResult, ApiError> {
-        self.record(format!("list_dir {id}"));
-        self.check(id)?;
-        Ok(ListResult {
-            entries: Vec::new(),
-            truncated: false,
-        })
-    }
-
-    fn search(&self, id: &SandboxId, _req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.record(format!("search {id}"));
-        self.check(id)?;
-        Ok(SearchResult {
-            matches: Vec::new(),
-            truncated: false,
-            files_searched: 0,
-        })
-    }
-
-    fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.record(format!("stat {id}"));
-        self.check(id)?;
-        Ok(StatResult {
-            path: req.path,
-            kind: EntryKind::File,
-            size: 0,
-            mode: 0o644,
-            modified_ms: 0,
-            symlink_target: None,
-        })
-    }
-
-    fn remove(&self, id: &SandboxId, _req: RemoveRequest) -> Result<(), ApiError> {
-        self.record(format!("remove {id}"));
-        self.check(id)
-    }
-
-    fn rename(&self, id: &SandboxId, _req: MoveRequest) -> Result<(), ApiError> {
-        self.record(format!("rename {id}"));
-        self.check(id)
-    }
-
-    fn diff(&self, id: &SandboxId, _req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.record(format!("diff {id}"));
-        self.check(id)?;
-        Ok(DiffResult {
-            files: Vec::new(),
-            diff: String::new(),
-            stats: DiffStats::default(),
-        })
-    }
-
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        req: CheckpointRequest,
-    ) -> Result<CheckpointInfo, ApiError> {
-        self.record(format!("checkpoint {id}"));
-        self.check(id)?;
-        Ok(CheckpointInfo {
-            name: req.name,
-            created_at_ms: now_ms(),
-            files: 0,
-        })
-    }
-
-    fn restore(&self, id: &SandboxId, _req: CheckpointRequest) -> Result<(), ApiError> {
-        self.record(format!("restore {id}"));
-        self.check(id)
-    }
-
-    fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.record(format!("export {id}"));
-        self.check(id)?;
-        Ok(ExportResult {
-            format: req.format,
-            patch: Some(String::new()),
-            tar_path: None,
-            changes: Vec::new(),
-            applied: false,
-        })
-    }
-
-    fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.check(id)?;
-        self.record(format!("network {id}"));
-        rules.to_network()?;
-        Ok(rules)
-    }
-
-    fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        self.record(format!("destroy {id}"));
-        match self.inner.lock().unwrap().sandboxes.remove(id) {
-            Some(_) => Ok(()),
-            None => Err(ApiError::not_found(format!("sandbox {id} not found"))),
+    /// Every call is recorded as `NAME ID` and the arguments of [`call_detail`].
+    fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        self.record(format!("{} {id}{}", op.name(), call_detail(&op)));
+        if let Op::Destroy = op {
+            return match self.inner.lock().unwrap().sandboxes.remove(id) {
+                Some(_) => Ok(Answer::Done),
+                None => Err(ApiError::not_found(format!("sandbox {id} not found"))),
+            };
         }
+        let info = self.inner.lock().unwrap().sandboxes.get(id).cloned();
+        let info = info.ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))?;
+        Ok(match op {
+            Op::Info => Answer::Info(info),
+            Op::Exec { req, events } => Answer::Exec(self.run(req, events)?),
+            Op::Process { exec_id } | Op::Wait { exec_id, .. } | Op::Kill { exec_id, .. } => {
+                Answer::Process(process_info(exec_id))
+            }
+            Op::Read(req) => Answer::Read(self.read_file(id, req)?),
+            Op::Write(req) => Answer::Write(self.write_file(id, req)?),
+            Op::Edit(req) => {
+                return Err(ApiError::EditNotFound(format!(
+                    "{:?} does not occur in {}",
+                    req.old, req.path
+                )));
+            }
+            Op::Patch(_) => Answer::Patch(PatchResult { files: Vec::new() }),
+            Op::ListDir(_) => Answer::List(ListResult {
+                entries: Vec::new(),
+                truncated: false,
+            }),
+            Op::Search(_) => Answer::Search(SearchResult {
+                matches: Vec::new(),
+                truncated: false,
+                files_searched: 0,
+            }),
+            Op::Stat(req) => Answer::Stat(StatResult {
+                path: req.path,
+                kind: EntryKind::File,
+                size: 0,
+                mode: 0o644,
+                modified_ms: 0,
+                symlink_target: None,
+            }),
+            Op::Diff(_) => Answer::Diff(DiffResult {
+                files: Vec::new(),
+                diff: String::new(),
+                stats: DiffStats::default(),
+            }),
+            Op::Checkpoint(req) => Answer::Checkpoint(CheckpointInfo {
+                name: req.name,
+                created_at_ms: now_ms(),
+                files: 0,
+            }),
+            Op::Export(req) => Answer::Export(ExportResult {
+                format: req.format,
+                patch: Some(String::new()),
+                tar_path: None,
+                changes: Vec::new(),
+                applied: false,
+            }),
+            Op::SetNetwork(rules) => {
+                rules.to_network()?;
+                Answer::Network(rules)
+            }
+            // No command policy: nothing waits for approval.
+            Op::ListApprovals { .. } => Answer::Approvals(Vec::new()),
+            Op::Approve { approval } | Op::Deny { approval, .. } => {
+                return Err(approval_not_found(id, &approval));
+            }
+            Op::WriteStdin { .. }
+            | Op::Remove(_)
+            | Op::Rename(_)
+            | Op::Restore(_)
+            | Op::Destroy => Answer::Done,
+        })
     }
 }
 
