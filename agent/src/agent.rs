@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use taskbox_core::api::*;
 use taskbox_core::commands::{Commands, Verdict};
 use taskbox_core::result::ChangeKind;
+use taskbox_core::support::now_ms;
 use taskbox_tools::render;
 
 use crate::context;
@@ -135,13 +136,6 @@ pub struct TaskSpec {
     pub workspace: String,
     /// Policy name or file (default: the default policy).
     pub policy: Option<String>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
 }
 
 /// The system prompt for a contract and the repository's rules.

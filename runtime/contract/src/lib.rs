@@ -15,6 +15,7 @@ pub mod exec_limits;
 pub mod exec_plan;
 pub mod op;
 pub mod result;
+pub mod support;
 
 /// The policy model, as `crate::policy` for the contract's own modules.
 pub(crate) use taskbox_policy as policy;

@@ -25,13 +25,14 @@
 //! their violations, and every approve and deny, are then recorded in the trace.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::api::*;
 use crate::commands::{Check, Commands, Verdict};
 use crate::policy;
 use crate::result::ExecResult;
+use crate::support::{lock, now_ms};
 
 /// The longest denial reason kept (longer ones are cut): it goes into the model's context.
 const MAX_REASON_BYTES: usize = 2048;
@@ -483,17 +484,6 @@ impl Queue {
         }
         self.changed.notify_all();
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -1,11 +1,3 @@
 //! The supervisor's wall clock, in the unit its leases, uploads and metrics keep.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use taskbox_core::support::now_ms;

@@ -85,8 +85,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use regex::{Captures, Regex};
 use serde::{Deserialize, Serialize};
@@ -96,6 +96,7 @@ use sha2::{Digest, Sha256};
 use crate::api::*;
 use crate::policy;
 use crate::result::ExecResult;
+use taskbox_contract::support::{lock, now_ms};
 
 /// The trace format version this taskbox writes and understands.
 pub const TRACE_VERSION: u64 = 2;
@@ -622,17 +623,6 @@ fn sanitize(v: &mut Value) {
 pub(crate) fn to_json<T: Serialize + ?Sized>(v: &T) -> Value {
     serde_json::to_value(v)
         .unwrap_or_else(|e| json!({ "unserializable": format!("cannot serialize: {e}") }))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(crate) fn sha256_hex(data: &[u8]) -> String {

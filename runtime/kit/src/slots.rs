@@ -1,7 +1,7 @@
 //! The execs of a sandbox: one slot per exec, from its start until its result is read, with its
 //! output so far, its standard input when it is a background exec, and what the backend keeps
 //! of the process (`P`). Waiting, writing to stdin and reading a background process's state are
-//! the same on every backend; only signalling it is the backend's ([`super::Handle::signal`]).
+//! the same on every backend; only signalling it is the backend's ([`crate::Handle::signal`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::layers::SPILL_MOUNT;
-use super::lock;
 use crate::api::{ApiError, ProcessInfo};
 use crate::capture::Capture;
+use crate::layers::SPILL_MOUNT;
+use crate::lock;
 use crate::result::ExecResult;
 
 /// What a backend keeps of an exec's process in its slot.

@@ -243,6 +243,28 @@ fn parse_unix_table(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Removes a directory tree, making directories writable where the overlay left them without
+/// permissions (its work directory is mode 000).
+pub fn remove_tree(dir: &Path) {
+    if fs::remove_dir_all(dir).is_ok() {
+        return;
+    }
+    fn open_up(p: &Path) {
+        if let Ok(md) = fs::symlink_metadata(p)
+            && md.is_dir()
+        {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
+            if let Ok(rd) = fs::read_dir(p) {
+                for e in rd.flatten() {
+                    open_up(&e.path());
+                }
+            }
+        }
+    }
+    open_up(dir);
+    let _ = fs::remove_dir_all(dir);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! spill files of its output.
 //!
 //! The backends differ only in where the layers are mounted and how a restore remounts them
-//! ([`super::Handle::remount`]); the layers themselves are directories this process reaches.
+//! ([`crate::Handle::remount`]); the layers themselves are directories this process reaches.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -14,9 +14,9 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::api::*;
 use crate::changes;
 use crate::fsops::WorkspaceFs;
-use crate::layers::{self, Fingerprint};
-use crate::native;
-use crate::result::Change;
+use crate::hostdirs::remove_tree;
+use crate::result::{Change, ChangeKind};
+use taskbox_workspace::layers::{self, Fingerprint};
 
 /// Where spill files of execs appear inside the sandbox (read-only).
 pub const SPILL_MOUNT: &str = "/tmp/.taskbox/out";
@@ -104,9 +104,9 @@ impl Layers {
     }
 
     /// A file the exec added or changed has the size of the per-file limit: a write past it
-    /// failed (see [`native::reached_file_size`]).
+    /// failed (see [`reached_file_size`]).
     pub fn reached_file_size(&self, changes: &[Change], limit: u64) -> bool {
-        native::reached_file_size(&self.upper, changes, limit)
+        reached_file_size(&self.upper, changes, limit)
     }
 
     fn checkpoint_dir(&self, name: &str) -> Result<PathBuf, ApiError> {
@@ -148,10 +148,10 @@ impl Layers {
         let dir = self.checkpoint_dir(&req.name)?;
         let _g = self.exclusive()?;
         let files = take_checkpoint(&self.host, &self.upper, &dir, &req.name)?;
-        super::lock(info).checkpoints.push(req.name.clone());
+        crate::lock(info).checkpoints.push(req.name.clone());
         Ok(CheckpointInfo {
             name: req.name,
-            created_at_ms: super::now_ms(),
+            created_at_ms: crate::now_ms(),
             files,
         })
     }
@@ -192,7 +192,7 @@ impl Layers {
                 fs::create_dir_all(dir).map_err(|e| {
                     ApiError::internal(format!("cannot create {}: {e}", dir.display()))
                 })?;
-                let path = dir.join(format!("{id}-{}.tar", super::now_ms()));
+                let path = dir.join(format!("{id}-{}.tar", crate::now_ms()));
                 let mut f = std::io::BufWriter::new(fs::File::create(&path).map_err(|e| {
                     ApiError::internal(format!("cannot create {}: {e}", path.display()))
                 })?);
@@ -325,7 +325,7 @@ pub fn take_checkpoint(host: &Path, upper: &Path, dir: &Path, name: &str) -> Res
             .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", parent.display())))?;
     }
     if let Err(e) = layers::copy_layer(upper, dir) {
-        native::remove_tree(dir);
+        remove_tree(dir);
         return Err(layers_err(e));
     }
     Ok(changes::scan(upper, host).map_err(changes_err)?.len() as u64)
@@ -344,8 +344,8 @@ impl StagedLayers {
             upper: dir.join("upper.next"),
             work: dir.join("work.next"),
         };
-        native::remove_tree(&staged.upper);
-        native::remove_tree(&staged.work);
+        remove_tree(&staged.upper);
+        remove_tree(&staged.work);
         layers::copy_layer(ckpt, &staged.upper).map_err(layers_err)?;
         fs::create_dir(&staged.work).map_err(|e| {
             ApiError::internal(format!("cannot create {}: {e}", staged.work.display()))
@@ -357,7 +357,7 @@ impl StagedLayers {
     /// removes the old ones (through `dir/trash`).
     pub fn swap_in(self, dir: &Path, upper: &Path, work: &Path) -> Result<(), ApiError> {
         let trash = dir.join("trash");
-        native::remove_tree(&trash);
+        remove_tree(&trash);
         let _ = fs::create_dir(&trash);
         let moves = [
             (upper.to_path_buf(), trash.join("upper")),
@@ -374,7 +374,7 @@ impl StagedLayers {
                 ))
             })?;
         }
-        native::remove_tree(&trash);
+        remove_tree(&trash);
         Ok(())
     }
 }
@@ -428,4 +428,15 @@ pub fn checkpoint_name(name: &str) -> Result<&str, ApiError> {
             "invalid checkpoint name {name:?}: use 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'"
         )))
     }
+}
+
+/// A file the exec added or changed in the workspace has the size of the per-file limit: a
+/// write past it failed. This catches the processes that ignore `SIGXFSZ` and only see `EFBIG`
+/// (Python, for one), which no exit status reveals. `upper` is the overlay's upper layer.
+pub fn reached_file_size(upper: &Path, changes: &[Change], limit: u64) -> bool {
+    changes.iter().any(|c| {
+        c.kind != ChangeKind::Deleted
+            && fs::symlink_metadata(upper.join(&c.path))
+                .is_ok_and(|m| m.file_type().is_file() && m.len() >= limit)
+    })
 }

@@ -37,8 +37,8 @@ use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
 use crate::kit::layers::overlay_workspace;
 use crate::kit::{
-    self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, Handle, Layers, ProcState,
-    SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
+    self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, Handle, Layers, Open, Options,
+    ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
 };
 use crate::layers::Fingerprint;
 use crate::native::{self, RunDir};
@@ -77,10 +77,12 @@ impl std::fmt::Debug for Native {
     }
 }
 
-impl Sandboxes<Native> {
+impl Open for Native {
+    type Config = PathBuf;
+
     /// A backend keeping its state in `state_dir`. Whatever an earlier process left there (the
     /// directories and cgroups of sandboxes that died with it) is removed.
-    pub fn new(state_dir: PathBuf) -> Result<NativeBackend, ApiError> {
+    fn open(state_dir: PathBuf) -> Result<Native, ApiError> {
         let sandboxes = state_dir.join("sandboxes");
         crate::native::private_dir(&sandboxes).map_err(|e| {
             ApiError::internal(format!("cannot create {}: {e}", sandboxes.display()))
@@ -110,29 +112,21 @@ impl Sandboxes<Native> {
             _lock: lock,
         };
         backend.sweep();
-        Ok(Sandboxes::of(backend))
+        Ok(backend)
     }
+}
 
-    /// Gives the backend an image store: sandboxes may then have an image as their root
-    /// (`CreateRequest.image`, a name or digest the store resolves).
-    pub fn with_images(mut self, images: Arc<dyn ImageResolver>) -> NativeBackend {
+impl Options for Native {
+    fn set_images(&mut self, images: Arc<dyn ImageResolver>) {
         self.images = Some(images);
-        self
     }
 
-    /// Gives the backend an egress service: sandboxes whose policy has network mode "proxy" get
-    /// a proxy of their own from it (see [`crate::egress`]).
-    pub fn with_egress(mut self, egress: Arc<dyn EgressService>) -> NativeBackend {
+    fn set_egress(&mut self, egress: Arc<dyn EgressService>) {
         self.egress = Some(egress);
-        self
     }
 
-    /// Hides these host paths in every sandbox too (a supervisor's socket and tokens file),
-    /// besides taskbox's state directories and the host's bound sockets, which are always
-    /// hidden; none of them can be a workspace.
-    pub fn with_hidden_paths(mut self, paths: Vec<PathBuf>) -> NativeBackend {
+    fn set_hidden_paths(&mut self, paths: Vec<PathBuf>) {
         self.hidden = paths;
-        self
     }
 }
 

@@ -229,27 +229,7 @@ impl Drop for RunDir {
 
 pub use crate::hostdirs::private_dir;
 
-/// Removes a directory tree, making directories writable where the overlay left them without
-/// permissions (its work directory is mode 000).
-pub fn remove_tree(dir: &Path) {
-    if fs::remove_dir_all(dir).is_ok() {
-        return;
-    }
-    fn open_up(p: &Path) {
-        if let Ok(md) = fs::symlink_metadata(p)
-            && md.is_dir()
-        {
-            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
-            if let Ok(rd) = fs::read_dir(p) {
-                for e in rd.flatten() {
-                    open_up(&e.path());
-                }
-            }
-        }
-    }
-    open_up(dir);
-    let _ = fs::remove_dir_all(dir);
-}
+pub use crate::hostdirs::remove_tree;
 
 fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME")
@@ -1044,7 +1024,7 @@ pub fn run_with(
         if !req.write_through && req.policy.filesystem.workspace == WorkspaceMode::Overlay {
             changes = changes::scan(&run_dir.upper(), &workspace)?;
             let limit = req.policy.limits.file_size_bytes;
-            if reached_file_size(&run_dir.upper(), &changes, limit) {
+            if crate::kit::layers::reached_file_size(&run_dir.upper(), &changes, limit) {
                 end.file_size_limit = Some(limit);
             }
             if req.want_diff {
@@ -1089,21 +1069,6 @@ pub fn run_with(
     }
     drop(build_work);
     outcome
-}
-
-/// A file the exec added or changed in the workspace has the size of the per-file limit: a
-/// write past it failed. This catches the processes that ignore `SIGXFSZ` and only see `EFBIG`
-/// (Python, for one), which no exit status reveals. `upper` is the overlay's upper layer.
-pub(crate) fn reached_file_size(
-    upper: &Path,
-    changes: &[crate::result::Change],
-    limit: u64,
-) -> bool {
-    changes.iter().any(|c| {
-        c.kind != crate::result::ChangeKind::Deleted
-            && fs::symlink_metadata(upper.join(&c.path))
-                .is_ok_and(|m| m.file_type().is_file() && m.len() >= limit)
-    })
 }
 
 /// Build mode: creates the upper layer `upper` when missing and a fresh work directory beside

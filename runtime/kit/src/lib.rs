@@ -1,5 +1,8 @@
-//! The backend kit: everything between the contract and how a process starts inside a backend's
-//! boundary, written once.
+//! taskbox-kit, the backend kit: everything between the contract and how a process starts
+//! inside a backend's boundary, written once, and the seams every backend shares around a
+//! sandbox: its disk quota ([`disk`] over [`loopdev`]), the host directories that are never a
+//! workspace and always masked ([`hostdirs`]), the egress proxy's seam ([`egress`]), and the
+//! image store's ([`image`]).
 //!
 //! A backend implements two traits:
 //! - [`Backend`]: starts a sandbox for a create request and ends one; it owns the [`Table`] of
@@ -13,40 +16,35 @@
 //! operations, diff, checkpoint, restore, export) over the shared overlay type [`Layers`].
 //! `docs/backends.md` walks through adding a backend.
 
+pub mod disk;
+pub mod egress;
+pub mod hostdirs;
+pub mod image;
 pub mod layers;
+pub mod loopdev;
 pub mod slots;
+
+// The crates below, under the names the modules use.
+pub(crate) use taskbox_contract::{api, result, support};
+pub(crate) use taskbox_policy as policy;
+pub(crate) use taskbox_workspace::{capture, changes, fsops};
 
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-pub use crate::exec_end::ExecEnd;
-pub use crate::exec_plan::ExecPlan;
 pub use layers::{Layers, SPILL_MOUNT, StagedLayers};
 pub use slots::{ExecSlot, ProcState, Slots, StdinSink};
+pub use taskbox_contract::exec_end::ExecEnd;
+pub use taskbox_contract::exec_plan::ExecPlan;
 
 use crate::api::*;
 use crate::egress::SandboxEgress;
 use crate::fsops::WorkspaceFs;
 use crate::policy::Policy;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
-
-/// A lock that a panicking holder does not make unusable: the data it guards stays consistent
-/// (each holder makes whole changes).
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
+pub use crate::support::{lock, now_ms};
 
 /// A backend: how sandboxes start and end in its boundary.
 pub trait Backend: Send + Sync + 'static {
@@ -245,6 +243,51 @@ impl<S> Table<S> {
 /// A backend with the operations of [`SandboxApi`]: the one implementation of the contract
 /// that every backend shares. It derefs to the backend for what is the backend's own.
 pub struct Sandboxes<B: Backend>(B);
+
+/// A backend opened from its configuration alone (`Sandboxes::new`).
+pub trait Open: Backend + Sized {
+    type Config;
+    fn open(config: Self::Config) -> Result<Self, ApiError>;
+}
+
+/// What a backend may be given after it is opened: an image store, an egress service, more
+/// host paths to hide (the options the native backend takes, through [`Sandboxes`]).
+pub trait Options: Backend {
+    fn set_images(&mut self, images: Arc<dyn crate::image::ImageResolver>);
+    fn set_egress(&mut self, egress: Arc<dyn crate::egress::EgressService>);
+    fn set_hidden_paths(&mut self, paths: Vec<std::path::PathBuf>);
+}
+
+impl<B: Open> Sandboxes<B> {
+    /// The backend opened from `config`.
+    pub fn new(config: B::Config) -> Result<Sandboxes<B>, ApiError> {
+        B::open(config).map(Sandboxes)
+    }
+}
+
+impl<B: Options> Sandboxes<B> {
+    /// Gives the backend an image store: sandboxes may then have an image as their root
+    /// (`CreateRequest.image`, a name or digest the store resolves).
+    pub fn with_images(mut self, images: Arc<dyn crate::image::ImageResolver>) -> Sandboxes<B> {
+        self.0.set_images(images);
+        self
+    }
+
+    /// Gives the backend an egress service: sandboxes whose policy has network mode "proxy" get
+    /// a proxy of their own from it (see [`crate::egress`]).
+    pub fn with_egress(mut self, egress: Arc<dyn crate::egress::EgressService>) -> Sandboxes<B> {
+        self.0.set_egress(egress);
+        self
+    }
+
+    /// Hides these host paths in every sandbox too (a supervisor's socket and tokens file),
+    /// besides taskbox's state directories and the host's bound sockets, which are always
+    /// hidden; none of them can be a workspace.
+    pub fn with_hidden_paths(mut self, paths: Vec<std::path::PathBuf>) -> Sandboxes<B> {
+        self.0.set_hidden_paths(paths);
+        self
+    }
+}
 
 impl<B: Backend> Sandboxes<B> {
     pub fn of(backend: B) -> Sandboxes<B> {
