@@ -297,7 +297,7 @@ fn a_failed_create_leaves_nothing_also_after_a_restart() {
     let log = env.dir.path().join("missing.log");
     let sup = Supervisor::start_with(&env, &[], |c| {
         c.env("TASKBOX_INIT", "/nonexistent/taskbox-init")
-            .env("TASKBOX_LOG", "taskbox_core=debug")
+            .env("TASKBOX_LOG", "taskbox_native=debug")
             .stderr(std::fs::File::create(&log).unwrap());
     });
     let (st, v) = sup.call("POST", "/v1/sandboxes", Some(body.clone()));

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::*;
 use crate::commands::{Check, Commands, Verdict};
+use crate::exec_limits;
 use crate::policy;
 use crate::result::ExecResult;
 use crate::support::{lock, now_ms};
@@ -270,6 +271,19 @@ impl<B: SandboxApi> CommandPolicy<B> {
         let Ok(argv) = req.resolved_argv() else {
             return self.inner.exec(id, req, events);
         };
+        // Nor is a command no kernel would run (an argument over execve's per-string limit):
+        // the backend refuses it naming the limit, and the shell reader never reads a line of
+        // megabytes.
+        let runnable = exec_limits::Command {
+            argv: &argv,
+            env: &[],
+            shell: req.shell.is_some(),
+            extra: &[],
+        }
+        .check(exec_limits::MAX_ARG_SPACE);
+        if runnable.is_err() {
+            return self.inner.exec(id, req, events);
+        }
         let started = Instant::now();
         let check = rules.commands.check(&argv);
         match check.verdict {
@@ -652,6 +666,21 @@ mod tests {
         // Allowed commands run.
         let r = result(s.api.exec(&s.id, shell("git status"), None).unwrap());
         assert_eq!(r.exit_code, Some(0));
+    }
+
+    #[test]
+    fn a_command_no_kernel_would_run_is_left_to_the_backend_unread() {
+        let s = setup("forbid = [\"git push\"]");
+        // Over execve's per-string limit: the backend refuses it (the fake runs it), and the
+        // policy does not read the megabyte line (it would forbid the git push in it).
+        let line = format!("git push; echo {}", "x".repeat(1 << 20));
+        let started = Instant::now();
+        s.api.exec(&s.id, shell(&line), None).unwrap();
+        assert_eq!(s.api.inner().execs.load(Ordering::SeqCst), 1);
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // Within the limit the same command is read and forbidden.
+        let r = result(s.api.exec(&s.id, shell("git push; echo x"), None).unwrap());
+        assert!(r.refused_by_command_policy(), "{r:?}");
     }
 
     #[test]
