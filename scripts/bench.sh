@@ -640,6 +640,25 @@ def egress_hop(args):
     with open(rows, "a") as fh:
         fh.writelines(out)
 
+def treecpu(args):
+    """treecpu PID: CPU ms of PID and its live descendants, each with its reaped children's
+    (utime + stime + cutime + cstime from /proc/*/stat)."""
+    root, tick, procs = int(args[0]), os.sysconf("SC_CLK_TCK"), {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                st = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            f = st[st.rindex(")") + 2:].split()  # fields from the state on: PPID is f[1]
+            procs[int(p)] = (int(f[1]), sum(int(x) for x in f[11:15]))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += procs.get(pid, (0, 0))[1]
+        todo.extend(c for c, (pp, _) in procs.items() if pp == pid)
+    print(total * 1000 // tick)
+
 def house(args):
     """house OUT DIR OLD NEW FILES: the table of the old build against the new from DIR's
     house-*.json (OLD and NEW name the builds in its header); prints the rounds, writes the
@@ -663,18 +682,25 @@ def house(args):
     ms = lambda v: f"{v:.2f} ms"
 
     # 1. run -- true: hyperfine's times, each round's median per build.
-    times, ratios = {"old": [], "new": []}, []
+    # The CPU time (user + sys of the process and the children it waited for, hyperfine's mean
+    # per round) is less at the mercy of other jobs on the machine than the wall time.
+    times, cpu, ratios, cratios = {"old": [], "new": []}, {"old": [], "new": []}, [], []
     rnum = lambda f: int(re.search(r"\.r(\d+)\.json$", f).group(1))
     for f in sorted(glob.glob(f"{d}/house-startup.r*.json"), key=rnum):
-        med = {}
+        med, c = {}, {}
         for res in json.load(open(f))["results"]:
             t = [x * 1000 for x in res["times"]]
             times[res["command"]].extend(t)
             med[res["command"]] = statistics.median(t)
+            c[res["command"]] = (res["user"] + res["system"]) * 1000
+            cpu[res["command"]].append(c[res["command"]])
         ratios.append(med["new"] / med["old"])
+        cratios.append(c["new"] / c["old"])
     if ratios:
-        row("`taskbox run -- true`, median", statistics.median(times["old"]),
+        row("`taskbox run -- true`, wall, median", statistics.median(times["old"]),
             statistics.median(times["new"]), ratios, ms)
+        row("`taskbox run -- true`, CPU (user+sys), mean", statistics.mean(cpu["old"]),
+            statistics.mean(cpu["new"]), cratios, ms)
 
     # 2-4. the bench client's figures: series "http old" and "http new", each with its rounds.
     def client(fig, label, metric="", p99=False):
@@ -711,6 +737,19 @@ def house(args):
         row(f"supervisor VmRSS, {count} idle sandboxes (median of rounds)", statistics.median(rss["old"]),
             statistics.median(rss["new"]), [b / a for a, b in zip(rss["old"], rss["new"])],
             lambda v: f"{v:.1f} MiB", good="no larger", bad="larger")
+
+    # Context: each supervisor's CPU over a whole figure (one reading each, no rounds).
+    try:
+        lines = open(f"{d}/house-cpu.txt").read().split()
+    except FileNotFoundError:
+        lines = []
+    for fig, o, n in zip(lines[0::3], lines[1::3], lines[2::3]):
+        o, n = int(o), int(n)
+        print(f"  CPU of each supervisor and its sandboxes over the {fig} figure: old {o} ms, new {n} ms")
+        if o > 0:
+            rows.append(md_row([f"(context) CPU of the supervisor and its sandbox over the {fig} figure,"
+                                " set-up included", f"{o / 1000:.2f} s", f"{n / 1000:.2f} s",
+                                f"{n / o:.3f}", "one reading each", ""]))
 
     with open(out, "w") as fh:
         fh.write(f"| figure | old: {old_name} | new: {new_name} | new/old | new/old over rounds (spread) | verdict |\n")
@@ -1116,21 +1155,30 @@ bench_house() {
     -n old "$OLD_TASKBOX run --state-dir $SCRATCH/house-run-old --workspace $ws -- true" \
     -n new "$TASKBOX run --state-dir $SCRATCH/house-run-new --workspace $ws -- true"
 
-  # Both supervisors at once; the client alternates between their series within each figure.
+  # Both supervisors at once; within each round the client sends one request to each in turn.
+  local old_pid new_pid
   serve_start house-old "$OLD_TASKBOX"
-  HOUSE_PIDS="$SERVE_PID" old_sock=$SERVE_SOCK SERVE_PID=
+  old_pid=$SERVE_PID old_sock=$SERVE_SOCK HOUSE_PIDS=$SERVE_PID SERVE_PID=
   serve_start house-new "$TASKBOX"
-  HOUSE_PIDS="$HOUSE_PIDS $SERVE_PID" new_sock=$SERVE_SOCK SERVE_PID=
-  local both=(--socket-as "old=$old_sock" --socket-as "new=$new_sock" --rounds "$R")
-  log "house: exec /bin/true over HTTP, old vs new ($R rounds x $HOUSE_EXECS each)"
-  "$BENCH_CLIENT" exec "${both[@]}" --workspace "$ws" --runs $((R * HOUSE_EXECS)) --warmup 50 \
-    >"$SCRATCH/house-exec.json"
-  log "house: diff after 1 change in $FILES files, old vs new ($R rounds x $HOUSE_DIFFS each)"
-  "$BENCH_CLIENT" diff "${both[@]}" --workspace "$repo" --change d0/f0.txt \
-    --runs $((R * HOUSE_DIFFS)) --warmup 2 >"$SCRATCH/house-diff.json"
-  log "house: checkpoint, change 10 files, restore, old vs new ($R rounds x $HOUSE_CYCLES cycles each)"
-  "$BENCH_CLIENT" checkpoint "${both[@]}" --workspace "$repo" --changed 10 \
-    --runs $((R * HOUSE_CYCLES)) --warmup 1 >"$SCRATCH/house-checkpoint.json"
+  new_pid=$SERVE_PID new_sock=$SERVE_SOCK HOUSE_PIDS="$HOUSE_PIDS $SERVE_PID" SERVE_PID=
+  local both=(--socket-as "old=$old_sock" --socket-as "new=$new_sock" --rounds "$R" --interleave)
+  : >"$SCRATCH/house-cpu.txt"
+  # house_client FIGURE ARGS...: one figure of the client; also the CPU time each supervisor
+  # (with its sandboxes' processes) spent on it, set-up included, into house-cpu.txt.
+  house_client() {
+    local fig=$1 o0 n0 o1 n1
+    shift
+    o0=$(py treecpu "$old_pid") n0=$(py treecpu "$new_pid")
+    "$BENCH_CLIENT" "$fig" "${both[@]}" "$@" >"$SCRATCH/house-$fig.json"
+    o1=$(py treecpu "$old_pid") n1=$(py treecpu "$new_pid")
+    echo "$fig $((o1 - o0)) $((n1 - n0))" >>"$SCRATCH/house-cpu.txt"
+  }
+  log "house: exec /bin/true over HTTP, old vs new ($R rounds x $HOUSE_EXECS each, interleaved)"
+  house_client exec --workspace "$ws" --runs $((R * HOUSE_EXECS)) --warmup 50
+  log "house: diff after 1 change in $FILES files, old vs new ($R rounds x $HOUSE_DIFFS each, interleaved)"
+  house_client diff --workspace "$repo" --change d0/f0.txt --runs $((R * HOUSE_DIFFS)) --warmup 2
+  log "house: checkpoint, change 10 files, restore, old vs new ($R rounds x $HOUSE_CYCLES cycles each, interleaved)"
+  house_client checkpoint --workspace "$repo" --changed 10 --runs $((R * HOUSE_CYCLES)) --warmup 1
   for p in $HOUSE_PIDS; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   HOUSE_PIDS=
 

@@ -112,6 +112,10 @@ struct Common {
     warmup: usize,
     #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// Within a round, one operation of each series in turn (A B A B ...) instead of each
+    /// series' share in one block.
+    #[arg(long)]
+    interleave: bool,
     /// A command timed alongside, as NAME=PROGRAM ARG... (split at spaces; repeatable).
     #[arg(long, value_name = "NAME=CMD")]
     compare: Vec<String>,
@@ -440,6 +444,16 @@ impl Series {
         }
     }
 
+    /// One measured step: its durations join the samples.
+    fn measure(&mut self) -> Result<()> {
+        let ds = self.step()?;
+        self.samples.resize(ds.len(), Vec::new());
+        for (acc, d) in self.samples.iter_mut().zip(ds) {
+            acc.push(d);
+        }
+        Ok(())
+    }
+
     fn step(&mut self) -> Result<Vec<Duration>> {
         let i = self.next;
         self.next += 1;
@@ -576,20 +590,44 @@ fn figure(
         } else {
             (0..series.len()).rev().collect()
         };
+        let share = |s: &Series| s.runs / c.rounds + usize::from(r < s.runs % c.rounds);
+        if c.interleave {
+            // One operation of each series in turn, so a burst of noise lands on all of them.
+            for &k in &order {
+                let s = &mut series[k];
+                for _ in 0..s.warmup {
+                    s.step()?;
+                }
+                s.round_starts.push(s.samples.first().map_or(0, Vec::len));
+            }
+            let t = Instant::now();
+            let most = series.iter().map(share).max().unwrap_or(0);
+            for i in 0..most {
+                for &k in &order {
+                    if i < share(&series[k]) {
+                        series[k].measure()?;
+                    }
+                }
+            }
+            eprintln!(
+                "  {fig}: round {}/{}: {} series interleaved, {most} each, in {:.1} s",
+                r + 1,
+                c.rounds,
+                order.len(),
+                t.elapsed().as_secs_f64()
+            );
+            continue;
+        }
         for k in order {
             let s = &mut series[k];
-            let share = s.runs / c.rounds + usize::from(r < s.runs % c.rounds);
+            let share = share(s);
             for _ in 0..s.warmup {
                 s.step()?;
             }
             s.round_starts.push(s.samples.first().map_or(0, Vec::len));
             let t = Instant::now();
             for _ in 0..share {
-                let ds = s.step()?;
-                s.samples.resize(ds.len(), Vec::new());
-                for (acc, d) in s.samples.iter_mut().zip(ds) {
-                    acc.push(d);
-                }
+                s.measure()?;
             }
             eprintln!(
                 "  {fig}: round {}/{}: {} x {} in {:.1} s",
