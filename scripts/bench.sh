@@ -44,14 +44,15 @@
 #   house    the old build against the new, side by side in one run: release builds of
 #            BENCH_OLD_REV (default 31408a0, exported with git archive) and of the working tree (or
 #            BENCH_REV), each with its own state directory, measured in BENCH_HOUSE_ROUNDS rounds
-#            whose order alternates, so noise lands on both: `taskbox run -- true` (hyperfine);
-#            through a supervisor of each build, both running, by one bench client (the new
-#            tree's) over HTTP on their Unix sockets: `exec /bin/true` round trips (p50, p99),
-#            `diff` after one change in the 100,000-file workspace, checkpoint and restore with 10
-#            changed files; and the VmRSS of a fresh supervisor of each with 64 idle sandboxes.
-#            Reports old, new, new/old, the range of new/old over the rounds (the run-to-run
-#            spread), and "no slower" when new/old is at most 1 or the range reaches 1 or below.
-#            Not part of `all` (it builds a second revision).
+#            whose order alternates, so noise lands on both: `taskbox run -- true` (hyperfine:
+#            wall and user+sys); through a supervisor of each build, both running, by one bench
+#            client (the new tree's) over HTTP on their Unix sockets, one request to each in turn:
+#            `exec /bin/true` round trips (p50, p99), `diff` after one change in the 100,000-file
+#            workspace, checkpoint and restore with 10 changed files (and each supervisor's CPU
+#            over each figure, as context); the VmRSS of a fresh supervisor of each with
+#            BENCH_API_IDLE (64) idle sandboxes. Reports old, new, new/old, the range of new/old
+#            over the rounds (the run-to-run spread), and "no slower" when new/old is at most 1
+#            or some round had new at or below old. Not part of `all` (it builds a second revision).
 #   all      startup profile diff memory api docker egress replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
