@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress]...      (no argument: all)
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house]...
+#                                                                          (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
 #            true` with hyperfine; reports mean ± stddev and the ratio taskbox/bwrap (target <= 2x).
@@ -40,6 +41,18 @@
 #            backend, then runs `taskbox replay TRACE --json` BENCH_REPLAY_ROUNDS times; the
 #            engine's time beyond the backend's calls (target < 5%), and the whole process's
 #            (start, trace parsing, clean checkout of the workspace, report).
+#   house    the old build against the new, side by side in one run: release builds of
+#            BENCH_OLD_REV (default 31408a0, exported with git archive) and of the working tree (or
+#            BENCH_REV), each with its own state directory, measured in BENCH_HOUSE_ROUNDS rounds
+#            whose order alternates, so noise lands on both: `taskbox run -- true` (hyperfine:
+#            wall and user+sys); through a supervisor of each build, both running, by one bench
+#            client (the new tree's) over HTTP on their Unix sockets, one request to each in turn:
+#            `exec /bin/true` round trips (p50, p99), `diff` after one change in the 100,000-file
+#            workspace, checkpoint and restore with 10 changed files (and each supervisor's CPU
+#            over each figure, as context); the VmRSS of a fresh supervisor of each with
+#            BENCH_API_IDLE (64) idle sandboxes. Reports old, new, new/old, the range of new/old
+#            over the rounds (the run-to-run spread), and "no slower" when new/old is at most 1
+#            or some round had new at or below old. Not part of `all` (it builds a second revision).
 #   all      startup profile diff memory api docker egress replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
@@ -72,6 +85,15 @@
 #   BENCH_DOCKER_EXECS    measured exec round trips of the backend (default 400; docker exec a quarter)
 #   BENCH_REPLAY_OPS     operations in the replayed trace (default 1000)
 #   BENCH_REPLAY_ROUNDS  replays measured (default 5)
+#   BENCH_OLD_REV     house: the old revision (default 31408a0); its source and binaries are kept
+#                     under $BENCH_TARGET_DIR/house/COMMIT, so a second run does not rebuild it
+#   BENCH_OLD_BIN     house: use this old taskbox binary (taskbox-init beside it) instead
+#   BENCH_HOUSE_ROUNDS   house: rounds of each timed figure (default 10, at least 3)
+#   BENCH_HOUSE_RUNS     house: `run -- true` runs per build per round (default 30)
+#   BENCH_HOUSE_EXECS    house: exec round trips per build per round (default 400)
+#   BENCH_HOUSE_DIFFS    house: diffs per build per round (default 40)
+#   BENCH_HOUSE_CYCLES   house: checkpoint/change/restore cycles per build per round (default 10)
+#   BENCH_HOUSE_IDLE_ROUNDS  house: fresh supervisors per build for the memory figure (default 4)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -88,6 +110,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
+want_house=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
@@ -100,6 +123,7 @@ for arg in "$@"; do
     docker) want_docker=1 ;;
     egress) want_egress=1 ;;
     replay) want_replay=1 ;;
+    house) want_house=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -120,6 +144,23 @@ EGRESS_ROUNDS=${BENCH_EGRESS_ROUNDS:-5}
 EGRESS_CONNS=${BENCH_EGRESS_CONNS:-500}
 if [ $((ROUNDS * RUNS)) -lt 30 ]; then
   echo "bench.sh: BENCH_ROUNDS x BENCH_RUNS must be at least 30" >&2
+  exit 2
+fi
+HOUSE_ROUNDS=${BENCH_HOUSE_ROUNDS:-10}
+HOUSE_RUNS=${BENCH_HOUSE_RUNS:-30}
+HOUSE_EXECS=${BENCH_HOUSE_EXECS:-400}
+HOUSE_DIFFS=${BENCH_HOUSE_DIFFS:-40}
+HOUSE_CYCLES=${BENCH_HOUSE_CYCLES:-10}
+HOUSE_IDLE_ROUNDS=${BENCH_HOUSE_IDLE_ROUNDS:-4}
+for v in HOUSE_ROUNDS HOUSE_RUNS HOUSE_EXECS HOUSE_DIFFS HOUSE_CYCLES HOUSE_IDLE_ROUNDS; do
+  case "${!v}" in
+    '' | *[!0-9]*) echo "bench.sh: BENCH_$v must be a whole number, not '${!v}'" >&2; exit 2 ;;
+  esac
+done
+if [ "$HOUSE_ROUNDS" -lt 3 ] || [ "$HOUSE_IDLE_ROUNDS" -lt 1 ] || [ "$HOUSE_RUNS" -lt 3 ] \
+  || [ "$HOUSE_EXECS" -lt 10 ] || [ "$HOUSE_DIFFS" -lt 3 ] || [ "$HOUSE_CYCLES" -lt 2 ]; then
+  echo "bench.sh: BENCH_HOUSE_ROUNDS >= 3 (a spread needs rounds), BENCH_HOUSE_IDLE_ROUNDS >= 1," \
+    "BENCH_HOUSE_RUNS >= 3, BENCH_HOUSE_EXECS >= 10, BENCH_HOUSE_DIFFS >= 3, BENCH_HOUSE_CYCLES >= 2" >&2
   exit 2
 fi
 if [ "$API_RUNS" -lt 1000 ] || [ "$API_DIFF_RUNS" -lt 50 ] || [ "$API_CYCLES" -lt 30 ]; then
@@ -153,12 +194,13 @@ done
 
 # ---- scratch space ---------------------------------------------------------------------------
 SCRATCH=$(mktemp -d "${TMPDIR:-/var/tmp}/taskbox-bench.XXXXXX")
-SERVE_PID= DOCKER_CID=
+SERVE_PID= DOCKER_CID= HOUSE_PIDS=
 cleanup() {
-  if [ -n "$SERVE_PID" ]; then
-    kill -TERM "$SERVE_PID" 2>/dev/null || true
-    wait "$SERVE_PID" 2>/dev/null || true
-  fi
+  local p
+  for p in $SERVE_PID $HOUSE_PIDS; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
   [ -z "$DOCKER_CID" ] || docker rm -f "$DOCKER_CID" >/dev/null 2>&1 || true
   if [ "${BENCH_KEEP:-0}" = 1 ]; then
     echo "bench.sh: kept $SCRATCH" >&2
@@ -182,11 +224,49 @@ fi
 # BENCH_REV: build that commit (exported with git archive, so uncommitted changes in the working
 # tree do not leak in) instead of the working tree.
 source_desc=
+target_dir=${BENCH_TARGET_DIR:-target/bench}
+# house: the old build first, in the same target dir (the two share their dependencies' builds),
+# its binaries copied out before the new build replaces them in release/.
+OLD_TASKBOX= old_desc=
+if [ $want_house = 1 ]; then
+  if [ -n "${BENCH_OLD_BIN:-}" ]; then
+    OLD_TASKBOX=$(readlink -f "$BENCH_OLD_BIN")
+    old_desc="BENCH_OLD_BIN (built elsewhere)"
+  else
+    command -v cargo >/dev/null || die "cargo not found (needed to build BENCH_OLD_REV)"
+    old_rev=${BENCH_OLD_REV:-31408a0}
+    old_sha=$(git -C "$repo" rev-parse --verify -q "$old_rev^{commit}") \
+      || die "BENCH_OLD_REV '$old_rev' is not a commit of this repository (a shallow clone? git fetch --unshallow)"
+    mkdir -p "$target_dir"
+    target_dir=$(cd "$target_dir" && pwd)
+    # Kept across runs at a fixed path: cargo's fingerprints include the source's path, so a new
+    # scratch path would rebuild every crate of the workspace each time.
+    old_home=$target_dir/house/$old_sha
+    if [ ! -f "$old_home/src.done" ]; then
+      rm -rf "$old_home/src"
+      mkdir -p "$old_home/src"
+      git -C "$repo" archive "$old_sha" | tar -x -C "$old_home/src"
+      touch "$old_home/src.done"
+    fi
+    if [ "${BENCH_NO_BUILD:-0}" = 1 ]; then
+      # Building it now would replace the new binaries in release/ that BENCH_NO_BUILD means.
+      [ -x "$old_home/bin/taskbox" ] || die "BENCH_NO_BUILD=1, but no old build at $old_home/bin (run once without it)"
+    else
+      log "building release binaries of the old revision ${old_sha:0:7} (CARGO_TARGET_DIR=$target_dir)"
+      (cd "$old_home/src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
+      mkdir -p "$old_home/bin"
+      cp "$target_dir/release/taskbox" "$target_dir/release/taskbox-init" "$old_home/bin/"
+    fi
+    OLD_TASKBOX=$old_home/bin/taskbox
+    old_desc="${old_sha:0:7} (release build of that commit)"
+  fi
+  [ -x "$OLD_TASKBOX" ] || die "no old taskbox binary at $OLD_TASKBOX"
+  [ -x "$(dirname "$OLD_TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $OLD_TASKBOX"
+fi
 if [ -n "${TASKBOX_BIN:-}" ]; then
   TASKBOX=$(readlink -f "$TASKBOX_BIN")
   source_desc="TASKBOX_BIN (built elsewhere)"
 else
-  target_dir=${BENCH_TARGET_DIR:-target/bench}
   mkdir -p "$target_dir"
   target_dir=$(cd "$target_dir" && pwd)
   src=$repo
@@ -201,7 +281,8 @@ else
   if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
-    if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ]; then
+    if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
+      || [ $want_house = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
@@ -213,13 +294,14 @@ fi
 [ -x "$(dirname "$TASKBOX")/taskbox-init" ] || die "no taskbox-init beside $TASKBOX"
 # The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
 BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
-if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
+if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
+  || [ $want_house = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
   die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
 fi
 
 # The Python helpers: hyperfine aggregation, /usr/bin/time parsing, the off-CPU profile.
 cat > "$SCRATCH/helpers.py" <<'PY'
-import json, os, re, statistics, sys, collections
+import glob, json, os, re, statistics, sys, collections
 
 def md_row(cells):
     return "| " + " | ".join(cells) + " |\n"
@@ -559,6 +641,122 @@ def egress_hop(args):
     with open(rows, "a") as fh:
         fh.writelines(out)
 
+def treecpu(args):
+    """treecpu PID: CPU ms of PID and its live descendants, each with its reaped children's
+    (utime + stime + cutime + cstime from /proc/*/stat)."""
+    root, tick, procs = int(args[0]), os.sysconf("SC_CLK_TCK"), {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                st = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            f = st[st.rindex(")") + 2:].split()  # fields from the state on: PPID is f[1]
+            procs[int(p)] = (int(f[1]), sum(int(x) for x in f[11:15]))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += procs.get(pid, (0, 0))[1]
+        todo.extend(c for c, (pp, _) in procs.items() if pp == pid)
+    print(total * 1000 // tick)
+
+def house(args):
+    """house OUT DIR OLD NEW FILES: the table of the old build against the new from DIR's
+    house-*.json (OLD and NEW name the builds in its header); prints the rounds, writes the
+    markdown table to OUT. A figure's spread is the range of new/old over its rounds; the verdict
+    is "no slower" when new/old is at most 1, or when some round had new at or below old (the
+    difference is within the spread); otherwise every round had new above old."""
+    out, d, old_name, new_name, files = args
+    files = int(files)
+    rows = []
+    def judge(r, lo, good, bad):
+        if r <= 1:
+            return good
+        return f"{good} (within the spread)" if lo <= 1 else f"**{bad}**"
+    def row(label, o, n, ratios, fmt, good="no slower", bad="slower"):
+        r = n / o
+        lo, hi = min(ratios), max(ratios)
+        print(f"  {label}: old {fmt(o)}, new {fmt(n)}, new/old {r:.3f}; rounds: "
+              + " ".join(f"{x:.3f}" for x in ratios))
+        rows.append(md_row([label, fmt(o), fmt(n), f"{r:.3f}", f"{lo:.3f} to {hi:.3f} ({len(ratios)} round{'s' if len(ratios) > 1 else ''})",
+                            judge(r, lo, good, bad)]))
+    ms = lambda v: f"{v:.2f} ms"
+
+    # 1. run -- true: hyperfine's times, each round's median per build.
+    # The CPU time (user + sys of the process and the children it waited for, hyperfine's mean
+    # per round) is less at the mercy of other jobs on the machine than the wall time.
+    times, cpu, ratios, cratios = {"old": [], "new": []}, {"old": [], "new": []}, [], []
+    rnum = lambda f: int(re.search(r"\.r(\d+)\.json$", f).group(1))
+    for f in sorted(glob.glob(f"{d}/house-startup.r*.json"), key=rnum):
+        med, c = {}, {}
+        for res in json.load(open(f))["results"]:
+            t = [x * 1000 for x in res["times"]]
+            times[res["command"]].extend(t)
+            med[res["command"]] = statistics.median(t)
+            c[res["command"]] = (res["user"] + res["system"]) * 1000
+            cpu[res["command"]].append(c[res["command"]])
+        ratios.append(med["new"] / med["old"])
+        cratios.append(c["new"] / c["old"])
+    if ratios:
+        row("`taskbox run -- true`, wall, median", statistics.median(times["old"]),
+            statistics.median(times["new"]), ratios, ms)
+        row("`taskbox run -- true`, CPU (user+sys), mean", statistics.mean(cpu["old"]),
+            statistics.mean(cpu["new"]), cratios, ms)
+
+    # 2-4. the bench client's figures: series "http old" and "http new", each with its rounds.
+    def client(fig, label, metric="", p99=False):
+        try:
+            j = json.load(open(f"{d}/house-{fig}.json"))
+        except FileNotFoundError:
+            return
+        s = {x["name"]: x for x in j["series"]}
+        o, n = s[f"http old{metric}"], s[f"http new{metric}"]
+        for p in ("p50", "p99") if p99 else ("p50",):
+            rs = [b[f"{p}_ms"] / a[f"{p}_ms"] for a, b in zip(o["rounds"], n["rounds"])]
+            row(f"{label}, {p} (n={o['n']} each)", o[f"{p}_ms"], n[f"{p}_ms"], rs, ms)
+    client("exec", "`exec /bin/true` over HTTP (Unix socket)", p99=True)
+    client("diff", f"`diff` after 1 change in {files:,} files, HTTP")
+    client("checkpoint", f"checkpoint, {files:,} files, 10 changed, HTTP", " checkpoint")
+    client("checkpoint", f"restore, {files:,} files, 10 changed, HTTP", " restore")
+
+    # 5. VmRSS of a fresh supervisor of each build with COUNT idle sandboxes, round by round.
+    idle = {}
+    for side in ("old", "new"):
+        for f in glob.glob(f"{d}/house-idle-{side}.r*.json"):
+            idle.setdefault(rnum(f), {})[side] = json.load(open(f))
+    pairs = [v for _, v in sorted(idle.items()) if len(v) == 2]
+    if pairs:
+        count = pairs[0]["old"]["count"]
+        rss = {side: [p[side]["with_sandboxes"]["rss_mib"] for p in pairs] for side in ("old", "new")}
+        for side in ("old", "new"):
+            p = pairs[-1][side]
+            init = {x["comm"]: x for x in p["with_sandboxes"]["descendants"]}.get("taskbox-init")
+            print(f"  idle, {side}: VmRSS {p['before']['rss_mib']:.1f} MiB with no sandbox, "
+                  f"{p['with_sandboxes']['rss_mib']:.1f} with {count}, {p['after_destroy']['rss_mib']:.1f}"
+                  f" after destroying them" + (f"; taskbox-init {init['rss_mib'] / count:.2f} MiB RSS,"
+                  f" {init['pss_mib'] / count:.2f} MiB PSS per sandbox" if init else ""))
+        row(f"supervisor VmRSS, {count} idle sandboxes (median of rounds)", statistics.median(rss["old"]),
+            statistics.median(rss["new"]), [b / a for a, b in zip(rss["old"], rss["new"])],
+            lambda v: f"{v:.1f} MiB", good="no larger", bad="larger")
+
+    # Context: each supervisor's CPU over a whole figure (one reading each, no rounds).
+    try:
+        lines = open(f"{d}/house-cpu.txt").read().split()
+    except FileNotFoundError:
+        lines = []
+    for fig, o, n in zip(lines[0::3], lines[1::3], lines[2::3]):
+        o, n = int(o), int(n)
+        print(f"  CPU of each supervisor and its sandboxes over the {fig} figure: old {o} ms, new {n} ms")
+        if o > 0:
+            rows.append(md_row([f"(context) CPU of the supervisor and its sandbox over the {fig} figure,"
+                                " set-up included", f"{o / 1000:.2f} s", f"{n / 1000:.2f} s",
+                                f"{n / o:.3f}", "one reading each", ""]))
+
+    with open(out, "w") as fh:
+        fh.write(f"| figure | old: {old_name} | new: {new_name} | new/old | new/old over rounds (spread) | verdict |\n")
+        fh.write("|---|---|---|---|---|---|\n")
+        fh.writelines(rows)
+
 getattr(sys.modules[__name__], sys.argv[1])(sys.argv[2:])
 PY
 py() { python3 "$SCRATCH/helpers.py" "$@"; }
@@ -604,6 +802,7 @@ machine_notes() {
   echo "load:      $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
   echo "tools:     $(hyperfine --version), bwrap $(bwrap --version | awk '{print $2}'), $(git --version)"
   echo "taskbox:   $source_desc"
+  [ -z "$old_desc" ] || echo "old build: $old_desc (house)"
 }
 log "machine"
 machine_notes | tee "$SCRATCH/machine.txt"
@@ -786,12 +985,13 @@ bench_memory() {
 }
 
 # ---- api -------------------------------------------------------------------------------------
-# serve_start NAME: starts `taskbox serve` on $SCRATCH/NAME.sock with state $SCRATCH/NAME-state
-# (stderr to $SCRATCH/NAME.log) and waits for its socket; sets SERVE_PID and SERVE_SOCK.
+# serve_start NAME [BINARY]: starts `taskbox serve` (of BINARY, default $TASKBOX) on
+# $SCRATCH/NAME.sock with state $SCRATCH/NAME-state (stderr to $SCRATCH/NAME.log) and waits for its
+# socket; sets SERVE_PID and SERVE_SOCK.
 serve_start() {
   local i
   SERVE_SOCK=$SCRATCH/$1.sock
-  "$TASKBOX" --state-dir "$SCRATCH/$1-state" --socket "$SERVE_SOCK" serve \
+  "${2:-$TASKBOX}" --state-dir "$SCRATCH/$1-state" --socket "$SERVE_SOCK" serve \
     --max-sandboxes "$API_IDLE" --max-sandboxes-per-tenant "$API_IDLE" 2>"$SCRATCH/$1.log" &
   SERVE_PID=$!
   for ((i = 0; i < 100; i++)); do
@@ -937,6 +1137,69 @@ print(f"| replay of {d['ops']} ops: whole `taskbox replay` process beyond the ba
 PY
 }
 
+# ---- house -----------------------------------------------------------------------------------
+# The old build against the new (issue 14's "Measured"): the same figures of both, interleaved
+# in rounds within one run, each build with its own state directory and supervisor.
+bench_house() {
+  make_repo
+  local ws=$SCRATCH/ws repo=$SCRATCH/repo r p side sides old_sock new_sock
+  local R=$HOUSE_ROUNDS
+  echo "  old: $OLD_TASKBOX ($old_desc)"
+  echo "  new: $TASKBOX ($source_desc)"
+  log "house: taskbox run -- true, old vs new (hyperfine, $R rounds x $HOUSE_RUNS runs each)"
+  mkdir -p "$SCRATCH/house-run-old" "$SCRATCH/house-run-new"
+  "$OLD_TASKBOX" run --state-dir "$SCRATCH/house-run-old" --workspace "$ws" -- true \
+    || die "the old build's run -- true failed"
+  "$TASKBOX" run --state-dir "$SCRATCH/house-run-new" --workspace "$ws" -- true \
+    || die "the new build's run -- true failed"
+  ROUNDS=$R RUNS=$HOUSE_RUNS hf_rounds house-startup \
+    -n old "$OLD_TASKBOX run --state-dir $SCRATCH/house-run-old --workspace $ws -- true" \
+    -n new "$TASKBOX run --state-dir $SCRATCH/house-run-new --workspace $ws -- true"
+
+  # Both supervisors at once; within each round the client sends one request to each in turn.
+  local old_pid new_pid
+  serve_start house-old "$OLD_TASKBOX"
+  old_pid=$SERVE_PID old_sock=$SERVE_SOCK HOUSE_PIDS=$SERVE_PID SERVE_PID=
+  serve_start house-new "$TASKBOX"
+  new_pid=$SERVE_PID new_sock=$SERVE_SOCK HOUSE_PIDS="$HOUSE_PIDS $SERVE_PID" SERVE_PID=
+  local both=(--socket-as "old=$old_sock" --socket-as "new=$new_sock" --rounds "$R" --interleave)
+  : >"$SCRATCH/house-cpu.txt"
+  # house_client FIGURE ARGS...: one figure of the client; also the CPU time each supervisor
+  # (with its sandboxes' processes) spent on it, set-up included, into house-cpu.txt.
+  house_client() {
+    local fig=$1 o0 n0 o1 n1
+    shift
+    o0=$(py treecpu "$old_pid") n0=$(py treecpu "$new_pid")
+    "$BENCH_CLIENT" "$fig" "${both[@]}" "$@" >"$SCRATCH/house-$fig.json"
+    o1=$(py treecpu "$old_pid") n1=$(py treecpu "$new_pid")
+    echo "$fig $((o1 - o0)) $((n1 - n0))" >>"$SCRATCH/house-cpu.txt"
+  }
+  log "house: exec /bin/true over HTTP, old vs new ($R rounds x $HOUSE_EXECS each, interleaved)"
+  house_client exec --workspace "$ws" --runs $((R * HOUSE_EXECS)) --warmup 50
+  log "house: diff after 1 change in $FILES files, old vs new ($R rounds x $HOUSE_DIFFS each, interleaved)"
+  house_client diff --workspace "$repo" --change d0/f0.txt --runs $((R * HOUSE_DIFFS)) --warmup 2
+  log "house: checkpoint, change 10 files, restore, old vs new ($R rounds x $HOUSE_CYCLES cycles each, interleaved)"
+  house_client checkpoint --workspace "$repo" --changed 10 --runs $((R * HOUSE_CYCLES)) --warmup 1
+  for p in $HOUSE_PIDS; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  HOUSE_PIDS=
+
+  log "house: supervisor VmRSS with $API_IDLE idle sandboxes, a fresh supervisor each ($HOUSE_IDLE_ROUNDS rounds)"
+  for ((r = 1; r <= HOUSE_IDLE_ROUNDS; r++)); do
+    sides="old new"
+    ((r % 2 == 0)) && sides="new old"
+    for side in $sides; do
+      echo "   round $r/$HOUSE_IDLE_ROUNDS: $side" >&2
+      if [ $side = old ]; then serve_start "house-idle-old-$r" "$OLD_TASKBOX"; else serve_start "house-idle-new-$r"; fi
+      "$BENCH_CLIENT" idle --socket "$SERVE_SOCK" --pid "$SERVE_PID" --workspace "$repo" \
+        --count "$API_IDLE" >"$SCRATCH/house-idle-$side.r$r.json"
+      serve_stop
+      rm -rf "$SCRATCH/house-idle-$side-$r-state"
+    done
+  done
+  py house "$SCRATCH/house.md" "$SCRATCH" "${old_desc%% *}" "${source_desc%% *}" "$FILES" \
+    | tee "$SCRATCH/house.txt"
+}
+
 # ---- run -------------------------------------------------------------------------------------
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
@@ -946,13 +1209,22 @@ PY
 [ $want_docker = 1 ] && bench_docker
 [ $want_egress = 1 ] && bench_egress
 [ $want_replay = 1 ] && bench_replay
+[ $want_house = 1 ] && bench_house
 
 log "results"
-{
-  echo "| figure | taskbox | baseline | ratio | target | met |"
-  echo "|---|---|---|---|---|---|"
-  cat "$ROWS"
-} | tee "$SCRATCH/results.md"
+: > "$SCRATCH/results.md"
+if [ -s "$ROWS" ] || [ $want_house = 0 ]; then
+  {
+    echo "| figure | taskbox | baseline | ratio | target | met |"
+    echo "|---|---|---|---|---|---|"
+    cat "$ROWS"
+  } >> "$SCRATCH/results.md"
+fi
+if [ -f "$SCRATCH/house.md" ]; then
+  [ ! -s "$SCRATCH/results.md" ] || echo >> "$SCRATCH/results.md"
+  cat "$SCRATCH/house.md" >> "$SCRATCH/results.md"
+fi
+cat "$SCRATCH/results.md"
 if [ -n "${BENCH_OUT:-}" ]; then
   { cat "$SCRATCH/machine.txt"; echo; cat "$SCRATCH/results.md"; } > "$BENCH_OUT"
 fi

@@ -1,9 +1,11 @@
 //! taskbox-bench: the measuring client of `scripts/bench.sh api` (long-lived sandboxes and the
-//! narrow API). It drives sandboxes over the supervisor's HTTP API on its Unix socket (one
-//! keep-alive connection, a minimal std-only HTTP/1.1 client) and, for comparison, through the
-//! Rust library in this process, and times external commands alongside. Every figure is measured
-//! in rounds, the order of the series reversed every other round, so noise on a shared machine
-//! lands on all of them. Prints JSON on stdout (times in ms); progress goes to stderr.
+//! narrow API) and `house` (one build's supervisor against another's). It drives sandboxes over
+//! the supervisor's HTTP API on its Unix socket (one keep-alive connection per sandbox, hyper's
+//! client) and, for comparison, through the Rust library in this process, and times external
+//! commands alongside. Every figure is measured in rounds, the order of the series reversed
+//! every other round, so noise on a shared machine lands on all of them; each series reports
+//! its whole and each round's percentiles. Prints JSON on stdout (times in ms); progress goes to
+//! stderr.
 
 mod docker;
 mod egress;
@@ -82,6 +84,10 @@ struct Common {
     /// The supervisor's Unix socket: the series "http".
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Another supervisor's Unix socket, as NAME=PATH (repeatable): the series "http NAME", in
+    /// the same rounds as the others (one build's supervisor against another's).
+    #[arg(long, value_name = "NAME=PATH")]
+    socket_as: Vec<String>,
     /// Also through the library in this process (NativeBackend), state kept under DIR: the
     /// series "lib".
     #[arg(long, value_name = "DIR")]
@@ -106,6 +112,10 @@ struct Common {
     warmup: usize,
     #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// Within a round, one operation of each series in turn (A B A B ...) instead of each
+    /// series' share in one block.
+    #[arg(long)]
+    interleave: bool,
     /// A command timed alongside, as NAME=PROGRAM ARG... (split at spaces; repeatable).
     #[arg(long, value_name = "NAME=CMD")]
     compare: Vec<String>,
@@ -417,6 +427,8 @@ struct Series {
     next: usize,
     /// One list of samples per metric (checkpoint has two: checkpoint, restore).
     samples: Vec<Vec<Duration>>,
+    /// Where each round's samples start in `samples` (for the figures of each round).
+    round_starts: Vec<usize>,
 }
 
 impl Series {
@@ -430,6 +442,16 @@ impl Series {
             }
             _ => vec![self.name.clone()],
         }
+    }
+
+    /// One measured step: its durations join the samples.
+    fn measure(&mut self) -> Result<()> {
+        let ds = self.step()?;
+        self.samples.resize(ds.len(), Vec::new());
+        for (acc, d) in self.samples.iter_mut().zip(ds) {
+            acc.push(d);
+        }
+        Ok(())
     }
 
     fn step(&mut self) -> Result<Vec<Duration>> {
@@ -497,6 +519,7 @@ fn figure(
         warmup: c.warmup,
         next: 0,
         samples: Vec::new(),
+        round_starts: Vec::new(),
     };
     // The library backends live as long as their series (dropping one destroys its sandboxes).
     let mut backends: Vec<Arc<dyn SandboxApi>> = Vec::new();
@@ -504,6 +527,15 @@ fn figure(
         let mut sb = Sandbox::create_http(&mut None, socket, &c.workspace)?;
         prepare(&mut sb)?;
         series.push(api("http", sb));
+    }
+    for spec in &c.socket_as {
+        let (name, path) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--socket-as {spec:?}: expected NAME=PATH"))?;
+        let mut sb = Sandbox::create_http(&mut None, Path::new(path), &c.workspace)
+            .with_context(|| format!("--socket-as {name}"))?;
+        prepare(&mut sb)?;
+        series.push(api(&format!("http {name}"), sb));
     }
     if let Some(dir) = &c.lib_state_dir {
         let native = NativeBackend::new(dir.join("lib")).map_err(|e| anyhow!("{e}"))?;
@@ -532,7 +564,7 @@ fn figure(
     }
     ensure!(
         !series.is_empty(),
-        "give --socket and/or --lib-state-dir: nothing to measure"
+        "give --socket, --socket-as and/or --lib-state-dir: nothing to measure"
     );
     for spec in &c.compare {
         let (name, cmd) = spec
@@ -547,6 +579,7 @@ fn figure(
             warmup: c.compare_warmup,
             next: 0,
             samples: Vec::new(),
+            round_starts: Vec::new(),
         });
     }
 
@@ -557,19 +590,44 @@ fn figure(
         } else {
             (0..series.len()).rev().collect()
         };
+        let share = |s: &Series| s.runs / c.rounds + usize::from(r < s.runs % c.rounds);
+        if c.interleave {
+            // One operation of each series in turn, so a burst of noise lands on all of them.
+            for &k in &order {
+                let s = &mut series[k];
+                for _ in 0..s.warmup {
+                    s.step()?;
+                }
+                s.round_starts.push(s.samples.first().map_or(0, Vec::len));
+            }
+            let t = Instant::now();
+            let most = series.iter().map(share).max().unwrap_or(0);
+            for i in 0..most {
+                for &k in &order {
+                    if i < share(&series[k]) {
+                        series[k].measure()?;
+                    }
+                }
+            }
+            eprintln!(
+                "  {fig}: round {}/{}: {} series interleaved, {most} each, in {:.1} s",
+                r + 1,
+                c.rounds,
+                order.len(),
+                t.elapsed().as_secs_f64()
+            );
+            continue;
+        }
         for k in order {
             let s = &mut series[k];
-            let share = s.runs / c.rounds + usize::from(r < s.runs % c.rounds);
+            let share = share(s);
             for _ in 0..s.warmup {
                 s.step()?;
             }
+            s.round_starts.push(s.samples.first().map_or(0, Vec::len));
             let t = Instant::now();
             for _ in 0..share {
-                let ds = s.step()?;
-                s.samples.resize(ds.len(), Vec::new());
-                for (acc, d) in s.samples.iter_mut().zip(ds) {
-                    acc.push(d);
-                }
+                s.measure()?;
             }
             eprintln!(
                 "  {fig}: round {}/{}: {} x {} in {:.1} s",
@@ -586,7 +644,9 @@ fn figure(
     let mut connections = json!({});
     for s in &series {
         for (name, samples) in s.metrics().iter().zip(&s.samples) {
-            out.push(stats::summary(name, samples));
+            let mut summary = stats::summary(name, samples);
+            summary["rounds"] = stats::per_round(samples, &s.round_starts);
+            out.push(summary);
         }
         if let Subject::Api(sb, _) = &s.subject
             && let Some(n) = sb.connections()

@@ -42,6 +42,28 @@ pub fn summary(name: &str, samples: &[Duration]) -> Value {
     })
 }
 
+/// `[{n, p50, p99}]` in milliseconds, one per round: `starts` are the indexes in `samples` where
+/// each round's samples begin.
+pub fn per_round(samples: &[Duration], starts: &[usize]) -> Value {
+    let ends = starts.iter().skip(1).copied().chain([samples.len()]);
+    let rounds: Vec<Value> = starts
+        .iter()
+        .zip(ends)
+        .map(|(&a, b)| {
+            let mut ms: Vec<f64> = samples
+                .get(a..b)
+                .unwrap_or_default()
+                .iter()
+                .map(|d| d.as_secs_f64() * 1000.0)
+                .collect();
+            ms.sort_by(f64::total_cmp);
+            let r = |v: f64| (v * 1000.0).round() / 1000.0;
+            json!({ "n": ms.len(), "p50_ms": r(pct(&ms, 50.0)), "p99_ms": r(pct(&ms, 99.0)) })
+        })
+        .collect();
+    Value::Array(rounds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +76,19 @@ mod tests {
         assert_eq!(pct(&v, 100.0), 100.0);
         assert_eq!(pct(&v, 0.0), 1.0);
         assert_eq!(pct(&[3.0], 99.0), 3.0);
+    }
+
+    #[test]
+    fn rounds_split_at_their_starts() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        let r = per_round(&ms(&[1, 2, 3, 10, 20]), &[0, 3]);
+        assert_eq!(r[0]["n"], 3);
+        assert_eq!(r[0]["p50_ms"], 2.0);
+        assert_eq!(r[1]["n"], 2);
+        assert_eq!(r[1]["p99_ms"], 20.0);
     }
 }
