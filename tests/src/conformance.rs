@@ -1275,28 +1275,27 @@ pub fn remove_and_rename(s: &Subject) {
     mv("made", "made-moved", false).unwrap();
     assert_eq!(text(s, &id, "made-moved/inner/m.txt"), "m\n");
     rm("made-moved", true).unwrap();
-    // BUG, on every backend (reported; pinned so that the fix shows here): a directory of the
-    // host workspace, in the overlay's lower layer, does not move. Overlayfs answers EXDEV (no
-    // redirect_dir), which the file operations report as path_refused "leads outside the
-    // workspace (through a symlink or a mount)", wrong on both counts, while `mv` in the sandbox
-    // moves it (it copies on EXDEV). Fixed, this rename succeeds like the one above.
-    let code = code_of(
-        "rename of a host directory",
-        mv("r/sub", "sub-moved", false),
+    // A directory of the host workspace (in the overlay's lower layer, which overlayfs moves
+    // only by copying: EXDEV) moves too, with what it holds, its modes and its links; onto an
+    // existing name only with overwrite.
+    s.sh(&id, "chmod 750 r/sub && ln -s b.txt r/sub/link");
+    expect_code(
+        "rename of a host directory onto a taken name",
+        mv("r/sub", "r/a.txt", false),
+        "conflict",
     );
-    assert_eq!(
-        code, "path_refused",
-        "the pinned bug changed: update this check"
-    );
+    mv("r/sub", "sub-moved", false).unwrap();
     let r = s.sh(
         &id,
-        "mv r/sub sub-moved && cat sub-moved/b.txt && mv sub-moved r/sub",
+        "cat sub-moved/b.txt && readlink sub-moved/link && stat -c %a sub-moved && ! test -e r/sub",
     );
     assert_eq!(
         (r.exit_code, r.stdout.text.as_str()),
-        (Some(0), "b\n"),
+        (Some(0), "b\nb.txt\n750\n"),
         "{r:?}"
     );
+    mv("sub-moved", "r/sub", false).unwrap();
+    assert_eq!(text(s, &id, "r/sub/b.txt"), "b\n");
 
     expect_code(
         "remove of a non-empty directory, not recursive",

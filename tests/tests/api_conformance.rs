@@ -37,10 +37,6 @@
 //!   set-id bit reaches the host on export. The host's files beside the workspace, and the host
 //!   workspace until an export applies, are checked unchanged entry by entry.
 //!
-//! Known divergences, the same on every backend, are pinned where they are checked (marked
-//! BUG) so that their fix shows as a failing pin: a directory of the host workspace cannot be
-//! renamed.
-//!
 //! The native variant runs rootless too (scripts/test.sh); the image-rooted ones need root (the
 //! shared image store) and docker a daemon: they skip with the reason, or fail under
 //! `TASKBOX_REQUIRE_ALL=1`. Sandboxes are reused within a check to keep the suite quick.

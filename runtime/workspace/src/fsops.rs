@@ -1369,14 +1369,27 @@ impl WorkspaceFs {
         } else {
             RenameFlags::RENAME_NOREPLACE
         };
-        nix::fcntl::renameat2(
+        let renamed = nix::fcntl::renameat2(
             Some(fparent.as_raw_fd()),
             fname,
             Some(tparent.as_raw_fd()),
             tname,
             flags,
-        )
-        .map_err(|e| match e {
+        );
+        // Overlayfs moves a directory that comes from its lower layer (the host workspace) only
+        // by copying it, as mv(1) does: it answers EXDEV.
+        let renamed = match renamed {
+            Err(Errno::EXDEV) => {
+                return self.move_by_copy(
+                    op,
+                    (&fparent, fname, &from),
+                    (&tparent, tname, &to),
+                    req,
+                );
+            }
+            other => other,
+        };
+        renamed.map_err(|e| match e {
             Errno::EEXIST => ApiError::Conflict(format!(
                 "rename: {to} already exists; set overwrite to replace it"
             )),
@@ -1389,6 +1402,80 @@ impl WorkspaceFs {
             Errno::EINVAL => ApiError::invalid(format!("rename: cannot move {from} to {to}: {e}")),
             e => sys_err(op, &from, e),
         })
+    }
+
+    /// A rename overlayfs refused with EXDEV (a directory of the lower layer): the tree is
+    /// copied to `to` beneath the workspace's descriptors, never following a symlink, then
+    /// removed at `from`. A copy that fails is removed again; `from` is untouched then.
+    fn move_by_copy(
+        &self,
+        op: &str,
+        (fparent, fname, from): (&OwnedFd, &OsStr, &RelPath),
+        (tparent, tname, to): (&OwnedFd, &OsStr, &RelPath),
+        req: &MoveRequest,
+    ) -> Result<(), ApiError> {
+        let st = lstat_at(fparent, fname)
+            .map_err(|e| sys_err(op, from, e))?
+            .ok_or_else(|| sys_err(op, from, Errno::ENOENT))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(sys_err(op, from, Errno::EXDEV));
+        }
+        if let Some(existing) = lstat_at(tparent, tname).map_err(|e| sys_err(op, to, e))? {
+            if !req.overwrite {
+                return Err(ApiError::Conflict(format!(
+                    "rename: {to} already exists; set overwrite to replace it"
+                )));
+            }
+            if existing.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                return Err(ApiError::invalid(format!(
+                    "rename: cannot replace {to} with {from}: one is a directory and the other is not"
+                )));
+            }
+            // As rename(2): an empty directory is replaced, a full one is not.
+            nix::unistd::unlinkat(Some(tparent.as_raw_fd()), tname, UnlinkatFlags::RemoveDir)
+                .map_err(|e| match e {
+                    Errno::ENOTEMPTY | Errno::EEXIST => {
+                        ApiError::Conflict(format!("rename: {to} is a directory that is not empty"))
+                    }
+                    e => sys_err(op, to, e),
+                })?;
+        }
+        let open_dir = |parent: &OwnedFd, name: &OsStr, rel: &RelPath| {
+            sys::openat2(
+                parent,
+                &c_name(name),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                0,
+                RESOLVE_CHILD,
+            )
+            .map_err(|e| sys_err(op, rel, e))
+        };
+        let src = open_dir(fparent, fname, from)?;
+        nix::sys::stat::mkdirat(
+            Some(tparent.as_raw_fd()),
+            tname,
+            Mode::from_bits_truncate(0o700),
+        )
+        .map_err(|e| sys_err(op, to, e))?;
+        let copied = open_dir(tparent, tname, to).and_then(|dst| {
+            copy_tree(op, from, &src, &dst, 1)?;
+            nix::sys::stat::fchmod(
+                dst.as_raw_fd(),
+                Mode::from_bits_truncate(st.st_mode & 0o7777),
+            )
+            .map_err(|e| sys_err(op, to, e))
+        });
+        if let Err(e) = copied {
+            if let Ok(dst) = open_dir(tparent, tname, to) {
+                let _ = remove_tree(op, to, &dst, 1);
+            }
+            let _ =
+                nix::unistd::unlinkat(Some(tparent.as_raw_fd()), tname, UnlinkatFlags::RemoveDir);
+            return Err(e);
+        }
+        remove_tree(op, from, &src, 1)?;
+        nix::unistd::unlinkat(Some(fparent.as_raw_fd()), fname, UnlinkatFlags::RemoveDir)
+            .map_err(|e| sys_err(op, from, e))
     }
 
     // ---- walking -------------------------------------------------------------------------
@@ -1630,6 +1717,83 @@ fn remove_tree(op: &str, rel: &RelPath, dir: &OwnedFd, depth: usize) -> Result<(
         match r {
             Ok(()) | Err(Errno::ENOENT) => {}
             Err(e) => return Err(sys_err(op, &child, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Copies the entries of `src` into the empty directory `dst` (both beneath the workspace's
+/// descriptors): directories, regular files with their permission bits, and symlinks as links.
+/// Special files are refused.
+fn copy_tree(
+    op: &str,
+    rel: &RelPath,
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    depth: usize,
+) -> Result<(), ApiError> {
+    if depth > MAX_REMOVE_DEPTH {
+        return Err(ApiError::LimitExceeded(format!(
+            "{op}: {rel} is nested more than {MAX_REMOVE_DEPTH} directories deep"
+        )));
+    }
+    for name in read_names(src).map_err(|e| sys_err(op, rel, e))? {
+        let child = rel.join(&name);
+        let Some(st) = lstat_at(src, &name).map_err(|e| sys_err(op, &child, e))? else {
+            continue;
+        };
+        let mode = Mode::from_bits_truncate(st.st_mode & 0o7777);
+        let cname = c_name(&name);
+        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => {
+                nix::sys::stat::mkdirat(
+                    Some(dst.as_raw_fd()),
+                    name.as_os_str(),
+                    Mode::from_bits_truncate(0o700),
+                )
+                .map_err(|e| sys_err(op, &child, e))?;
+                let from = sys::openat2(src, &cname, dir_flags, 0, RESOLVE_CHILD)
+                    .map_err(|e| sys_err(op, &child, e))?;
+                let to = sys::openat2(dst, &cname, dir_flags, 0, RESOLVE_CHILD)
+                    .map_err(|e| sys_err(op, &child, e))?;
+                copy_tree(op, &child, &from, &to, depth + 1)?;
+                nix::sys::stat::fchmod(to.as_raw_fd(), mode).map_err(|e| sys_err(op, &child, e))?;
+            }
+            libc::S_IFREG => {
+                let from = sys::openat2(
+                    src,
+                    &cname,
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    0,
+                    RESOLVE_CHILD,
+                )
+                .map_err(|e| sys_err(op, &child, e))?;
+                let to = sys::openat2(
+                    dst,
+                    &cname,
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                    (st.st_mode & 0o777) as libc::mode_t,
+                    RESOLVE_CHILD,
+                )
+                .map_err(|e| sys_err(op, &child, e))?;
+                let (mut from, mut to) = (File::from(from), File::from(to));
+                std::io::copy(&mut from, &mut to).map_err(|e| io_err(op, &child, e))?;
+                nix::sys::stat::fchmod(to.as_raw_fd(), mode).map_err(|e| sys_err(op, &child, e))?;
+            }
+            libc::S_IFLNK => {
+                let target = nix::fcntl::readlinkat(Some(src.as_raw_fd()), name.as_os_str())
+                    .map_err(|e| sys_err(op, &child, e))?;
+                nix::unistd::symlinkat(target.as_os_str(), Some(dst.as_raw_fd()), name.as_os_str())
+                    .map_err(|e| sys_err(op, &child, e))?;
+            }
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "{op}: {child} is a special file ({}); a directory of the host workspace \
+                     holding one cannot be moved",
+                    kind_name(&st)
+                )));
+            }
         }
     }
     Ok(())
