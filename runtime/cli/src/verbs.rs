@@ -713,10 +713,7 @@ fn approval_sandbox(client: &Client, approval: &str, sandbox: Option<String>) ->
 }
 
 fn print_approvals(list: &Value) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let now = taskbox_core::support::now_ms();
     let items = list.as_array().cloned().unwrap_or_default();
     if items.is_empty() {
         eprintln!("taskbox: no exec is waiting for approval");

@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rmcp::Peer;
 use rmcp::model::{ElicitRequestParams, ElicitationAction, ElicitationSchema};
@@ -119,10 +119,7 @@ async fn ask(peer: &Peer<RoleServer>, approval: &Approval) -> Result<(), String>
          Let it run?",
         approval.command, approval.reason
     );
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64;
+    let now = taskbox_core::support::now_ms();
     let left = Duration::from_millis(approval.expires_at_ms.saturating_sub(now).max(1));
     let params = ElicitRequestParams::FormElicitationParams {
         meta: None,

@@ -343,7 +343,10 @@ struct Call {
 }
 
 impl Call {
-    fn start(op: OpName, request: Value) -> Call {
+    /// A call of `op` with `request`, redacted and bounded once here for both lines it may
+    /// become (its start and its op).
+    fn start(op: OpName, mut request: Value) -> Call {
+        sanitize(&mut request);
         Call {
             op,
             request,
@@ -464,8 +467,7 @@ impl<B: SandboxApi> Traced<B> {
         let Some(handle) = handle else {
             return Ok(());
         };
-        let mut request = call.request.clone();
-        sanitize(&mut request);
+        let request = call.request.clone();
         let mut tf = lock(&handle);
         if tf.closed {
             return Ok(());
@@ -539,7 +541,7 @@ fn record_failed(op: OpName, e: TraceError) -> ApiError {
 
 /// Sanitises `op`, numbers it and appends it under the file's lock, so seq matches file order.
 fn append_op(handle: &Handle, mut op: TraceOp, closes: bool) -> Result<(), TraceError> {
-    sanitize(&mut op.request);
+    // The request was sanitised when its call started.
     sanitize_outcome(&mut op.outcome);
     let mut tf = lock(handle);
     if tf.closed {

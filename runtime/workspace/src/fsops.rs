@@ -1326,14 +1326,7 @@ impl WorkspaceFs {
                     "remove: {rel} is a directory; set recursive to remove it and everything beneath it"
                 )));
             }
-            let dir = sys::openat2(
-                &parent,
-                &c_name(name),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-                0,
-                RESOLVE_CHILD,
-            )
-            .map_err(|e| sys_err(op, &rel, e))?;
+            let dir = open_child_dir(&parent, name).map_err(|e| sys_err(op, &rel, e))?;
             remove_tree(op, &rel, &dir, 1)?;
             nix::unistd::unlinkat(Some(parent.as_raw_fd()), name, UnlinkatFlags::RemoveDir)
                 .map_err(|e| sys_err(op, &rel, e))
@@ -1441,14 +1434,7 @@ impl WorkspaceFs {
                 })?;
         }
         let open_dir = |parent: &OwnedFd, name: &OsStr, rel: &RelPath| {
-            sys::openat2(
-                parent,
-                &c_name(name),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-                0,
-                RESOLVE_CHILD,
-            )
-            .map_err(|e| sys_err(op, rel, e))
+            open_child_dir(parent, name).map_err(|e| sys_err(op, rel, e))
         };
         let src = open_dir(fparent, fname, from)?;
         nix::sys::stat::mkdirat(
@@ -1680,6 +1666,17 @@ fn adopt_owner_at(parent: &OwnedFd, name: &OsStr) {
 }
 
 /// Removes everything in the directory `dir` (open for reading), never following symlinks.
+/// The directory `name` beneath `dir`, opened without following a symlink on the way.
+fn open_child_dir(dir: &OwnedFd, name: &OsStr) -> Result<OwnedFd, Errno> {
+    sys::openat2(
+        dir,
+        &c_name(name),
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+        RESOLVE_CHILD,
+    )
+}
+
 fn remove_tree(op: &str, rel: &RelPath, dir: &OwnedFd, depth: usize) -> Result<(), ApiError> {
     if depth > MAX_REMOVE_DEPTH {
         return Err(ApiError::LimitExceeded(format!(
@@ -1693,14 +1690,7 @@ fn remove_tree(op: &str, rel: &RelPath, dir: &OwnedFd, depth: usize) -> Result<(
             continue;
         };
         let r = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            let sub = sys::openat2(
-                dir,
-                &c_name(&name),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-                0,
-                RESOLVE_CHILD,
-            )
-            .map_err(|e| sys_err(op, &child, e))?;
+            let sub = open_child_dir(dir, &name).map_err(|e| sys_err(op, &child, e))?;
             remove_tree(op, &child, &sub, depth + 1)?;
             nix::unistd::unlinkat(
                 Some(dir.as_raw_fd()),
@@ -1744,7 +1734,6 @@ fn copy_tree(
         };
         let mode = Mode::from_bits_truncate(st.st_mode & 0o7777);
         let cname = c_name(&name);
-        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => {
                 nix::sys::stat::mkdirat(
@@ -1753,10 +1742,8 @@ fn copy_tree(
                     Mode::from_bits_truncate(0o700),
                 )
                 .map_err(|e| sys_err(op, &child, e))?;
-                let from = sys::openat2(src, &cname, dir_flags, 0, RESOLVE_CHILD)
-                    .map_err(|e| sys_err(op, &child, e))?;
-                let to = sys::openat2(dst, &cname, dir_flags, 0, RESOLVE_CHILD)
-                    .map_err(|e| sys_err(op, &child, e))?;
+                let from = open_child_dir(src, &name).map_err(|e| sys_err(op, &child, e))?;
+                let to = open_child_dir(dst, &name).map_err(|e| sys_err(op, &child, e))?;
                 copy_tree(op, &child, &from, &to, depth + 1)?;
                 nix::sys::stat::fchmod(to.as_raw_fd(), mode).map_err(|e| sys_err(op, &child, e))?;
             }
