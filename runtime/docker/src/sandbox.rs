@@ -279,49 +279,34 @@ impl Sandbox {
         }
     }
 
-    /// The wrapper's host pid of an exec, asking the daemon the first time.
-    fn wrapper_pid(&self, slot: &Slot) -> Option<i32> {
+    /// The wrapper's host pid of an exec: known, or asked of the daemon once (`None` while the
+    /// daemon has none yet).
+    fn wrapper_pid(&self, slot: &Slot) -> Result<Option<i32>, DaemonError> {
         let (known, exec) = {
             let st = slot.state();
             (st.proc.wrapper_pid, st.proc.docker_exec.clone())
         };
-        if known.is_some() {
-            return known;
-        }
-        let exec = exec?;
+        let (None, Some(exec)) = (known, exec) else {
+            return Ok(known);
+        };
         let d = &self.daemon;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let inspect =
-                d.block_on(d.call("inspect an exec", d.timeout, d.docker.inspect_exec(&exec)));
-            match inspect {
-                Ok(i) => {
-                    if let Some(pid) = i.pid.filter(|p| *p > 0) {
-                        let pid = pid as i32;
-                        slot.state().proc.wrapper_pid = Some(pid);
-                        return Some(pid);
-                    }
-                    if i.running == Some(false) && Instant::now() > deadline {
-                        return None;
-                    }
-                }
-                Err(_) => return None,
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        let inspect =
+            d.block_on(d.call("inspect an exec", d.timeout, d.docker.inspect_exec(&exec)))?;
+        let pid = inspect.pid.filter(|p| *p > 0).map(|p| p as i32);
+        if pid.is_some() {
+            slot.state().proc.wrapper_pid = pid;
         }
+        Ok(pid)
     }
 
     /// The exec's wrapper, once it runs the command (a kill sent before could miss the exec:
     /// the daemon reports a pid before the wrapper is executed, and the wrapper waits for its
     /// signals only once it has blocked them, which it does before it starts the command);
-    /// `None` when it never shows in time or the exec ended.
+    /// `None` when it never shows in time, the exec ended, or the daemon cannot be asked.
     fn wrapper(&self, slot: &Slot) -> Option<i32> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Some(pid) = self.wrapper_pid(slot)
+            if let Some(pid) = self.wrapper_pid(slot).ok()?
                 && procfs::is_wrapper_of(pid, slot.id)
                 && !procfs::children(pid).is_empty()
             {
