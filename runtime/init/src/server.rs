@@ -67,10 +67,10 @@ pub fn serve(config: &InitConfig) -> ! {
                 }
             }
         }
-        if starter.as_ref().is_some_and(|s| s.reaped) {
-            if let Some(s) = starter.take() {
-                s.ended();
-            }
+        if starter.as_ref().is_some_and(|s| s.reaped)
+            && let Some(s) = starter.take()
+        {
+            s.ended();
         }
         let starter_fd = starter.as_ref().map(|s| s.sock.as_fd());
         let mut fds = vec![PollFd::new(control_fd(), PollFlags::POLLIN)];
