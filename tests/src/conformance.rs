@@ -21,7 +21,7 @@ use crate::suite::{Subject, code_of, expect_code};
 #[macro_export]
 macro_rules! api_conformance {
     ($subject:expr) => {
-        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving);
+        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output);
     };
     (@checks $subject:expr; $($name:ident),*) => {
         $(
@@ -1781,5 +1781,84 @@ pub fn a_command_that_kills_all_it_can_leaves_the_sandbox_serving(s: &Subject) {
             "exec {i} after kill -9 -1: {r:?}"
         );
     }
+    s.api.destroy(&id).unwrap();
+}
+
+/// Stdin of any bytes (base64 in the request) reaches the command unchanged, 3 MiB of it; with
+/// `merge_output` stderr goes to stdout in the order of the writes; bad encodings are refused.
+pub fn binary_stdin_and_merged_output(s: &Subject) {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let id = s.create();
+    // Every byte value, NUL and invalid UTF-8 included, in a 3 MiB stream.
+    let data: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let want: String = sha2::Sha256::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let r = s.run(
+        &id,
+        ExecRequest {
+            stdin: Some(base64::engine::general_purpose::STANDARD.encode(&data)),
+            stdin_encoding: Some("base64".into()),
+            ..shell("sha256sum")
+        },
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(
+        r.stdout.text.starts_with(&want),
+        "the command saw other bytes: {} against {want}",
+        r.stdout.text
+    );
+
+    let r = s.run(
+        &id,
+        ExecRequest {
+            merge_output: true,
+            ..shell("echo a; echo b >&2; echo c; echo d >&2; exit 3")
+        },
+    );
+    assert_eq!(
+        (
+            r.exit_code,
+            r.stdout.text.as_str(),
+            r.stderr.text.as_str(),
+            r.stderr.bytes
+        ),
+        (Some(3), "a\nb\nc\nd\n", "", 0),
+        "{r:?}"
+    );
+
+    for (req, what) in [
+        (
+            ExecRequest {
+                stdin: Some("not base64 !".into()),
+                stdin_encoding: Some("base64".into()),
+                ..shell("cat")
+            },
+            "stdin that is not base64",
+        ),
+        (
+            ExecRequest {
+                stdin: Some("x".into()),
+                stdin_encoding: Some("rot13".into()),
+                ..shell("cat")
+            },
+            "an unknown stdin encoding",
+        ),
+        (
+            ExecRequest {
+                stdin_encoding: Some("base64".into()),
+                ..shell("cat")
+            },
+            "an encoding without stdin",
+        ),
+    ] {
+        expect_code(what, s.api.exec(&id, req, None), "invalid_argument");
+    }
+    // The sandbox answers as before.
+    assert_eq!(s.sh(&id, "echo ok").stdout.text, "ok\n");
     s.api.destroy(&id).unwrap();
 }
