@@ -31,7 +31,10 @@ pub(crate) fn fail(stage: &str, message: impl std::fmt::Display) -> ! {
         stage: stage.to_string(),
         message: message.to_string(),
     });
-    std::process::exit(125)
+    // _exit: the command's process may share its reaper's memory until its exec (see the
+    // server's spawn_command); nothing here has buffered output to flush.
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(125) }
 }
 
 /// A shell (and most tools that run others) exits with 128 + N when a child died of signal N:
@@ -238,7 +241,8 @@ fn exec(config: &InitConfig) -> ! {
         }
     }
     report(&Status::ExecFailed { errno, program });
-    std::process::exit(if errno == libc::ENOENT { 127 } else { 126 })
+    // SAFETY: _exit has no preconditions (see `fail`).
+    unsafe { libc::_exit(if errno == libc::ENOENT { 127 } else { 126 }) }
 }
 
 fn set_rlimit(resource: RlimitResource, limit: u64) -> nix::Result<()> {
