@@ -20,7 +20,15 @@ while [ $# -gt 0 ]; do
     *) echo "usage: scripts/wheel.sh [--profile release|dev|NAME] [--out DIR]" >&2; exit 2 ;;
   esac
 done
-command -v maturin >/dev/null || { echo "scripts/wheel.sh: maturin not found (pip install maturin)" >&2; exit 1; }
+# maturin on PATH, else the one of python3's packages.
+if command -v maturin >/dev/null; then
+  maturin=(maturin)
+elif python3 -m maturin --version >/dev/null 2>&1; then
+  maturin=(python3 -m maturin)
+else
+  echo "scripts/wheel.sh: maturin not found (python3 -m pip install maturin)" >&2
+  exit 1
+fi
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 case "$profile" in
   dev|test) dir=debug ;;
@@ -37,5 +45,5 @@ install -m 755 "$target/$dir/taskbox-init" "$data/taskbox-init"
 # Only this build's wheel is left in OUT, so that whoever installs "the" wheel gets this one.
 mkdir -p "$out"
 rm -f "$out"/taskbox-*.whl
-(cd python && maturin build --quiet --profile "$profile" --target-dir "$target" --out "$out")
+(cd python && "${maturin[@]}" build --quiet --profile "$profile" --target-dir "$target" --out "$out")
 ls "$out"/taskbox-*.whl
