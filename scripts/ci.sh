@@ -32,9 +32,9 @@ fi
 python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }; python3 -m pip install --quiet mcp || python3 -m pip install --quiet --break-system-packages mcp; }
 # The Python SDK (python/) and its suite under the same python3: the SDK's dependencies (httpx,
 # httpx-sse, pydantic), pytest, and maturin, which builds the wheel that the suite installs into a
-# fresh venv (scripts/test.sh builds it; here in release mode, the wheel users get).
+# fresh venv (scripts/test.sh builds it from the debug build it has just made, so CI compiles
+# nothing twice; TASKBOX_WHEEL_PROFILE=release would add a release build of the whole tree).
 python3 -c 'import httpx, httpx_sse, pydantic, pytest, maturin' 2>/dev/null || { python3 -m pip install --quiet httpx httpx-sse pydantic pytest maturin || python3 -m pip install --quiet --break-system-packages httpx httpx-sse pydantic pytest maturin; }
-export TASKBOX_WHEEL_PROFILE=${TASKBOX_WHEEL_PROFILE:-release}
 
 # The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
 # (Debian's docker.io). A dockerd started here is stopped at the end.

@@ -14,7 +14,7 @@ cargo build --workspace --bins
 
 # The Python SDK's wheel test (tests/tests/python.rs) installs the wheel of scripts/wheel.sh into
 # a fresh venv. Built from the debug build just made by default (seconds: nothing is compiled
-# again); TASKBOX_WHEEL_PROFILE=release builds the wheel users get (CI does). Without maturin the
+# again); TASKBOX_WHEEL_PROFILE=release builds the wheel users get. Without maturin the
 # wheel test skips (a failure under TASKBOX_REQUIRE_ALL=1).
 if command -v maturin >/dev/null || python3 -m maturin --version >/dev/null 2>&1; then
   echo "== building the Python wheel (profile ${TASKBOX_WHEEL_PROFILE:-dev})"
