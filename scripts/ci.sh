@@ -34,7 +34,10 @@ python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&
 # httpx-sse, pydantic), pytest, and maturin, which builds the wheel that the suite installs into a
 # fresh venv (scripts/test.sh builds it from the debug build it has just made, so CI compiles
 # nothing twice; TASKBOX_WHEEL_PROFILE=release would add a release build of the whole tree).
-python3 -c 'import httpx, httpx_sse, pydantic, pytest, maturin' 2>/dev/null || { python3 -m pip install --quiet httpx httpx-sse pydantic pytest maturin || python3 -m pip install --quiet --break-system-packages httpx httpx-sse pydantic pytest maturin; }
+# inspect-ai and mini-swe-agent: the harnesses whose adapters (taskbox.inspect,
+# taskbox.minisweagent) the suite runs, inspect's own sandbox self-check among it.
+py_pkgs=(httpx httpx-sse pydantic pytest maturin inspect-ai mini-swe-agent)
+python3 -c 'import httpx, httpx_sse, pydantic, pytest, maturin, inspect_ai, minisweagent' >/dev/null 2>&1 || { python3 -m pip install --quiet "${py_pkgs[@]}" || python3 -m pip install --quiet --break-system-packages "${py_pkgs[@]}"; }
 
 # The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
 # (Debian's docker.io). A dockerd started here is stopped at the end.

@@ -2,7 +2,7 @@
 //! test file there, so nextest reports and runs them apart.
 //!
 //! Each runs `python3 -m pytest FILE` from PATH (the interpreter scripts/ci.sh provisions with
-//! pytest, httpx, httpx-sse and pydantic) with `TASKBOX_BIN_DIR` naming the built binaries and
+//! pytest, httpx, httpx-sse, pydantic, maturin, inspect-ai and mini-swe-agent) with `TASKBOX_BIN_DIR` naming the built binaries and
 //! `TASKBOX_WHEEL_DIR` where scripts/wheel.sh left the wheel (scripts/test.sh builds it before the
 //! suites run). Without python3 or those packages the tests skip with the reason, a failure
 //! under `TASKBOX_REQUIRE_ALL=1`, which the Python tests pass on: a skip there fails too.
@@ -118,4 +118,6 @@ python_tests! {
     python_tcp => "test_tcp.py",
     python_autostart => "test_autostart.py",
     python_wheel => "test_wheel.py",
+    python_inspect => "test_inspect.py",
+    python_minisweagent => "test_minisweagent.py",
 }
