@@ -46,7 +46,7 @@ def test_async_create_exec_read_write_diff_destroy(supervisor: Supervisor, works
 def test_async_streaming_and_background(supervisor: Supervisor, workspace: Path) -> None:
     async def main() -> None:
         async with supervisor.async_client() as tb, tb.sandbox(workspace=workspace) as sb:
-            events: list[m.ExecEvent] = []
+            events: list[m.AnyEvent] = []
             stamps: list[float] = []
             t0 = time.monotonic()
             async for ev in sb.exec_stream("echo one; sleep 1; echo two"):

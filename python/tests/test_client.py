@@ -72,7 +72,7 @@ def test_streaming_exec_yields_output_as_it_comes(sandbox: taskbox.Sandbox) -> N
     script = "echo first; sleep 1; echo second >&2; sleep 1; echo third"
     seen: list[tuple[str, str, float]] = []
     start = time.monotonic()
-    events: list[m.ExecEvent] = []
+    events: list[m.AnyEvent] = []
     for ev in sandbox.exec_stream(script):
         events.append(ev)
         if isinstance(ev, (m.StdoutEvent, m.StderrEvent)):

@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import bin_dir, make_workspace, require, serve_pid, stop_pid, target_dir
 
 SCRIPT = r"""
-import json, taskbox
+import importlib.metadata, json, taskbox
 with taskbox.Client() as tb, tb.sandbox(workspace=".") as sb:
     r = sb.exec("echo made > made.txt; python3 -c 'print(6 * 7)'")
     read = sb.read("made.txt").content
@@ -24,6 +24,7 @@ print(json.dumps({
     "exit_code": r.exit_code, "stdout": r.stdout.text, "read": read,
     "files": [f.path for f in diff.files], "diff": diff.diff, "sid": sid, "left": left,
     "taskbox": str(taskbox.find_binary()), "init": str(taskbox.find_binary("taskbox-init")),
+    "inspect": [ep.value for ep in importlib.metadata.entry_points(group="inspect_ai") if ep.name == "taskbox"],
 }))
 """
 
@@ -74,6 +75,7 @@ def test_a_fresh_venv_installs_the_wheel_and_runs_a_sandbox(tmp_path: Path) -> N
         assert out["left"] == [], "the sandbox was destroyed"
         assert Path(out["taskbox"]) == (venv / "bin/taskbox").resolve()
         assert Path(out["init"]) == (venv / "bin/taskbox-init").resolve()
+        assert out["inspect"] == ["taskbox.inspect"], "sandbox=\"taskbox\" is registered for inspect-ai"
         assert "started one in the background" in run.stderr and "decoy" not in run.stderr
         pid = serve_pid(state / "taskbox.sock")
         assert Path(os.readlink(f"/proc/{pid}/exe")) == (venv / "bin/taskbox").resolve()

@@ -25,6 +25,7 @@ from .client import Client, Process, Sandbox
 from .errors import *  # noqa: F403
 from .models import (
     AnsweredEvent,
+    AnyEvent,
     Approval,
     ApprovalEvent,
     Change,
@@ -69,6 +70,7 @@ __all__ = [
     "errors",
     "models",
     "AnsweredEvent",
+    "AnyEvent",
     "Approval",
     "ApprovalEvent",
     "Change",

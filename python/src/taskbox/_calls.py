@@ -231,7 +231,7 @@ def remove(id: str, path: str, recursive: bool) -> Call[None]:
 
 
 def move(id: str, src: str, dst: str, overwrite: bool) -> Call[None]:
-    req = m.MoveRequest(from_=src, to=dst, overwrite=overwrite or None)
+    req = m.MoveRequest.model_validate({"from": src, "to": dst, "overwrite": overwrite or None})
     return call("move", _none, body=req, id=id)
 
 

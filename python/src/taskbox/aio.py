@@ -20,6 +20,7 @@ from . import _calls as calls
 from . import _local
 from . import models as m
 from ._calls import Call, check, connection_error, error_of
+from ._routes import route
 from ._target import DEFAULT_TIMEOUT, Target, resolve, tar_of, workspace_path
 from .errors import NotFoundError, TaskboxConnectionError
 
@@ -208,9 +209,9 @@ class AsyncClient:
 
     # ---- streaming -----------------------------------------------------------------------
 
-    async def _stream(self, id: str, req: m.ExecRequest) -> AsyncIterator[m.ExecEvent]:
+    async def _stream(self, id: str, req: m.ExecRequest) -> AsyncIterator[m.AnyEvent]:
         await self.connect()
-        method, path = calls.route("exec", id=id)
+        method, path = route("exec", id=id)
         try:
             async with aconnect_sse(self._http, method, path, json=req.body()) as source:
                 r = source.response
@@ -308,7 +309,7 @@ class AsyncSandbox:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
-    ) -> AsyncIterator[m.ExecEvent]:
+    ) -> AsyncIterator[m.AnyEvent]:
         """Runs a command and yields its events as they come (Server-Sent Events):
         `StartedEvent`, `StdoutEvent`/`StderrEvent` chunks, and last an `EndedEvent` with the
         result (`ApprovalEvent`/`AnsweredEvent` when the command policy asks a person first).

@@ -19,6 +19,7 @@ from . import _calls as calls
 from . import _local
 from . import models as m
 from ._calls import Call, check, connection_error, error_of
+from ._routes import route
 from ._target import DEFAULT_TIMEOUT, Target, resolve, tar_of, workspace_path
 from .errors import NotFoundError, TaskboxConnectionError
 
@@ -207,9 +208,9 @@ class Client:
 
     # ---- streaming -----------------------------------------------------------------------
 
-    def _stream(self, id: str, req: m.ExecRequest) -> Iterator[m.ExecEvent]:
+    def _stream(self, id: str, req: m.ExecRequest) -> Iterator[m.AnyEvent]:
         self.connect()
-        method, path = calls.route("exec", id=id)
+        method, path = route("exec", id=id)
         try:
             with connect_sse(self._http, method, path, json=req.body()) as source:
                 r = source.response
@@ -307,7 +308,7 @@ class Sandbox:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
-    ) -> Iterator[m.ExecEvent]:
+    ) -> Iterator[m.AnyEvent]:
         """Runs a command and yields its events as they come (Server-Sent Events):
         `StartedEvent`, `StdoutEvent`/`StderrEvent` chunks, and last an `EndedEvent` with the
         result (`ApprovalEvent`/`AnsweredEvent` when the command policy asks a person first).

@@ -73,7 +73,7 @@ class TaskboxEnvironment:
             ttl=c.ttl,
         )
 
-    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+    def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         """Runs `action["command"]` in the sandbox; the answer mini-swe-agent's environments give."""
         command = action.get("command", "")
         limit = timeout or self.config.timeout

@@ -35,6 +35,7 @@ __all__ = [
     "StderrEvent",
     "EndedEvent",
     "ExecEvent",
+    "AnyEvent",
     "ReadResult",
     "WriteResult",
     "EditResult",
@@ -304,10 +305,10 @@ class EndedEvent(Answer):
     result: ExecResult
 
 
-ExecEvent = Annotated[
-    Union[ApprovalEvent, AnsweredEvent, StartedEvent, StdoutEvent, StderrEvent, EndedEvent],
-    Field(discriminator="type"),
-]
+#: One event of a streamed exec.
+AnyEvent = Union[ApprovalEvent, AnsweredEvent, StartedEvent, StdoutEvent, StderrEvent, EndedEvent]
+#: [`AnyEvent`] as pydantic reads it: by its `type`.
+ExecEvent = Annotated[AnyEvent, Field(discriminator="type")]
 #: The streamed events, by their SSE `event:` name (the `type` field).
 EVENT_TYPES: dict[str, type[Answer]] = {
     "approval": ApprovalEvent,
@@ -317,10 +318,10 @@ EVENT_TYPES: dict[str, type[Answer]] = {
     "stderr": StderrEvent,
     "ended": EndedEvent,
 }
-_EVENT = TypeAdapter(ExecEvent)
+_EVENT: TypeAdapter[AnyEvent] = TypeAdapter(ExecEvent)
 
 
-def parse_event(data: str) -> ApprovalEvent | AnsweredEvent | StartedEvent | StdoutEvent | StderrEvent | EndedEvent:
+def parse_event(data: str) -> AnyEvent:
     """One SSE event's `data:` JSON as its model."""
     return _EVENT.validate_json(data)
 
