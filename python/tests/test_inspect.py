@@ -91,3 +91,22 @@ def sandbox_env(supervisor: Supervisor, loop: asyncio.AbstractEventLoop) -> Iter
 )
 def test_self_check(check: str, sandbox_env: Any, loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(getattr(self_check, check)(sandbox_env))
+
+
+def test_the_config_is_hashable_and_reaches_the_sandbox(supervisor: Supervisor, loop: asyncio.AbstractEventLoop) -> None:
+    """inspect keys its sandbox cache by the config (a dict field would make it unhashable)."""
+    require(self_check is not None, f"inspect-ai is not installed: {IMPORT_ERROR}")
+    from taskbox.inspect import TaskboxSandboxConfig, TaskboxSandboxEnvironment
+
+    cfg = TaskboxSandboxConfig(socket=str(supervisor.socket), env={"GREETING": "hello"})
+    assert hash(cfg) == hash(TaskboxSandboxConfig(socket=str(supervisor.socket), env={"GREETING": "hello"}))
+    assert TaskboxSandboxEnvironment.config_deserialize(cfg.model_dump()) == cfg
+
+    async def run() -> str:
+        envs = await TaskboxSandboxEnvironment.sample_init("cfg", cfg, {})
+        try:
+            return (await envs["default"].exec(["sh", "-c", "echo $GREETING"])).stdout
+        finally:
+            await TaskboxSandboxEnvironment.sample_cleanup("cfg", cfg, envs, False)
+
+    assert loop.run_until_complete(run()) == "hello\n"

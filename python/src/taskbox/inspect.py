@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union, overload
 
@@ -33,7 +34,7 @@ from inspect_ai.util import (
     SandboxUserUnsupportedError,
     sandboxenv,
 )
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from . import errors as e
 from ._calls import content_bytes
@@ -62,9 +63,15 @@ class TaskboxSandboxConfig(BaseModel, frozen=True):
     policy_toml: str | None = None
     image: str | None = None
     backend: str | None = None
-    env: dict[str, str] = {}
+    #: Variables of every exec (a mapping; kept as pairs, since inspect hashes the config).
+    env: tuple[tuple[str, str], ...] = ()
     #: Lease of each sandbox, in seconds (default: the supervisor's).
     ttl: float | None = None
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _pairs(cls, v: Any) -> Any:
+        return tuple(sorted(v.items())) if isinstance(v, Mapping) else v
 
 
 def _config(config: SandboxEnvironmentConfigType | None) -> TaskboxSandboxConfig:
@@ -140,7 +147,7 @@ class TaskboxSandboxEnvironment(SandboxEnvironment):
                 policy_toml=cfg.policy_toml,
                 image=cfg.image,
                 backend=cfg.backend,
-                env=cfg.env or None,
+                env=dict(cfg.env) or None,
                 labels={"inspect-task": task_name[:200]},
                 ttl=cfg.ttl,
             )
