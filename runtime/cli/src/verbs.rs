@@ -168,6 +168,9 @@ pub struct ExecArgs {
     /// Start in the background and print the process handle.
     #[arg(long)]
     background: bool,
+    /// Send the command's stderr to its stdout, in the order written (as `2>&1`).
+    #[arg(long)]
+    merge_output: bool,
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
@@ -796,6 +799,9 @@ fn approvals(client: &Client, verb: Verb) -> Result<u8> {
 
 fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
     let mut body = json!({"argv": a.command, "env": kv_map(&a.env), "background": a.background});
+    if a.merge_output {
+        body["merge_output"] = json!(true);
+    }
     if let Some(t) = a.timeout {
         body["timeout_ms"] = json!(t.as_millis() as u64);
     }

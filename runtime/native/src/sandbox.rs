@@ -882,8 +882,8 @@ impl Sandbox {
         let (in_r, in_w) = pipe()?;
         let mut stdin_keep: Option<Box<dyn kit::StdinSink>> = None;
         match (&plan.stdin, plan.background) {
-            (Some(text), _) => {
-                let data = text.clone().into_bytes();
+            (Some(data), _) => {
+                let data = data.clone();
                 let mut w = fs::File::from(in_w);
                 std::thread::spawn(move || {
                     let _ = w.write_all(&data);
@@ -911,7 +911,17 @@ impl Sandbox {
                 cwd: plan.cwd.clone(),
                 env: plan.env.clone(),
             },
-            &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            &[
+                in_r.as_raw_fd(),
+                out_w.as_raw_fd(),
+                // Merged: both on the one pipe, so their order is the order of the writes; the
+                // stderr pipe then ends at once.
+                if plan.merge_output {
+                    out_w.as_raw_fd()
+                } else {
+                    err_w.as_raw_fd()
+                },
+            ],
         );
         drop((in_r, out_w, err_w));
         if let Err(e) = sent {

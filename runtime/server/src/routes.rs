@@ -29,6 +29,11 @@ use crate::workspaces::WorkspaceUpload;
 /// The workspace upload's route: its body is a tar up to `max_upload_bytes`, not JSON.
 const UPLOAD_PATH: &str = "/v1/workspaces";
 
+/// The stdin route, whose raw body streams (no body limit: input of any size).
+const STDIN_PATH: &str = "/v1/sandboxes/{id}/processes/{exec_id}/stdin";
+const STDIN_RAW: &str = "the bytes to write, streamed to the process as they arrive (input of \
+    any size: no body limit); `?close=true` closes stdin after them";
+
 struct Route {
     spec: RouteSpec,
     handler: MethodRouter<AppState>,
@@ -239,11 +244,12 @@ fn table() -> Vec<Route> {
         route(
             RouteSpec::new(
                 Post,
-                "/v1/sandboxes/{id}/processes/{exec_id}/stdin",
+                STDIN_PATH,
                 "write_stdin",
                 "write to a background process's stdin",
             )
             .takes(schema::<StdinRequest>)
+            .takes_raw(STDIN_RAW)
             .answers(204, Body::Empty),
             handlers::stdin,
         ),
@@ -356,7 +362,10 @@ pub async fn refuse_large_bodies(
     next: Next,
 ) -> Response {
     if req.method() == axum::http::Method::POST
-        && matched.as_ref().is_some_and(|m| m.as_str() == UPLOAD_PATH)
+        && matched.as_ref().is_some_and(|m| {
+            m.as_str() == UPLOAD_PATH
+                || (m.as_str() == STDIN_PATH && crate::handlers::is_raw_body(req.headers()))
+        })
     {
         return next.run(req).await;
     }

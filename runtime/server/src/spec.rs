@@ -64,6 +64,9 @@ pub struct RouteSpec {
     pub auth: bool,
     /// The JSON request body's schema, if the route takes one.
     pub request: Option<SchemaFn>,
+    /// The route also takes a raw body (`application/octet-stream`, streamed, no body limit):
+    /// what it is.
+    pub raw_request: Option<&'static str>,
     /// Success status and body.
     pub status: u16,
     pub response: Body,
@@ -87,6 +90,7 @@ impl RouteSpec {
             summary,
             auth: true,
             request: None,
+            raw_request: None,
             status: 200,
             response: Body::Empty,
             events: None,
@@ -101,6 +105,12 @@ impl RouteSpec {
 
     pub(crate) fn takes(mut self, s: SchemaFn) -> Self {
         self.request = Some(s);
+        self
+    }
+
+    /// Also takes a raw, streamed body (see [`RouteSpec::raw_request`]).
+    pub(crate) fn takes_raw(mut self, what: &'static str) -> Self {
+        self.raw_request = Some(what);
         self
     }
 

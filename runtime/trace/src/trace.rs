@@ -47,8 +47,11 @@
 //!
 //! # Durability
 //!
-//! Each line is written with one `write` to a file opened for appending and synced with
-//! `fdatasync` before the observation is returned to the caller: nothing acknowledged is lost.
+//! Each line is written with one `write` to a file opened for appending. Op lines (and the
+//! header) are synced with `fdatasync` before the observation is returned to the caller: nothing
+//! acknowledged is lost. A start line is written before its call runs but not synced on its own
+//! (its op line's sync covers it): a supervisor that dies mid-call leaves it in the file, and
+//! only a machine that loses power mid-call can lose it, with the sandbox it ran in.
 //! When a start cannot be recorded (a full disk, a read-only state directory) the operation is
 //! refused before it runs, with an `unavailable` error that says so: nothing runs unrecorded.
 //! When the end cannot be recorded the caller gets an `internal` error instead of the
@@ -293,13 +296,13 @@ struct TraceFile {
 }
 
 impl TraceFile {
-    /// Appends one line (one write, then fdatasync). On failure the file is cut back to its
-    /// last complete line so later appends stay parseable.
-    fn append(&mut self, line: &[u8]) -> Result<(), TraceError> {
+    /// Appends one line (one write, then fdatasync when `sync`). On failure the file is cut back
+    /// to its last complete line so later appends stay parseable.
+    fn append(&mut self, line: &[u8], sync: bool) -> Result<(), TraceError> {
         let res = self
             .file
             .write_all(line)
-            .and_then(|()| self.file.sync_data());
+            .and_then(|()| if sync { self.file.sync_data() } else { Ok(()) });
         match res {
             Ok(()) => {
                 self.len += line.len() as u64;
@@ -432,7 +435,7 @@ impl<B: SandboxApi> Traced<B> {
             len: 0,
             closed: false,
         };
-        tf.append(&header_line(header))?;
+        tf.append(&header_line(header), true)?;
         Ok(Arc::new(Mutex::new(tf)))
     }
 
@@ -458,8 +461,7 @@ impl<B: SandboxApi> Traced<B> {
         Ok(Some(handle))
     }
 
-    /// Records that `call`, which changes the sandbox, is about to run, and syncs it: when that
-    /// cannot be done the call is refused before it runs (so the trace never misses what
+    /// Records that `call`, which changes the sandbox, is about to run: when that cannot be done the call is refused before it runs (so the trace never misses what
     /// ran). Returns the start's number for [`Traced::finish`]; `None` for a sandbox the
     /// backend does not know (its call fails on its own).
     fn begin(&self, id: &SandboxId, call: &mut Call) -> Result<(), ApiError> {
@@ -480,7 +482,13 @@ impl<B: SandboxApi> Traced<B> {
         };
         let mut bytes = serde_json::to_vec(&Line::Started(start)).unwrap_or_default();
         bytes.push(b'\n');
-        tf.append(&bytes).map_err(|e| begin_failed(call.op, e))?;
+        // Written, not synced: once written the kernel holds it, so a supervisor that dies during
+        // the call leaves it behind; the op line's fdatasync makes both durable before the answer
+        // goes back. Only a machine that loses power mid-call may lose a start, together with the
+        // sandbox it ran in. One sync per call instead of two: on a busy disk each costs as much
+        // as the exec itself.
+        tf.append(&bytes, false)
+            .map_err(|e| begin_failed(call.op, e))?;
         call.start = Some(tf.next_start);
         tf.next_start += 1;
         Ok(())
@@ -548,7 +556,7 @@ fn append_op(handle: &Handle, mut op: TraceOp, closes: bool) -> Result<(), Trace
         return Ok(());
     }
     op.seq = tf.next_seq;
-    tf.append(&op_line(&op))?;
+    tf.append(&op_line(&op), true)?;
     tf.next_seq += 1;
     tf.closed = closes;
     Ok(())
