@@ -213,3 +213,27 @@ def test_health_metrics_openapi(client: taskbox.Client) -> None:
     assert h.status == "ok" and h.version
     assert "taskbox_" in client.metrics()
     assert client.openapi()["openapi"].startswith("3.")
+
+
+def test_binary_and_large_stdin_and_merged_output(sandbox: taskbox.Sandbox) -> None:
+    raw = b"\xc3\x28\x00\xff\x01bytes"
+    assert sandbox.exec("cat > got.bin", stdin=raw).ok
+    assert sandbox.read_bytes("got.bin") == raw
+    # Larger than a request body may be: streamed to the command (bytes and text alike).
+    big = bytes(range(256)) * (24 << 12)  # 24 MiB
+    r = sandbox.exec(["sh", "-c", "wc -c; echo done >&2"], stdin=big)
+    assert (r.exit_code, r.stdout.text.strip(), r.stderr.text) == (0, str(len(big)), "done\n")
+    assert sandbox.exec(["wc", "-c"], stdin="a" * (5 << 20)).stdout.text.strip() == str(5 << 20)
+    # A command that reads none of it still answers.
+    assert sandbox.exec("exit 3", stdin=big).exit_code == 3
+    m_ = sandbox.exec("echo 1; echo 2 >&2; echo 3", merge_output=True)
+    assert (m_.stdout.text, m_.stderr.text) == ("1\n2\n3\n", "")
+    streamed = [e.data for e in sandbox.exec_stream("echo a; echo b >&2", merge_output=True) if isinstance(e, m.StdoutEvent)]
+    assert "".join(streamed) == "a\nb\n"
+    # A background process reads bytes of any size from its stdin, streamed.
+    p = sandbox.start("sha256sum | cut -c1-64")
+    p.write(big[: 7 << 20])
+    p.write(big[7 << 20 :], close=True)
+    import hashlib
+
+    assert p.wait(timeout=60).result.stdout.text.strip() == hashlib.sha256(big).hexdigest()  # type: ignore[union-attr]

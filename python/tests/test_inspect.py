@@ -30,8 +30,6 @@ OUTSIDE = "the file routes reach only the workspace, while exec can write /tmp (
 #: The checks taskbox fails today, and why (the API gap each one shows).
 GAPS: dict[str, str] = {
     "test_exec_as_user": "no exec as another user: the API runs every command as the sandbox's one user",
-    "test_exec_input_binary": "stdin is a JSON string in the exec request: arbitrary bytes cannot be sent",
-    "test_exec_input_large": "a 50 MiB stdin is refused with 413 payload_too_large (the 16 MiB body limit; stdin is not streamed)",
     "test_read_and_write_large_file_binary": "a 50 MiB write is refused with 413 payload_too_large (the 16 MiB body limit; no streamed upload)",
     "test_read_and_write_file_including_directory_absolute": OUTSIDE,
     "test_cwd_absolute": OUTSIDE,

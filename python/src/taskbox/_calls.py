@@ -22,6 +22,9 @@ T = TypeVar("T")
 
 #: The longest a single wait request asks the supervisor for (its own cap is 300 s).
 WAIT_SLICE = 300.0
+#: Stdin larger than this (bytes, or characters of text) is streamed rather than put in the
+#: exec request, whose body the supervisor limits (16 MiB by default; base64 adds a third).
+STREAM_STDIN_OVER = 4 << 20
 
 
 @dataclass
@@ -124,38 +127,43 @@ def exec_request(
     stdin: str | bytes | None,
     timeout: float | None,
     output_limit: int | None,
+    merge_output: bool,
     background: bool,
 ) -> m.ExecRequest:
     """The exec request of `command`: a string is a shell command line (`/bin/sh -c`), a
-    sequence an argv."""
+    sequence an argv. Text stdin goes as it is, bytes as base64."""
     if isinstance(command, str):
         argv, shell = None, command
     elif isinstance(command, (bytes, bytearray)):
         raise TypeError("command must be a str (a shell command line) or a sequence of str (an argv)")
     else:
         argv, shell = [os.fsdecode(a) for a in command], None
+    text, encoding = _encoded(stdin)
     return m.ExecRequest(
         argv=argv,
         shell=shell,
         cwd=cwd,
         env=dict(env) if env else None,
-        stdin=_text_stdin(stdin),
+        stdin=text,
+        stdin_encoding=encoding,
+        merge_output=merge_output or None,
         timeout_ms=None if timeout is None else max(1, int(timeout * 1000)),
         output_limit=output_limit,
         background=background or None,
     )
 
 
-def _text_stdin(data: str | bytes | None) -> str | None:
+def _encoded(data: str | bytes | None) -> tuple[str | None, str | None]:
+    """Text as it is; bytes as base64 (with the encoding to name)."""
     if data is None or isinstance(data, str):
-        return data
-    try:
-        return bytes(data).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            "stdin must be UTF-8 text: the API takes stdin as a JSON string, so it cannot carry "
-            f"arbitrary bytes ({e})"
-        ) from e
+        return data, None
+    return base64.b64encode(bytes(data)).decode("ascii"), "base64"
+
+
+def streams_stdin(stdin: str | bytes | None) -> bool:
+    """Whether `stdin` is too large for a JSON request body: it is then streamed to a
+    background exec instead (the API's stdin of any size)."""
+    return stdin is not None and len(stdin) > STREAM_STDIN_OVER
 
 
 def exec_(id: str, req: m.ExecRequest) -> Call[m.ExecResult]:
@@ -180,8 +188,14 @@ def kill(id: str, exec_id: int, signal: int) -> Call[m.ProcessInfo]:
 
 
 def write_stdin(id: str, exec_id: int, data: str | bytes, close: bool) -> Call[None]:
-    req = m.StdinRequest(data=_text_stdin(data) or None, close=close or None)
-    return call("write_stdin", _none, body=req, id=id, exec_id=exec_id)
+    """Text as JSON; bytes as a raw body, streamed (any size)."""
+    if isinstance(data, str):
+        req = m.StdinRequest(data=data or None, close=close or None)
+        return call("write_stdin", _none, body=req, id=id, exec_id=exec_id)
+    c = call("write_stdin", _none, params={"close": "true"} if close else None, id=id, exec_id=exec_id)
+    c.content = bytes(data)
+    c.headers["Content-Type"] = "application/octet-stream"
+    return c
 
 
 def read(id: str, req: m.ReadRequest) -> Call[m.ReadResult]:

@@ -22,7 +22,7 @@ from . import models as m
 from ._calls import Call, check, connection_error, error_of
 from ._routes import route
 from ._target import DEFAULT_TIMEOUT, Target, resolve, tar_of, workspace_path
-from .errors import NotFoundError, TaskboxConnectionError
+from .errors import NotFoundError, TaskboxConnectionError, TaskboxError
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess"]
 
@@ -291,13 +291,30 @@ class AsyncSandbox:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
+        merge_output: bool = False,
     ) -> m.ExecResult:
         """Runs a command and waits for its result: a string is a shell command line
         (`/bin/sh -c`), a sequence an argv. `timeout` in seconds (default: the policy's);
         `stdin` is given to the command, then closed. A failing command is a result with its
-        exit code, not an exception."""
+        exit code, not an exception. `merge_output` sends stderr to stdout in the order
+        written (as `2>&1`). A large `stdin` (over 4 MiB) is streamed to the command, which then
+        runs as a background exec that this call waits for."""
+        if calls.streams_stdin(stdin):
+            assert stdin is not None
+            p = await self.start(command, cwd=cwd, env=env, timeout=timeout, output_limit=output_limit,
+                                 merge_output=merge_output)
+            data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
+            try:
+                await p.write(data, close=True)
+            except TaskboxError:
+                # A command that ended without reading all its input still has a result.
+                if (await p.wait(timeout=5)).result is None:
+                    raise
+            info = await p.wait()
+            assert info.result is not None
+            return info.result
         req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, background=False)
+                                 output_limit=output_limit, merge_output=merge_output, background=False)
         return await self._send(calls.exec_(self.id, req))
 
     def exec_stream(
@@ -309,13 +326,14 @@ class AsyncSandbox:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
+        merge_output: bool = False,
     ) -> AsyncIterator[m.AnyEvent]:
         """Runs a command and yields its events as they come (Server-Sent Events):
         `StartedEvent`, `StdoutEvent`/`StderrEvent` chunks, and last an `EndedEvent` with the
         result (`ApprovalEvent`/`AnsweredEvent` when the command policy asks a person first).
         Leaving the loop early closes the stream; the command still runs to its end."""
         req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, background=False)
+                                 output_limit=output_limit, merge_output=merge_output, background=False)
         return self.client._stream(self.id, req)
 
     async def start(
@@ -327,11 +345,12 @@ class AsyncSandbox:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
+        merge_output: bool = False,
     ) -> AsyncProcess:
         """Starts a command in the background and returns its handle at once. Without `stdin`
         its standard input stays open for [`AsyncProcess.write`]."""
         req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, background=True)
+                                 output_limit=output_limit, merge_output=merge_output, background=True)
         return AsyncProcess(self, await self._send(calls.start(self.id, req)))
 
     async def process(self, exec_id: int) -> AsyncProcess:
@@ -519,7 +538,8 @@ class AsyncProcess:
         return self.info
 
     async def write(self, data: str | bytes, *, close: bool = False) -> None:
-        """Writes to the process's standard input; `close` closes it afterwards."""
+        """Writes to the process's standard input: text as it is, bytes of any size streamed
+        as they are; `close` closes it afterwards."""
         await self.sandbox._send(calls.write_stdin(self.sandbox.id, self.exec_id, data, close))
 
     async def close_stdin(self) -> None:

@@ -9,8 +9,8 @@ Task(..., sandbox=("taskbox", TaskboxSandboxConfig(policy="default")))
 ```
 
 The adapter translates, it does not emulate: what the sandbox cannot do fails as it fails. There
-is no exec as another user (`user=` raises inspect's `SandboxUserUnsupportedError`), stdin is
-text, and the file operations reach the workspace only; the errors map to the builtins inspect
+is no exec as another user (`user=` raises inspect's `SandboxUserUnsupportedError`), and the
+file operations reach the workspace only; the errors map to the builtins inspect
 expects by their API code (a missing file is `FileNotFoundError`, a refused path or a
 permission the sandbox's own check denies is `PermissionError`, a directory is
 `IsADirectoryError`), never by looking at mode bits or messages.

@@ -12,9 +12,7 @@ env.cleanup()
 ```
 
 Each `execute` is one exec in the sandbox, its output the command's stdout and stderr merged in
-the order written, as mini-swe-agent's own environments give them. The API has no merged output
-yet, so the merge is the sandbox's own shell redirection (`exec 2>&1` before the command), which
-keeps that order exactly.
+the order written (the API's `merge_output`), as mini-swe-agent's own environments give them.
 """
 
 from __future__ import annotations
@@ -80,9 +78,10 @@ class TaskboxEnvironment:
         assert self.sandbox is not None, "the sandbox was cleaned up"
         try:
             r = self.sandbox.exec(
-                [*self.config.interpreter, "exec 2>&1\n" + command],
+                [*self.config.interpreter, command],
                 cwd=cwd or self.config.cwd or None,
                 timeout=limit,
+                merge_output=True,
             )
             if r.timed_out:
                 raise subprocess.TimeoutExpired(command, limit, output=r.stdout.text)

@@ -485,6 +485,8 @@ class ExecRequest(Request):
     cwd: str | None = None
     env: dict[str, str] | None = None
     stdin: str | None = None
+    stdin_encoding: str | None = None
+    merge_output: bool | None = None
     timeout_ms: int | None = None
     output_limit: int | None = None
     background: bool | None = None
@@ -575,6 +577,7 @@ class KillRequest(Request):
 
 class StdinRequest(Request):
     data: str | None = None
+    encoding: str | None = None
     close: bool | None = None
 
 
