@@ -1372,6 +1372,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             &id,
             DiffRequest {
                 since: Some(name.into()),
+                ..Default::default()
             },
         )
     };
@@ -1431,6 +1432,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             ExportRequest {
                 format: ExportFormat::Tar,
                 apply: false,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1457,6 +1459,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             ExportRequest {
                 format: ExportFormat::Patch,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1598,6 +1601,7 @@ pub fn hostile_paths_are_refused_on_every_operation(s: &Subject) {
             &id,
             DiffRequest {
                 since: Some("../../etc".into()),
+                ..Default::default()
             },
         ),
         "invalid_argument",
