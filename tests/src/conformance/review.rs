@@ -71,7 +71,10 @@ pub fn changes_and_diffs_leave_out_what_git_ignores(s: &Subject) {
 
     // A pytest run: bytecode under __pycache__ (ignored by the repository) and pytest's own
     // cache (ignored by the .gitignore pytest writes into it) are not the run's changes.
-    let r = s.run(&id, with_bytecode("python3 -m pytest -q test_calc.py; echo rc=$?"));
+    let r = s.run(
+        &id,
+        with_bytecode("python3 -m pytest -q test_calc.py; echo rc=$?"),
+    );
     assert!(r.stdout.text.contains("rc=1"), "{r:?}");
     assert!(
         r.changes
@@ -194,7 +197,10 @@ pub fn changes_and_diffs_leave_out_what_git_ignores(s: &Subject) {
         )
         .unwrap();
     assert!(e.applied);
-    assert_eq!(std::fs::read_to_string(ws.join("calc.py")).unwrap(), CALC_FIX);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("calc.py")).unwrap(),
+        CALC_FIX
+    );
     assert!(!ws.join("run.log").exists() && !ws.join("build").exists());
     assert!(!ws.join("__pycache__").exists());
     s.api.destroy(&id).unwrap();
@@ -233,7 +239,13 @@ pub fn files_that_run_on_their_own_are_flagged_and_applied_only_when_allowed(s: 
         panic!("an apply of autorun files went through: {refused:?}");
     };
     let msg = e.to_string();
-    for want in [".envrc", "direnv", ".vscode/tasks.json", ".github/workflows/ci.yml", "--allow-autorun"] {
+    for want in [
+        ".envrc",
+        "direnv",
+        ".vscode/tasks.json",
+        ".github/workflows/ci.yml",
+        "--allow-autorun",
+    ] {
         assert!(msg.contains(want), "{want} not in {msg}");
     }
     expect_code("the refused apply", refused, "path_refused");
