@@ -917,8 +917,9 @@ fn base64_encode(data: &[u8]) -> String {
 fn review_notes(r: &serde_json::Value, listed: bool) {
     let ignored = r["ignored"].as_u64().unwrap_or(0);
     if ignored > 0 && !listed {
+        let changes = if ignored == 1 { "change" } else { "changes" };
         eprintln!(
-            "taskbox: {ignored} changes left out (ignored by git, or under .git/); \
+            "taskbox: {ignored} {changes} left out (ignored by git, or under .git/); \
              --include-ignored lists them"
         );
     }
