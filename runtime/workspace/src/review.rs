@@ -210,7 +210,9 @@ impl<'v, 'a> Rules<'v, 'a> {
 }
 
 /// The matcher of the ignore file at `rel` as the view shows it: a regular file (a symlink is
-/// not followed, as git no longer follows one), lines that are not valid patterns skipped.
+/// not followed, as git no longer follows one), lines that are not valid patterns skipped. One
+/// that cannot be read (the sandbox made it unreadable, say) has no rules: it hides nothing, and
+/// never fails the observation it is part of.
 fn read_ignore_file(
     view: &View<'_, UpperDir<'_>>,
     rel: &Path,
@@ -218,18 +220,29 @@ fn read_ignore_file(
     let node = match view.resolve(rel) {
         Ok(Resolved::Upper(n) | Resolved::Lower(n)) => n,
         Ok(_) => return Ok(None),
-        // A look-up through something that is not a directory: no such file.
-        Err(ChangesError::InvalidPath { .. }) => return Ok(None),
-        Err(e) => return Err(e),
+        // The scan of the same layers reports what is unsupported in them.
+        Err(e @ ChangesError::Unsupported { .. }) => return Err(e),
+        Err(e) => {
+            tracing::debug!(path = %rel.display(), error = %e, "ignore file not read");
+            return Ok(None);
+        }
     };
     if !node.meta().file_type().is_file() {
         return Ok(None);
     }
-    let (file, _) = node.open_file()?;
     let mut bytes = Vec::new();
-    file.take(MAX_IGNORE_FILE)
-        .read_to_end(&mut bytes)
-        .map_err(|e| node.error("read", e))?;
+    let read = node
+        .open_file()
+        .map_err(|e| e.to_string())
+        .and_then(|(file, _)| {
+            file.take(MAX_IGNORE_FILE)
+                .read_to_end(&mut bytes)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = read {
+        tracing::debug!(path = %rel.display(), error = %e, "ignore file not read");
+        return Ok(None);
+    }
     let text = String::from_utf8_lossy(&bytes);
     // Root ".": paths are given relative to the file's directory, nothing is stripped.
     let mut b = GitignoreBuilder::new(".");

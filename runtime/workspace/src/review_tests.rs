@@ -192,3 +192,22 @@ fn every_autorun_glob_builds() {
     assert!(AUTORUN_SET.is_some());
     assert_eq!(AUTORUN_SET.as_ref().unwrap().len(), AUTORUN.len());
 }
+
+#[test]
+fn an_unreadable_ignore_file_never_fails_the_review() {
+    let l = layers();
+    write(&l.upper, ".gitignore", "*.log\n");
+    crate::testutil::chmod(&l.upper.join(".gitignore"), 0o000);
+    write(&l.upper, "sub/.gitignore", "*.log\n");
+    crate::testutil::chmod(&l.upper.join("sub"), 0o000);
+    let r = review(
+        &l.upper,
+        &l.lower,
+        vec![change("a.log", Added), change("sub/b.log", Added)],
+        &TrackedFiles::default(),
+    );
+    crate::testutil::chmod(&l.upper.join("sub"), 0o755);
+    // Read as root (the rules apply) or not at all (nothing hidden): never an error.
+    let r = r.unwrap();
+    assert_eq!(r.shown.len() + r.ignored.len(), 2);
+}
