@@ -11,9 +11,13 @@ export CARGO_INCREMENTAL=0
 # System packages the suites use: python3 (escape probes), util-linux (unshare, mount), the
 # Docker Engine (the docker backend), mmdebstrap (Debian-based images), busybox-static (the
 # busybox image and test root filesystems) and chromium (the trace report's browser test, whose
-# screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA).
+# screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA),
+# git and pytest under /usr/bin/python3 (the review checks run a test suite in host-view sandboxes,
+# where only the system interpreter is seen).
 missing=()
 [ -x /usr/bin/python3 ] || missing+=(python3)
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || missing+=(python3-pytest)
+command -v git >/dev/null || missing+=(git)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v useradd >/dev/null || missing+=(passwd)

@@ -16,12 +16,16 @@ use taskbox_core::result::ChangeKind;
 use crate::image::tree_state;
 use crate::suite::{Subject, code_of, expect_code};
 
+mod review;
+pub use review::*;
+
 /// Declares every check of the suite as a `#[test]` on the subject `$subject` (an expression
 /// giving an `Option<Subject>`: `None` when the backend cannot run here, its reason printed).
 #[macro_export]
 macro_rules! api_conformance {
     ($subject:expr) => {
         $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output);
+        $crate::api_conformance!(@checks $subject; changes_and_diffs_leave_out_what_git_ignores, files_that_run_on_their_own_are_flagged_and_applied_only_when_allowed, a_same_second_edit_after_a_test_run_is_never_stale);
     };
     (@checks $subject:expr; $($name:ident),*) => {
         $(
@@ -1372,6 +1376,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             &id,
             DiffRequest {
                 since: Some(name.into()),
+                ..Default::default()
             },
         )
     };
@@ -1439,6 +1444,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             ExportRequest {
                 format: ExportFormat::Tar,
                 apply: false,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1465,6 +1471,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             ExportRequest {
                 format: ExportFormat::Patch,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1606,6 +1613,7 @@ pub fn hostile_paths_are_refused_on_every_operation(s: &Subject) {
             &id,
             DiffRequest {
                 since: Some("../../etc".into()),
+                ..Default::default()
             },
         ),
         "invalid_argument",

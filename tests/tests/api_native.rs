@@ -376,6 +376,7 @@ fn diff_checkpoint_restore_and_export() {
             &f.id,
             DiffRequest {
                 since: Some("one".into()),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -424,6 +425,7 @@ fn diff_checkpoint_restore_and_export() {
             ExportRequest {
                 format: ExportFormat::Tar,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1113,6 +1115,7 @@ fn an_image_sandbox_offers_the_whole_api_at_the_image_workdir() {
             ExportRequest {
                 format: ExportFormat::Patch,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -102,6 +102,89 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
 }
 
 #[test]
+fn cli_diff_counts_and_lists_ignored_changes_and_export_apply_needs_leave_for_autorun_files() {
+    let env = Env::new();
+    env.write(".gitignore", "*.log\n");
+    env.write("notes.txt", "n\n");
+    let sup = Supervisor::start(&env, &[]);
+    let s = sup.socket.clone();
+    let o = env.cli(&s, &["create", "--workspace", env.ws().to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    let id = text(&o).trim().to_string();
+    let o = env.cli(
+        &s,
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo x > run.log; echo 'echo hi' > .envrc; echo n2 > notes.txt",
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let err = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    // The default diff: run.log left out and counted, .envrc flagged.
+    let o = env.cli(&s, &["diff", &id]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        !text(&o).contains("run.log") && text(&o).contains("b/.envrc"),
+        "{}",
+        text(&o)
+    );
+    assert!(err(&o).contains("1 change left out"), "{}", err(&o));
+    assert!(err(&o).contains("flagged .envrc: direnv"), "{}", err(&o));
+    let o = env.cli(&s, &["diff", &id, "--include-ignored", "--json"]);
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d["ignored"], 1, "{d}");
+    let listed: Vec<&str> = d["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["ignored"] == true)
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["run.log"]);
+
+    // export --apply: refused without --allow-autorun, naming the file and why; nothing written.
+    let o = env.cli(&s, &["export", &id, "--apply"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(
+        err(&o).contains(".envrc (direnv") && err(&o).contains("--allow-autorun"),
+        "{}",
+        err(&o)
+    );
+    assert!(!env.ws().join(".envrc").exists());
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("notes.txt")).unwrap(),
+        "n\n"
+    );
+    let o = env.cli(&s, &["export", &id, "--allow-autorun"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(
+        err(&o).contains("--apply"),
+        "--allow-autorun needs --apply: {}",
+        err(&o)
+    );
+    let o = env.cli(&s, &["export", &id, "--apply", "--allow-autorun"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join(".envrc")).unwrap(),
+        "echo hi\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("notes.txt")).unwrap(),
+        "n2\n"
+    );
+    assert!(
+        !env.ws().join("run.log").exists(),
+        "an ignored file was applied"
+    );
+    env.cli(&s, &["rm", &id]);
+}
+
+#[test]
 fn a_verb_starts_a_supervisor_when_none_runs() {
     let env = Env::new();
     let socket = env.state().join("auto.sock");

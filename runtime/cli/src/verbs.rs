@@ -254,6 +254,10 @@ pub struct DiffArgs {
     /// A checkpoint name (default: the baseline, the host copy).
     #[arg(long, value_name = "NAME")]
     since: Option<String>,
+    /// Also list and diff what is left out by default: paths the workspace's git ignores and
+    /// does not track, and git's own files under .git/ (the diff counts them either way).
+    #[arg(long)]
+    include_ignored: bool,
     #[arg(long)]
     json: bool,
 }
@@ -272,6 +276,16 @@ pub struct ExportArgs {
     /// Apply the change to the host workspace.
     #[arg(long)]
     apply: bool,
+    /// Export what the default diff leaves out too (ignored by git, or under .git/); without
+    /// it the export carries exactly the files the default diff shows.
+    #[arg(long)]
+    include_ignored: bool,
+    /// With --apply: also write files that tools run on their own when the repository is
+    /// opened, entered, committed or pushed (.envrc, .vscode/tasks.json, git hooks, CI
+    /// definitions, ...: the diff's "flagged"). Without it such an apply is refused, naming
+    /// each file and what runs it, before anything is written.
+    #[arg(long, requires = "apply")]
+    allow_autorun: bool,
     #[arg(long)]
     json: bool,
 }
@@ -540,7 +554,7 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
             Ok(if matches.is_empty() { 1 } else { 0 })
         }
         Verb::Diff(a) => {
-            let mut body = json!({});
+            let mut body = json!({"include_ignored": a.include_ignored});
             if let Some(s) = a.since {
                 body["since"] = json!(s);
             }
@@ -551,6 +565,7 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 print_json(&r)?;
             } else {
                 print!("{}", r["diff"].as_str().unwrap_or_default());
+                review_notes(&r, a.include_ignored);
             }
             Ok(0)
         }
@@ -584,15 +599,23 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 .request(
                     "POST",
                     &sandbox_path(&a.id, "/export")?,
-                    Some(&json!({"format": a.format, "apply": a.apply})),
+                    Some(&json!({
+                        "format": a.format,
+                        "apply": a.apply,
+                        "include_ignored": a.include_ignored,
+                        "allow_autorun": a.allow_autorun,
+                    })),
                 )?
                 .ok()?;
             if a.json {
                 print_json(&r)?;
-            } else if let Some(p) = r["patch"].as_str() {
-                print!("{p}");
-            } else if let Some(t) = r["tar_path"].as_str() {
-                println!("{t}");
+            } else {
+                if let Some(p) = r["patch"].as_str() {
+                    print!("{p}");
+                } else if let Some(t) = r["tar_path"].as_str() {
+                    println!("{t}");
+                }
+                review_notes(&r, a.include_ignored);
             }
             if r["applied"] == true {
                 eprintln!(
@@ -893,4 +916,29 @@ fn exit_status(r: &Value) -> u8 {
 fn base64_encode(data: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// What a diff or an export says beyond its patch, on stderr: how many changes it left out,
+/// and the files that tools run on their own.
+fn review_notes(r: &serde_json::Value, listed: bool) {
+    let ignored = r["ignored"].as_u64().unwrap_or(0);
+    if ignored > 0 && !listed {
+        let changes = if ignored == 1 { "change" } else { "changes" };
+        eprintln!(
+            "taskbox: {ignored} {changes} left out (ignored by git, or under .git/); \
+             --include-ignored lists them"
+        );
+    }
+    for f in r["flagged"].as_array().into_iter().flatten() {
+        let left_out = if f["ignored"] == true && !listed {
+            " (left out)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "taskbox: flagged {}{left_out}: {}",
+            f["path"].as_str().unwrap_or("?"),
+            f["reason"].as_str().unwrap_or("")
+        );
+    }
 }

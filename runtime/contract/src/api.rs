@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::op::{Answer, ExecEvents, Op, OpHandler, OpName};
-use crate::result::{Change, ChangeKind, DiffStats, Enforcement, ExecResult};
+use crate::result::{AutorunFile, Change, ChangeKind, DiffStats, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
 #[derive(
@@ -726,6 +726,10 @@ pub struct DiffRequest {
     /// A checkpoint name; default: the baseline.
     #[serde(default)]
     pub since: Option<String>,
+    /// Also list (and diff) the changes left out by default: paths the workspace's git ignores
+    /// and does not track, and git's own files under `.git/`. They come marked `ignored`.
+    #[serde(default)]
+    pub include_ignored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -735,6 +739,9 @@ pub struct FileDiff {
     pub binary: bool,
     /// The permission change of a modified file, as `"100644 -> 100755"`.
     pub mode_change: Option<String>,
+    /// A change left out by default (listed because the request has `include_ignored`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -742,6 +749,13 @@ pub struct DiffResult {
     pub files: Vec<FileDiff>,
     pub diff: String,
     pub stats: DiffStats,
+    /// How many changes are left out by default (ignored by git, or under `.git/`), whether or
+    /// not the request lists them.
+    #[serde(default)]
+    pub ignored: u64,
+    /// Changed files that tools run on their own (see [`AutorunFile`]), shown or left out.
+    #[serde(default)]
+    pub flagged: Vec<AutorunFile>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -777,6 +791,14 @@ pub struct ExportRequest {
     /// Also apply the change to the host workspace.
     #[serde(default)]
     pub apply: bool,
+    /// Export the changes `diff` leaves out by default too (as `diff` with `include_ignored`
+    /// shows them). Without it the export carries exactly the files of the default diff.
+    #[serde(default)]
+    pub include_ignored: bool,
+    /// With `apply`: write files that tools run on their own (the diff's `flagged`) too; without
+    /// it such an apply is refused before anything is written.
+    #[serde(default)]
+    pub allow_autorun: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -789,6 +811,13 @@ pub struct ExportResult {
     pub changes: Vec<Change>,
     /// The change was applied to the host workspace.
     pub applied: bool,
+    /// How many changes the export leaves out (see `DiffResult::ignored`); 0 with
+    /// `include_ignored`.
+    #[serde(default)]
+    pub ignored: u64,
+    /// The exported changes that tools run on their own.
+    #[serde(default)]
+    pub flagged: Vec<AutorunFile>,
 }
 
 /// The egress rules of a live sandbox whose policy has network mode "proxy": they replace the

@@ -1081,12 +1081,13 @@ impl Sandbox {
         if layers.reached_file_size(&changes, limit) {
             end.file_size_limit = Some(limit);
         }
-        let result = end.into_result(
+        let mut result = end.into_result(
             out,
             err,
-            changes,
+            changes.shown,
             self.enforcement(&exited.landlock, exited.seccomp),
         );
+        result.ignored_changes = changes.ignored.len() as u64;
         lock(&self.common.info).enforcement = result.enforcement.clone();
         Ok(result)
     }

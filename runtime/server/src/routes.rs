@@ -322,10 +322,10 @@ fn table() -> Vec<Route> {
         fs_route!("stat", "stat", "a path's metadata", PathRequest => StatResult, 200, |b, id, r| b.stat(id, r)),
         fs_route!("remove", "remove", "remove a file or directory", RemoveRequest => (), |b, id, r| b.remove(id, r)),
         fs_route!("move", "move", "rename a file or directory", MoveRequest => (), |b, id, r| b.rename(id, r)),
-        fs_route!("diff", "diff", "diff against the baseline or a checkpoint", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
+        fs_route!("diff", "diff", "diff against the baseline or a checkpoint: what git ignores and .git/ counted in `ignored` (listed with `include_ignored`), files that run on their own in `flagged`", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
         fs_route!("checkpoints", "create_checkpoint", "checkpoint the workspace", CheckpointRequest => CheckpointInfo, 201, |b, id, r| b.checkpoint(id, r)),
         fs_route!("restore", "restore", "roll the workspace back to a checkpoint", CheckpointRequest => (), |b, id, r| b.restore(id, r)),
-        fs_route!("export", "export", "the change as a patch or tar, optionally applied to the host", ExportRequest => ExportResult, 200, |b, id, r| b.export(id, r)),
+        fs_route!("export", "export", "the change as a patch or tar (the default diff's files), optionally applied to the host; an apply of flagged files needs `allow_autorun`", ExportRequest => ExportResult, 200, |b, id, r| b.export(id, r)),
     ]
 }
 

@@ -16,6 +16,11 @@
 //!  "env":{"GITHUB_TOKEN":"[redacted]","RUST_LOG":"debug"},"labels":{}}
 //! ```
 //!
+//! `workspace_base` is a git commit (`"kind":"git"`), the digest of an uploaded tar
+//! (`"kind":"tar"`), or for a plain directory the digest of its content
+//! (`{"kind":"dir","sha256":"...","entries":12,"bytes":3456}`, see [`crate::digest`]; an
+//! addition to version 2 that older readers refuse), else `"kind":"none"`.
+//!
 //! Then one line per operation, `seq` counting from 1 without gaps in file order:
 //!
 //! ```json
@@ -171,7 +176,15 @@ pub enum WorkspaceBase {
     /// A tar of the workspace, by the SHA-256 of the tar file (replay checks the tar it is
     /// given against it).
     Tar { sha256: String },
-    /// Not a git checkout, or git could not say.
+    /// A plain directory (not a git checkout), by the digest of its content
+    /// ([`crate::digest`]); replay checks the directory it rebuilds against it.
+    Dir {
+        sha256: String,
+        /// Entries and bytes of file content the digest covers.
+        entries: u64,
+        bytes: u64,
+    },
+    /// Not a git checkout and too large to digest, or neither git nor the digest could say.
     None,
 }
 
@@ -800,21 +813,39 @@ fn policy_text(policy: &policy::Policy, name: &str) -> Option<String> {
     }
 }
 
-/// The git commit of the workspace and whether it is dirty. Never fails: anything git cannot
-/// answer in time is "none" (or, for status, dirty).
+/// The git commit of the workspace and whether it is dirty, or, for a workspace that is not a
+/// git checkout (or one without a commit), the digest of its content. Never fails: anything
+/// git cannot answer in time, or a directory too large or unreadable to digest, is "none" (or,
+/// for status, dirty).
 fn workspace_base(ws: &Path) -> WorkspaceBase {
     if !ws.join(".git").exists() {
-        return WorkspaceBase::None;
+        return content_base(ws);
     }
     let Some(head) = git(ws, &["rev-parse", "--verify", "HEAD"]) else {
-        return WorkspaceBase::None;
+        return content_base(ws);
     };
     let commit = head.trim().to_string();
     if commit.len() < 40 || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return WorkspaceBase::None;
+        return content_base(ws);
     }
     let dirty = git(ws, &["status", "--porcelain"]).is_none_or(|s| !s.trim().is_empty());
     WorkspaceBase::Git { commit, dirty }
+}
+
+/// The base of a plain-directory workspace: its content digest, or "none" when it has none.
+fn content_base(ws: &Path) -> WorkspaceBase {
+    match crate::digest::dir_digest(ws) {
+        Ok(d) => WorkspaceBase::Dir {
+            sha256: d.sha256,
+            entries: d.entries,
+            bytes: d.bytes,
+        },
+        Err(e) => {
+            tracing::warn!(workspace = %ws.display(), error = %e,
+                "trace header without a workspace base: replay will not check the directory");
+            WorkspaceBase::None
+        }
+    }
 }
 
 /// git in `dir`, kept from running anything a repository's config names (its fsmonitor, its
@@ -1226,6 +1257,12 @@ pub fn render_text(trace: &Trace) -> String {
         WorkspaceBase::Tar { sha256 } => {
             format!("tar sha256 {}", sha256.get(..12).unwrap_or(sha256))
         }
+        WorkspaceBase::Dir {
+            sha256, entries, ..
+        } => format!(
+            "directory sha256 {} ({entries} entries)",
+            sha256.get(..12).unwrap_or(sha256)
+        ),
         WorkspaceBase::None => "not a git checkout".into(),
     };
     let _ = writeln!(out, "  workspace  {}  base {base}", h.workspace);
@@ -1605,7 +1642,15 @@ mod tests {
     #[test]
     fn workspace_base_of_a_plain_directory_and_a_git_checkout() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(workspace_base(dir.path()), WorkspaceBase::None);
+        let empty = crate::digest::dir_digest(dir.path()).unwrap();
+        assert_eq!(
+            workspace_base(dir.path()),
+            WorkspaceBase::Dir {
+                sha256: empty.sha256,
+                entries: 0,
+                bytes: 0
+            }
+        );
         let git_ok = Command::new("git")
             .arg("-C")
             .arg(dir.path())
@@ -1616,8 +1661,12 @@ mod tests {
             eprintln!("SKIP: git is not available");
             return;
         }
-        // A repository without commits has no HEAD: no base, and no failure.
-        assert_eq!(workspace_base(dir.path()), WorkspaceBase::None);
+        // A repository without commits has no HEAD: its content is the base.
+        assert!(
+            matches!(workspace_base(dir.path()), WorkspaceBase::Dir { entries, .. } if entries > 0),
+            "{:?}",
+            workspace_base(dir.path())
+        );
         fs::write(dir.path().join("f"), "x").unwrap();
         let commit = Command::new("git")
             .arg("-C")

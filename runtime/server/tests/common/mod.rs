@@ -74,6 +74,7 @@ pub fn finished(stdout: &str, violations: Vec<Violation>) -> ExecResult {
             disk: "none".into(),
         },
         network: None,
+        ignored_changes: 0,
     }
 }
 
@@ -328,6 +329,8 @@ impl OpHandler for FakeBackend {
                 files: Vec::new(),
                 diff: String::new(),
                 stats: DiffStats::default(),
+                ignored: 0,
+                flagged: Vec::new(),
             }),
             Op::Checkpoint(req) => Answer::Checkpoint(CheckpointInfo {
                 name: req.name,
@@ -340,6 +343,8 @@ impl OpHandler for FakeBackend {
                 tar_path: None,
                 changes: Vec::new(),
                 applied: false,
+                ignored: 0,
+                flagged: Vec::new(),
             }),
             Op::SetNetwork(rules) => {
                 rules.to_network()?;

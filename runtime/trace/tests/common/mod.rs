@@ -58,6 +58,7 @@ fn result(stdout: &str) -> ExecResult {
         resources: Resources::default(),
         enforcement: enforcement(),
         network: None,
+        ignored_changes: 0,
     }
 }
 
@@ -262,6 +263,8 @@ impl SandboxApi for Scripted {
             files: Vec::new(),
             diff: String::new(),
             stats: DiffStats::default(),
+            ignored: 0,
+            flagged: Vec::new(),
         })
     }
 
@@ -290,6 +293,8 @@ impl SandboxApi for Scripted {
             tar_path: None,
             changes: Vec::new(),
             applied: req.apply,
+            ignored: 0,
+            flagged: Vec::new(),
         })
     }
 
@@ -449,6 +454,7 @@ pub fn session(api: &dyn SandboxApi) -> SandboxId {
         ExportRequest {
             format: ExportFormat::Patch,
             apply: true,
+            ..Default::default()
         },
     )
     .unwrap();
