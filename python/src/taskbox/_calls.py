@@ -249,8 +249,9 @@ def move(id: str, src: str, dst: str, overwrite: bool) -> Call[None]:
     return call("move", _none, body=req, id=id)
 
 
-def diff(id: str, since: str | None) -> Call[m.DiffResult]:
-    return call("diff", _model(m.DiffResult), body=m.DiffRequest(since=since), id=id)
+def diff(id: str, since: str | None, include_ignored: bool = False) -> Call[m.DiffResult]:
+    req = m.DiffRequest(since=since, include_ignored=include_ignored or None)
+    return call("diff", _model(m.DiffResult), body=req, id=id)
 
 
 def checkpoint(id: str, name: str) -> Call[m.CheckpointInfo]:
@@ -261,8 +262,11 @@ def restore(id: str, name: str) -> Call[None]:
     return call("restore", _none, body=m.CheckpointRequest(name=name), id=id)
 
 
-def export(id: str, format: m.ExportFormat, apply: bool) -> Call[m.ExportResult]:
-    req = m.ExportRequest(format=format, apply=apply or None)
+def export(id: str, format: m.ExportFormat, apply: bool, include_ignored: bool = False,
+           allow_autorun: bool = False) -> Call[m.ExportResult]:
+    req = m.ExportRequest(format=format, apply=apply or None,
+                          include_ignored=include_ignored or None,
+                          allow_autorun=allow_autorun or None)
     return call("export", _model(m.ExportResult), body=req, id=id)
 
 

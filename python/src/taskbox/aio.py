@@ -458,9 +458,11 @@ class AsyncSandbox:
 
     # ---- changes -------------------------------------------------------------------------
 
-    async def diff(self, since: str | None = None) -> m.DiffResult:
-        """What changed in the workspace since its baseline (the host copy) or checkpoint `since`."""
-        return await self._send(calls.diff(self.id, since))
+    async def diff(self, since: str | None = None, *, include_ignored: bool = False) -> m.DiffResult:
+        """What changed in the workspace since its baseline (the host copy) or checkpoint `since`.
+        What git ignores and `.git/` internals are left out (counted in `ignored`) unless
+        `include_ignored`; files that tools run on their own are listed in `flagged`."""
+        return await self._send(calls.diff(self.id, since, include_ignored))
 
     async def checkpoint(self, name: str) -> m.CheckpointInfo:
         """Checkpoints the workspace under `name`."""
@@ -470,10 +472,12 @@ class AsyncSandbox:
         """Rolls the workspace back to checkpoint `name` (background processes are stopped)."""
         await self._send(calls.restore(self.id, name))
 
-    async def export(self, format: m.ExportFormat = "patch", *, apply: bool = False) -> m.ExportResult:
+    async def export(self, format: m.ExportFormat = "patch", *, apply: bool = False,
+               include_ignored: bool = False, allow_autorun: bool = False) -> m.ExportResult:
         """The change as a patch (or a tar in the state directory); `apply` also writes it to
-        the host workspace."""
-        return await self._send(calls.export(self.id, format, apply))
+        the host workspace, refusing files that tools run on their own unless `allow_autorun`.
+        It carries the files of the default diff, and with `include_ignored` the rest too."""
+        return await self._send(calls.export(self.id, format, apply, include_ignored, allow_autorun))
 
     # ---- policy --------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ __all__ = [
     "SearchResult",
     "StatResult",
     "FileDiff",
+    "AutorunFile",
     "DiffStats",
     "DiffResult",
     "CheckpointInfo",
@@ -196,6 +197,8 @@ class ExecResult(Answer):
     resources: Resources
     enforcement: Enforcement
     network: NetworkActivity | None = None
+    #: How many changes ``changes`` leaves out (ignored by git, or under ``.git/``).
+    ignored_changes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -395,6 +398,18 @@ class FileDiff(Answer):
     binary: bool
     #: The permission change of a modified file, as "100644 -> 100755".
     mode_change: str | None = None
+    #: A change left out by default, listed because the request had ``include_ignored``.
+    ignored: bool = False
+
+
+class AutorunFile(Answer):
+    """A changed file that tools run on their own (a hook, an ``.envrc``, a CI definition)."""
+
+    path: str
+    #: What runs it, and when.
+    reason: str
+    #: Also left out of the files shown (ignored by git, or under ``.git/``).
+    ignored: bool = False
 
 
 class DiffStats(Answer):
@@ -408,6 +423,10 @@ class DiffResult(Answer):
     #: The unified diff, git style.
     diff: str
     stats: DiffStats
+    #: How many changes are left out by default (ignored by git, or under ``.git/``).
+    ignored: int = 0
+    #: Changed files that tools run on their own.
+    flagged: list[AutorunFile] = Field(default_factory=list)
 
 
 class CheckpointInfo(Answer):
@@ -422,6 +441,10 @@ class ExportResult(Answer):
     tar_path: str | None = None
     changes: list[Change]
     applied: bool
+    #: How many changes the export leaves out (0 with ``include_ignored``).
+    ignored: int = 0
+    #: The exported changes that tools run on their own.
+    flagged: list[AutorunFile] = Field(default_factory=list)
 
 
 class NetworkRules(Request):
@@ -556,6 +579,7 @@ class MoveRequest(Request):
 
 class DiffRequest(Request):
     since: str | None = None
+    include_ignored: bool | None = None
 
 
 class CheckpointRequest(Request):
@@ -565,6 +589,8 @@ class CheckpointRequest(Request):
 class ExportRequest(Request):
     format: ExportFormat | None = None
     apply: bool | None = None
+    include_ignored: bool | None = None
+    allow_autorun: bool | None = None
 
 
 class RenewRequest(Request):
