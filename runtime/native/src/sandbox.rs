@@ -37,7 +37,8 @@ use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
 use crate::kit::layers::overlay_workspace;
 use crate::kit::{
-    self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, Handle, Layers, Open, Options,
+    self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, FsLandlock, Handle, Layers, Open,
+    Options,
     ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
 };
 use crate::layers::Fingerprint;
@@ -470,6 +471,9 @@ impl Native {
                 )
             }
         };
+        // Who the commands are on the host: the helper's maps and the file operations both
+        // take it from here.
+        let user = identity.host_user();
         let limits = &policy.limits;
         // Until the sandbox takes it, the cgroup goes (its processes killed) with any failure
         // below: a create is all or nothing. The directories go with `dirs` likewise.
@@ -545,13 +549,14 @@ impl Native {
             base_env.retain(|(ek, _)| ek != k);
             base_env.push((k.clone(), v.clone()));
         }
+        let landlock_required = policy.security.landlock == LandlockMode::Required;
         let config = InitConfig {
             argv: Vec::new(),
             cwd: ws.inside.clone(),
             env: base_env.clone(),
             user_namespace: identity.user_namespace,
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
+            uid: user.uid,
+            gid: user.gid,
             inner_uid: identity.inner_uid,
             inner_gid: identity.inner_gid,
             isolate_network,
@@ -561,9 +566,9 @@ impl Native {
             mounts,
             landlock: LandlockPlan {
                 enabled: true,
-                required: policy.security.landlock == LandlockMode::Required,
+                required: landlock_required,
                 read: vec![PathBuf::from("/")],
-                write: write_paths,
+                write: write_paths.clone(),
                 deny_tcp: isolate_network,
                 connect_tcp: egress.as_ref().map(|_| PROXY_PORT).into_iter().collect(),
             },
@@ -705,7 +710,13 @@ impl Native {
             shell: view.map(|v| v.shell().to_vec()),
         };
         let sandbox = Arc::new(Sandbox {
-            common: Common::new(info, policy, exec_base, layers).with_egress(egress),
+            common: Common::new(info, policy, exec_base, layers)
+                .with_egress(egress)
+                .with_user(user)
+                .with_fs_landlock(Some(FsLandlock {
+                    writable: write_paths,
+                    required: landlock_required,
+                })),
             dirs,
             ws,
             helper: Mutex::new(Some(child)),
@@ -1230,6 +1241,17 @@ impl Handle for Sandbox {
         op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         op(&self.fs()?)
+    }
+
+    /// pid 1's root: the root every exec of the sandbox has.
+    fn open_root(&self) -> Result<OwnedFd, ApiError> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_error());
+        }
+        let path = proc_root(self.init_pid);
+        let fd = fs::File::open(&path)
+            .map_err(|e| ApiError::internal(format!("cannot open {}: {e}", path.display())))?;
+        Ok(OwnedFd::from(fd))
     }
 
     fn stop_all(&self) -> Result<(), ApiError> {

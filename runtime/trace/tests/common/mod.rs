@@ -187,6 +187,7 @@ impl SandboxApi for Scripted {
             bytes_written: req.content.len() as u64,
             path: req.path,
             created: true,
+            sha256: None,
         })
     }
 
