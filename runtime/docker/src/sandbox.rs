@@ -718,10 +718,13 @@ impl Sandbox {
                 ..ExecEnd::default()
             },
             Some(Ended::Cwd { errno }) => {
-                return Err(ApiError::invalid(format!(
-                    "cannot enter working directory: {}",
-                    std::io::Error::from_raw_os_error(*errno)
-                )));
+                return Err(exec_limits::cwd_refused(
+                    format!(
+                        "cannot enter working directory: {}",
+                        std::io::Error::from_raw_os_error(*errno)
+                    ),
+                    *errno,
+                ));
             }
             None if driven.timed_out => ExecEnd::default(),
             None => {

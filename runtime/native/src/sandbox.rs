@@ -856,6 +856,12 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
     }
 }
 
+/// The errno at the end of an I/O error's text as the helper reports it (`... (os error 2)`).
+fn os_error_of(message: &str) -> Option<i32> {
+    let (_, tail) = message.rsplit_once("(os error ")?;
+    tail.strip_suffix(')')?.parse().ok()
+}
+
 fn setup_error(buf: &[u8]) -> Option<ApiError> {
     buf.split(|b| *b == b'\n')
         .find_map(|line| match serde_json::from_slice::<Status>(line) {
@@ -1050,8 +1056,11 @@ impl Sandbox {
             )));
         };
         if let Some(err) = &exited.setup_error {
-            return Err(if err.starts_with("cwd:") {
-                ApiError::invalid(err.trim_start_matches("cwd: ").to_string())
+            return Err(if let Some(why) = err.strip_prefix("cwd: ") {
+                match os_error_of(why) {
+                    Some(errno) => exec_limits::cwd_refused(why.to_string(), errno),
+                    None => ApiError::invalid(why.to_string()),
+                }
             } else {
                 ApiError::internal(format!("the command could not start: {err}"))
             });

@@ -200,9 +200,28 @@ fn c_name(name: &OsStr) -> CString {
     CString::new(name.as_bytes()).unwrap_or_default()
 }
 
+/// What [`WorkspaceFs::open_at_root`] answers for a path that lands in the sandbox's `/proc`
+/// (an errno no open of this module gets otherwise).
+///
+/// The sandbox's own processes are reached there, and the kernel decides who may read them by
+/// ptrace rules that ask for capabilities in the process's user namespace: there the
+/// supervisor (its owner, when it made the namespace without root) would have them all, where
+/// the sandbox's commands have none. File operations stay out of `/proc` altogether; a command
+/// reads it with the command's own rights.
+const PROCFS: Errno = Errno::EREMOTE;
+
+/// Whether `fd` is on a proc file system.
+fn in_procfs(fd: &OwnedFd) -> bool {
+    nix::sys::statfs::fstatfs(fd).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+}
+
 /// Maps an errno of operation `op` on `path` to the API's error.
 fn sys_err(op: &str, path: &RelPath, e: Errno) -> ApiError {
     match e {
+        PROCFS => ApiError::PathRefused(format!(
+            "{op}: {path} is in the sandbox's /proc, which file operations do not reach; read \
+             it with a command"
+        )),
         Errno::ENOENT => ApiError::NotFound(format!("{op}: path {path} does not exist")),
         Errno::ELOOP if path.abs => ApiError::PathRefused(format!(
             "{op}: path {path} leads through a link that file operations do not follow (a /proc \
@@ -573,7 +592,27 @@ impl WorkspaceFs {
     }
 
     fn open_at_root(&self, rel: &RelPath, flags: i32, resolve: u64) -> Result<OwnedFd, Errno> {
-        sys::openat2(&self.root, &rel.c_path(), flags, 0, resolve)
+        let path = rel.c_path();
+        match sys::openat2(&self.root, &path, flags, 0, resolve) {
+            Ok(fd) if self.absolute && in_procfs(&fd) => Err(PROCFS),
+            Ok(fd) => Ok(fd),
+            // An open that fails in /proc, or on the way through it, is refused for being
+            // there, whatever else it lacks.
+            Err(_) if self.absolute && self.reaches_procfs(rel) => Err(PROCFS),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the longest part of `rel` that resolves lies in a proc file system.
+    fn reaches_procfs(&self, rel: &RelPath) -> bool {
+        (1..=rel.parts.len()).rev().find_map(|n| {
+            let prefix = RelPath {
+                parts: rel.parts[..n].to_vec(),
+                abs: rel.abs,
+            };
+            sys::openat2(&self.root, &prefix.c_path(), libc::O_PATH, 0, RESOLVE_ROOT).ok()
+        })
+        .is_some_and(|fd| in_procfs(&fd))
     }
 
     /// An `O_PATH` fd of the directory `rel` (symlinks resolved inside the root).
