@@ -50,6 +50,50 @@ pub enum Body {
     Json(SchemaFn),
     /// Plain text (the metrics).
     Text,
+    /// Raw bytes (`application/octet-stream`: a file's content).
+    Binary,
+}
+
+/// A query parameter of a route.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// Its JSON schema type: "integer" (unsigned), "string" or "boolean".
+    pub kind: &'static str,
+    pub required: bool,
+}
+
+impl Param {
+    /// An optional unsigned integer.
+    pub(crate) const fn int(name: &'static str, description: &'static str) -> Param {
+        Param {
+            name,
+            description,
+            kind: "integer",
+            required: false,
+        }
+    }
+
+    /// An optional boolean.
+    pub(crate) const fn flag(name: &'static str, description: &'static str) -> Param {
+        Param {
+            name,
+            description,
+            kind: "boolean",
+            required: false,
+        }
+    }
+
+    /// A string the route needs.
+    pub(crate) const fn text(name: &'static str, description: &'static str) -> Param {
+        Param {
+            name,
+            description,
+            kind: "string",
+            required: true,
+        }
+    }
 }
 
 /// One route of the API.
@@ -64,13 +108,15 @@ pub struct RouteSpec {
     pub auth: bool,
     /// The JSON request body's schema, if the route takes one.
     pub request: Option<SchemaFn>,
+    /// The request body is raw bytes (a file's content), streamed, not JSON.
+    pub binary_request: bool,
     /// Success status and body.
     pub status: u16,
     pub response: Body,
     /// Also answers `text/event-stream` with events of this schema.
     pub events: Option<SchemaFn>,
-    /// Query parameters: name and description (all optional integers).
-    pub query: &'static [(&'static str, &'static str)],
+    /// Query parameters.
+    pub query: &'static [Param],
 }
 
 impl RouteSpec {
@@ -87,6 +133,7 @@ impl RouteSpec {
             summary,
             auth: true,
             request: None,
+            binary_request: false,
             status: 200,
             response: Body::Empty,
             events: None,
@@ -101,6 +148,17 @@ impl RouteSpec {
 
     pub(crate) fn takes(mut self, s: SchemaFn) -> Self {
         self.request = Some(s);
+        self
+    }
+
+    /// The body is raw bytes, streamed.
+    pub(crate) fn takes_bytes(mut self) -> Self {
+        self.binary_request = true;
+        self
+    }
+
+    pub(crate) fn with_query(mut self, query: &'static [Param]) -> Self {
+        self.query = query;
         self
     }
 
