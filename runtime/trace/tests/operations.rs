@@ -19,7 +19,7 @@ use common::{Scripted, session};
 
 /// The names traces have always recorded, in [`OpName::ALL`]'s order (`info` and `approvals`
 /// are never recorded; they are named for logs).
-const NAMES: [&str; 25] = [
+const NAMES: [&str; 27] = [
     "create",
     "info",
     "exec",
@@ -36,6 +36,8 @@ const NAMES: [&str; 25] = [
     "stat",
     "remove",
     "move",
+    "upload",
+    "download",
     "diff",
     "checkpoint",
     "restore",
@@ -335,6 +337,22 @@ impl<B: SandboxApi> OpHandler for Counting<B> {
     }
 }
 
+/// An upload and a download (which the scripted backend refuses, as a backend without
+/// streaming does): the pinned session leaves them out.
+fn streamed(api: &dyn SandboxApi, id: &SandboxId) {
+    let up = UploadRequest {
+        path: "up.bin".into(),
+        ..UploadRequest::default()
+    };
+    let e = api.upload(id, up, &mut &b"bytes"[..]).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+    let down = DownloadRequest {
+        path: "a.txt".into(),
+    };
+    let e = api.download(id, down, &mut WriteSink(Vec::new())).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+}
+
 #[test]
 fn a_decorator_on_the_handler_trait_sees_every_operation_and_changes_no_trace() {
     let counting = Counting {
@@ -345,6 +363,7 @@ fn a_decorator_on_the_handler_trait_sees_every_operation_and_changes_no_trace() 
     // Traced over the decorator: the trace must be the one Traced writes over the backend.
     let api = Traced::new(counting, dir.path().join("traces"));
     let id = session(&api);
+    streamed(&api, &sandbox(&api));
     let seen: BTreeSet<OpName> = api.inner().seen.lock().unwrap().iter().copied().collect();
     let all: BTreeSet<OpName> = OpName::ALL.into_iter().collect();
     assert_eq!(
@@ -354,6 +373,7 @@ fn a_decorator_on_the_handler_trait_sees_every_operation_and_changes_no_trace() 
 
     let direct = Traced::new(Scripted::default(), dir.path().join("direct"));
     let id2 = session(&direct);
+    streamed(&direct, &sandbox(&direct));
     let mask = |p| {
         let t = std::fs::read_to_string(p).unwrap();
         let re = regex::Regex::new(r#""(started_at_ms|duration_ms)":\d+"#).unwrap();

@@ -3824,7 +3824,7 @@ rename to new_name.txt
                 path: Some("src/lib.rs".into()),
                 ..Default::default()
             }),
-            Err(ApiError::InvalidArgument(_))
+            Err(ApiError::NotADirectory(_))
         ));
     }
 

@@ -79,7 +79,7 @@ impl Scripted {
             .unwrap()
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 }
 
