@@ -364,7 +364,8 @@ mod tests {
         );
         assert!(matches!(e, ApiError::EditNotFound(ref m) if m == "old text not found"));
         assert!(matches!(api_error(404, b"nope"), ApiError::NotFound(_)));
-        let gone = br#"{"error":{"code":"sandbox_not_found","message":"sandbox sb-1 does not exist"}}"#;
+        let gone =
+            br#"{"error":{"code":"sandbox_not_found","message":"sandbox sb-1 does not exist"}}"#;
         assert!(matches!(api_error(404, gone), ApiError::SandboxNotFound(_)));
         assert!(matches!(api_error(502, b""), ApiError::Internal(_)));
     }

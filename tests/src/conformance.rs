@@ -361,11 +361,7 @@ pub fn lifecycle_and_info(s: &Subject) {
         s.api.info(&other),
         "sandbox_not_found",
     );
-    expect_code(
-        "destroy twice",
-        s.api.destroy(&other),
-        "sandbox_not_found",
-    );
+    expect_code("destroy twice", s.api.destroy(&other), "sandbox_not_found");
     expect_code(
         "exec in a destroyed sandbox",
         s.api.exec(&other, shell("true"), None),
@@ -458,9 +454,7 @@ pub fn every_operation_on_an_unknown_sandbox_is_sandbox_not_found(s: &Subject) {
         ..UploadRequest::default()
     };
     ops.push(("upload", code(s.api.upload(&g, up, &mut body))));
-    let down = DownloadRequest {
-        path: "a".into(),
-    };
+    let down = DownloadRequest { path: "a".into() };
     let mut sink = WriteSink(Vec::new());
     ops.push(("download", code(s.api.download(&g, down, &mut sink))));
     // The sandbox is missing, not a file in it: a program can tell the two apart.
@@ -1610,7 +1604,10 @@ pub fn absolute_paths_reach_the_sandbox_as_its_user(s: &Subject) {
         ["/tmp/t/a.txt", "/tmp/t/b.txt"]
     );
     let st = stat(s, &id, "/tmp/t/a.txt").unwrap();
-    assert_eq!((st.path.as_str(), st.kind, st.size), ("/tmp/t/a.txt", EntryKind::File, 13));
+    assert_eq!(
+        (st.path.as_str(), st.kind, st.size),
+        ("/tmp/t/a.txt", EntryKind::File, 13)
+    );
     let found = search(
         s,
         &id,
@@ -1635,7 +1632,10 @@ pub fn absolute_paths_reach_the_sandbox_as_its_user(s: &Subject) {
         write(s, &id, "moved-in.txt", "from an edit\n").unwrap();
     });
     remove(s, &id, "/tmp/t", true).unwrap();
-    assert_eq!(s.sh(&id, "test -e /tmp/t || echo gone").stdout.text, "gone\n");
+    assert_eq!(
+        s.sh(&id, "test -e /tmp/t || echo gone").stdout.text,
+        "gone\n"
+    );
 
     // The workspace by absolute path: the same files, and what changes there is the
     // workspace's change (and only that: /tmp is not in the diff).
@@ -1660,7 +1660,11 @@ pub fn absolute_paths_reach_the_sandbox_as_its_user(s: &Subject) {
     // Writing there is refused, as to a command.
     for p in ["/etc/passwd", "/etc/taskbox-new"] {
         assert!(!command_writes(s, &id, p), "a command may write {p}");
-        expect_code(&format!("write {p}"), write(s, &id, p, "x"), "permission_denied");
+        expect_code(
+            &format!("write {p}"),
+            write(s, &id, p, "x"),
+            "permission_denied",
+        );
     }
     expect_code(
         "remove of /etc/passwd",
@@ -1717,8 +1721,14 @@ pub fn the_file_api_may_write_where_commands_may(s: &Subject) {
         }
     }
     // The two every backend has.
-    assert!(allowed.contains(&"/tmp/taskbox-probe".to_string()), "{allowed:?}");
-    assert!(allowed.contains(&format!("{ws}/taskbox-probe")), "{allowed:?}");
+    assert!(
+        allowed.contains(&"/tmp/taskbox-probe".to_string()),
+        "{allowed:?}"
+    );
+    assert!(
+        allowed.contains(&format!("{ws}/taskbox-probe")),
+        "{allowed:?}"
+    );
 }
 
 pub fn permissions_bind_the_file_api_as_they_bind_commands(s: &Subject) {
@@ -1744,7 +1754,11 @@ pub fn permissions_bind_the_file_api_as_they_bind_commands(s: &Subject) {
             s.api.download(&id, down, &mut sink),
             "permission_denied",
         );
-        assert!(sink.0.is_empty(), "download {p} sent {} bytes", sink.0.len());
+        assert!(
+            sink.0.is_empty(),
+            "download {p} sent {} bytes",
+            sink.0.len()
+        );
     }
     // A search skips what it may not read.
     let found = search(
@@ -1757,7 +1771,11 @@ pub fn permissions_bind_the_file_api_as_they_bind_commands(s: &Subject) {
     );
     assert!(found.is_empty(), "{found:?}");
     for p in ["/tmp/ro", "ro.txt"] {
-        expect_code(&format!("write {p}"), write(s, &id, p, "over\n"), "permission_denied");
+        expect_code(
+            &format!("write {p}"),
+            write(s, &id, p, "over\n"),
+            "permission_denied",
+        );
         expect_code(
             &format!("edit {p}"),
             s.api.edit(&id, edit(p, "keep", "over")),
@@ -1777,7 +1795,11 @@ pub fn permissions_bind_the_file_api_as_they_bind_commands(s: &Subject) {
     }
     expect_code(
         "patch of a 0444 file",
-        patch(s, &id, "--- a/ro.txt\n+++ b/ro.txt\n@@ -1 +1 @@\n-keep\n+over\n"),
+        patch(
+            s,
+            &id,
+            "--- a/ro.txt\n+++ b/ro.txt\n@@ -1 +1 @@\n-keep\n+over\n",
+        ),
         "permission_denied",
     );
     expect_code(
@@ -1822,7 +1844,11 @@ pub fn hostile_absolute_paths_stay_inside(s: &Subject) {
                 _ if p.contains("self") => &["path_refused", "not_found"],
                 _ => &["path_refused"],
             };
-            assert!(want.contains(&code), "{op} of {p} on {}: {code}", s.expect.backend);
+            assert!(
+                want.contains(&code),
+                "{op} of {p} on {}: {code}",
+                s.expect.backend
+            );
         }
     }
     // Links the sandbox plants in /tmp resolve inside it, never on the host.
@@ -1843,7 +1869,11 @@ pub fn hostile_absolute_paths_stay_inside(s: &Subject) {
     assert_reads_as_commands_do(s, &id, "/tmp/ld/o.txt");
     // Through a link into /proc: refused for leading there, or, where the kernel stops the
     // sandbox's user on the way (pid 1's root is not its to follow), for that.
-    for p in ["/tmp/lr/etc/passwd", "/tmp/lproc/1/environ", "/tmp/lproc/cpuinfo"] {
+    for p in [
+        "/tmp/lr/etc/passwd",
+        "/tmp/lproc/1/environ",
+        "/tmp/lproc/cpuinfo",
+    ] {
         let code = code_of(p, read(s, &id, p));
         assert!(
             matches!(code, "path_refused" | "permission_denied"),
@@ -1887,7 +1917,11 @@ pub fn hostile_absolute_paths_stay_inside(s: &Subject) {
     // The sandbox answers as before.
     assert_eq!(s.sh(&id, "echo alive").stdout.text, "alive\n");
     assert_eq!(command_reads(s, &id, "/etc/passwd").unwrap(), passwd);
-    assert_eq!(out.state(), host_before, "a file beside the workspace changed");
+    assert_eq!(
+        out.state(),
+        host_before,
+        "a file beside the workspace changed"
+    );
     assert_host_untouched(s, &before);
 }
 
@@ -1895,12 +1929,36 @@ pub fn error_codes_on_real_errors(s: &Subject) {
     let id = s.create();
     s.sh(&id, "echo f > /tmp/file && mkdir -p /tmp/dir");
     let cases: Vec<(&str, Result<(), ApiError>, &str)> = vec![
-        ("read of a missing file", read(s, &id, "/tmp/nope").map(drop), "not_found"),
-        ("read of a directory", read(s, &id, "/tmp/dir").map(drop), "is_a_directory"),
-        ("write over a directory", write(s, &id, "/tmp/dir", "x").map(drop), "is_a_directory"),
-        ("remove of a directory", remove(s, &id, "/tmp/dir", false), "is_a_directory"),
-        ("list of a file", s.api.list_dir(&id, list_at("/tmp/file")).map(drop), "not_a_directory"),
-        ("read beneath a file", read(s, &id, "/tmp/file/x").map(drop), "not_a_directory"),
+        (
+            "read of a missing file",
+            read(s, &id, "/tmp/nope").map(drop),
+            "not_found",
+        ),
+        (
+            "read of a directory",
+            read(s, &id, "/tmp/dir").map(drop),
+            "is_a_directory",
+        ),
+        (
+            "write over a directory",
+            write(s, &id, "/tmp/dir", "x").map(drop),
+            "is_a_directory",
+        ),
+        (
+            "remove of a directory",
+            remove(s, &id, "/tmp/dir", false),
+            "is_a_directory",
+        ),
+        (
+            "list of a file",
+            s.api.list_dir(&id, list_at("/tmp/file")).map(drop),
+            "not_a_directory",
+        ),
+        (
+            "read beneath a file",
+            read(s, &id, "/tmp/file/x").map(drop),
+            "not_a_directory",
+        ),
         (
             "write beneath a file",
             s.api
@@ -1916,7 +1974,11 @@ pub fn error_codes_on_real_errors(s: &Subject) {
                 .map(drop),
             "not_a_directory",
         ),
-        ("write in /etc", write(s, &id, "/etc/x", "x").map(drop), "permission_denied"),
+        (
+            "write in /etc",
+            write(s, &id, "/etc/x", "x").map(drop),
+            "permission_denied",
+        ),
     ];
     for (what, r, want) in cases {
         expect_code(what, r, want);
@@ -1931,12 +1993,18 @@ pub fn error_codes_on_real_errors(s: &Subject) {
         "is_a_directory",
     );
     // Too large to load whole (a sparse file: no disk used).
-    let r = s.sh(&id, "dd if=/dev/zero of=/tmp/big bs=1024 count=0 seek=66560 2>/dev/null");
+    let r = s.sh(
+        &id,
+        "dd if=/dev/zero of=/tmp/big bs=1024 count=0 seek=66560 2>/dev/null",
+    );
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     let e = s.api.edit(&id, edit("/tmp/big", "a", "b")).unwrap_err();
     assert_eq!(e.code(), "too_large", "{e}");
     assert!(e.to_string().contains("upload"), "{e}");
-    let huge = format!("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+{}\n", "b".repeat(17 << 20));
+    let huge = format!(
+        "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+{}\n",
+        "b".repeat(17 << 20)
+    );
     expect_code("a patch over its limit", patch(s, &id, &huge), "too_large");
 }
 
@@ -2014,11 +2082,17 @@ pub fn large_files_stream_both_ways(s: &Subject) {
         assert_eq!(w.sha256.as_deref(), Some(expected.as_str()), "{path}");
         // The command sees the same bytes.
         let r = s.run(&id, argv(&["sha256sum", path]));
-        assert_eq!(r.stdout.text.split_whitespace().next(), Some(expected.as_str()));
+        assert_eq!(
+            r.stdout.text.split_whitespace().next(),
+            Some(expected.as_str())
+        );
         let mut sink = Digesting::default();
         let down = DownloadRequest { path: path.into() };
         let d = s.api.download(&id, down, &mut sink).unwrap();
-        assert_eq!((sink.announced, sink.got, d.bytes), (Some(SIZE), SIZE, SIZE));
+        assert_eq!(
+            (sink.announced, sink.got, d.bytes),
+            (Some(SIZE), SIZE, SIZE)
+        );
         assert_eq!(hex(&sink.hasher.finalize()), expected, "{path}");
         assert_eq!(d.sha256, expected);
     }
@@ -2042,7 +2116,15 @@ pub fn large_files_stream_both_ways(s: &Subject) {
     let e = s.api.upload(&id, up, &mut Broken(1 << 20)).unwrap_err();
     assert_eq!(e.code(), "invalid_argument", "{e}");
     assert!(e.to_string().contains("the client went away"), "{e}");
-    assert_eq!(s.sh(&id, "ls -A /tmp | grep -c half; ls -A /tmp | grep -c taskbox-tmp").stdout.text, "0\n0\n");
+    assert_eq!(
+        s.sh(
+            &id,
+            "ls -A /tmp | grep -c half; ls -A /tmp | grep -c taskbox-tmp"
+        )
+        .stdout
+        .text,
+        "0\n0\n"
+    );
 }
 
 struct DigestWriter<'a>(&'a mut sha2::Sha256);

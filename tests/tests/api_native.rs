@@ -222,7 +222,10 @@ fn destroy_leaves_nothing_behind() {
     assert!(host_processes_with(&marker).is_empty());
     let dir = f.env.state().join("sandboxes").join(f.id.as_str());
     assert!(!dir.exists(), "{} left behind", dir.display());
-    assert!(matches!(f.backend.info(&f.id), Err(ApiError::SandboxNotFound(_))));
+    assert!(matches!(
+        f.backend.info(&f.id),
+        Err(ApiError::SandboxNotFound(_))
+    ));
 }
 
 #[test]
@@ -264,7 +267,10 @@ fn missing_commands_and_bad_requests_are_clear() {
         .unwrap_err();
     assert!(matches!(e, ApiError::NotFound(_)), "{e:?}");
     let other = SandboxId::parse("sb-0000000000000000").unwrap();
-    assert!(matches!(f.backend.info(&other), Err(ApiError::SandboxNotFound(_))));
+    assert!(matches!(
+        f.backend.info(&other),
+        Err(ApiError::SandboxNotFound(_))
+    ));
 }
 
 fn write(f: &Fixture, path: &str, content: &str) {
@@ -1474,7 +1480,10 @@ fn a_sandbox_whose_control_channel_breaks_is_lost_everywhere_and_destroy_cleans_
         std::thread::sleep(Duration::from_millis(20));
     }
     f.backend.destroy(&f.id).unwrap();
-    assert!(matches!(f.backend.info(&f.id), Err(ApiError::SandboxNotFound(_))));
+    assert!(matches!(
+        f.backend.info(&f.id),
+        Err(ApiError::SandboxNotFound(_))
+    ));
     assert!(host_processes_with(&plan).is_empty());
 }
 

@@ -701,7 +701,11 @@ fn a_100_mib_file_streams_through_the_supervisor_in_bounded_memory() {
     let (status, headers) = read_head(&mut answer);
     assert_eq!(status, 200, "{headers:?}");
     let length = headers.iter().find(|(k, _)| k == "content-length");
-    assert_eq!(length.map(|(_, v)| v.as_str()), Some("104857600"), "{headers:?}");
+    assert_eq!(
+        length.map(|(_, v)| v.as_str()),
+        Some("104857600"),
+        "{headers:?}"
+    );
     let (mut got, mut hasher) = (0usize, sha2::Sha256::new());
     loop {
         let buf = answer.fill_buf().unwrap();
@@ -742,26 +746,96 @@ fn file_errors_answer_their_codes_and_statuses_over_http() {
     let (st, r) = sup.call(
         "POST",
         &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"shell": "mkdir -p /tmp/d && echo s > /tmp/s && chmod a-r /tmp/s && \
-                     echo k > /tmp/k && chmod 444 /tmp/k"})),
+        Some(
+            json!({"shell": "mkdir -p /tmp/d && echo s > /tmp/s && chmod a-r /tmp/s && \
+                     echo k > /tmp/k && chmod 444 /tmp/k"}),
+        ),
     );
     assert_eq!((st, &r["exit_code"]), (200, &json!(0)), "{r}");
     let ghost = "sb-00000000deadbeef";
     let cases: Vec<(String, &str, serde_json::Value, u16, &str)> = vec![
-        (ghost.into(), "read", json!({"path": "f.txt"}), 404, "sandbox_not_found"),
-        (id.clone(), "read", json!({"path": "/tmp/nope"}), 404, "not_found"),
-        (id.clone(), "read", json!({"path": "/tmp/d"}), 400, "is_a_directory"),
-        (id.clone(), "write", json!({"path": "/tmp/d", "content": "x"}), 400, "is_a_directory"),
-        (id.clone(), "list", json!({"path": "/tmp/s"}), 400, "not_a_directory"),
-        (id.clone(), "read", json!({"path": "/tmp/s"}), 403, "permission_denied"),
-        (id.clone(), "write", json!({"path": "/tmp/k", "content": "x"}), 403, "permission_denied"),
-        (id.clone(), "write", json!({"path": "/etc/x", "content": "x"}), 403, "permission_denied"),
-        (id.clone(), "read", json!({"path": "/proc/1/root/etc/passwd"}), 403, "path_refused"),
-        (id.clone(), "read", json!({"path": "../f.txt"}), 403, "path_refused"),
+        (
+            ghost.into(),
+            "read",
+            json!({"path": "f.txt"}),
+            404,
+            "sandbox_not_found",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/tmp/nope"}),
+            404,
+            "not_found",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/tmp/d"}),
+            400,
+            "is_a_directory",
+        ),
+        (
+            id.clone(),
+            "write",
+            json!({"path": "/tmp/d", "content": "x"}),
+            400,
+            "is_a_directory",
+        ),
+        (
+            id.clone(),
+            "list",
+            json!({"path": "/tmp/s"}),
+            400,
+            "not_a_directory",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/tmp/s"}),
+            403,
+            "permission_denied",
+        ),
+        (
+            id.clone(),
+            "write",
+            json!({"path": "/tmp/k", "content": "x"}),
+            403,
+            "permission_denied",
+        ),
+        (
+            id.clone(),
+            "write",
+            json!({"path": "/etc/x", "content": "x"}),
+            403,
+            "permission_denied",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/proc/1/root/etc/passwd"}),
+            403,
+            "path_refused",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "../f.txt"}),
+            403,
+            "path_refused",
+        ),
     ];
     for (sb, op, body, status, code) in cases {
-        let (st, r) = sup.call("POST", &format!("/v1/sandboxes/{sb}/{op}"), Some(body.clone()));
-        assert_eq!((st, r["error"]["code"].as_str()), (status, Some(code)), "{op} {body}: {r}");
+        let (st, r) = sup.call(
+            "POST",
+            &format!("/v1/sandboxes/{sb}/{op}"),
+            Some(body.clone()),
+        );
+        assert_eq!(
+            (st, r["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{op} {body}: {r}"
+        );
         assert!(!r["error"]["message"].as_str().unwrap().is_empty(), "{r}");
     }
     // The streamed routes answer the same codes, before any byte.
@@ -771,15 +845,32 @@ fn file_errors_answer_their_codes_and_statuses_over_http() {
         ("GET", "/tmp/nope", 404, "not_found"),
         ("PUT", "/tmp/k", 403, "permission_denied"),
     ] {
-        let (st, r) = sup.call(method, &format!("/v1/sandboxes/{id}/files?path={path}"), None);
-        assert_eq!((st, r["error"]["code"].as_str()), (status, Some(code)), "{method} {path}: {r}");
+        let (st, r) = sup.call(
+            method,
+            &format!("/v1/sandboxes/{id}/files?path={path}"),
+            None,
+        );
+        assert_eq!(
+            (st, r["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {r}"
+        );
     }
     // The OpenAPI document lists every code with its status.
     let (st, doc) = sup.call("GET", "/openapi.json", None);
     assert_eq!(st, 200);
     let code = &doc["components"]["schemas"]["ErrorDetail"]["properties"]["code"];
-    for c in ["sandbox_not_found", "is_a_directory", "not_a_directory", "permission_denied", "too_large"] {
-        assert!(code["enum"].as_array().unwrap().contains(&json!(c)), "{code}");
+    for c in [
+        "sandbox_not_found",
+        "is_a_directory",
+        "not_a_directory",
+        "permission_denied",
+        "too_large",
+    ] {
+        assert!(
+            code["enum"].as_array().unwrap().contains(&json!(c)),
+            "{code}"
+        );
     }
     assert_eq!(code["x-statuses"]["too_large"], 413, "{code}");
     assert!(doc["paths"]["/v1/sandboxes/{id}/files"]["put"].is_object());

@@ -898,4 +898,3 @@ fn exit_status(r: &Value) -> u8 {
         0
     }
 }
-

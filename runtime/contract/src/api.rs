@@ -991,21 +991,69 @@ impl ApiError {
     /// Every code [`ApiError::code`] gives, with what it means: the list the OpenAPI document
     /// and the docs show, and the codes a client maps back with [`ApiError::from_code`].
     pub const CODES: &'static [(&'static str, u16, &'static str)] = &[
-        ("not_found", 404, "the path, checkpoint, process or approval does not exist"),
-        ("sandbox_not_found", 404, "the sandbox does not exist, or is not the caller's"),
-        ("is_a_directory", 400, "the path is a directory where a file is needed"),
-        ("not_a_directory", 400, "the path, or a component on its way, is not a directory"),
-        ("permission_denied", 403, "the sandbox's user may not do this (the kernel refused it)"),
-        ("too_large", 413, "the request body, or the file, is larger than the limit"),
-        ("invalid_argument", 400, "the request is malformed or names something invalid"),
+        (
+            "not_found",
+            404,
+            "the path, checkpoint, process or approval does not exist",
+        ),
+        (
+            "sandbox_not_found",
+            404,
+            "the sandbox does not exist, or is not the caller's",
+        ),
+        (
+            "is_a_directory",
+            400,
+            "the path is a directory where a file is needed",
+        ),
+        (
+            "not_a_directory",
+            400,
+            "the path, or a component on its way, is not a directory",
+        ),
+        (
+            "permission_denied",
+            403,
+            "the sandbox's user may not do this (the kernel refused it)",
+        ),
+        (
+            "too_large",
+            413,
+            "the request body, or the file, is larger than the limit",
+        ),
+        (
+            "invalid_argument",
+            400,
+            "the request is malformed or names something invalid",
+        ),
         ("edit_not_found", 422, "edit: the old text does not occur"),
-        ("edit_ambiguous", 422, "edit: the old text occurs more often than expected"),
+        (
+            "edit_ambiguous",
+            422,
+            "edit: the old text occurs more often than expected",
+        ),
         ("patch_failed", 422, "patch: a hunk does not apply"),
-        ("path_refused", 403, "the path leaves the sandbox or names something not to be touched"),
-        ("conflict", 409, "the operation conflicts with the sandbox's state"),
+        (
+            "path_refused",
+            403,
+            "the path leaves the sandbox or names something not to be touched",
+        ),
+        (
+            "conflict",
+            409,
+            "the operation conflicts with the sandbox's state",
+        ),
         ("limit_exceeded", 429, "a quota or limit was reached"),
-        ("internal", 500, "the sandbox or its backend failed (an infrastructure error)"),
-        ("unavailable", 503, "the backend cannot be reached now (an infrastructure error)"),
+        (
+            "internal",
+            500,
+            "the sandbox or its backend failed (an infrastructure error)",
+        ),
+        (
+            "unavailable",
+            503,
+            "the backend cannot be reached now (an infrastructure error)",
+        ),
     ];
 
     /// The error of `code` with `message`: what a client makes of an error body. An unknown
@@ -1035,9 +1083,9 @@ impl ApiError {
     pub fn http_status(&self) -> u16 {
         match self {
             ApiError::NotFound(_) | ApiError::SandboxNotFound(_) => 404,
-            ApiError::InvalidArgument(_) | ApiError::IsADirectory(_) | ApiError::NotADirectory(_) => {
-                400
-            }
+            ApiError::InvalidArgument(_)
+            | ApiError::IsADirectory(_)
+            | ApiError::NotADirectory(_) => 400,
             ApiError::PermissionDenied(_) => 403,
             ApiError::TooLarge(_) => 413,
             ApiError::EditNotFound(_) | ApiError::EditAmbiguous(_) | ApiError::PatchFailed(_) => {

@@ -162,7 +162,8 @@ mod sys {
     /// This thread's supplementary groups.
     pub(super) fn groups() -> io::Result<Vec<u32>> {
         // SAFETY: with a size of 0 the kernel only returns the count and writes nothing.
-        let n = check(unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) })?;
+        let n =
+            check(unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) })?;
         let mut buf = vec![0u32; n as usize];
         // SAFETY: `buf` has room for `n` gids, the size passed.
         let got = check(unsafe { libc::syscall(libc::SYS_getgroups, n, buf.as_mut_ptr()) })?;
@@ -272,7 +273,10 @@ mod tests {
         })
         .unwrap();
         // Uid: real, effective, saved, file-system.
-        assert_eq!(fsuid.split_whitespace().nth(3), Some(me.uid.to_string().as_str()));
+        assert_eq!(
+            fsuid.split_whitespace().nth(3),
+            Some(me.uid.to_string().as_str())
+        );
         assert_eq!(caps, "0000000000000000");
         // The caller's own thread keeps what it had.
         let mine = std::fs::read_to_string("/proc/thread-self/status").unwrap();

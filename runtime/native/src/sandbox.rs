@@ -38,8 +38,7 @@ use crate::image_view::{Identity, ImageView, ImageViewError};
 use crate::kit::layers::overlay_workspace;
 use crate::kit::{
     self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, FsLandlock, Handle, Layers, Open,
-    Options,
-    ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
+    Options, ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
 };
 use crate::layers::Fingerprint;
 use crate::native::{self, RunDir};

@@ -96,7 +96,9 @@ pub async fn upload(
                     Some(t) => Cut::Timeout(t),
                     None => Cut::Broken(e.to_string()),
                 };
-                let _ = tx.send(Err(io::Error::other("the request body broke off"))).await;
+                let _ = tx
+                    .send(Err(io::Error::other("the request body broke off")))
+                    .await;
                 cut = Some(why);
                 break;
             }
@@ -189,23 +191,20 @@ pub async fn download(
             };
         }
     };
-    let pieces = futures_util::stream::unfold(
-        (rx, Some(call)),
-        |(mut rx, call)| async move {
-            match rx.recv().await {
-                Some(Piece::Data(b)) => Some((Ok::<Bytes, io::Error>(b), (rx, call))),
-                Some(Piece::Start(_)) => Some((Ok(Bytes::new()), (rx, call))),
-                None => match call?.await {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "a download failed after it started");
-                        Some((Err(io::Error::other(e.to_string())), (rx, None)))
-                    }
-                    Err(e) => Some((Err(io::Error::other(e.to_string())), (rx, None))),
-                },
-            }
-        },
-    );
+    let pieces = futures_util::stream::unfold((rx, Some(call)), |(mut rx, call)| async move {
+        match rx.recv().await {
+            Some(Piece::Data(b)) => Some((Ok::<Bytes, io::Error>(b), (rx, call))),
+            Some(Piece::Start(_)) => Some((Ok(Bytes::new()), (rx, call))),
+            None => match call?.await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "a download failed after it started");
+                    Some((Err(io::Error::other(e.to_string())), (rx, None)))
+                }
+                Err(e) => Some((Err(io::Error::other(e.to_string())), (rx, None))),
+            },
+        }
+    });
     Ok((
         StatusCode::OK,
         [

@@ -44,13 +44,17 @@ pub fn document(routes: &[RouteSpec]) -> Value {
     let mut schemas = g.take_definitions(true);
     // The code of an error is one of these: a client branches on it (and makes one exception
     // per code of the list).
-    if let Some(code) = schemas.get_mut("ErrorDetail").and_then(|d| d.pointer_mut("/properties/code"))
+    if let Some(code) = schemas
+        .get_mut("ErrorDetail")
+        .and_then(|d| d.pointer_mut("/properties/code"))
     {
         code["enum"] = json!(codes.iter().map(|(c, _, _)| *c).collect::<Vec<_>>());
-        code["x-statuses"] = json!(codes
-            .iter()
-            .map(|(c, s, _)| (c.to_string(), json!(s)))
-            .collect::<Map<String, Value>>());
+        code["x-statuses"] = json!(
+            codes
+                .iter()
+                .map(|(c, s, _)| (c.to_string(), json!(s)))
+                .collect::<Map<String, Value>>()
+        );
     }
     json!({
         "openapi": "3.1.0",
@@ -81,8 +85,16 @@ pub fn error_codes() -> Vec<(&'static str, u16, &'static str)> {
     let mut codes = ApiError::CODES.to_vec();
     codes.extend([
         ("unauthorized", 401, "a token is missing or unknown"),
-        ("method_not_allowed", 405, "the route exists, not with this method"),
-        ("request_timeout", 408, "the request's body did not arrive in time"),
+        (
+            "method_not_allowed",
+            405,
+            "the route exists, not with this method",
+        ),
+        (
+            "request_timeout",
+            408,
+            "the request's body did not arrive in time",
+        ),
     ]);
     codes
 }

@@ -398,9 +398,9 @@ pub async fn refuse_large_bodies(
     req: Request,
     next: Next,
 ) -> Response {
-    let streamed = match req.method() {
-        &axum::http::Method::POST => UPLOAD_PATH,
-        &axum::http::Method::PUT => FILES_PATH,
+    let streamed = match *req.method() {
+        axum::http::Method::POST => UPLOAD_PATH,
+        axum::http::Method::PUT => FILES_PATH,
         _ => "",
     };
     if matched.as_ref().is_some_and(|m| m.as_str() == streamed) {

@@ -395,7 +395,10 @@ async fn a_body_over_the_limit_is_413() {
     let m = expect_error(r, 413, "too_large").await;
     // It names the limit, the flag that sets it, and the way around it.
     assert!(m.contains("1024") && m.contains("max_body_bytes"), "{m}");
-    assert!(m.contains("--max-body-bytes") && m.contains("/files"), "{m}");
+    assert!(
+        m.contains("--max-body-bytes") && m.contains("/files"),
+        "{m}"
+    );
     // Just under the limit is fine.
     let r = s
         .post(
@@ -451,7 +454,13 @@ async fn a_file_streams_past_the_body_limit_up_to_the_upload_limit() {
         .await
         .unwrap();
     expect_error(r, 404, "not_found").await;
-    let r = s.client.get(files("")).bearer_auth(ALICE).send().await.unwrap();
+    let r = s
+        .client
+        .get(files(""))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
     let m = expect_error(r, 400, "invalid_argument").await;
     assert!(m.contains("path"), "{m}");
     // Over the upload limit: refused before the body is read when its length says so...
@@ -464,7 +473,10 @@ async fn a_file_streams_past_the_body_limit_up_to_the_upload_limit() {
         .await
         .unwrap();
     let m = expect_error(r, 413, "too_large").await;
-    assert!(m.contains("8192") && m.contains("--max-upload-bytes"), "{m}");
+    assert!(
+        m.contains("8192") && m.contains("--max-upload-bytes"),
+        "{m}"
+    );
     // ... and cut when a body without a length runs past it.
     let pieces = futures_util::stream::iter(
         (0..10).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b'z'; 1000]))),

@@ -349,7 +349,9 @@ fn streamed(api: &dyn SandboxApi, id: &SandboxId) {
     let down = DownloadRequest {
         path: "a.txt".into(),
     };
-    let e = api.download(id, down, &mut WriteSink(Vec::new())).unwrap_err();
+    let e = api
+        .download(id, down, &mut WriteSink(Vec::new()))
+        .unwrap_err();
     assert_eq!(e.code(), "invalid_argument", "{e}");
 }
 

@@ -43,9 +43,9 @@ use nix::sys::stat::{FileStat, Mode};
 use nix::unistd::UnlinkatFlags;
 
 use crate::api::{
-    ApiError, EditRequest, EditResult, Entry, EntryKind, ListRequest, ListResult, Match,
-    MoveRequest, PatchRequest, PatchResult, PathRequest, ReadRequest, ReadResult, RemoveRequest,
-    ByteSink, DownloadRequest, SearchRequest, SearchResult, StatResult, UploadRequest,
+    ApiError, ByteSink, DownloadRequest, EditRequest, EditResult, Entry, EntryKind, ListRequest,
+    ListResult, Match, MoveRequest, PatchRequest, PatchResult, PathRequest, ReadRequest,
+    ReadResult, RemoveRequest, SearchRequest, SearchResult, StatResult, UploadRequest,
     WriteRequest, WriteResult,
 };
 use crate::result::{Change, ChangeKind};
@@ -212,7 +212,8 @@ const PROCFS: Errno = Errno::EREMOTE;
 
 /// Whether `fd` is on a proc file system.
 fn in_procfs(fd: &OwnedFd) -> bool {
-    nix::sys::statfs::fstatfs(fd).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+    nix::sys::statfs::fstatfs(fd)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
 }
 
 /// Maps an errno of operation `op` on `path` to the API's error.
@@ -235,9 +236,9 @@ fn sys_err(op: &str, path: &RelPath, e: Errno) -> ApiError {
         )),
         Errno::EISDIR => ApiError::IsADirectory(format!("{op}: {path} is a directory")),
         Errno::ENAMETOOLONG => ApiError::InvalidArgument(format!("{op}: path {path} is too long")),
-        Errno::ENOSPC | Errno::EDQUOT => ApiError::LimitExceeded(format!(
-            "{op}: {path}: no space left on the sandbox's disk"
-        )),
+        Errno::ENOSPC | Errno::EDQUOT => {
+            ApiError::LimitExceeded(format!("{op}: {path}: no space left on the sandbox's disk"))
+        }
         Errno::EFBIG => ApiError::TooLarge(format!(
             "{op}: {path}: the file would be larger than the file system allows"
         )),
@@ -248,9 +249,9 @@ fn sys_err(op: &str, path: &RelPath, e: Errno) -> ApiError {
             "{op}: {path}: permission denied: the sandbox's user may not do this ({})",
             e.desc().to_lowercase()
         )),
-        Errno::ETXTBSY => ApiError::Conflict(format!(
-            "{op}: {path} is a program that is running now"
-        )),
+        Errno::ETXTBSY => {
+            ApiError::Conflict(format!("{op}: {path} is a program that is running now"))
+        }
         e => ApiError::Internal(format!("{op}: {path}: {e}")),
     }
 }
@@ -605,14 +606,16 @@ impl WorkspaceFs {
 
     /// Whether the longest part of `rel` that resolves lies in a proc file system.
     fn reaches_procfs(&self, rel: &RelPath) -> bool {
-        (1..=rel.parts.len()).rev().find_map(|n| {
-            let prefix = RelPath {
-                parts: rel.parts[..n].to_vec(),
-                abs: rel.abs,
-            };
-            sys::openat2(&self.root, &prefix.c_path(), libc::O_PATH, 0, RESOLVE_ROOT).ok()
-        })
-        .is_some_and(|fd| in_procfs(&fd))
+        (1..=rel.parts.len())
+            .rev()
+            .find_map(|n| {
+                let prefix = RelPath {
+                    parts: rel.parts[..n].to_vec(),
+                    abs: rel.abs,
+                };
+                sys::openat2(&self.root, &prefix.c_path(), libc::O_PATH, 0, RESOLVE_ROOT).ok()
+            })
+            .is_some_and(|fd| in_procfs(&fd))
     }
 
     /// An `O_PATH` fd of the directory `rel` (symlinks resolved inside the root).
@@ -1045,7 +1048,11 @@ impl WorkspaceFs {
     /// Writes a file from `body` atomically, as [`Self::write`] does, without holding it: the
     /// content goes to the temporary file piece by piece. A body that fails to read leaves
     /// nothing behind (the caller tells its failure from the file system's).
-    pub fn upload(&self, req: &UploadRequest, body: &mut dyn Read) -> Result<WriteResult, ApiError> {
+    pub fn upload(
+        &self,
+        req: &UploadRequest,
+        body: &mut dyn Read,
+    ) -> Result<WriteResult, ApiError> {
         let op = "upload";
         let rel = self.rel_entry(op, &req.path)?;
         let mode = req.mode.unwrap_or(0o644);
@@ -1055,7 +1062,8 @@ impl WorkspaceFs {
             )));
         }
         let mut counted = Counted { inner: body, n: 0 };
-        let prepared = self.prepare_write(op, &rel, &mut counted, mode, false, req.create_parents)?;
+        let prepared =
+            self.prepare_write(op, &rel, &mut counted, mode, false, req.create_parents)?;
         let created = self.commit_write(op, prepared)?;
         Ok(WriteResult {
             path: rel.to_string(),
