@@ -11,9 +11,13 @@ export CARGO_INCREMENTAL=0
 # System packages the suites use: python3 (escape probes), util-linux (unshare, mount), the
 # Docker Engine (the docker backend), mmdebstrap (Debian-based images), busybox-static (the
 # busybox image and test root filesystems) and chromium (the trace report's browser test, whose
-# screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA).
+# screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA),
+# git and pytest under /usr/bin/python3 (the review checks run a test suite in host-view sandboxes,
+# where only the system interpreter is seen).
 missing=()
 [ -x /usr/bin/python3 ] || missing+=(python3)
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || missing+=(python3-pytest)
+command -v git >/dev/null || missing+=(git)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v useradd >/dev/null || missing+=(passwd)
@@ -30,6 +34,14 @@ fi
 # The MCP client test (runtime/mcp) uses the Python MCP SDK under the python3 on PATH (which may
 # be another interpreter than /usr/bin/python3): give that one pip if needed, then `mcp`.
 python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }; python3 -m pip install --quiet mcp || python3 -m pip install --quiet --break-system-packages mcp; }
+# The Python SDK (python/) and its suite under the same python3: the SDK's dependencies (httpx,
+# httpx-sse, pydantic), pytest, and maturin, which builds the wheel that the suite installs into a
+# fresh venv (scripts/test.sh builds it from the debug build it has just made, so CI compiles
+# nothing twice; TASKBOX_WHEEL_PROFILE=release would add a release build of the whole tree).
+# inspect-ai and mini-swe-agent: the harnesses whose adapters (taskbox.inspect,
+# taskbox.minisweagent) the suite runs, inspect's own sandbox self-check among it.
+py_pkgs=(httpx httpx-sse pydantic pytest maturin inspect-ai mini-swe-agent)
+python3 -c 'import httpx, httpx_sse, pydantic, pytest, maturin, inspect_ai, minisweagent' >/dev/null 2>&1 || { python3 -m pip install --quiet "${py_pkgs[@]}" || python3 -m pip install --quiet --break-system-packages "${py_pkgs[@]}"; }
 
 # The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
 # (Debian's docker.io). A dockerd started here is stopped at the end.

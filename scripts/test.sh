@@ -12,6 +12,17 @@ cd "$(dirname "$0")/.."
 # tests: build them first.
 cargo build --workspace --bins
 
+# The Python SDK's wheel test (tests/tests/python.rs) installs the wheel of scripts/wheel.sh into
+# a fresh venv. Built from the debug build just made by default (seconds: nothing is compiled
+# again); TASKBOX_WHEEL_PROFILE=release builds the wheel users get. Without maturin the
+# wheel test skips (a failure under TASKBOX_REQUIRE_ALL=1).
+if command -v maturin >/dev/null || python3 -m maturin --version >/dev/null 2>&1; then
+  echo "== building the Python wheel (profile ${TASKBOX_WHEEL_PROFILE:-dev})"
+  scripts/wheel.sh --profile "${TASKBOX_WHEEL_PROFILE:-dev}"
+else
+  echo "maturin not found: the Python wheel test will skip (pip install maturin)" >&2
+fi
+
 # The image-rooted variants of the suites (native with an image, docker) share one image store
 # (root only): build the suite image into it and load it into Docker once, before the suites run
 # in parallel. Without root, mmdebstrap or Docker the variants skip (or fail under

@@ -16,12 +16,17 @@ use taskbox_core::result::ChangeKind;
 use crate::image::tree_state;
 use crate::suite::{Subject, code_of, expect_code};
 
+mod review;
+pub use review::*;
+
 /// Declares every check of the suite as a `#[test]` on the subject `$subject` (an expression
 /// giving an `Option<Subject>`: `None` when the backend cannot run here, its reason printed).
 #[macro_export]
 macro_rules! api_conformance {
     ($subject:expr) => {
-        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_sandbox_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, absolute_paths_reach_the_sandbox_as_its_user, the_file_api_may_write_where_commands_may, permissions_bind_the_file_api_as_they_bind_commands, hostile_absolute_paths_stay_inside, error_codes_on_real_errors, large_files_stream_both_ways);
+        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_sandbox_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output);
+        $crate::api_conformance!(@checks $subject; changes_and_diffs_leave_out_what_git_ignores, files_that_run_on_their_own_are_flagged_and_applied_only_when_allowed, a_same_second_edit_after_a_test_run_is_never_stale);
+        $crate::api_conformance!(@checks $subject; absolute_paths_reach_the_sandbox_as_its_user, the_file_api_may_write_where_commands_may, permissions_bind_the_file_api_as_they_bind_commands, hostile_absolute_paths_stay_inside, error_codes_on_real_errors, large_files_stream_both_ways);
     };
     (@checks $subject:expr; $($name:ident),*) => {
         $(
@@ -1420,6 +1425,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             &id,
             DiffRequest {
                 since: Some(name.into()),
+                ..Default::default()
             },
         )
     };
@@ -1455,6 +1461,14 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
         "a2\nk\nno-b\n"
     );
     assert!(since("one").unwrap().files.is_empty());
+    // Commands after a restore may write the restored workspace (a sandbox whose confinement
+    // names the workspace's mount must name the new one).
+    let w = s.sh(&id, "echo w > w.txt && cat w.txt && rm w.txt");
+    assert_eq!(
+        (w.exit_code, w.stdout.text.as_str()),
+        (Some(0), "w\n"),
+        "{w:?}"
+    );
     // A checkpoint is reusable.
     write(s, &id, "c.txt", "c\n").unwrap();
     s.api.restore(&id, checkpoint("one")).unwrap();
@@ -1479,6 +1493,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             ExportRequest {
                 format: ExportFormat::Tar,
                 apply: false,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1505,6 +1520,7 @@ pub fn diff_checkpoint_restore_and_export(s: &Subject) {
             ExportRequest {
                 format: ExportFormat::Patch,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -2225,6 +2241,7 @@ pub fn hostile_paths_are_refused_on_every_operation(s: &Subject) {
             &id,
             DiffRequest {
                 since: Some("../../etc".into()),
+                ..Default::default()
             },
         ),
         "invalid_argument",
@@ -2371,4 +2388,113 @@ pub fn planted_symlinks_lead_nowhere_outside_the_workspace(s: &Subject) {
         "a file beside the workspace changed"
     );
     assert_host_untouched(s, &before);
+}
+
+/// `kill -9 -1` signals every process the command may signal: whatever runs the sandbox's
+/// execs (a starter, a reaper, a wrapper) must not be among them, or must come back, so the
+/// next exec runs as before.
+pub fn a_command_that_kills_all_it_can_leaves_the_sandbox_serving(s: &Subject) {
+    let id = s.create();
+    let killer = shell("kill -9 -1; echo after");
+    if s.expect.backend == "native" {
+        // The command's own shell survives (kill -1 spares the caller) and reports normally.
+        // (In a container the exec's wrapper is the command's to kill: that exec then fails,
+        // saying so; only the sandbox must go on.)
+        let r = s.run(&id, killer);
+        assert_eq!(
+            (r.exit_code, r.stdout.text.as_str()),
+            (Some(0), "after\n"),
+            "{r:?}"
+        );
+    } else {
+        let _ = s.api.exec(&id, killer, None);
+    }
+    for i in 0..3 {
+        let r = s.sh(&id, &format!("echo ok{i}"));
+        assert_eq!(
+            (r.exit_code, r.stdout.text.clone()),
+            (Some(0), format!("ok{i}\n")),
+            "exec {i} after kill -9 -1: {r:?}"
+        );
+    }
+    s.api.destroy(&id).unwrap();
+}
+
+/// Stdin of any bytes (base64 in the request) reaches the command unchanged, 3 MiB of it; with
+/// `merge_output` stderr goes to stdout in the order of the writes; bad encodings are refused.
+pub fn binary_stdin_and_merged_output(s: &Subject) {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let id = s.create();
+    // Every byte value, NUL and invalid UTF-8 included, in a 3 MiB stream.
+    let data: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let want: String = sha2::Sha256::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let r = s.run(
+        &id,
+        ExecRequest {
+            stdin: Some(base64::engine::general_purpose::STANDARD.encode(&data)),
+            stdin_encoding: Some("base64".into()),
+            ..shell("sha256sum")
+        },
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(
+        r.stdout.text.starts_with(&want),
+        "the command saw other bytes: {} against {want}",
+        r.stdout.text
+    );
+
+    let r = s.run(
+        &id,
+        ExecRequest {
+            merge_output: true,
+            ..shell("echo a; echo b >&2; echo c; echo d >&2; exit 3")
+        },
+    );
+    assert_eq!(
+        (
+            r.exit_code,
+            r.stdout.text.as_str(),
+            r.stderr.text.as_str(),
+            r.stderr.bytes
+        ),
+        (Some(3), "a\nb\nc\nd\n", "", 0),
+        "{r:?}"
+    );
+
+    for (req, what) in [
+        (
+            ExecRequest {
+                stdin: Some("not base64 !".into()),
+                stdin_encoding: Some("base64".into()),
+                ..shell("cat")
+            },
+            "stdin that is not base64",
+        ),
+        (
+            ExecRequest {
+                stdin: Some("x".into()),
+                stdin_encoding: Some("rot13".into()),
+                ..shell("cat")
+            },
+            "an unknown stdin encoding",
+        ),
+        (
+            ExecRequest {
+                stdin_encoding: Some("base64".into()),
+                ..shell("cat")
+            },
+            "an encoding without stdin",
+        ),
+    ] {
+        expect_code(what, s.api.exec(&id, req, None), "invalid_argument");
+    }
+    // The sandbox answers as before.
+    assert_eq!(s.sh(&id, "echo ok").stdout.text, "ok\n");
+    s.api.destroy(&id).unwrap();
 }

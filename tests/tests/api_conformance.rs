@@ -28,6 +28,13 @@
 //!   names, invalid names), export (patch and tar; apply changes the host workspace, nothing
 //!   before it does), list_approvals / approve / deny (a backend without a command policy has
 //!   none), set_network (refused for a sandbox without an egress proxy).
+//! - what a reviewer sees: a pytest run's `__pycache__` and `.pytest_cache`, the `.git/index`
+//!   that `git status`/`git diff` rewrite, and files an agent's own `.gitignore` hides are left
+//!   out of an exec's changes, the diff and the export, counted, and listed (as many as counted)
+//!   with `include_ignored`; the export carries exactly the default diff; `.envrc`,
+//!   `.vscode/tasks.json` and a CI workflow are flagged with their reasons, and `export --apply`
+//!   refuses them (`path_refused`, the host untouched) until `allow_autorun`; a fix of the same
+//!   size in the same second as the failing test run passes its test, five rounds running.
 //! - absolute paths, the sandbox's own: every operation in `/tmp` and the workspace, the image's
 //!   files read as `cat` reads them, writes allowed exactly where a command's are (a probe of the
 //!   usual directories), a `chmod -r` file not read and a 0444 file not overwritten (by every

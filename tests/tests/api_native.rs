@@ -382,6 +382,7 @@ fn diff_checkpoint_restore_and_export() {
             &f.id,
             DiffRequest {
                 since: Some("one".into()),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -430,6 +431,7 @@ fn diff_checkpoint_restore_and_export() {
             ExportRequest {
                 format: ExportFormat::Tar,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -1119,6 +1121,7 @@ fn an_image_sandbox_offers_the_whole_api_at_the_image_workdir() {
             ExportRequest {
                 format: ExportFormat::Patch,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -803,29 +804,53 @@ fn a_workspace_without_a_commit_comes_from_a_tar_or_a_directory_and_normalisatio
     drop(sup);
     let trace = env.state().join("traces").join(format!("{id}.jsonl"));
 
-    // No base recorded: say what to pass.
-    let out = replay(&env, &trace, &[]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        stderr(&out).contains("--workspace-tar FILE or --workspace-dir DIR"),
-        "{}",
-        stderr(&out)
-    );
+    // The base recorded is the directory's content digest.
+    let header: Value =
+        serde_json::from_str(fs::read_to_string(&trace).unwrap().lines().next().unwrap()).unwrap();
+    let base = &header["workspace_base"];
+    assert_eq!(base["kind"], "dir", "{header:#}");
+    let digest = base["sha256"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64);
 
-    // From a directory, and from a tar: the clock output differs unless normalised.
-    let tar = env.dir.path().join("ws.tar");
-    let ok = Command::new("tar")
-        .arg("-C")
-        .arg(env.ws())
-        .args(["-cf"])
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    // Content that differs is refused, naming both digests, from wherever it comes: the
+    // recorded directory, another directory, a tar.
+    let tar_of = |name: &str| {
+        let tar = env.dir.path().join(name);
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(env.ws())
+            .args(["-cf"])
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        tar
+    };
+    env.write("data.txt", "plain, edited\n");
+    let changed_tar = tar_of("changed.tar");
+    for extra in [
+        vec![],
+        vec!["--workspace-dir", env.ws().to_str().unwrap()],
+        vec!["--workspace-tar", changed_tar.to_str().unwrap()],
+    ] {
+        let out = replay(&env, &trace, &extra);
+        assert_eq!(out.status.code(), Some(125), "{extra:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("content digest") && err.contains(&digest),
+            "{extra:?}: {err}"
+        );
+    }
+    env.write("data.txt", "plain\n");
+
+    // The recorded directory (its content as recorded), a copy of it, and a tar of it: the
+    // clock output differs unless normalised.
+    let tar = tar_of("ws.tar");
     for source in [
-        ["--workspace-dir", env.ws().to_str().unwrap()],
-        ["--workspace-tar", tar.to_str().unwrap()],
+        vec![],
+        vec!["--workspace-dir", env.ws().to_str().unwrap()],
+        vec!["--workspace-tar", tar.to_str().unwrap()],
     ] {
         let (code, report) = replay_json(&env, &trace, &source);
         assert_eq!(code, 1, "{report:#}");
@@ -833,7 +858,7 @@ fn a_workspace_without_a_commit_comes_from_a_tar_or_a_directory_and_normalisatio
         assert_eq!(ops[1]["status"], "match", "{report:#}");
         assert_eq!(ops[2]["status"], "diverged", "{report:#}");
         assert_eq!(ops[2]["mismatches"][0]["field"], "stdout");
-        let mut args = source.to_vec();
+        let mut args = source.clone();
         args.extend(["--normalize", "timestamps,durations"]);
         let (code, report) = replay_json(&env, &trace, &args);
         assert_eq!(code, 0, "{report:#}");

@@ -102,6 +102,89 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
 }
 
 #[test]
+fn cli_diff_counts_and_lists_ignored_changes_and_export_apply_needs_leave_for_autorun_files() {
+    let env = Env::new();
+    env.write(".gitignore", "*.log\n");
+    env.write("notes.txt", "n\n");
+    let sup = Supervisor::start(&env, &[]);
+    let s = sup.socket.clone();
+    let o = env.cli(&s, &["create", "--workspace", env.ws().to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    let id = text(&o).trim().to_string();
+    let o = env.cli(
+        &s,
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo x > run.log; echo 'echo hi' > .envrc; echo n2 > notes.txt",
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let err = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    // The default diff: run.log left out and counted, .envrc flagged.
+    let o = env.cli(&s, &["diff", &id]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        !text(&o).contains("run.log") && text(&o).contains("b/.envrc"),
+        "{}",
+        text(&o)
+    );
+    assert!(err(&o).contains("1 change left out"), "{}", err(&o));
+    assert!(err(&o).contains("flagged .envrc: direnv"), "{}", err(&o));
+    let o = env.cli(&s, &["diff", &id, "--include-ignored", "--json"]);
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d["ignored"], 1, "{d}");
+    let listed: Vec<&str> = d["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["ignored"] == true)
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["run.log"]);
+
+    // export --apply: refused without --allow-autorun, naming the file and why; nothing written.
+    let o = env.cli(&s, &["export", &id, "--apply"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(
+        err(&o).contains(".envrc (direnv") && err(&o).contains("--allow-autorun"),
+        "{}",
+        err(&o)
+    );
+    assert!(!env.ws().join(".envrc").exists());
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("notes.txt")).unwrap(),
+        "n\n"
+    );
+    let o = env.cli(&s, &["export", &id, "--allow-autorun"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(
+        err(&o).contains("--apply"),
+        "--allow-autorun needs --apply: {}",
+        err(&o)
+    );
+    let o = env.cli(&s, &["export", &id, "--apply", "--allow-autorun"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join(".envrc")).unwrap(),
+        "echo hi\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.ws().join("notes.txt")).unwrap(),
+        "n2\n"
+    );
+    assert!(
+        !env.ws().join("run.log").exists(),
+        "an ignored file was applied"
+    );
+    env.cli(&s, &["rm", &id]);
+}
+
+#[test]
 fn a_verb_starts_a_supervisor_when_none_runs() {
     let env = Env::new();
     let socket = env.state().join("auto.sock");
@@ -552,6 +635,106 @@ fn malformed_requests_get_clear_4xx_answers() {
     assert!(
         std::fs::read_dir(env.ws()).unwrap().next().is_none(),
         "something was written"
+    );
+}
+
+/// A background process's stdin takes a raw body streamed of any size: 100 MiB of binary
+/// input reach the command intact, while the supervisor's memory stays far below the input's
+/// size; the JSON form takes base64.
+#[test]
+fn stdin_streams_binary_input_of_any_size_in_bounded_memory() {
+    use sha2::Digest as _;
+    let env = Env::new();
+    let sup = Supervisor::start(&env, &[]);
+    let (st, info) = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"workspace": env.ws().display().to_string()})),
+    );
+    assert_eq!(st, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    let start = |argv: serde_json::Value| {
+        let (st, p) = sup.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"argv": argv, "background": true})),
+        );
+        assert_eq!(st, 200, "{p}");
+        p["exec_id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no exec_id in {p}"))
+    };
+    let wait = |exec_id: u64| {
+        let (st, p) = sup.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/processes/{exec_id}/wait?timeout_ms=120000"),
+            None,
+        );
+        assert_eq!(st, 200, "{p}");
+        p
+    };
+
+    let size = 100usize << 20;
+    let mut data = vec![0u8; size];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let want: String = sha2::Sha256::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let exec_id = start(json!(["sha256sum"]));
+    let path = format!("/v1/sandboxes/{id}/processes/{exec_id}/stdin?close=true");
+    let mut req = taskbox_agent::http::Request::new("POST", &path);
+    req.headers = vec![("Content-Type", "application/octet-stream".into())];
+    req.body = Some(&data);
+    let r = taskbox_agent::http::Client::unix(&sup.socket)
+        .and_then(|c| c.send(&req, std::time::Duration::MAX))
+        .unwrap();
+    assert_eq!(r.status, 204, "{}", String::from_utf8_lossy(&r.body));
+    let p = wait(exec_id);
+    let out = p["result"]["stdout"]["text"].as_str().unwrap_or_default();
+    assert!(out.starts_with(&want), "{p}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", sup.child.id())).unwrap();
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(
+        hwm_kib < 64 * 1024,
+        "the supervisor's peak memory reached {hwm_kib} KiB for a 100 MiB input"
+    );
+
+    // JSON: base64 of any bytes; a bad encoding is refused.
+    let exec_id = start(json!(["od", "-An", "-tx1"]));
+    let stdin = format!("/v1/sandboxes/{id}/processes/{exec_id}/stdin");
+    let (st, r) = sup.call(
+        "POST",
+        &stdin,
+        Some(json!({"data": "AP+A", "encoding": "bogus"})),
+    );
+    assert_eq!(
+        (st, r["error"]["code"].as_str()),
+        (400, Some("invalid_argument")),
+        "{r}"
+    );
+    let (st, r) = sup.call(
+        "POST",
+        &stdin,
+        Some(json!({"data": "AP+A", "encoding": "base64", "close": true})),
+    );
+    assert_eq!(st, 204, "{r}");
+    let p = wait(exec_id);
+    let out = p["result"]["stdout"]["text"].as_str().unwrap_or_default();
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["00", "ff", "80"],
+        "{p}"
     );
 }
 

@@ -97,7 +97,12 @@ fn a_session_is_recorded_line_by_line_before_each_call_returns() {
     assert_eq!(h["sandbox"], f.id.as_str());
     assert_eq!(h["backend"], "native");
     assert_eq!(h["policy"], "default");
-    assert_eq!(h["workspace_base"]["kind"], "none");
+    // A plain directory: its content digest is the base.
+    assert_eq!(h["workspace_base"]["kind"], "dir");
+    assert_eq!(
+        h["workspace_base"]["sha256"].as_str().map(str::len),
+        Some(64)
+    );
     assert_eq!(h["env"]["GITHUB_TOKEN"], "[redacted]");
     assert_eq!(h["env"]["GREETING"], "hi");
     assert_eq!(h["labels"]["task"], "trace-test");

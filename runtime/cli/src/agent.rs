@@ -114,6 +114,11 @@ pub struct RunArgs {
     /// Apply the change to the workspace when the task completed.
     #[arg(long)]
     apply: bool,
+    /// With --apply: also write files that tools run on their own (.envrc, .vscode/tasks.json,
+    /// git hooks, CI definitions, ...); without it such an apply is refused, naming them (the
+    /// report keeps the diff).
+    #[arg(long, requires = "apply")]
+    allow_autorun: bool,
     /// Print the report as JSON instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -364,7 +369,7 @@ pub fn run(cmd: AgentCommand, conn: &Conn) -> Result<u8> {
             let cfg = model_config(state.contract.model.clone(), &a.model)?;
             let opts = options(a.task_dir.clone(), false, &a.model)?;
             let report = taskbox_agent::resume(b.api.clone(), cfg.build()?, opts)?;
-            finish_sandbox(&b, &report, false)?;
+            finish_sandbox(&b, &report, false, false)?;
             print_report(&report, a.json)
         }
         AgentCommand::Replay(a) => {
@@ -469,19 +474,25 @@ fn run_task(a: RunArgs, conn: &Conn) -> Result<u8> {
         policy,
     };
     let report = taskbox_agent::start(b.api.clone(), model, spec, opts)?;
-    finish_sandbox(&b, &report, a.apply)?;
+    finish_sandbox(&b, &report, a.apply, a.allow_autorun)?;
     print_report(&report, a.json)
 }
 
 /// Applies the change when asked (and the task completed); an in-process sandbox then ends
 /// with the command, a supervisor's lives on.
-fn finish_sandbox(b: &Backend, report: &taskbox_agent::Report, apply: bool) -> Result<()> {
+fn finish_sandbox(
+    b: &Backend,
+    report: &taskbox_agent::Report,
+    apply: bool,
+    allow_autorun: bool,
+) -> Result<()> {
     let id = SandboxId::parse(&report.sandbox)?;
     if apply && report.succeeded() {
         let r = b.api.export(
             &id,
             ExportRequest {
                 apply: true,
+                allow_autorun,
                 ..ExportRequest::default()
             },
         )?;

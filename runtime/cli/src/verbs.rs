@@ -171,6 +171,9 @@ pub struct ExecArgs {
     /// Start in the background and print the process handle.
     #[arg(long)]
     background: bool,
+    /// Send the command's stderr to its stdout, in the order written (as `2>&1`).
+    #[arg(long)]
+    merge_output: bool,
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
@@ -254,6 +257,10 @@ pub struct DiffArgs {
     /// A checkpoint name (default: the baseline, the host copy).
     #[arg(long, value_name = "NAME")]
     since: Option<String>,
+    /// Also list and diff what is left out by default: paths the workspace's git ignores and
+    /// does not track, and git's own files under .git/ (the diff counts them either way).
+    #[arg(long)]
+    include_ignored: bool,
     #[arg(long)]
     json: bool,
 }
@@ -272,6 +279,16 @@ pub struct ExportArgs {
     /// Apply the change to the host workspace.
     #[arg(long)]
     apply: bool,
+    /// Export what the default diff leaves out too (ignored by git, or under .git/); without
+    /// it the export carries exactly the files the default diff shows.
+    #[arg(long)]
+    include_ignored: bool,
+    /// With --apply: also write files that tools run on their own when the repository is
+    /// opened, entered, committed or pushed (.envrc, .vscode/tasks.json, git hooks, CI
+    /// definitions, ...: the diff's "flagged"). Without it such an apply is refused, naming
+    /// each file and what runs it, before anything is written.
+    #[arg(long, requires = "apply")]
+    allow_autorun: bool,
     #[arg(long)]
     json: bool,
 }
@@ -552,7 +569,7 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
             Ok(if matches.is_empty() { 1 } else { 0 })
         }
         Verb::Diff(a) => {
-            let mut body = json!({});
+            let mut body = json!({"include_ignored": a.include_ignored});
             if let Some(s) = a.since {
                 body["since"] = json!(s);
             }
@@ -563,6 +580,7 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 print_json(&r)?;
             } else {
                 print!("{}", r["diff"].as_str().unwrap_or_default());
+                review_notes(&r, a.include_ignored);
             }
             Ok(0)
         }
@@ -596,15 +614,23 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 .request(
                     "POST",
                     &sandbox_path(&a.id, "/export")?,
-                    Some(&json!({"format": a.format, "apply": a.apply})),
+                    Some(&json!({
+                        "format": a.format,
+                        "apply": a.apply,
+                        "include_ignored": a.include_ignored,
+                        "allow_autorun": a.allow_autorun,
+                    })),
                 )?
                 .ok()?;
             if a.json {
                 print_json(&r)?;
-            } else if let Some(p) = r["patch"].as_str() {
-                print!("{p}");
-            } else if let Some(t) = r["tar_path"].as_str() {
-                println!("{t}");
+            } else {
+                if let Some(p) = r["patch"].as_str() {
+                    print!("{p}");
+                } else if let Some(t) = r["tar_path"].as_str() {
+                    println!("{t}");
+                }
+                review_notes(&r, a.include_ignored);
             }
             if r["applied"] == true {
                 eprintln!(
@@ -811,6 +837,9 @@ fn approvals(client: &Client, verb: Verb) -> Result<u8> {
 
 fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
     let mut body = json!({"argv": a.command, "env": kv_map(&a.env), "background": a.background});
+    if a.merge_output {
+        body["merge_output"] = json!(true);
+    }
     if let Some(t) = a.timeout {
         body["timeout_ms"] = json!(t.as_millis() as u64);
     }
@@ -896,5 +925,30 @@ fn exit_status(r: &Value) -> u8 {
         126
     } else {
         0
+    }
+}
+
+/// What a diff or an export says beyond its patch, on stderr: how many changes it left out,
+/// and the files that tools run on their own.
+fn review_notes(r: &serde_json::Value, listed: bool) {
+    let ignored = r["ignored"].as_u64().unwrap_or(0);
+    if ignored > 0 && !listed {
+        let changes = if ignored == 1 { "change" } else { "changes" };
+        eprintln!(
+            "taskbox: {ignored} {changes} left out (ignored by git, or under .git/); \
+             --include-ignored lists them"
+        );
+    }
+    for f in r["flagged"].as_array().into_iter().flatten() {
+        let left_out = if f["ignored"] == true && !listed {
+            " (left out)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "taskbox: flagged {}{left_out}: {}",
+            f["path"].as_str().unwrap_or("?"),
+            f["reason"].as_str().unwrap_or("")
+        );
     }
 }

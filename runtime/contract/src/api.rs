@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::op::{Answer, ExecEvents, Op, OpHandler, OpName};
-use crate::result::{Change, ChangeKind, DiffStats, Enforcement, ExecResult};
+use crate::result::{AutorunFile, Change, ChangeKind, DiffStats, Enforcement, ExecResult};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
 #[derive(
@@ -356,10 +356,20 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Text given on standard input (then closed). Without it stdin is empty, or, for a
-    /// background exec, open for `write_stdin`.
+    /// Given on standard input (then closed): UTF-8 text, or base64 of any bytes with
+    /// `stdin_encoding: "base64"`. Without it stdin is empty, or, for a background exec, open
+    /// for `write_stdin` (which streams input of any size).
     #[serde(default)]
     pub stdin: Option<String>,
+    /// "utf-8" (default) or "base64": how `stdin` is given. (Left out of the request's JSON
+    /// when unset, as `merge_output` when false: traces of requests without them read as
+    /// before.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_encoding: Option<String>,
+    /// The command's standard error goes to its standard output, in the order it was written
+    /// (as `2>&1`): `stdout` holds both, `stderr` stays empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub merge_output: bool,
     /// Wall-clock limit in milliseconds (default: the policy's timeout).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -369,6 +379,21 @@ pub struct ExecRequest {
     /// Return at once with a process handle instead of waiting.
     #[serde(default)]
     pub background: bool,
+}
+
+/// `text` as bytes: UTF-8 as it is (`encoding` "utf-8" or none), or decoded from base64;
+/// `what` names the field in the error.
+pub fn decode_bytes(what: &str, text: &str, encoding: Option<&str>) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine as _;
+    match encoding.unwrap_or("utf-8") {
+        "utf-8" | "utf8" => Ok(text.as_bytes().to_vec()),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(|e| ApiError::invalid(format!("{what} is not valid base64: {e}"))),
+        other => Err(ApiError::invalid(format!(
+            "{what}: unknown encoding {other:?}; use \"utf-8\" or \"base64\""
+        ))),
+    }
 }
 
 impl ExecRequest {
@@ -381,6 +406,17 @@ impl ExecRequest {
             (None, None) => Err(ApiError::invalid("give either argv or shell")),
             (Some(_), Some(_)) => Err(ApiError::invalid("give either argv or shell, not both")),
         }
+    }
+
+    /// The bytes of `stdin`, decoded as `stdin_encoding` says.
+    pub fn stdin_bytes(&self) -> Result<Option<Vec<u8>>, ApiError> {
+        let Some(text) = &self.stdin else {
+            if self.stdin_encoding.is_some() {
+                return Err(ApiError::invalid("stdin_encoding is given without stdin"));
+            }
+            return Ok(None);
+        };
+        decode_bytes("stdin", text, self.stdin_encoding.as_deref()).map(Some)
     }
 
     pub fn timeout(&self) -> Option<Duration> {
@@ -743,6 +779,10 @@ pub struct DiffRequest {
     /// A checkpoint name; default: the baseline.
     #[serde(default)]
     pub since: Option<String>,
+    /// Also list (and diff) the changes left out by default: paths the workspace's git ignores
+    /// and does not track, and git's own files under `.git/`. They come marked `ignored`.
+    #[serde(default)]
+    pub include_ignored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -752,6 +792,9 @@ pub struct FileDiff {
     pub binary: bool,
     /// The permission change of a modified file, as `"100644 -> 100755"`.
     pub mode_change: Option<String>,
+    /// A change left out by default (listed because the request has `include_ignored`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -759,6 +802,13 @@ pub struct DiffResult {
     pub files: Vec<FileDiff>,
     pub diff: String,
     pub stats: DiffStats,
+    /// How many changes are left out by default (ignored by git, or under `.git/`), whether or
+    /// not the request lists them.
+    #[serde(default)]
+    pub ignored: u64,
+    /// Changed files that tools run on their own (see [`AutorunFile`]), shown or left out.
+    #[serde(default)]
+    pub flagged: Vec<AutorunFile>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -794,6 +844,14 @@ pub struct ExportRequest {
     /// Also apply the change to the host workspace.
     #[serde(default)]
     pub apply: bool,
+    /// Export the changes `diff` leaves out by default too (as `diff` with `include_ignored`
+    /// shows them). Without it the export carries exactly the files of the default diff.
+    #[serde(default)]
+    pub include_ignored: bool,
+    /// With `apply`: write files that tools run on their own (the diff's `flagged`) too; without
+    /// it such an apply is refused before anything is written.
+    #[serde(default)]
+    pub allow_autorun: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -806,6 +864,13 @@ pub struct ExportResult {
     pub changes: Vec<Change>,
     /// The change was applied to the host workspace.
     pub applied: bool,
+    /// How many changes the export leaves out (see `DiffResult::ignored`); 0 with
+    /// `include_ignored`.
+    #[serde(default)]
+    pub ignored: u64,
+    /// The exported changes that tools run on their own.
+    #[serde(default)]
+    pub flagged: Vec<AutorunFile>,
 }
 
 /// The egress rules of a live sandbox whose policy has network mode "proxy": they replace the

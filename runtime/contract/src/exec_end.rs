@@ -101,6 +101,7 @@ impl ExecEnd {
             },
             enforcement,
             network,
+            ignored_changes: 0,
         }
     }
 }
@@ -123,6 +124,7 @@ impl ExecResult {
             }],
             resources: Resources::default(),
             enforcement,
+            ignored_changes: 0,
             network: None,
         }
     }

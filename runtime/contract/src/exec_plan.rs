@@ -23,8 +23,10 @@ pub struct ExecPlan {
     /// The command's last argument is the request's shell line.
     pub shell: bool,
     pub background: bool,
-    /// Text given on standard input, then closed.
-    pub stdin: Option<String>,
+    /// Given on standard input, then closed.
+    pub stdin: Option<Vec<u8>>,
+    /// Standard error goes to standard output (`2>&1`).
+    pub merge_output: bool,
 }
 
 impl ExecPlan {
@@ -58,7 +60,8 @@ impl ExecPlan {
             output_limit: req.output_cap(policy.limits.output_bytes),
             shell: req.shell.is_some(),
             background: req.background,
-            stdin: req.stdin.clone(),
+            stdin: req.stdin_bytes()?,
+            merge_output: req.merge_output,
         })
     }
 

@@ -15,8 +15,13 @@ pub struct ExecResult {
     pub duration_ms: u64,
     pub stdout: Output,
     pub stderr: Output,
-    /// What the command changed in the workspace.
+    /// What the command changed in the workspace, less what a reviewer does not review: paths
+    /// the workspace's git ignores (and does not track) and git's own files under `.git/`.
     pub changes: Vec<Change>,
+    /// How many changes `changes` leaves out for that reason (`diff` with `include_ignored`
+    /// lists them); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ignored_changes: u64,
     /// What the policy refused, in words a model can act on.
     pub violations: Vec<Violation>,
     pub resources: Resources,
@@ -87,6 +92,27 @@ pub fn exec_failure_line(errno: i32, program: &str) -> String {
         std::io::Error::from_raw_os_error(errno).to_string()
     };
     format!("taskbox: cannot run `{program}`: {why}")
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A changed file that a tool runs, or reads to decide what to run, on its own when a person
+/// opens the repository, enters its directory, commits or pushes (`.envrc`, `.vscode/tasks.json`,
+/// git hooks, CI definitions; the list is in docs/security.md). `export` with `apply` refuses to
+/// write one unless the request allows it.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct AutorunFile {
+    pub path: String,
+    /// What runs it, and when.
+    pub reason: String,
+    /// The change is also left out of the files shown (ignored by git, or under `.git/`): it is
+    /// listed here all the same, and exported only on request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignored: bool,
 }
 
 /// One changed path in the workspace, relative to the workspace root.
@@ -315,6 +341,7 @@ mod tests {
                 disk: "loop-ext4".into(),
             },
             network: None,
+            ignored_changes: 0,
         };
         let v = serde_json::to_value(&r).unwrap();
         let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();

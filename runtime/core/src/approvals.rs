@@ -573,6 +573,7 @@ mod tests {
                         resources: Resources::default(),
                         enforcement: info.enforcement,
                         network: None,
+                        ignored_changes: 0,
                     })))
                 }
                 Op::Destroy => lock(&self.sandboxes)

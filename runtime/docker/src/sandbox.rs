@@ -212,17 +212,60 @@ impl ProcState for DockerProc {}
 type Slot = ExecSlot<DockerProc>;
 
 /// A background exec's stdin: what the driver forwards to the attached stream.
-struct StdinChannel(tokio::sync::mpsc::UnboundedSender<StdinMsg>);
+struct StdinChannel {
+    tx: tokio::sync::mpsc::UnboundedSender<StdinMsg>,
+    queued: Arc<Queued>,
+}
+
+/// Bytes sent to an exec's stdin that its driver has not yet written to the stream: a writer
+/// waits while there are more than [`STDIN_QUEUE_MAX`], so input of any size streams in
+/// bounded memory (as a pipe's writer waits on the native backend).
+#[derive(Default)]
+pub(crate) struct Queued {
+    bytes: std::sync::Mutex<usize>,
+    /// The stream takes no more (the command closed it, the exec ended).
+    done: AtomicBool,
+    taken: std::sync::Condvar,
+}
+
+const STDIN_QUEUE_MAX: usize = 4 << 20;
+
+impl Queued {
+    /// The driver wrote `n` bytes (or, with `done`, will write no more).
+    fn took(&self, n: usize, done: bool) {
+        if done {
+            self.done.store(true, Ordering::SeqCst);
+        }
+        let mut b = kit::lock(&self.bytes);
+        *b = b.saturating_sub(n);
+        self.taken.notify_all();
+    }
+}
 
 impl StdinSink for StdinChannel {
     fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
-        self.0
+        let ended = || std::io::Error::other("it ended");
+        let mut b = kit::lock(&self.queued.bytes);
+        while *b > STDIN_QUEUE_MAX {
+            if self.queued.done.load(Ordering::SeqCst) || self.tx.is_closed() {
+                return Err(ended());
+            }
+            b = self
+                .queued
+                .taken
+                .wait_timeout(b, Duration::from_millis(100))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        *b += data.len();
+        drop(b);
+        self.tx
             .send(StdinMsg::Data(data.to_vec()))
-            .map_err(|_| std::io::Error::other("it ended"))
+            .map_err(|_| ended())
     }
 
     fn close(self: Box<Self>) {
-        let _ = self.0.send(StdinMsg::Close);
+        let _ = self.tx.send(StdinMsg::Close);
     }
 }
 
@@ -339,7 +382,7 @@ impl Sandbox {
         let layers = &self.common.layers;
         // What execve would refuse (for the wrapper, then for the command) is refused here,
         // naming the limit, before the daemon is asked for anything.
-        let wrapper = [INIT_PATH, "exec", LONGEST_ID, &plan.cwd, "--"];
+        let wrapper = [INIT_PATH, "exec", LONGEST_ID, &plan.cwd, MERGE_FLAG, "--"];
         plan.check(
             exec_limits::argument_space(procfs::stack_limit(&self.init).unwrap_or(DEFAULT_STACK)),
             &wrapper,
@@ -349,9 +392,10 @@ impl Sandbox {
         let oom_before = procfs::oom_kills(&self.init);
         let id = self.common.slots.next_id();
         let (stdin_tx, stdin_rx) = tokio::sync::mpsc::unbounded_channel();
+        let queued = Arc::new(Queued::default());
         let attach_stdin = plan.stdin.is_some() || plan.background;
-        if let Some(text) = &plan.stdin {
-            let _ = stdin_tx.send(StdinMsg::Data(text.clone().into_bytes()));
+        if let Some(data) = &plan.stdin {
+            let _ = stdin_tx.send(StdinMsg::Data(data.clone()));
             let _ = stdin_tx.send(StdinMsg::Close);
         }
         let keep_stdin = plan.background && plan.stdin.is_none();
@@ -360,7 +404,12 @@ impl Sandbox {
             plan.argv.clone(),
             plan.output_limit,
             &layers.spill,
-            keep_stdin.then(|| Box::new(StdinChannel(stdin_tx)) as Box<dyn StdinSink>),
+            keep_stdin.then(|| {
+                Box::new(StdinChannel {
+                    tx: stdin_tx,
+                    queued: queued.clone(),
+                }) as Box<dyn StdinSink>
+            }),
             DockerProc::default(),
         ));
         let ExecPlan {
@@ -369,15 +418,14 @@ impl Sandbox {
             cwd,
             timeout,
             background,
+            merge_output,
             ..
         } = plan;
-        let mut cmd = vec![
-            INIT_PATH.to_string(),
-            "exec".into(),
-            id.to_string(),
-            cwd,
-            "--".into(),
-        ];
+        let mut cmd = vec![INIT_PATH.to_string(), "exec".into(), id.to_string(), cwd];
+        if merge_output {
+            cmd.push(MERGE_FLAG.into());
+        }
+        cmd.push("--".into());
         cmd.extend(argv);
         let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
         let user = self.overlay.exec_user();
@@ -448,6 +496,7 @@ impl Sandbox {
             output,
             input: attach_stdin.then_some(input),
             stdin: stdin_rx,
+            queued,
         };
         let start = Instant::now();
         if background {
@@ -492,6 +541,11 @@ impl Sandbox {
 
 /// The exec id as the wrapper's argument takes the most room.
 const LONGEST_ID: &str = "18446744073709551615";
+
+/// The wrapper's flag for merged output (`init exec ID CWD --merge -- ARGV`): the command's
+/// stderr is its stdout, so the two keep the order of the writes (two streams through the
+/// daemon would not).
+const MERGE_FLAG: &str = "--merge";
 
 /// The usual stack limit, when the container's cannot be read.
 pub(crate) const DEFAULT_STACK: u64 = 8 << 20;
@@ -540,6 +594,7 @@ pub(crate) struct Stream {
     >,
     input: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
     stdin: tokio::sync::mpsc::UnboundedReceiver<StdinMsg>,
+    queued: Arc<Queued>,
 }
 
 /// What an exec's result is measured against: the upper layer and the OOM count before it
@@ -607,10 +662,12 @@ impl Sandbox {
                             if input.write_all(&data).await.is_err() {
                                 stdin_open = false;
                             }
+                            stream.queued.took(data.len(), !stdin_open);
                         }
                         Some(StdinMsg::Close) | None => {
                             let _ = input.shutdown().await;
                             stdin_open = false;
+                            stream.queued.took(0, true);
                         }
                     }
                 }
@@ -753,7 +810,9 @@ impl Sandbox {
         // decided meanwhile is (also) this exec's.
         end.network = baseline.window.map(|w| w.close(CLOSE_GRACE));
         let changes = self.common.layers.changes_since(baseline.before.as_ref())?;
-        Ok(end.into_result(out, err, changes, self.enforcement()))
+        let mut result = end.into_result(out, err, changes.shown, self.enforcement());
+        result.ignored_changes = changes.ignored.len() as u64;
+        Ok(result)
     }
 }
 

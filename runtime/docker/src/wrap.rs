@@ -5,7 +5,8 @@
 //! `init init`: the container's pid 1. Reaps every orphan that is reparented to it and exits on
 //! SIGTERM or SIGINT (the kernel then kills whatever is left in the container).
 //!
-//! `init exec ID CWD -- ARGV...`: the wrapper of one exec, started by `docker exec`. It makes
+//! `init exec ID CWD [--merge] -- ARGV...`: the wrapper of one exec, started by `docker exec`
+//! (with `--merge` the command's stderr is its stdout, `2>&1`). It makes
 //! itself a child subreaper, starts ARGV in its own session in CWD, and waits. When the command
 //! ends, or on SIGUSR1/SIGTERM (the backend's kill and timeout), it SIGKILLs every remaining
 //! descendant (double-forked daemons included: orphans are reparented to it, and it finds the
@@ -57,6 +58,7 @@ unsafe extern "C" {
     fn _exit(code: c_int) -> !;
     fn setsid() -> Pid;
     fn chdir(path: *const c_char) -> c_int;
+    fn dup2(old: c_int, new: c_int) -> c_int;
     fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize;
     fn write(fd: c_int, buf: *const c_void, n: usize) -> isize;
@@ -138,7 +140,7 @@ fn main() {
     match args.get(1).map(|a| a.as_bytes()) {
         Some(b"init") => init(),
         Some(b"exec") => exec(&args[2..]),
-        _ => die("usage: init init | init exec ID CWD -- ARGV..."),
+        _ => die("usage: init init | init exec ID CWD [--merge] -- ARGV..."),
     }
 }
 
@@ -253,8 +255,14 @@ fn cstring(b: &[u8]) -> CString {
 
 /// The exec wrapper.
 fn exec(args: &[std::ffi::OsString]) -> ! {
+    let merge = args.get(2).is_some_and(|a| a.as_bytes() == b"--merge");
+    let args: Vec<std::ffi::OsString> = if merge {
+        args[..2].iter().chain(&args[3..]).cloned().collect()
+    } else {
+        args.to_vec()
+    };
     if args.len() < 4 || args[2].as_bytes() != b"--" {
-        die("usage: init exec ID CWD -- ARGV...");
+        die("usage: init exec ID CWD [--merge] -- ARGV...");
     }
     let id = args[0].to_string_lossy().into_owned();
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
@@ -286,6 +294,9 @@ fn exec(args: &[std::ffi::OsString]) -> ! {
         unsafe {
             sigprocmask(SIG_SETMASK, &empty, std::ptr::null_mut());
             close(fds[0]);
+            if merge {
+                dup2(1, 2);
+            }
             setsid();
             let (kind, err): (u8, c_int) = if chdir(cwd.as_ptr()) != 0 {
                 (b'c', errno())

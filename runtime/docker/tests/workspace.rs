@@ -159,6 +159,7 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
             &id,
             DiffRequest {
                 since: Some("c1".into()),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -204,6 +205,7 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
             ExportRequest {
                 format: ExportFormat::Tar,
                 apply: false,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -216,6 +218,7 @@ fn check_workspace_round_trip(h: &Harness, owner: Option<(u32, u32)>) {
             ExportRequest {
                 format: ExportFormat::Patch,
                 apply: true,
+                ..Default::default()
             },
         )
         .unwrap();

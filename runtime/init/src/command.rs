@@ -31,7 +31,10 @@ pub(crate) fn fail(stage: &str, message: impl std::fmt::Display) -> ! {
         stage: stage.to_string(),
         message: message.to_string(),
     });
-    std::process::exit(125)
+    // _exit: the command's process may share its reaper's memory until its exec (see the
+    // server's spawn_command); nothing here has buffered output to flush.
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(125) }
 }
 
 /// A shell (and most tools that run others) exits with 128 + N when a child died of signal N:
@@ -41,51 +44,15 @@ pub(crate) fn reports_file_size_kill(code: Option<i32>) -> bool {
     code == Some(128 + libc::SIGXFSZ)
 }
 
-/// The command's process: confine, then exec. Never returns.
-pub(crate) fn exec_command(config: &InitConfig) -> ! {
-    exec_command_with(config, None)
-}
-
 /// The descriptor on which the command sends its setid filter's listener to pid 1.
 const SETID_FD: i32 = STATUS_FD + 1;
 
-/// [`exec_command`], sending the setid filter's listener (with `--write-through`) on
-/// `setid_to`; without it the filter's calls are answered `ENOSYS` by the kernel.
+/// The one-shot command's process: confine it wholly (session, umask, working directory,
+/// rlimits, no_new_privs, Landlock, capabilities, seccomp), then exec. With `setid_to`
+/// (`--write-through`) the setid filter's listener is sent there; without it the filter's calls
+/// are answered `ENOSYS` by the kernel. Never returns.
 pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::fd::OwnedFd>) -> ! {
-    let _ = nix::sys::signal::sigprocmask(
-        nix::sys::signal::SigmaskHow::SIG_SETMASK,
-        Some(&nix::sys::signal::SigSet::empty()),
-        None,
-    );
-    for sig in [
-        Signal::SIGPIPE,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGTERM,
-    ] {
-        // SAFETY: restoring the default disposition installs no Rust handler.
-        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
-    }
-    if let Err(e) = setsid() {
-        fail("setsid", e);
-    }
-    // A fixed umask, whatever the caller's: files the command creates get the same modes on
-    // every host and in every backend (Docker's default is 022 too), so replays can match.
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
-    if let Err(e) = std::env::set_current_dir(&config.cwd) {
-        fail(
-            "cwd",
-            format!(
-                "cannot enter working directory {}: {e}",
-                config.cwd.display()
-            ),
-        );
-    }
-    for limit in &config.rlimits {
-        if let Err(e) = set_rlimit(limit.resource, limit.limit) {
-            fail("rlimit", format!("{:?}: {e}", limit.resource));
-        }
-    }
+    enter_session(config);
     // The socket to pid 1 goes on SETID_FD; its old number is closed below with the rest.
     let hand_over = setid_to.is_some();
     if let Some(fd) = setid_to {
@@ -144,6 +111,89 @@ pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::f
     exec(config)
 }
 
+/// What every command's process does first, whoever confines it: default signals, a session of
+/// its own, a fixed umask, its working directory, its rlimits.
+fn enter_session(config: &InitConfig) {
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    );
+    for sig in [
+        Signal::SIGPIPE,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTERM,
+    ] {
+        // SAFETY: restoring the default disposition installs no Rust handler.
+        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+    }
+    if let Err(e) = setsid() {
+        fail("setsid", e);
+    }
+    // A fixed umask, whatever the caller's: files the command creates get the same modes on
+    // every host and in every backend (Docker's default is 022 too), so replays can match.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    if let Err(e) = std::env::set_current_dir(&config.cwd) {
+        fail(
+            "cwd",
+            format!(
+                "cannot enter working directory {}: {e}",
+                config.cwd.display()
+            ),
+        );
+    }
+    for limit in &config.rlimits {
+        if let Err(e) = set_rlimit(limit.resource, limit.limit) {
+            fail("rlimit", format!("{:?}: {e}", limit.resource));
+        }
+    }
+}
+
+/// Confines the calling process the way [`exec_command_with`] confines a command, except for
+/// Landlock, whose ruleset it builds but does not apply: `no_new_privs`, no capabilities, the
+/// seccomp filter. A long-lived sandbox's exec starter does this once, and each command it
+/// starts only restricts itself with the returned ruleset ([`exec_confined`]), so an exec does
+/// not compile and attach a filter, drop 40-odd capabilities and open the rule paths again.
+/// The filter's setid listener (`--write-through` only) is not kept: its calls get `ENOSYS`.
+pub(crate) fn confine_starter(
+    config: &InitConfig,
+) -> Result<landlock_rules::Prepared, (&'static str, String)> {
+    sys::set_no_new_privs().map_err(|e| ("no_new_privs", e.to_string()))?;
+    // Before the capabilities go: the rule paths are opened with the sandbox's privilege.
+    let landlock =
+        landlock_rules::prepare(&config.landlock).map_err(|e| ("landlock", e.to_string()))?;
+    sys::drop_all_capabilities().map_err(|e| ("capabilities", e.to_string()))?;
+    let rules = seccomp::Rules {
+        deny_list: config.seccomp,
+        refuse_setid_modes: config.refuse_setid_modes,
+    };
+    if rules.any() {
+        seccomp::install(rules).map_err(|e| ("seccomp", e.to_string()))?;
+    }
+    Ok(landlock)
+}
+
+/// The command's process under a starter that [`confine_starter`] confined: enters its session,
+/// restricts itself with the starter's Landlock ruleset (a domain of its own, so it cannot
+/// signal the starter or its reaper), closes every other descriptor, and execs. Never returns.
+pub(crate) fn exec_confined(config: &InitConfig, landlock: landlock_rules::Prepared) -> ! {
+    enter_session(config);
+    let landlock = match landlock.restrict() {
+        Ok(outcome) => outcome,
+        Err(e) => fail("landlock", e),
+    };
+    // After the restriction: the ruleset's descriptor is among those closed.
+    sys::close_fds_from(STATUS_FD as u32 + 1);
+    report(&Status::Landlock {
+        status: landlock.as_str().to_string(),
+    });
+    report(&Status::Seccomp {
+        installed: config.seccomp,
+    });
+    exec(config)
+}
+
 fn exec(config: &InitConfig) -> ! {
     let program = config.argv.first().cloned().unwrap_or_default();
     let to_c = |s: &str| CString::new(s.as_bytes()).ok();
@@ -191,7 +241,8 @@ fn exec(config: &InitConfig) -> ! {
         }
     }
     report(&Status::ExecFailed { errno, program });
-    std::process::exit(if errno == libc::ENOENT { 127 } else { 126 })
+    // SAFETY: _exit has no preconditions (see `fail`).
+    unsafe { libc::_exit(if errno == libc::ENOENT { 127 } else { 126 }) }
 }
 
 fn set_rlimit(resource: RlimitResource, limit: u64) -> nix::Result<()> {

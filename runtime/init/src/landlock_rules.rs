@@ -79,34 +79,67 @@ pub enum LandlockError {
 /// [`LandlockOutcome::Full`] is an error (the process may already be partly restricted; the caller
 /// fails closed and does not exec). Without it the outcome is returned for reporting.
 pub fn apply(plan: &LandlockPlan) -> Result<LandlockOutcome, LandlockError> {
-    if !plan.enabled {
-        return Ok(LandlockOutcome::None);
-    }
-    let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(TARGET_ABI))?;
-    if plan.deny_tcp {
-        // Handled with no rule: every port is refused for bind and connect.
-        ruleset = ruleset.handle_access(tcp())?;
-    }
-    let mut created = ruleset.scope(Scope::from_all(TARGET_ABI))?.create()?;
-    created = add_path_rules(created, &plan.read, AccessFs::from_read(TARGET_ABI))?;
-    created = add_path_rules(created, &plan.write, AccessFs::from_all(TARGET_ABI))?;
-    if plan.deny_tcp {
-        // Connecting to these ports (on any address) stays allowed; binding stays refused.
-        for port in &plan.connect_tcp {
-            created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
-        }
-    }
-    let status = created.restrict_self()?;
+    prepare(plan)?.restrict()
+}
 
-    let outcome = outcome_of(&status);
-    if plan.required && outcome != LandlockOutcome::Full {
-        return Err(LandlockError::NotEnforced {
-            outcome: outcome.as_str(),
-            kernel: describe_kernel(status.landlock),
-            missing: missing_rights(ABI::from(status.landlock), plan.deny_tcp).join(", "),
-        });
+/// A plan's ruleset, built (its paths opened and its rules added) but not yet applied: a
+/// long-lived sandbox builds it once, and each command restricts itself with it
+/// ([`Prepared::restrict`], one call), in a domain of its own.
+pub struct Prepared {
+    created: Option<RulesetCreated>,
+    required: bool,
+    deny_tcp: bool,
+}
+
+/// Builds the plan's ruleset without applying it. The rules hold the paths as they are now: a
+/// path mounted over later (a restored workspace) needs a new one.
+pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
+    let created = if plan.enabled {
+        let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(TARGET_ABI))?;
+        if plan.deny_tcp {
+            // Handled with no rule: every port is refused for bind and connect.
+            ruleset = ruleset.handle_access(tcp())?;
+        }
+        let mut created = ruleset.scope(Scope::from_all(TARGET_ABI))?.create()?;
+        created = add_path_rules(created, &plan.read, AccessFs::from_read(TARGET_ABI))?;
+        created = add_path_rules(created, &plan.write, AccessFs::from_all(TARGET_ABI))?;
+        if plan.deny_tcp {
+            // Connecting to these ports (on any address) stays allowed; binding stays refused.
+            for port in &plan.connect_tcp {
+                created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+            }
+        }
+        Some(created)
+    } else {
+        None
+    };
+    Ok(Prepared {
+        created,
+        required: plan.required,
+        deny_tcp: plan.deny_tcp,
+    })
+}
+
+impl Prepared {
+    /// Applies the ruleset to the calling thread (and so to what it execs). Needs
+    /// `no_new_privs` (or `CAP_SYS_ADMIN`). With a required plan, anything short of
+    /// [`LandlockOutcome::Full`] is an error (the process may already be partly restricted; the
+    /// caller fails closed and does not exec).
+    pub fn restrict(self) -> Result<LandlockOutcome, LandlockError> {
+        let Some(created) = self.created else {
+            return Ok(LandlockOutcome::None);
+        };
+        let status = created.restrict_self()?;
+        let outcome = outcome_of(&status);
+        if self.required && outcome != LandlockOutcome::Full {
+            return Err(LandlockError::NotEnforced {
+                outcome: outcome.as_str(),
+                kernel: describe_kernel(status.landlock),
+                missing: missing_rights(ABI::from(status.landlock), self.deny_tcp).join(", "),
+            });
+        }
+        Ok(outcome)
     }
-    Ok(outcome)
 }
 
 /// The TCP rights `deny_tcp` handles. Named, not `from_all`: newer ABIs add UDP rights to the

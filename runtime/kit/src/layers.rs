@@ -5,7 +5,7 @@
 //! The backends differ only in where the layers are mounted and how a restore remounts them
 //! ([`crate::Handle::remount`]); the layers themselves are directories this process reaches.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,8 +15,9 @@ use crate::api::*;
 use crate::changes;
 use crate::fsops::WorkspaceFs;
 use crate::hostdirs::remove_tree;
-use crate::result::{Change, ChangeKind};
+use crate::result::{AutorunFile, Change, ChangeKind};
 use taskbox_workspace::layers::{self, Fingerprint};
+use taskbox_workspace::review::{self, Review, TrackedFiles};
 
 /// Where spill files of execs appear inside the sandbox (read-only).
 pub const SPILL_MOUNT: &str = "/tmp/.taskbox/out";
@@ -40,6 +41,17 @@ pub struct Layers {
     pub overlay: bool,
     /// Execs and file operations hold it shared; checkpoint and restore exclusively.
     lock: RwLock<()>,
+    /// The paths the host repository tracks (which ignore rules never hide).
+    tracked: TrackedFiles,
+}
+
+/// What an exec changed in the workspace, split for a reviewer ([`review`]).
+#[derive(Debug, Default)]
+pub struct ExecChanges {
+    /// The changes its result lists.
+    pub shown: Vec<Change>,
+    /// The changes left out of it (ignored by git, or under `.git/`): counted in the result.
+    pub ignored: Vec<Change>,
 }
 
 impl Layers {
@@ -54,6 +66,7 @@ impl Layers {
             exports: PathBuf::new(),
             overlay: true,
             lock: RwLock::new(()),
+            tracked: TrackedFiles::default(),
         }
     }
 
@@ -94,19 +107,35 @@ impl Layers {
             .map_err(layers_err)
     }
 
-    /// What changed in the workspace since `before` was taken (nothing without one).
-    pub fn changes_since(&self, before: Option<&Fingerprint>) -> Result<Vec<Change>, ApiError> {
+    /// What changed in the workspace since `before` was taken (nothing without one), split
+    /// for a reviewer.
+    pub fn changes_since(&self, before: Option<&Fingerprint>) -> Result<ExecChanges, ApiError> {
         let Some(before) = before else {
-            return Ok(Vec::new());
+            return Ok(ExecChanges::default());
         };
         let after = layers::fingerprint(&self.upper).map_err(layers_err)?;
-        layers::exec_changes(before, &after, &self.upper, &self.host).map_err(layers_err)
+        let list =
+            layers::exec_changes(before, &after, &self.upper, &self.host).map_err(layers_err)?;
+        if list.is_empty() {
+            return Ok(ExecChanges::default());
+        }
+        let r = self.review(list)?;
+        Ok(ExecChanges {
+            shown: r.shown,
+            ignored: r.ignored,
+        })
     }
 
-    /// A file the exec added or changed has the size of the per-file limit: a write past it
-    /// failed (see [`reached_file_size`]).
-    pub fn reached_file_size(&self, changes: &[Change], limit: u64) -> bool {
-        reached_file_size(&self.upper, changes, limit)
+    /// A file the exec added or changed (shown or not) has the size of the per-file limit: a
+    /// write past it failed (see [`reached_file_size`]).
+    pub fn reached_file_size(&self, changes: &ExecChanges, limit: u64) -> bool {
+        reached_file_size(&self.upper, &changes.shown, limit)
+            || reached_file_size(&self.upper, &changes.ignored, limit)
+    }
+
+    /// `changes` of the upper layer split for a reviewer.
+    fn review(&self, changes: Vec<Change>) -> Result<Review, ApiError> {
+        review::review(&self.upper, &self.host, changes, &self.tracked).map_err(changes_err)
     }
 
     fn checkpoint_dir(&self, name: &str) -> Result<PathBuf, ApiError> {
@@ -136,7 +165,22 @@ impl Layers {
             None => None,
             Some(name) => Some(self.existing_checkpoint(name)?),
         };
-        layer_diff(&self.host, &self.upper, since.as_deref())
+        let scanned = match since.as_deref() {
+            None => changes::scan(&self.upper, &self.host).map_err(changes_err)?,
+            Some(base) => {
+                layers::scan_between(&self.host, base, &self.upper).map_err(layers_err)?
+            }
+        };
+        let review = self.review(scanned)?;
+        let ignored: BTreeSet<String> = review.ignored.iter().map(|c| c.path.clone()).collect();
+        let (list, flagged) = listing(review, req.include_ignored);
+        let mut result = layer_diff(&self.host, &self.upper, since.as_deref(), &list)?;
+        for f in &mut result.files {
+            f.ignored = ignored.contains(&f.path);
+        }
+        result.ignored = ignored.len() as u64;
+        result.flagged = flagged;
+        Ok(result)
     }
 
     /// Copies the upper layer to a new checkpoint and lists it in `info`.
@@ -180,7 +224,21 @@ impl Layers {
     pub fn export(&self, req: &ExportRequest, id: &SandboxId) -> Result<ExportResult, ApiError> {
         let _g = self.shared()?;
         let (upper, ws) = (&self.upper, &self.host);
-        let list = changes::scan(upper, ws).map_err(changes_err)?;
+        let review = self.review(changes::scan(upper, ws).map_err(changes_err)?)?;
+        let ignored = if req.include_ignored {
+            0
+        } else {
+            review.ignored.len() as u64
+        };
+        let (list, flagged) = listing(review, req.include_ignored);
+        // Only what the export carries counts; checked before anything is written.
+        let flagged: Vec<AutorunFile> = flagged
+            .into_iter()
+            .filter(|f| req.include_ignored || !f.ignored)
+            .collect();
+        if req.apply && !req.allow_autorun && !flagged.is_empty() {
+            return Err(ApiError::PathRefused(autorun_refusal(&flagged)));
+        }
         let mut patch = None;
         let mut tar_path = None;
         match req.format {
@@ -214,8 +272,36 @@ impl Layers {
             tar_path,
             changes: list,
             applied,
+            ignored,
+            flagged,
         })
     }
+}
+
+/// The changes a diff or an export lists (the shown ones, and the left-out ones too when
+/// `include_ignored`; sorted) and the flagged files.
+fn listing(review: Review, include_ignored: bool) -> (Vec<Change>, Vec<AutorunFile>) {
+    let mut list = review.shown;
+    if include_ignored {
+        list.extend(review.ignored);
+        list.sort();
+    }
+    (list, review.flagged)
+}
+
+/// Why an apply is refused: the files that would run on their own, each with what runs it.
+fn autorun_refusal(flagged: &[AutorunFile]) -> String {
+    let files: Vec<String> = flagged
+        .iter()
+        .map(|f| format!("{} ({})", f.path, f.reason))
+        .collect();
+    format!(
+        "export --apply refused: the change writes {} file(s) that tools run on their own when \
+         the repository is opened, entered, committed or pushed: {}; review them, then apply \
+         with --allow-autorun (allow_autorun in the API)",
+        flagged.len(),
+        files.join("; ")
+    )
 }
 
 /// What a git-style diff says about one file beyond its status.
@@ -277,31 +363,29 @@ pub fn read_spill(dir: &Path, req: &ReadRequest) -> Option<Result<ReadResult, Ap
     }))
 }
 
-/// The change in the upper layer `upper` over the workspace `host`, or, with `since` (a
-/// checkpoint's layer), since that checkpoint.
-pub fn layer_diff(host: &Path, upper: &Path, since: Option<&Path>) -> Result<DiffResult, ApiError> {
-    let (list, d) = match since {
-        None => {
-            let list = changes::scan(upper, host).map_err(changes_err)?;
-            let d = changes::diff(upper, host, &list).map_err(changes_err)?;
-            (list, d)
-        }
-        Some(base) => {
-            let list = layers::scan_between(host, base, upper).map_err(layers_err)?;
-            let d = layers::diff_between(host, base, upper, &list).map_err(layers_err)?;
-            (list, d)
-        }
+/// The diff of `list` (changes of the upper layer `upper` over the workspace `host`, or, with
+/// `since` (a checkpoint's layer), since that checkpoint); `ignored` and `flagged` left empty.
+pub fn layer_diff(
+    host: &Path,
+    upper: &Path,
+    since: Option<&Path>,
+    list: &[Change],
+) -> Result<DiffResult, ApiError> {
+    let d = match since {
+        None => changes::diff(upper, host, list).map_err(changes_err)?,
+        Some(base) => layers::diff_between(host, base, upper, list).map_err(layers_err)?,
     };
     let sections = diff_sections(&d.text);
     let files = list
-        .into_iter()
+        .iter()
         .map(|c| {
             let section = sections.get(c.path.as_str());
             FileDiff {
                 binary: section.is_some_and(|s| s.binary),
                 mode_change: section.and_then(|s| s.mode_change.clone()),
-                path: c.path,
+                path: c.path.clone(),
                 status: c.kind,
+                ignored: false,
             }
         })
         .collect();
@@ -309,6 +393,8 @@ pub fn layer_diff(host: &Path, upper: &Path, since: Option<&Path>) -> Result<Dif
         files,
         diff: d.text,
         stats: d.stats,
+        ignored: 0,
+        flagged: Vec::new(),
     })
 }
 

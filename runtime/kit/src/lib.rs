@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 pub use fsuser::{FsLandlock, SandboxUser};
-pub use layers::{Layers, SPILL_MOUNT, StagedLayers};
+pub use layers::{ExecChanges, Layers, SPILL_MOUNT, StagedLayers};
 pub use slots::{ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
 pub use taskbox_contract::exec_plan::ExecPlan;

@@ -248,10 +248,16 @@ fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
 /// host or backend) see the same clock zone, locale and build timestamp: they replace what the
 /// host passes through, and an image's config, the policy's `[env] set` and the request's env
 /// replace them. `SOURCE_DATE_EPOCH` is 1980-01-01, the earliest time a zip file can hold.
+/// `PYTHONDONTWRITEBYTECODE`: Python checks a cached `.pyc` against its source's mtime in whole
+/// seconds and its size only, so an edit of the same size within the second of the run that
+/// cached it imports the stale bytecode; an agent edits and reruns that fast. Without a cache
+/// written in the sandbox there is nothing stale to import (docs/decisions.md); an empty value
+/// (`PYTHONDONTWRITEBYTECODE=`) turns caching back on.
 pub const FIXED_ENV: &[(&str, &str)] = &[
     ("TZ", "UTC"),
     ("LANG", "C.UTF-8"),
     ("SOURCE_DATE_EPOCH", "315532800"),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
 ];
 
 /// Computes the environment of the command: the policy's allowlist of host variables, then
@@ -1021,12 +1027,22 @@ pub fn run_with(
         }
         let mut diff = None;
         let mut changes = Vec::new();
+        let mut ignored = 0;
         if !req.write_through && req.policy.filesystem.workspace == WorkspaceMode::Overlay {
             changes = changes::scan(&run_dir.upper(), &workspace)?;
             let limit = req.policy.limits.file_size_bytes;
             if crate::kit::layers::reached_file_size(&run_dir.upper(), &changes, limit) {
                 end.file_size_limit = Some(limit);
             }
+            // What a reviewer sees: the same split as a sandbox's exec changes and diff.
+            let review = taskbox_workspace::review::review(
+                &run_dir.upper(),
+                &workspace,
+                changes,
+                &taskbox_workspace::review::TrackedFiles::default(),
+            )?;
+            changes = review.shown;
+            ignored = review.ignored.len() as u64;
             if req.want_diff {
                 diff = Some(changes::unified_diff(
                     &run_dir.upper(),
@@ -1046,7 +1062,8 @@ pub fn run_with(
                 end.disk_full_at = Some(disk.size());
             }
         }
-        let result = end.into_result(stdout, stderr, changes, enforcement);
+        let mut result = end.into_result(stdout, stderr, changes, enforcement);
+        result.ignored_changes = ignored;
         Ok(RunOutcome {
             result,
             diff,

@@ -898,8 +898,8 @@ impl Sandbox {
         let (in_r, in_w) = pipe()?;
         let mut stdin_keep: Option<Box<dyn kit::StdinSink>> = None;
         match (&plan.stdin, plan.background) {
-            (Some(text), _) => {
-                let data = text.clone().into_bytes();
+            (Some(data), _) => {
+                let data = data.clone();
                 let mut w = fs::File::from(in_w);
                 std::thread::spawn(move || {
                     let _ = w.write_all(&data);
@@ -927,7 +927,17 @@ impl Sandbox {
                 cwd: plan.cwd.clone(),
                 env: plan.env.clone(),
             },
-            &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            &[
+                in_r.as_raw_fd(),
+                out_w.as_raw_fd(),
+                // Merged: both on the one pipe, so their order is the order of the writes; the
+                // stderr pipe then ends at once.
+                if plan.merge_output {
+                    out_w.as_raw_fd()
+                } else {
+                    err_w.as_raw_fd()
+                },
+            ],
         );
         drop((in_r, out_w, err_w));
         if let Err(e) = sent {
@@ -1090,12 +1100,13 @@ impl Sandbox {
         if layers.reached_file_size(&changes, limit) {
             end.file_size_limit = Some(limit);
         }
-        let result = end.into_result(
+        let mut result = end.into_result(
             out,
             err,
-            changes,
+            changes.shown,
             self.enforcement(&exited.landlock, exited.seccomp),
         );
+        result.ignored_changes = changes.ignored.len() as u64;
         lock(&self.common.info).enforcement = result.enforcement.clone();
         Ok(result)
     }

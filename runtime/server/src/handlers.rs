@@ -340,12 +340,79 @@ pub async fn stdin(
     State(state): State<AppState>,
     o: Owned,
     ExecId(exec_id): ExecId,
-    ApiJson(req): ApiJson<StdinRequest>,
+    uri: Uri,
+    req: axum::extract::Request,
 ) -> Result<StatusCode, HttpError> {
     let backend = state.backend().clone();
     let id = o.id.clone();
-    blocking(move || backend.write_stdin(&id, exec_id, req.data.as_bytes(), req.close)).await?;
-    Ok(StatusCode::NO_CONTENT)
+    if !is_raw_body(req.headers()) {
+        let ApiJson(body) =
+            <ApiJson<StdinRequest> as axum::extract::FromRequest<AppState>>::from_request(
+                req, &state,
+            )
+            .await?;
+        let data = taskbox_core::api::decode_bytes("data", &body.data, body.encoding.as_deref())?;
+        blocking(move || backend.write_stdin(&id, exec_id, &data, body.close)).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let close = match uri.query().map(|q| {
+        q.split('&')
+            .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+            .find(|(k, _)| *k == "close")
+            .map(|(_, v)| v)
+    }) {
+        None | Some(None) => false,
+        Some(Some("true" | "1" | "")) => true,
+        Some(Some("false" | "0")) => false,
+        Some(Some(other)) => {
+            return Err(HttpError::Api(ApiError::invalid(format!(
+                "close={other:?}: expected true or false"
+            ))));
+        }
+    };
+    use futures_util::StreamExt as _;
+    // The body goes on in chunks of up to STDIN_CHUNK as it arrives; each waits until the
+    // process has taken it (a pipe's backpressure), so memory stays bounded whatever the size.
+    let mut body = req.into_body().into_data_stream();
+    let mut pending: Vec<u8> = Vec::with_capacity(STDIN_CHUNK);
+    loop {
+        let next = body.next().await;
+        let done = next.is_none();
+        if let Some(chunk) = next {
+            let chunk = chunk.map_err(|e| match crate::body::BodyTimeout::find(&e) {
+                Some(t) => HttpError::RequestTimeout(t.to_string()),
+                None => HttpError::Api(ApiError::invalid(format!("the input was cut short: {e}"))),
+            })?;
+            pending.extend_from_slice(&chunk);
+            if pending.len() < STDIN_CHUNK {
+                continue;
+            }
+        }
+        let data = std::mem::replace(&mut pending, Vec::with_capacity(STDIN_CHUNK));
+        let (b, i) = (backend.clone(), id.clone());
+        let last = done && close;
+        if !data.is_empty() || last {
+            blocking(move || b.write_stdin(&i, exec_id, &data, last)).await?;
+        }
+        if done {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+    }
+}
+
+/// The most of a streamed stdin body handed to the process in one write.
+const STDIN_CHUNK: usize = 1 << 20;
+
+/// The request's body is raw bytes (`application/octet-stream`), not JSON.
+pub(crate) fn is_raw_body(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/octet-stream"))
+        })
 }
 
 /// `GET /v1/approvals`: the pending approvals of all the caller's sandboxes, oldest first.

@@ -126,18 +126,20 @@ fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value)
     if !params.is_empty() {
         op.insert("parameters".into(), Value::Array(params));
     }
+    let mut request = Map::new();
     if let Some(req) = spec.request {
-        op.insert(
-            "requestBody".into(),
-            json!({"required": true, "content": {"application/json": {"schema": req(g)}}}),
+        request.insert("application/json".into(), json!({"schema": req(g)}));
+    }
+    if let Some(what) = spec.raw_request {
+        request.insert(
+            "application/octet-stream".into(),
+            json!({"schema": {"type": "string", "format": "binary"}, "x-description": what}),
         );
     }
-    if spec.binary_request {
+    if !request.is_empty() {
         op.insert(
             "requestBody".into(),
-            json!({"required": true, "content": {"application/octet-stream": {
-                "schema": {"type": "string", "format": "binary"},
-            }}}),
+            json!({"required": true, "content": Value::Object(request)}),
         );
     }
     let mut content = Map::new();

@@ -54,6 +54,11 @@ const UPLOAD_QUERY: &[Param] = &[
     ),
 ];
 
+/// The stdin route, whose raw body streams (no body limit: input of any size).
+const STDIN_PATH: &str = "/v1/sandboxes/{id}/processes/{exec_id}/stdin";
+const STDIN_RAW: &str = "the bytes to write, streamed to the process as they arrive (input of \
+    any size: no body limit); `?close=true` closes stdin after them";
+
 struct Route {
     spec: RouteSpec,
     handler: MethodRouter<AppState>,
@@ -261,11 +266,12 @@ fn table() -> Vec<Route> {
         route(
             RouteSpec::new(
                 Post,
-                "/v1/sandboxes/{id}/processes/{exec_id}/stdin",
+                STDIN_PATH,
                 "write_stdin",
                 "write to a background process's stdin",
             )
             .takes(schema::<StdinRequest>)
+            .takes_raw(STDIN_RAW)
             .answers(204, Body::Empty),
             handlers::stdin,
         ),
@@ -343,7 +349,7 @@ fn table() -> Vec<Route> {
                 "write a file from the raw body, streamed (up to max_upload_bytes), atomically",
             )
             .with_query(UPLOAD_QUERY)
-            .takes_bytes()
+            .takes_raw("the file's content")
             .answers(200, Body::Json(schema::<WriteResult>)),
             crate::files::upload,
         ),
@@ -358,10 +364,10 @@ fn table() -> Vec<Route> {
             .answers(200, Body::Binary),
             crate::files::download,
         ),
-        fs_route!("diff", "diff", "diff against the baseline or a checkpoint", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
+        fs_route!("diff", "diff", "diff against the baseline or a checkpoint: what git ignores and .git/ counted in `ignored` (listed with `include_ignored`), files that run on their own in `flagged`", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
         fs_route!("checkpoints", "create_checkpoint", "checkpoint the workspace", CheckpointRequest => CheckpointInfo, 201, |b, id, r| b.checkpoint(id, r)),
         fs_route!("restore", "restore", "roll the workspace back to a checkpoint", CheckpointRequest => (), |b, id, r| b.restore(id, r)),
-        fs_route!("export", "export", "the change as a patch or tar, optionally applied to the host", ExportRequest => ExportResult, 200, |b, id, r| b.export(id, r)),
+        fs_route!("export", "export", "the change as a patch or tar (the default diff's files), optionally applied to the host; an apply of flagged files needs `allow_autorun`", ExportRequest => ExportResult, 200, |b, id, r| b.export(id, r)),
     ]
 }
 
@@ -399,11 +405,14 @@ pub async fn refuse_large_bodies(
     next: Next,
 ) -> Response {
     let streamed = match *req.method() {
-        axum::http::Method::POST => UPLOAD_PATH,
-        axum::http::Method::PUT => FILES_PATH,
-        _ => "",
+        axum::http::Method::POST => matched.as_ref().is_some_and(|m| {
+            m.as_str() == UPLOAD_PATH
+                || (m.as_str() == STDIN_PATH && crate::handlers::is_raw_body(req.headers()))
+        }),
+        axum::http::Method::PUT => matched.as_ref().is_some_and(|m| m.as_str() == FILES_PATH),
+        _ => false,
     };
-    if matched.as_ref().is_some_and(|m| m.as_str() == streamed) {
+    if streamed {
         return next.run(req).await;
     }
     let max = state.limits().max_body_bytes;

@@ -108,8 +108,9 @@ pub struct RouteSpec {
     pub auth: bool,
     /// The JSON request body's schema, if the route takes one.
     pub request: Option<SchemaFn>,
-    /// The request body is raw bytes (a file's content), streamed, not JSON.
-    pub binary_request: bool,
+    /// The route also takes a raw body (`application/octet-stream`, streamed, no body limit):
+    /// what it is.
+    pub raw_request: Option<&'static str>,
     /// Success status and body.
     pub status: u16,
     pub response: Body,
@@ -133,7 +134,7 @@ impl RouteSpec {
             summary,
             auth: true,
             request: None,
-            binary_request: false,
+            raw_request: None,
             status: 200,
             response: Body::Empty,
             events: None,
@@ -151,9 +152,9 @@ impl RouteSpec {
         self
     }
 
-    /// The body is raw bytes, streamed.
-    pub(crate) fn takes_bytes(mut self) -> Self {
-        self.binary_request = true;
+    /// Also takes a raw, streamed body (see [`RouteSpec::raw_request`]).
+    pub(crate) fn takes_raw(mut self, what: &'static str) -> Self {
+        self.raw_request = Some(what);
         self
     }
 

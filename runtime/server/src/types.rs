@@ -27,9 +27,13 @@ fn sigkill() -> i32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StdinRequest {
-    /// Text to write.
+    /// What to write: UTF-8 text, or base64 of any bytes with `encoding: "base64"` (or send
+    /// the bytes themselves as an `application/octet-stream` body, streamed, of any size).
     #[serde(default)]
     pub data: String,
+    /// "utf-8" (default) or "base64".
+    #[serde(default)]
+    pub encoding: Option<String>,
     /// Close stdin afterwards.
     #[serde(default)]
     pub close: bool,

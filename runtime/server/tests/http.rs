@@ -1048,6 +1048,27 @@ async fn openapi_lists_every_route_and_every_schema_resolves() {
         );
     }
 
+    // What a reviewer sees: the fields of diff, export and exec results, in the document.
+    let schemas = &doc["components"]["schemas"];
+    for (schema, field) in [
+        ("DiffRequest", "include_ignored"),
+        ("DiffResult", "ignored"),
+        ("DiffResult", "flagged"),
+        ("FileDiff", "ignored"),
+        ("ExportRequest", "include_ignored"),
+        ("ExportRequest", "allow_autorun"),
+        ("ExportResult", "ignored"),
+        ("ExportResult", "flagged"),
+        ("ExecResult", "ignored_changes"),
+        ("AutorunFile", "reason"),
+    ] {
+        assert!(
+            schemas[schema]["properties"][field].is_object(),
+            "{schema}.{field} missing: {}",
+            schemas[schema]
+        );
+    }
+
     fn refs(v: &Value, out: &mut Vec<String>) {
         match v {
             Value::Object(m) => {

@@ -380,7 +380,7 @@ mod tests {
         let e = err(Tool::Diff, json!({"bogus": 1}));
         assert!(
             e.to_string()
-                .contains("unknown field `bogus` (fields: since)"),
+                .contains("unknown field `bogus` (fields: include_ignored, since)"),
             "{e}"
         );
         let e = err(Tool::ApplyPatch, json!({"patch": "x", "strip": 1}));

@@ -64,6 +64,13 @@ pub fn exec(r: &ExecResult, limit_ms: Option<u64>) -> String {
         s.push_str("changed:\n");
         changes(&mut s, &r.changes);
     }
+    if r.ignored_changes > 0 {
+        let _ = writeln!(
+            s,
+            "({} more changed, ignored by git or under .git/)",
+            r.ignored_changes
+        );
+    }
     for v in &r.violations {
         let _ = writeln!(s, "violation ({}): {}", v.kind, v.detail);
     }
@@ -224,10 +231,22 @@ pub fn search(r: &SearchResult) -> String {
 }
 
 pub fn diff(r: &DiffResult) -> String {
-    if r.files.is_empty() {
-        return "no changes\n".to_string();
+    let mut notes = String::new();
+    if r.ignored > 0 && !r.files.iter().any(|f| f.ignored) {
+        let _ = writeln!(
+            notes,
+            "{} left out (ignored by git, or under .git/): include_ignored lists them",
+            counted(r.ignored as usize, "change", "changes")
+        );
     }
-    let mut s = format!(
+    for f in &r.flagged {
+        let _ = writeln!(notes, "flagged {}: {}", f.path, f.reason);
+    }
+    if r.files.is_empty() {
+        return format!("no changes\n{notes}");
+    }
+    let mut s = notes;
+    s += &format!(
         "{}, {}(+), {}(-)\n",
         counted(r.stats.files, "file changed", "files changed"),
         counted(r.stats.insertions, "insertion", "insertions"),
@@ -235,7 +254,8 @@ pub fn diff(r: &DiffResult) -> String {
     );
     for f in &r.files {
         let binary = if f.binary { " (binary)" } else { "" };
-        let _ = writeln!(s, "  {} {}{binary}", kind_word(f.status), f.path);
+        let ignored = if f.ignored { " (ignored)" } else { "" };
+        let _ = writeln!(s, "  {} {}{binary}{ignored}", kind_word(f.status), f.path);
     }
     s.push('\n');
     s.push_str(&r.diff);
@@ -294,6 +314,7 @@ mod tests {
                 disk: "none".into(),
             },
             network: None,
+            ignored_changes: 0,
         }
     }
 
@@ -471,6 +492,7 @@ mod tests {
                 status: ChangeKind::Modified,
                 binary: false,
                 mode_change: None,
+                ignored: false,
             }],
             diff: "--- a/a\n+++ b/a\n".into(),
             stats: DiffStats {
@@ -478,6 +500,8 @@ mod tests {
                 insertions: 1,
                 deletions: 0,
             },
+            ignored: 0,
+            flagged: Vec::new(),
         };
         assert_eq!(
             diff(&d),

@@ -197,7 +197,7 @@ mod tests {
                     "pattern",
                 ],
             ),
-            (Tool::Diff, &["since"]),
+            (Tool::Diff, &["include_ignored", "since"]),
             (Tool::Plan, &["files", "steps"]),
             (Tool::Finish, &["summary"]),
         ];

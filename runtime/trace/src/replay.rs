@@ -61,6 +61,19 @@ pub enum ReplayError {
         expected: String,
         actual: String,
     },
+    /// The content of a plain-directory workspace differs from the recorded one.
+    #[error(
+        "workspace {} has content digest sha256 {actual}, but the trace recorded sha256 \
+         {expected}: its files differ from the directory the trace began in; pass that \
+         content with --workspace-dir DIR or --workspace-tar FILE",
+        from.display()
+    )]
+    DirDigest {
+        /// Where the content came from (a directory or a tar).
+        from: PathBuf,
+        expected: String,
+        actual: String,
+    },
     /// The workspace could not be rebuilt.
     #[error("cannot prepare the workspace in {}: {reason}", dir.display())]
     Workspace { dir: PathBuf, reason: String },
@@ -234,20 +247,33 @@ pub fn prepare_workspace(
                         actual,
                     });
                 }
-                WorkspaceBase::Tar { .. } => {}
+                WorkspaceBase::Tar { .. } | WorkspaceBase::Dir { .. } => {}
                 _ => notes.push(format!(
                     "the trace records no tar digest; workspace taken from {} (sha256 {actual}) unchecked",
                     tar.display()
                 )),
             }
             unpack_tar(tar, &dir)?;
+            check_content(&header.workspace_base, tar, &dir)?;
         }
-        (BaseSource::Dir(src), _) => {
-            notes.push(format!(
-                "workspace copied from {}; its content is not checked against the trace",
-                src.display()
-            ));
+        (BaseSource::Dir(src), base) => {
+            if !matches!(base, WorkspaceBase::Dir { .. }) {
+                notes.push(format!(
+                    "workspace copied from {}; its content is not checked against the trace",
+                    src.display()
+                ));
+            }
             copy_dir(src, &dir)?;
+            check_content(base, src, &dir)?;
+        }
+        (BaseSource::Recorded | BaseSource::Repo(_), WorkspaceBase::Dir { .. }) => {
+            // The recorded directory itself, when its content is still the recorded one.
+            let src = PathBuf::from(&header.workspace);
+            if !src.is_dir() {
+                return Err(ReplayError::NoBase);
+            }
+            copy_dir(&src, &dir)?;
+            check_content(&header.workspace_base, &src, &dir)?;
         }
         (BaseSource::Recorded | BaseSource::Repo(_), WorkspaceBase::Git { commit, dirty }) => {
             let repos: Vec<PathBuf> = match source {
@@ -282,6 +308,24 @@ pub fn prepare_workspace(
         }
     }
     Ok(PreparedWorkspace { dir, notes })
+}
+
+/// With a recorded directory digest: the rebuilt workspace `dir` (from `source`) must have it.
+/// The copy is what is checked, so a source changing meanwhile cannot slip past.
+fn check_content(base: &WorkspaceBase, source: &Path, dir: &Path) -> Result<(), ReplayError> {
+    let WorkspaceBase::Dir { sha256, .. } = base else {
+        return Ok(());
+    };
+    let actual = crate::digest::dir_digest(dir)
+        .map_err(|e| workspace_err(dir, format!("cannot digest the rebuilt workspace: {e}")))?;
+    if actual.sha256 != *sha256 {
+        return Err(ReplayError::DirDigest {
+            from: source.to_path_buf(),
+            expected: sha256.clone(),
+            actual: actual.sha256,
+        });
+    }
+    Ok(())
 }
 
 /// SHA-256 of a file, streamed.

@@ -16,6 +16,11 @@
 //!  "env":{"GITHUB_TOKEN":"[redacted]","RUST_LOG":"debug"},"labels":{}}
 //! ```
 //!
+//! `workspace_base` is a git commit (`"kind":"git"`), the digest of an uploaded tar
+//! (`"kind":"tar"`), or for a plain directory the digest of its content
+//! (`{"kind":"dir","sha256":"...","entries":12,"bytes":3456}`, see [`crate::digest`]; an
+//! addition to version 2 that older readers refuse), else `"kind":"none"`.
+//!
 //! Then one line per operation, `seq` counting from 1 without gaps in file order:
 //!
 //! ```json
@@ -47,8 +52,11 @@
 //!
 //! # Durability
 //!
-//! Each line is written with one `write` to a file opened for appending and synced with
-//! `fdatasync` before the observation is returned to the caller: nothing acknowledged is lost.
+//! Each line is written with one `write` to a file opened for appending. Op lines (and the
+//! header) are synced with `fdatasync` before the observation is returned to the caller: nothing
+//! acknowledged is lost. A start line is written before its call runs but not synced on its own
+//! (its op line's sync covers it): a supervisor that dies mid-call leaves it in the file, and
+//! only a machine that loses power mid-call can lose it, with the sandbox it ran in.
 //! When a start cannot be recorded (a full disk, a read-only state directory) the operation is
 //! refused before it runs, with an `unavailable` error that says so: nothing runs unrecorded.
 //! When the end cannot be recorded the caller gets an `internal` error instead of the
@@ -168,7 +176,15 @@ pub enum WorkspaceBase {
     /// A tar of the workspace, by the SHA-256 of the tar file (replay checks the tar it is
     /// given against it).
     Tar { sha256: String },
-    /// Not a git checkout, or git could not say.
+    /// A plain directory (not a git checkout), by the digest of its content
+    /// ([`crate::digest`]); replay checks the directory it rebuilds against it.
+    Dir {
+        sha256: String,
+        /// Entries and bytes of file content the digest covers.
+        entries: u64,
+        bytes: u64,
+    },
+    /// Not a git checkout and too large to digest, or neither git nor the digest could say.
     None,
 }
 
@@ -293,13 +309,13 @@ struct TraceFile {
 }
 
 impl TraceFile {
-    /// Appends one line (one write, then fdatasync). On failure the file is cut back to its
-    /// last complete line so later appends stay parseable.
-    fn append(&mut self, line: &[u8]) -> Result<(), TraceError> {
+    /// Appends one line (one write, then fdatasync when `sync`). On failure the file is cut back
+    /// to its last complete line so later appends stay parseable.
+    fn append(&mut self, line: &[u8], sync: bool) -> Result<(), TraceError> {
         let res = self
             .file
             .write_all(line)
-            .and_then(|()| self.file.sync_data());
+            .and_then(|()| if sync { self.file.sync_data() } else { Ok(()) });
         match res {
             Ok(()) => {
                 self.len += line.len() as u64;
@@ -432,7 +448,7 @@ impl<B: SandboxApi> Traced<B> {
             len: 0,
             closed: false,
         };
-        tf.append(&header_line(header))?;
+        tf.append(&header_line(header), true)?;
         Ok(Arc::new(Mutex::new(tf)))
     }
 
@@ -458,8 +474,7 @@ impl<B: SandboxApi> Traced<B> {
         Ok(Some(handle))
     }
 
-    /// Records that `call`, which changes the sandbox, is about to run, and syncs it: when that
-    /// cannot be done the call is refused before it runs (so the trace never misses what
+    /// Records that `call`, which changes the sandbox, is about to run: when that cannot be done the call is refused before it runs (so the trace never misses what
     /// ran). Returns the start's number for [`Traced::finish`]; `None` for a sandbox the
     /// backend does not know (its call fails on its own).
     fn begin(&self, id: &SandboxId, call: &mut Call) -> Result<(), ApiError> {
@@ -480,7 +495,13 @@ impl<B: SandboxApi> Traced<B> {
         };
         let mut bytes = serde_json::to_vec(&Line::Started(start)).unwrap_or_default();
         bytes.push(b'\n');
-        tf.append(&bytes).map_err(|e| begin_failed(call.op, e))?;
+        // Written, not synced: once written the kernel holds it, so a supervisor that dies during
+        // the call leaves it behind; the op line's fdatasync makes both durable before the answer
+        // goes back. Only a machine that loses power mid-call may lose a start, together with the
+        // sandbox it ran in. One sync per call instead of two: on a busy disk each costs as much
+        // as the exec itself.
+        tf.append(&bytes, false)
+            .map_err(|e| begin_failed(call.op, e))?;
         call.start = Some(tf.next_start);
         tf.next_start += 1;
         Ok(())
@@ -548,7 +569,7 @@ fn append_op(handle: &Handle, mut op: TraceOp, closes: bool) -> Result<(), Trace
         return Ok(());
     }
     op.seq = tf.next_seq;
-    tf.append(&op_line(&op))?;
+    tf.append(&op_line(&op), true)?;
     tf.next_seq += 1;
     tf.closed = closes;
     Ok(())
@@ -792,21 +813,39 @@ fn policy_text(policy: &policy::Policy, name: &str) -> Option<String> {
     }
 }
 
-/// The git commit of the workspace and whether it is dirty. Never fails: anything git cannot
-/// answer in time is "none" (or, for status, dirty).
+/// The git commit of the workspace and whether it is dirty, or, for a workspace that is not a
+/// git checkout (or one without a commit), the digest of its content. Never fails: anything
+/// git cannot answer in time, or a directory too large or unreadable to digest, is "none" (or,
+/// for status, dirty).
 fn workspace_base(ws: &Path) -> WorkspaceBase {
     if !ws.join(".git").exists() {
-        return WorkspaceBase::None;
+        return content_base(ws);
     }
     let Some(head) = git(ws, &["rev-parse", "--verify", "HEAD"]) else {
-        return WorkspaceBase::None;
+        return content_base(ws);
     };
     let commit = head.trim().to_string();
     if commit.len() < 40 || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return WorkspaceBase::None;
+        return content_base(ws);
     }
     let dirty = git(ws, &["status", "--porcelain"]).is_none_or(|s| !s.trim().is_empty());
     WorkspaceBase::Git { commit, dirty }
+}
+
+/// The base of a plain-directory workspace: its content digest, or "none" when it has none.
+fn content_base(ws: &Path) -> WorkspaceBase {
+    match crate::digest::dir_digest(ws) {
+        Ok(d) => WorkspaceBase::Dir {
+            sha256: d.sha256,
+            entries: d.entries,
+            bytes: d.bytes,
+        },
+        Err(e) => {
+            tracing::warn!(workspace = %ws.display(), error = %e,
+                "trace header without a workspace base: replay will not check the directory");
+            WorkspaceBase::None
+        }
+    }
 }
 
 /// git in `dir`, kept from running anything a repository's config names (its fsmonitor, its
@@ -1218,6 +1257,12 @@ pub fn render_text(trace: &Trace) -> String {
         WorkspaceBase::Tar { sha256 } => {
             format!("tar sha256 {}", sha256.get(..12).unwrap_or(sha256))
         }
+        WorkspaceBase::Dir {
+            sha256, entries, ..
+        } => format!(
+            "directory sha256 {} ({entries} entries)",
+            sha256.get(..12).unwrap_or(sha256)
+        ),
         WorkspaceBase::None => "not a git checkout".into(),
     };
     let _ = writeln!(out, "  workspace  {}  base {base}", h.workspace);
@@ -1597,7 +1642,15 @@ mod tests {
     #[test]
     fn workspace_base_of_a_plain_directory_and_a_git_checkout() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(workspace_base(dir.path()), WorkspaceBase::None);
+        let empty = crate::digest::dir_digest(dir.path()).unwrap();
+        assert_eq!(
+            workspace_base(dir.path()),
+            WorkspaceBase::Dir {
+                sha256: empty.sha256,
+                entries: 0,
+                bytes: 0
+            }
+        );
         let git_ok = Command::new("git")
             .arg("-C")
             .arg(dir.path())
@@ -1608,8 +1661,12 @@ mod tests {
             eprintln!("SKIP: git is not available");
             return;
         }
-        // A repository without commits has no HEAD: no base, and no failure.
-        assert_eq!(workspace_base(dir.path()), WorkspaceBase::None);
+        // A repository without commits has no HEAD: its content is the base.
+        assert!(
+            matches!(workspace_base(dir.path()), WorkspaceBase::Dir { entries, .. } if entries > 0),
+            "{:?}",
+            workspace_base(dir.path())
+        );
         fs::write(dir.path().join("f"), "x").unwrap();
         let commit = Command::new("git")
             .arg("-C")

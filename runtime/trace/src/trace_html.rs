@@ -132,6 +132,9 @@ pub fn render_html(trace: &Trace) -> String {
             format!("git {commit}{}", if *dirty { " (dirty)" } else { "" })
         }
         WorkspaceBase::Tar { sha256 } => format!("tar sha256 {sha256}"),
+        WorkspaceBase::Dir {
+            sha256, entries, ..
+        } => format!("directory sha256 {sha256} ({entries} entries)"),
         WorkspaceBase::None => "not a git checkout".into(),
     };
     for (k, v) in [

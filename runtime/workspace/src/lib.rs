@@ -12,6 +12,7 @@ pub mod capture;
 pub mod changes;
 pub mod fsops;
 pub mod layers;
+pub mod review;
 pub(crate) mod sys;
 #[cfg(any(test, feature = "testutil"))]
 #[doc(hidden)]

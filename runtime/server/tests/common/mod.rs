@@ -74,6 +74,7 @@ pub fn finished(stdout: &str, violations: Vec<Violation>) -> ExecResult {
             disk: "none".into(),
         },
         network: None,
+        ignored_changes: 0,
     }
 }
 
@@ -365,6 +366,8 @@ impl OpHandler for FakeBackend {
                 files: Vec::new(),
                 diff: String::new(),
                 stats: DiffStats::default(),
+                ignored: 0,
+                flagged: Vec::new(),
             }),
             Op::Checkpoint(req) => Answer::Checkpoint(CheckpointInfo {
                 name: req.name,
@@ -377,6 +380,8 @@ impl OpHandler for FakeBackend {
                 tar_path: None,
                 changes: Vec::new(),
                 applied: false,
+                ignored: 0,
+                flagged: Vec::new(),
             }),
             Op::SetNetwork(rules) => {
                 rules.to_network()?;

@@ -58,6 +58,7 @@ fn result(stdout: &str) -> ExecResult {
         resources: Resources::default(),
         enforcement: enforcement(),
         network: None,
+        ignored_changes: 0,
     }
 }
 
@@ -263,6 +264,8 @@ impl SandboxApi for Scripted {
             files: Vec::new(),
             diff: String::new(),
             stats: DiffStats::default(),
+            ignored: 0,
+            flagged: Vec::new(),
         })
     }
 
@@ -291,6 +294,8 @@ impl SandboxApi for Scripted {
             tar_path: None,
             changes: Vec::new(),
             applied: req.apply,
+            ignored: 0,
+            flagged: Vec::new(),
         })
     }
 
@@ -305,7 +310,7 @@ impl SandboxApi for Scripted {
             .unwrap()
             .remove(id)
             .map(|_| ())
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 }
 
@@ -450,6 +455,7 @@ pub fn session(api: &dyn SandboxApi) -> SandboxId {
         ExportRequest {
             format: ExportFormat::Patch,
             apply: true,
+            ..Default::default()
         },
     )
     .unwrap();
