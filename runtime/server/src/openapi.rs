@@ -42,18 +42,19 @@ pub fn document(routes: &[RouteSpec]) -> Value {
     }
 
     let mut schemas = g.take_definitions(true);
-    // The code of an error is one of these: a client branches on it (and makes one exception
-    // per code of the list).
+    // The codes an error may carry, each with its status and meaning: a client branches on
+    // them (and makes one exception per code of the list). A table beside the schema, not an
+    // `enum` of it: a client made from this document keeps reading the errors of a newer
+    // supervisor, whose codes it does not know yet.
     if let Some(code) = schemas
         .get_mut("ErrorDetail")
         .and_then(|d| d.pointer_mut("/properties/code"))
     {
-        code["enum"] = json!(codes.iter().map(|(c, _, _)| *c).collect::<Vec<_>>());
-        code["x-statuses"] = json!(
+        code["x-codes"] = json!(
             codes
                 .iter()
-                .map(|(c, s, _)| (c.to_string(), json!(s)))
-                .collect::<Map<String, Value>>()
+                .map(|(c, s, meaning)| json!({"code": c, "status": s, "description": meaning}))
+                .collect::<Vec<_>>()
         );
     }
     json!({
