@@ -61,6 +61,28 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     );
     let o = env.cli(&s, &["read", &id, "src/lib.rs"]);
     assert_eq!(text(&o), "pub fn one() -> u32 { 2 }\n");
+    // Absolute paths are the sandbox's: write and read its /tmp (the bytes sent as they are).
+    let local = env.dir.path().join("local.bin");
+    std::fs::write(&local, b"bytes \xff\x00 as they are\n").unwrap();
+    let o = env.cli(
+        &s,
+        &[
+            "write",
+            &id,
+            "/tmp/a dir/cli.bin",
+            "-p",
+            "--from",
+            local.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let o = env.cli(
+        &s,
+        &["exec", &id, "--", "od", "-An", "-c", "/tmp/a dir/cli.bin"],
+    );
+    assert!(text(&o).contains("377  \\0"), "{}", text(&o));
+    let o = env.cli(&s, &["ls", &id, "/tmp/a dir"]);
+    assert!(text(&o).contains("/tmp/a dir/cli.bin"), "{}", text(&o));
     let o = env.cli(&s, &["search", &id, "fn one"]);
     assert!(text(&o).starts_with("src/lib.rs:1:"), "{}", text(&o));
     let o = env.cli(&s, &["ls", &id, "src"]);
