@@ -198,6 +198,11 @@ fn route(id: &SandboxId, op: &Op<'_>, timeout: Duration) -> Result<Route, ApiErr
         Op::Stat(r) => fs("stat", body(r)?),
         Op::Remove(r) => fs("remove", body(r)?),
         Op::Rename(r) => fs("move", body(r)?),
+        Op::Upload { .. } | Op::Download { .. } => {
+            return Err(ApiError::invalid(
+                "the agent's client of the supervisor does not stream files; use write and read",
+            ));
+        }
         Op::Diff(r) => fs("diff", body(r)?),
         Op::Checkpoint(r) => fs("checkpoints", body(r)?),
         Op::Restore(r) => fs("restore", body(r)?),
@@ -239,21 +244,12 @@ fn api_error(status: u16, body: &[u8]) -> ApiError {
         .as_str()
         .map(str::to_owned)
         .unwrap_or_else(|| format!("the supervisor answered HTTP {status}"));
-    match code {
-        "not_found" => ApiError::NotFound(msg),
-        "invalid_argument" => ApiError::InvalidArgument(msg),
-        "edit_not_found" => ApiError::EditNotFound(msg),
-        "edit_ambiguous" => ApiError::EditAmbiguous(msg),
-        "patch_failed" => ApiError::PatchFailed(msg),
-        "path_refused" => ApiError::PathRefused(msg),
-        "conflict" => ApiError::Conflict(msg),
-        "limit_exceeded" => ApiError::LimitExceeded(msg),
-        "unavailable" => ApiError::Unavailable(msg),
-        _ => match status {
-            404 => ApiError::NotFound(msg),
-            400 => ApiError::InvalidArgument(msg),
-            _ => ApiError::Internal(msg),
-        },
+    match (code, status) {
+        ("", 404) => ApiError::NotFound(msg),
+        ("", 400) => ApiError::InvalidArgument(msg),
+        ("", 413) => ApiError::TooLarge(msg),
+        ("", _) => ApiError::Internal(msg),
+        (code, _) => ApiError::from_code(code, msg),
     }
 }
 
@@ -368,6 +364,9 @@ mod tests {
         );
         assert!(matches!(e, ApiError::EditNotFound(ref m) if m == "old text not found"));
         assert!(matches!(api_error(404, b"nope"), ApiError::NotFound(_)));
+        let gone =
+            br#"{"error":{"code":"sandbox_not_found","message":"sandbox sb-1 does not exist"}}"#;
+        assert!(matches!(api_error(404, gone), ApiError::SandboxNotFound(_)));
         assert!(matches!(api_error(502, b""), ApiError::Internal(_)));
     }
 }

@@ -85,9 +85,16 @@ def test_api_errors_raise_their_classes(client: taskbox.Client, sb: taskbox.Sand
     with pytest.raises(taskbox.TaskboxError) as e:
         sb.checkpoint("taken")
     check(e, taskbox.ConflictError, 409)
+    # A JSON body over the supervisor's limit; `write` itself sends such a file streamed.
+    huge = "x" * (17 << 20)
+    as_json = taskbox._calls.call("write", lambda r: r, body=taskbox.models.WriteRequest(path="huge.txt", content=huge), id=sb.id)
     with pytest.raises(taskbox.TaskboxError) as e:
-        sb.write("huge.txt", "x" * (17 << 20))
-    check(e, taskbox.PayloadTooLargeError, 413)
+        client.send(as_json)
+    check(e, taskbox.TooLargeError, 413)
+    assert "--max-body-bytes" in e.value.message
+    assert taskbox.PayloadTooLargeError is taskbox.TooLargeError
+    assert sb.write("huge.txt", huge).bytes_written == len(huge)
+    assert sb.read_bytes("huge.txt") == huge.encode()
     with pytest.raises(taskbox.TaskboxError) as e:
         client.send(Call("PUT", "/v1/sandboxes", lambda r: r))
     check(e, taskbox.MethodNotAllowedError, 405)

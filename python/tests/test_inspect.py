@@ -26,19 +26,9 @@ except ImportError as exc:  # the suite names it; require() decides skip or fail
 else:
     IMPORT_ERROR = ""
 
-OUTSIDE = "the file routes reach only the workspace, while exec can write /tmp (path_refused)"
 #: The checks taskbox fails today, and why (the API gap each one shows).
 GAPS: dict[str, str] = {
     "test_exec_as_user": "no exec as another user: the API runs every command as the sandbox's one user",
-    "test_read_and_write_large_file_binary": "a 50 MiB write is refused with 413 payload_too_large (the 16 MiB body limit; no streamed upload)",
-    "test_read_and_write_file_including_directory_absolute": OUTSIDE,
-    "test_cwd_absolute": OUTSIDE,
-    "test_write_text_file_is_directory": OUTSIDE,
-    "test_write_binary_file_is_directory": OUTSIDE,
-    "test_read_file_is_directory": "/etc is outside the workspace for the file routes (path_refused), and a directory has no is_a_directory code",
-    "test_read_file_not_allowed": "the file routes do not check the sandbox user's permissions: a chmod -r file is read",
-    "test_write_text_file_without_permissions": "the file routes do not check the sandbox user's permissions: a 0444 file is overwritten",
-    "test_write_binary_file_without_permissions": "the file routes do not check the sandbox user's permissions: a 0444 file is overwritten",
 }
 CHECKS: list[str] = list(self_check.__all__) if self_check else []
 

@@ -12,7 +12,7 @@
 //! - create / list / info / destroy: the info's fields, labels, lease, env of the create, a
 //!   destroyed sandbox gone from everything; bad creates (missing workspace, unknown policy or
 //!   image, malformed policy, an upload id) refused and leaving no sandbox behind; every
-//!   operation on an unknown sandbox id is `not_found`.
+//!   operation on an unknown sandbox id is `sandbox_not_found`.
 //! - exec: argv (not split), shell, cwd (relative, absolute, missing), env (the create's, the
 //!   exec's over it, invalid names), stdin, exit codes, signals, a missing command (127),
 //!   malformed requests, the changes it made, timeout (partial output kept), output limit
@@ -35,8 +35,15 @@
 //!   `.vscode/tasks.json` and a CI workflow are flagged with their reasons, and `export --apply`
 //!   refuses them (`path_refused`, the host untouched) until `allow_autorun`; a fix of the same
 //!   size in the same second as the failing test run passes its test, five rounds running.
-//! - hostile input on every path-taking operation: `..` climbing out, absolute paths outside the
-//!   workspace, NUL bytes, empty paths (`path_refused` / `invalid_argument`, never a panic); and
+//! - absolute paths, the sandbox's own: every operation in `/tmp` and the workspace, the image's
+//!   files read as `cat` reads them, writes allowed exactly where a command's are (a probe of the
+//!   usual directories), a `chmod -r` file not read and a 0444 file not overwritten (by every
+//!   operation, streamed ones included), each new error code on a real error, and a 100 MiB
+//!   upload and download checked by digest.
+//! - hostile input on every path-taking operation: `..` climbing out of the workspace or above
+//!   the root, NUL bytes, empty paths (`path_refused` / `invalid_argument`, never a panic);
+//!   `/proc/1/root`, `/proc/self/fd`, links planted in `/tmp` to `/etc`, to host paths and into
+//!   `/proc` (inside the sandbox, or a 4xx); and
 //!   the escapes that do not depend on the backend: symlinks (planted by the sandbox, or brought
 //!   by the repository) to `/etc/shadow`, to a host file or directory outside the workspace, or
 //!   up through `..`, cannot be read, written, edited, patched, renamed or removed through; a

@@ -364,7 +364,11 @@ fn approvals_are_seen_and_answered_by_their_tenant_only() {
     ] {
         let (status, v) = sup.call_as(BOB, method, &path, body);
         assert_eq!(status, 404, "{method} {path}: {v}");
-        assert_eq!(v["error"]["message"], format!("sandbox {alice} not found"));
+        assert_eq!(
+            v["error"]["message"],
+            format!("sandbox {alice} does not exist")
+        );
+        assert_eq!(v["error"]["code"], "sandbox_not_found");
     }
     // Through his own sandbox, Bob does not reach Alice's approval either.
     let (status, v) = sup.call_as(

@@ -61,6 +61,28 @@ fn cli_verbs_drive_a_sandbox_end_to_end() {
     );
     let o = env.cli(&s, &["read", &id, "src/lib.rs"]);
     assert_eq!(text(&o), "pub fn one() -> u32 { 2 }\n");
+    // Absolute paths are the sandbox's: write and read its /tmp (the bytes sent as they are).
+    let local = env.dir.path().join("local.bin");
+    std::fs::write(&local, b"bytes \xff\x00 as they are\n").unwrap();
+    let o = env.cli(
+        &s,
+        &[
+            "write",
+            &id,
+            "/tmp/a dir/cli.bin",
+            "-p",
+            "--from",
+            local.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let o = env.cli(
+        &s,
+        &["exec", &id, "--", "od", "-An", "-c", "/tmp/a dir/cli.bin"],
+    );
+    assert!(text(&o).contains("377  \\0"), "{}", text(&o));
+    let o = env.cli(&s, &["ls", &id, "/tmp/a dir"]);
+    assert!(text(&o).contains("/tmp/a dir/cli.bin"), "{}", text(&o));
     let o = env.cli(&s, &["search", &id, "fn one"]);
     assert!(text(&o).starts_with("src/lib.rs:1:"), "{}", text(&o));
     let o = env.cli(&s, &["ls", &id, "src"]);
@@ -736,4 +758,332 @@ fn stdin_streams_binary_input_of_any_size_in_bounded_memory() {
         ["00", "ff", "80"],
         "{p}"
     );
+}
+
+/// Deterministic bytes, 1 MiB at a time (xorshift: nothing a file system could compress away).
+fn noise(seed: &mut u64, out: &mut [u8]) {
+    for b in out {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *b = *seed as u8;
+    }
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The resident size of process `pid` now, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Samples the resident size of `pid` every few milliseconds until the returned flag is set;
+/// the thread answers the highest seen.
+fn watch_rss(
+    pid: u32,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<u64>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let t = std::thread::spawn(move || {
+        let mut high = 0;
+        while !s.load(Ordering::SeqCst) {
+            high = high.max(rss(pid));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        high.max(rss(pid))
+    });
+    (stop, t)
+}
+
+/// The head of an HTTP answer read from `s`: its status and headers (lowercased names); the
+/// body follows in `s`.
+fn read_head(s: &mut impl std::io::BufRead) -> (u16, Vec<(String, String)>) {
+    let mut line = String::new();
+    s.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        s.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            return (status, headers);
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+    }
+}
+
+#[test]
+fn a_100_mib_file_streams_through_the_supervisor_in_bounded_memory() {
+    use sha2::Digest as _;
+    use std::io::{BufRead as _, Read as _, Write as _};
+    use std::sync::atomic::Ordering;
+    const SIZE: usize = 100 << 20;
+    let env = Env::new();
+    // A small JSON body limit: the file goes past it streamed.
+    let sup = Supervisor::start(&env, &["--max-body-bytes", "65536"]);
+    let (st, info) = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"workspace": env.ws().display().to_string()})),
+    );
+    assert_eq!(st, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    // The JSON route is held to the operator's limit, and says so.
+    let (st, r) = sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/write"),
+        Some(json!({"path": "/tmp/x", "content": "x".repeat(100_000)})),
+    );
+    assert_eq!(st, 413, "{r}");
+    assert_eq!(r["error"]["code"], "too_large", "{r}");
+    let m = r["error"]["message"].as_str().unwrap();
+    assert!(m.contains("65536") && m.contains("--max-body-bytes"), "{m}");
+
+    let pid = sup.child.id();
+    let before = rss(pid);
+    // Up: 100 MiB on a raw connection, a piece at a time, hashed as it goes.
+    let (stop, watcher) = watch_rss(pid);
+    let mut s = std::os::unix::net::UnixStream::connect(&sup.socket).unwrap();
+    write!(
+        s,
+        "PUT /v1/sandboxes/{id}/files?path=/tmp/big.bin HTTP/1.1\r\nHost: t\r\n\
+         Connection: close\r\nContent-Length: {SIZE}\r\n\r\n"
+    )
+    .unwrap();
+    let (mut seed, mut sent, mut hasher) = (0x9e37_79b9_7f4a_7c15u64, 0, sha2::Sha256::new());
+    let mut piece = vec![0u8; 1 << 20];
+    while sent < SIZE {
+        noise(&mut seed, &mut piece);
+        hasher.update(&piece);
+        s.write_all(&piece).unwrap();
+        sent += piece.len();
+    }
+    let expected = hex(&hasher.finalize());
+    let mut answer = std::io::BufReader::new(s);
+    let (status, _) = read_head(&mut answer);
+    let mut body = String::new();
+    answer.read_to_string(&mut body).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let w: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(w["bytes_written"], SIZE as u64, "{w}");
+    assert_eq!(w["sha256"], expected.as_str(), "{w}");
+
+    // The sandbox has the same bytes.
+    let (st, r) = sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"argv": ["sha256sum", "/tmp/big.bin"]})),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert!(
+        r["stdout"]["text"].as_str().unwrap().starts_with(&expected),
+        "{r}"
+    );
+
+    // Down: the same file, its length announced, hashed as it comes.
+    let mut s = std::os::unix::net::UnixStream::connect(&sup.socket).unwrap();
+    write!(
+        s,
+        "GET /v1/sandboxes/{id}/files?path=/tmp/big.bin HTTP/1.1\r\nHost: t\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = std::io::BufReader::with_capacity(1 << 16, s);
+    let (status, headers) = read_head(&mut answer);
+    assert_eq!(status, 200, "{headers:?}");
+    let length = headers.iter().find(|(k, _)| k == "content-length");
+    assert_eq!(
+        length.map(|(_, v)| v.as_str()),
+        Some("104857600"),
+        "{headers:?}"
+    );
+    let (mut got, mut hasher) = (0usize, sha2::Sha256::new());
+    loop {
+        let buf = answer.fill_buf().unwrap();
+        if buf.is_empty() {
+            break;
+        }
+        let n = buf.len();
+        hasher.update(buf);
+        answer.consume(n);
+        got += n;
+    }
+    assert_eq!(got, SIZE);
+    assert_eq!(hex(&hasher.finalize()), expected);
+    stop.store(true, Ordering::SeqCst);
+    let high = watcher.join().unwrap();
+    // Neither way held the file: the supervisor grew by a few pieces in flight, not 100 MiB.
+    let grew = high.saturating_sub(before);
+    eprintln!(
+        "supervisor rss: {} MiB before, {} MiB at most during 2 x 100 MiB",
+        before >> 20,
+        high >> 20
+    );
+    assert!(grew < 32 << 20, "the supervisor grew by {} MiB", grew >> 20);
+}
+
+#[test]
+fn file_errors_answer_their_codes_and_statuses_over_http() {
+    let env = Env::new();
+    env.write("f.txt", "f\n");
+    let sup = Supervisor::start(&env, &[]);
+    let (st, info) = sup.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"workspace": env.ws().display().to_string()})),
+    );
+    assert_eq!(st, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let (st, r) = sup.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(
+            json!({"shell": "mkdir -p /tmp/d && echo s > /tmp/s && chmod a-r /tmp/s && \
+                     echo k > /tmp/k && chmod 444 /tmp/k"}),
+        ),
+    );
+    assert_eq!((st, &r["exit_code"]), (200, &json!(0)), "{r}");
+    let ghost = "sb-00000000deadbeef";
+    let cases: Vec<(String, &str, serde_json::Value, u16, &str)> = vec![
+        (
+            ghost.into(),
+            "read",
+            json!({"path": "f.txt"}),
+            404,
+            "sandbox_not_found",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/tmp/nope"}),
+            404,
+            "not_found",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/tmp/d"}),
+            400,
+            "is_a_directory",
+        ),
+        (
+            id.clone(),
+            "write",
+            json!({"path": "/tmp/d", "content": "x"}),
+            400,
+            "is_a_directory",
+        ),
+        (
+            id.clone(),
+            "list",
+            json!({"path": "/tmp/s"}),
+            400,
+            "not_a_directory",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/tmp/s"}),
+            403,
+            "permission_denied",
+        ),
+        (
+            id.clone(),
+            "write",
+            json!({"path": "/tmp/k", "content": "x"}),
+            403,
+            "permission_denied",
+        ),
+        (
+            id.clone(),
+            "write",
+            json!({"path": "/etc/x", "content": "x"}),
+            403,
+            "permission_denied",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "/proc/1/root/etc/passwd"}),
+            403,
+            "path_refused",
+        ),
+        (
+            id.clone(),
+            "read",
+            json!({"path": "../f.txt"}),
+            403,
+            "path_refused",
+        ),
+    ];
+    for (sb, op, body, status, code) in cases {
+        let (st, r) = sup.call(
+            "POST",
+            &format!("/v1/sandboxes/{sb}/{op}"),
+            Some(body.clone()),
+        );
+        assert_eq!(
+            (st, r["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{op} {body}: {r}"
+        );
+        assert!(!r["error"]["message"].as_str().unwrap().is_empty(), "{r}");
+    }
+    // The streamed routes answer the same codes, before any byte.
+    for (method, path, status, code) in [
+        ("GET", "/tmp/s", 403, "permission_denied"),
+        ("GET", "/tmp/d", 400, "is_a_directory"),
+        ("GET", "/tmp/nope", 404, "not_found"),
+        ("PUT", "/tmp/k", 403, "permission_denied"),
+    ] {
+        let (st, r) = sup.call(
+            method,
+            &format!("/v1/sandboxes/{id}/files?path={path}"),
+            None,
+        );
+        assert_eq!(
+            (st, r["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {r}"
+        );
+    }
+    // The OpenAPI document lists every code with its status.
+    let (st, doc) = sup.call("GET", "/openapi.json", None);
+    assert_eq!(st, 200);
+    let codes = doc["components"]["schemas"]["ErrorDetail"]["properties"]["code"]["x-codes"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let status_of = |c: &str| {
+        codes
+            .iter()
+            .find(|e| e["code"] == c)
+            .map(|e| e["status"].clone())
+    };
+    for (c, status) in [
+        ("sandbox_not_found", 404),
+        ("not_found", 404),
+        ("is_a_directory", 400),
+        ("not_a_directory", 400),
+        ("permission_denied", 403),
+        ("too_large", 413),
+    ] {
+        assert_eq!(status_of(c), Some(json!(status)), "{c}: {codes:?}");
+    }
+    assert!(doc["paths"]["/v1/sandboxes/{id}/files"]["put"].is_object());
+    assert!(doc["paths"]["/v1/sandboxes/{id}/files"]["get"].is_object());
 }

@@ -402,7 +402,7 @@ fn calls_on_unknown_sandboxes_leave_no_trace() {
             None,
         )
         .unwrap_err();
-    assert_eq!(e.code(), "not_found");
+    assert_eq!(e.code(), "sandbox_not_found");
     assert!(!api.trace_path(&id).exists());
 }
 

@@ -209,7 +209,34 @@ def content_bytes(r: m.ReadResult) -> bytes:
     return r.content.encode("utf-8")
 
 
+#: Content larger than this (bytes, or characters of text) is written through the streamed
+#: upload route rather than in a JSON body, which the supervisor limits (16 MiB by default;
+#: base64 adds a third).
+STREAM_FILE_OVER = 4 << 20
+
+
+def upload(id: str, path: str, content: bytes, create_parents: bool, mode: int | None) -> Call[m.WriteResult]:
+    """A write of `content` as the raw body of the streamed route (no encoding, no JSON limit)."""
+    params: dict[str, Any] = {"path": path}
+    if create_parents:
+        params["create_parents"] = "true"
+    if mode is not None:
+        params["mode"] = str(mode)
+    c = call("upload", _model(m.WriteResult), params=params, id=id)
+    c.content = content
+    c.headers["Content-Type"] = "application/octet-stream"
+    return c
+
+
+def download(id: str, path: str) -> Call[bytes]:
+    """A whole file, as the raw body of the streamed route."""
+    return call("download", lambda r: r.content, params={"path": path}, id=id)
+
+
 def write(id: str, path: str, content: str | bytes, create_parents: bool, mode: int | None) -> Call[m.WriteResult]:
+    if len(content) > STREAM_FILE_OVER:
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        return upload(id, path, data, create_parents, mode)
     if isinstance(content, str):
         text, encoding = content, None
     else:

@@ -41,6 +41,8 @@ ROUTES: dict[str, tuple[str, str]] = {
     "create_checkpoint": ("POST", "/v1/sandboxes/{id}/checkpoints"),
     "restore": ("POST", "/v1/sandboxes/{id}/restore"),
     "export": ("POST", "/v1/sandboxes/{id}/export"),
+    "upload": ("PUT", "/v1/sandboxes/{id}/files"),
+    "download": ("GET", "/v1/sandboxes/{id}/files"),
     "upload_workspace": ("POST", "/v1/workspaces"),
     "list_workspaces": ("GET", "/v1/workspaces"),
     "delete_workspace": ("DELETE", "/v1/workspaces/{workspace_id}"),

@@ -28,9 +28,6 @@ __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess"]
 
 T = TypeVar("T")
 
-#: Bytes asked for per read when a whole file is read.
-READ_CHUNK = 16 << 20
-
 
 class AsyncClient:
     """A connection to a taskbox supervisor.
@@ -376,14 +373,8 @@ class AsyncSandbox:
         return await self._send(calls.read(self.id, req))
 
     async def read_bytes(self, path: str) -> bytes:
-        """The whole file's bytes (read in chunks)."""
-        out = bytearray()
-        while True:
-            r = await self.read(path, offset=len(out), max_bytes=READ_CHUNK)
-            chunk = calls.content_bytes(r)
-            out += chunk
-            if not chunk or len(out) >= r.total_bytes:
-                return bytes(out)
+        """The whole file's bytes, as they are (streamed by the supervisor, of any size)."""
+        return await self._send(calls.download(self.id, path))
 
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
         """The whole file as text."""

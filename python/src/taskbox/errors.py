@@ -28,9 +28,9 @@ __all__ = [
     "InternalError",
     "UnavailableError",
     "UnauthorizedError",
-    "PayloadTooLargeError",
     "MethodNotAllowedError",
     "RequestTimeoutError",
+    "PayloadTooLargeError",
     "ERRORS",
     "error_for",
 ]
@@ -109,25 +109,28 @@ class PathRefusedError(TaskboxError):
 
 
 class IsDirectoryError(TaskboxError):
-    """The path is a directory where a file was expected."""
+    """The path is a directory where a file was expected (400)."""
 
     CODE = "is_a_directory"
 
 
 class NotDirectoryError(TaskboxError):
-    """A component of the path is not a directory."""
+    """A component of the path is not a directory (400)."""
 
     CODE = "not_a_directory"
 
 
 class PermissionDeniedError(TaskboxError):
-    """The sandbox's own user may not do this (its permission check said no)."""
+    """The sandbox's own user may not do this: the kernel refused it with the user's own
+    credentials (403)."""
 
     CODE = "permission_denied"
 
 
 class TooLargeError(TaskboxError):
-    """The input or the file is larger than the operation takes."""
+    """The request body, or the file, is larger than its limit (413): a JSON body over the
+    supervisor's `--max-body-bytes` (write large files with `upload`, which streams), an upload
+    over `--max-upload-bytes`, a file too large to edit or patch whole."""
 
     CODE = "too_large"
 
@@ -162,12 +165,6 @@ class UnauthorizedError(TaskboxError):
     CODE = "unauthorized"
 
 
-class PayloadTooLargeError(TaskboxError):
-    """The request body is larger than the supervisor accepts (413)."""
-
-    CODE = "payload_too_large"
-
-
 class MethodNotAllowedError(TaskboxError):
     """The route exists, but not with this method (405)."""
 
@@ -200,12 +197,15 @@ ERRORS: dict[str, type[TaskboxError]] = {
         InternalError,
         UnavailableError,
         UnauthorizedError,
-        PayloadTooLargeError,
         MethodNotAllowedError,
         RequestTimeoutError,
     )
     if cls.CODE is not None
 }
+
+
+#: The name the 413 of the body limit had while its code was `payload_too_large`.
+PayloadTooLargeError = TooLargeError
 
 
 def error_for(code: str, message: str, status: int | None = None) -> TaskboxError:

@@ -347,6 +347,8 @@ class WriteResult(Answer):
     path: str
     bytes_written: int
     created: bool
+    #: The SHA-256 of what was written, in hex (uploads).
+    sha256: str | None = None
 
 
 class EditResult(Answer):

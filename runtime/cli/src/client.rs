@@ -107,8 +107,13 @@ impl Client {
     /// Sends one request and reads the whole JSON response.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
         let payload = body.map(serde_json::to_vec).transpose()?;
+        self.request_raw(method, path, payload.as_deref())
+    }
+
+    /// A request whose body is `body` as it is (a file's content), answered with JSON.
+    pub fn request_raw(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<Response> {
         let mut req = http::Request::new(method, path);
-        req.body = payload.as_deref();
+        req.body = body;
         let r = self.http.send(&req, NO_DEADLINE)?;
         let body = if r.body.is_empty() {
             Value::Null

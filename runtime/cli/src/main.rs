@@ -159,9 +159,15 @@ struct ServeArgs {
     /// HOST:PORT).
     #[arg(long = "git-allow-host", value_name = "HOST")]
     git_allow_hosts: Vec<String>,
-    /// Largest workspace tar a client may upload, in bytes (default 2 GiB).
+    /// Largest upload a client may stream, in bytes: a workspace tar, or a file (PUT
+    /// /v1/sandboxes/ID/files) (default 2 GiB).
     #[arg(long, value_name = "BYTES")]
     max_upload_bytes: Option<u64>,
+    /// Largest JSON request body, in bytes (default 16 MiB): a write's content, an exec's
+    /// stdin and argv travel in it. Larger files go up streamed, bounded by
+    /// --max-upload-bytes instead.
+    #[arg(long, value_name = "BYTES")]
+    max_body_bytes: Option<usize>,
     #[command(flatten)]
     docker: docker::ServeDocker,
 }
@@ -402,6 +408,12 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     }
     if let Some(n) = args.max_upload_bytes {
         l.max_upload_bytes = n;
+    }
+    if let Some(n) = args.max_body_bytes {
+        if n == 0 {
+            bail!("--max-body-bytes must be at least 1");
+        }
+        l.max_body_bytes = n;
     }
     config.workspace_roots = args.workspace_roots;
     config.git_allow_hosts = args.git_allow_hosts;

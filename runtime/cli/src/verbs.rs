@@ -50,17 +50,20 @@ pub enum Verb {
     Create(CreateArgs),
     /// Run a command in a sandbox (output streams; exit status as for `run`).
     Exec(ExecArgs),
-    /// Print a file of a sandbox's workspace.
+    /// Print a file of a sandbox: a path relative to its workspace, or absolute, anywhere in
+    /// it (read as its user reads it).
     Read(ReadArgs),
-    /// Write a file in a sandbox's workspace (content from --from FILE or stdin).
+    /// Write a file in a sandbox, relative to its workspace or absolute (content from --from
+    /// FILE or stdin, sent as it is, of any size up to the supervisor's --max-upload-bytes).
     Write(WriteArgs),
     /// Replace exact text in a file; prints the edit's diff.
     Edit(EditArgs),
     /// Apply a unified diff (from FILE or stdin), all or nothing.
     Patch(PatchArgs),
-    /// List a directory of the workspace (gitignore-aware).
+    /// List a directory of the workspace, or by an absolute path any of the sandbox's
+    /// (gitignore-aware).
     Ls(LsArgs),
-    /// Search the workspace's files with a regular expression.
+    /// Search files with a regular expression (the workspace's, or under an absolute path).
     Search(SearchArgs),
     /// Show what changed since the baseline or a checkpoint.
     Diff(DiffArgs),
@@ -328,6 +331,18 @@ fn sandbox_path(id: &str, rest: &str) -> Result<String> {
     Ok(format!("/v1/sandboxes/{id}{rest}"))
 }
 
+/// `s` as a query value: everything but unreserved characters percent-encoded.
+fn query_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 fn print_json(v: &Value) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
@@ -438,14 +453,14 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                     std::io::stdin().read_to_end(&mut content)?;
                 }
             }
-            let (content, encoding) = match String::from_utf8(content) {
-                Ok(s) => (s, "utf-8"),
-                Err(e) => (base64_encode(e.as_bytes()), "base64"),
-            };
-            let body = json!({"path": a.path, "content": content, "encoding": encoding,
-                              "create_parents": a.parents});
+            // The raw bytes, as the body of the file route: no encoding, and no JSON body
+            // limit (uploads have their own).
+            let mut query = format!("/files?path={}", query_escape(&a.path));
+            if a.parents {
+                query.push_str("&create_parents=true");
+            }
             let r = client
-                .request("POST", &sandbox_path(&a.id, "/write")?, Some(&body))?
+                .request_raw("PUT", &sandbox_path(&a.id, &query)?, Some(&content))?
                 .ok()?;
             eprintln!(
                 "taskbox: wrote {} bytes to {}{}",
@@ -911,11 +926,6 @@ fn exit_status(r: &Value) -> u8 {
     } else {
         0
     }
-}
-
-fn base64_encode(data: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 /// What a diff or an export says beyond its patch, on stderr: how many changes it left out,

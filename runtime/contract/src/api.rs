@@ -567,6 +567,59 @@ pub struct WriteResult {
     pub path: String,
     pub bytes_written: u64,
     pub created: bool,
+    /// The SHA-256 of what was written, in hex (uploads; absent for `write`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// Upload a file: its content is streamed after the request (the HTTP body of
+/// `PUT /v1/sandboxes/{id}/files?path=`), never held whole, and written atomically as by
+/// `write`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UploadRequest {
+    pub path: String,
+    #[serde(default)]
+    pub create_parents: bool,
+    /// Permission bits for a new file (default 0644; an existing file keeps its own).
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+/// Download a file whole, streamed (`GET /v1/sandboxes/{id}/files?path=`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DownloadRequest {
+    pub path: String,
+}
+
+/// What a download sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DownloadResult {
+    pub path: String,
+    pub bytes: u64,
+    /// The SHA-256 of the bytes sent, in hex.
+    pub sha256: String,
+}
+
+/// Where a download's bytes go: [`ByteSink::start`] once, with the file's size, before any
+/// byte; then [`ByteSink::write`] with every piece in order. An error of either ends the
+/// download.
+pub trait ByteSink: Send {
+    fn start(&mut self, size: u64) -> std::io::Result<()>;
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// A [`ByteSink`] over any writer (the size is not announced): a file, a buffer, a hasher.
+pub struct WriteSink<W>(pub W);
+
+impl<W: std::io::Write + Send> ByteSink for WriteSink<W> {
+    fn start(&mut self, _size: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.write_all(bytes)
+    }
 }
 
 /// Replace exact text in a file.
@@ -865,9 +918,27 @@ impl From<&crate::policy::Network> for NetworkRules {
 /// failed and what to do, in words a model can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// the sandbox, checkpoint, process or path does not exist
+    /// the path, checkpoint, process or approval does not exist (a sandbox that does not
+    /// exist is [`ApiError::SandboxNotFound`])
     #[error("{0}")]
     NotFound(String),
+    /// the sandbox does not exist, or is not the caller's
+    #[error("{0}")]
+    SandboxNotFound(String),
+    /// the path is a directory where the operation needs a file
+    #[error("{0}")]
+    IsADirectory(String),
+    /// the path, or a component on its way, is not a directory where one is needed
+    #[error("{0}")]
+    NotADirectory(String),
+    /// the sandbox's user may not do this: the kernel refused it with the user's own
+    /// credentials and confinement (no such permission, a read-only file system, the policy's
+    /// Landlock rules)
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// the request's body, or the file an operation would load, is larger than its limit
+    #[error("{0}")]
+    TooLarge(String),
     /// the request is malformed or names something invalid
     #[error("{0}")]
     InvalidArgument(String),
@@ -880,7 +951,9 @@ pub enum ApiError {
     /// patch: a hunk does not apply
     #[error("{0}")]
     PatchFailed(String),
-    /// the path leaves the workspace or names something that may not be touched
+    /// the path leaves the sandbox (or, relative, the workspace), leads through a link the file
+    /// operations do not follow, or names something the policy protects or that may not be
+    /// touched (a fifo, a device)
     #[error("{0}")]
     PathRefused(String),
     /// the operation conflicts with the sandbox's state (e.g. it is lost, or a name is taken)
@@ -926,6 +999,11 @@ impl ApiError {
         ApiError::NotFound(msg.into())
     }
 
+    /// The one answer for a sandbox id that names no sandbox of the caller's.
+    pub fn sandbox_not_found(id: &SandboxId) -> ApiError {
+        ApiError::SandboxNotFound(format!("sandbox {id} does not exist"))
+    }
+
     pub fn internal(msg: impl fmt::Display) -> ApiError {
         ApiError::Internal(msg.to_string())
     }
@@ -958,6 +1036,11 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::NotFound(_) => "not_found",
+            ApiError::SandboxNotFound(_) => "sandbox_not_found",
+            ApiError::IsADirectory(_) => "is_a_directory",
+            ApiError::NotADirectory(_) => "not_a_directory",
+            ApiError::PermissionDenied(_) => "permission_denied",
+            ApiError::TooLarge(_) => "too_large",
             ApiError::InvalidArgument(_) => "invalid_argument",
             ApiError::EditNotFound(_) => "edit_not_found",
             ApiError::EditAmbiguous(_) => "edit_ambiguous",
@@ -970,11 +1053,106 @@ impl ApiError {
         }
     }
 
+    /// Every code [`ApiError::code`] gives, with what it means: the list the OpenAPI document
+    /// and the docs show, and the codes a client maps back with [`ApiError::from_code`].
+    pub const CODES: &'static [(&'static str, u16, &'static str)] = &[
+        (
+            "not_found",
+            404,
+            "the path, checkpoint, process or approval does not exist",
+        ),
+        (
+            "sandbox_not_found",
+            404,
+            "the sandbox does not exist, or is not the caller's",
+        ),
+        (
+            "is_a_directory",
+            400,
+            "the path is a directory where a file is needed",
+        ),
+        (
+            "not_a_directory",
+            400,
+            "the path, or a component on its way, is not a directory",
+        ),
+        (
+            "permission_denied",
+            403,
+            "the sandbox's user may not do this (the kernel refused it)",
+        ),
+        (
+            "too_large",
+            413,
+            "the request body, or the file, is larger than the limit",
+        ),
+        (
+            "invalid_argument",
+            400,
+            "the request is malformed or names something invalid",
+        ),
+        ("edit_not_found", 422, "edit: the old text does not occur"),
+        (
+            "edit_ambiguous",
+            422,
+            "edit: the old text occurs more often than expected",
+        ),
+        ("patch_failed", 422, "patch: a hunk does not apply"),
+        (
+            "path_refused",
+            403,
+            "the path leaves the sandbox or names something not to be touched",
+        ),
+        (
+            "conflict",
+            409,
+            "the operation conflicts with the sandbox's state",
+        ),
+        ("limit_exceeded", 429, "a quota or limit was reached"),
+        (
+            "internal",
+            500,
+            "the sandbox or its backend failed (an infrastructure error)",
+        ),
+        (
+            "unavailable",
+            503,
+            "the backend cannot be reached now (an infrastructure error)",
+        ),
+    ];
+
+    /// The error of `code` with `message`: what a client makes of an error body. An unknown
+    /// code is `internal`, its code kept in the message.
+    pub fn from_code(code: &str, message: String) -> ApiError {
+        match code {
+            "not_found" => ApiError::NotFound(message),
+            "sandbox_not_found" => ApiError::SandboxNotFound(message),
+            "is_a_directory" => ApiError::IsADirectory(message),
+            "not_a_directory" => ApiError::NotADirectory(message),
+            "permission_denied" => ApiError::PermissionDenied(message),
+            "too_large" => ApiError::TooLarge(message),
+            "invalid_argument" => ApiError::InvalidArgument(message),
+            "edit_not_found" => ApiError::EditNotFound(message),
+            "edit_ambiguous" => ApiError::EditAmbiguous(message),
+            "patch_failed" => ApiError::PatchFailed(message),
+            "path_refused" => ApiError::PathRefused(message),
+            "conflict" => ApiError::Conflict(message),
+            "limit_exceeded" => ApiError::LimitExceeded(message),
+            "unavailable" => ApiError::Unavailable(message),
+            "internal" => ApiError::Internal(message),
+            other => ApiError::Internal(format!("{message} (error code {other})")),
+        }
+    }
+
     /// The HTTP status for this error (the one place that maps errors to statuses).
     pub fn http_status(&self) -> u16 {
         match self {
-            ApiError::NotFound(_) => 404,
-            ApiError::InvalidArgument(_) => 400,
+            ApiError::NotFound(_) | ApiError::SandboxNotFound(_) => 404,
+            ApiError::InvalidArgument(_)
+            | ApiError::IsADirectory(_)
+            | ApiError::NotADirectory(_) => 400,
+            ApiError::PermissionDenied(_) => 403,
+            ApiError::TooLarge(_) => 413,
             ApiError::EditNotFound(_) | ApiError::EditAmbiguous(_) | ApiError::PatchFailed(_) => {
                 422
             }
@@ -988,8 +1166,10 @@ impl ApiError {
 }
 
 /// The operations of DESIGN.md. Backends implement it; the server, the CLI verbs and the MCP
-/// server call it. Paths in requests are relative to the workspace root (absolute paths inside
-/// the workspace are accepted); nothing resolves outside it.
+/// server call it. A relative path in a request is the workspace's (resolved beneath the
+/// workspace root); an absolute one is the sandbox's (resolved beneath the sandbox's root, as
+/// its commands see it), and file operations run with the sandbox user's own credentials and
+/// confinement; nothing resolves outside the sandbox.
 pub trait SandboxApi: Send + Sync {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError>;
     fn list(&self) -> Vec<SandboxInfo>;
@@ -1036,6 +1216,36 @@ pub trait SandboxApi: Send + Sync {
     fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError>;
     fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError>;
     fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError>;
+
+    /// Writes a file from `body`, streamed (never held whole), atomically as [`Self::write`].
+    /// Backends without streaming keep this default, which refuses.
+    fn upload(
+        &self,
+        id: &SandboxId,
+        req: UploadRequest,
+        body: &mut (dyn std::io::Read + Send),
+    ) -> Result<WriteResult, ApiError> {
+        let _ = (req, body);
+        self.info(id)?;
+        Err(ApiError::invalid(format!(
+            "sandbox {id}: this backend cannot stream an upload; use write"
+        )))
+    }
+
+    /// Sends a whole file to `sink`, streamed (never held whole). Backends without streaming
+    /// keep this default, which refuses.
+    fn download(
+        &self,
+        id: &SandboxId,
+        req: DownloadRequest,
+        sink: &mut dyn ByteSink,
+    ) -> Result<DownloadResult, ApiError> {
+        let _ = (req, sink);
+        self.info(id)?;
+        Err(ApiError::invalid(format!(
+            "sandbox {id}: this backend cannot stream a download; use read"
+        )))
+    }
     fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError>;
     fn checkpoint(
         &self,
@@ -1157,6 +1367,21 @@ mod tests {
         assert!(std::error::Error::source(&ApiError::internal("x")).is_none());
         assert!(e.is_infrastructure() && ApiError::internal("x").is_infrastructure());
         assert!(!ApiError::not_found("x").is_infrastructure());
+    }
+
+    #[test]
+    fn every_code_maps_back_to_itself_with_its_status() {
+        for (code, status, _) in ApiError::CODES {
+            let e = ApiError::from_code(code, "m".into());
+            assert_eq!((e.code(), e.http_status()), (*code, *status), "{code}");
+            assert_eq!(e.to_string(), "m");
+        }
+        let unknown = ApiError::from_code("brand_new", "m".into());
+        assert_eq!(unknown.code(), "internal");
+        assert!(unknown.to_string().contains("brand_new"));
+        let id = SandboxId::parse("sb-1").unwrap();
+        let e = ApiError::sandbox_not_found(&id);
+        assert_eq!((e.code(), e.http_status()), ("sandbox_not_found", 404));
     }
 
     #[test]

@@ -133,6 +133,18 @@ pub fn check_cwd(cwd: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The error of an exec whose working directory the command could not enter: `message` says
+/// so, `errno` (from chdir) gives the code, the same on every backend and the same as a file
+/// operation on that path would give.
+pub fn cwd_refused(message: String, errno: i32) -> ApiError {
+    match errno {
+        libc::ENOENT => ApiError::NotFound(message),
+        libc::ENOTDIR => ApiError::NotADirectory(message),
+        libc::EACCES | libc::EPERM => ApiError::PermissionDenied(message),
+        _ => ApiError::InvalidArgument(message),
+    }
+}
+
 /// A name as an error quotes it: at most 64 characters.
 fn short(name: &str) -> String {
     if name.chars().count() <= 64 {

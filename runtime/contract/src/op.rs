@@ -69,6 +69,16 @@ pub enum Op<'a> {
     Remove(RemoveRequest),
     /// [`SandboxApi::rename`]
     Rename(MoveRequest),
+    /// [`SandboxApi::upload`], with the content to stream.
+    Upload {
+        req: UploadRequest,
+        body: &'a mut (dyn std::io::Read + Send),
+    },
+    /// [`SandboxApi::download`], with where the bytes go.
+    Download {
+        req: DownloadRequest,
+        sink: &'a mut dyn ByteSink,
+    },
     Diff(DiffRequest),
     Checkpoint(CheckpointRequest),
     Restore(CheckpointRequest),
@@ -108,6 +118,7 @@ pub enum Answer {
     List(ListResult),
     Search(SearchResult),
     Stat(StatResult),
+    Download(DownloadResult),
     Diff(DiffResult),
     Checkpoint(CheckpointInfo),
     Export(ExportResult),
@@ -141,6 +152,8 @@ pub enum OpName {
     Stat,
     Remove,
     Rename,
+    Upload,
+    Download,
     Diff,
     Checkpoint,
     Restore,
@@ -154,7 +167,7 @@ pub enum OpName {
 
 impl OpName {
     /// Every name.
-    pub const ALL: [OpName; 25] = [
+    pub const ALL: [OpName; 27] = [
         OpName::Create,
         OpName::Info,
         OpName::Exec,
@@ -171,6 +184,8 @@ impl OpName {
         OpName::Stat,
         OpName::Remove,
         OpName::Rename,
+        OpName::Upload,
+        OpName::Download,
         OpName::Diff,
         OpName::Checkpoint,
         OpName::Restore,
@@ -202,6 +217,8 @@ impl OpName {
             OpName::Stat => "stat",
             OpName::Remove => "remove",
             OpName::Rename => "move",
+            OpName::Upload => "upload",
+            OpName::Download => "download",
             OpName::Diff => "diff",
             OpName::Checkpoint => "checkpoint",
             OpName::Restore => "restore",
@@ -258,6 +275,9 @@ pub enum RequestError {
     /// Stdin data said to be base64 is not.
     #[error("its base64 data does not decode: {0}")]
     Base64(#[from] base64::DecodeError),
+    /// An upload or a download streams its content, which no record holds.
+    #[error("{0} streams its content, which the record does not hold")]
+    Streamed(OpName),
 }
 
 // The requests of the operations that take no request type of their own, as traces record
@@ -329,6 +349,8 @@ impl Op<'_> {
             Op::Stat(_) => OpName::Stat,
             Op::Remove(_) => OpName::Remove,
             Op::Rename(_) => OpName::Rename,
+            Op::Upload { .. } => OpName::Upload,
+            Op::Download { .. } => OpName::Download,
             Op::Diff(_) => OpName::Diff,
             Op::Checkpoint(_) => OpName::Checkpoint,
             Op::Restore(_) => OpName::Restore,
@@ -355,6 +377,7 @@ impl Op<'_> {
             | Op::ListDir(_)
             | Op::Search(_)
             | Op::Stat(_)
+            | Op::Download { .. }
             | Op::Diff(_)
             | Op::ListApprovals { .. }
             | Op::Deny { .. } => false,
@@ -420,6 +443,8 @@ impl Op<'_> {
             Op::Stat(r) => to_value(r),
             Op::Remove(r) => to_value(r),
             Op::Rename(r) => to_value(r),
+            Op::Upload { req, .. } => to_value(req),
+            Op::Download { req, .. } => to_value(req),
             Op::Diff(r) => to_value(r),
             Op::Checkpoint(r) | Op::Restore(r) => to_value(r),
             Op::Export(r) => to_value(r),
@@ -448,6 +473,7 @@ impl Op<'static> {
         }
         Ok(match name {
             OpName::Create => return Err(RequestError::NotAnOp(name)),
+            OpName::Upload | OpName::Download => return Err(RequestError::Streamed(name)),
             OpName::Info => Op::Info,
             OpName::Exec => Op::Exec {
                 req: parse(request)?,
@@ -544,6 +570,7 @@ impl Answer {
             Answer::List(_) => "a list result",
             Answer::Search(_) => "a search result",
             Answer::Stat(_) => "a stat result",
+            Answer::Download(_) => "a download result",
             Answer::Diff(_) => "a diff result",
             Answer::Checkpoint(_) => "a checkpoint",
             Answer::Export(_) => "an export result",
@@ -565,7 +592,8 @@ impl Answer {
                 Answer::Process(Deserialize::deserialize(v)?)
             }
             OpName::Read => Answer::Read(Deserialize::deserialize(v)?),
-            OpName::Write => Answer::Write(Deserialize::deserialize(v)?),
+            OpName::Write | OpName::Upload => Answer::Write(Deserialize::deserialize(v)?),
+            OpName::Download => Answer::Download(Deserialize::deserialize(v)?),
             OpName::Edit => Answer::Edit(Deserialize::deserialize(v)?),
             OpName::Patch => Answer::Patch(Deserialize::deserialize(v)?),
             OpName::ListDir => Answer::List(Deserialize::deserialize(v)?),
@@ -625,6 +653,8 @@ pub fn dispatch<A: SandboxApi + ?Sized>(
         Op::Stat(r) => Answer::Stat(api.stat(id, r)?),
         Op::Remove(r) => api.remove(id, r).map(|()| Answer::Done)?,
         Op::Rename(r) => api.rename(id, r).map(|()| Answer::Done)?,
+        Op::Upload { req, body } => Answer::Write(api.upload(id, req, body)?),
+        Op::Download { req, sink } => Answer::Download(api.download(id, req, sink)?),
         Op::Diff(r) => Answer::Diff(api.diff(id, r)?),
         Op::Checkpoint(r) => Answer::Checkpoint(api.checkpoint(id, r)?),
         Op::Restore(r) => api.restore(id, r).map(|()| Answer::Done)?,
@@ -705,6 +735,10 @@ impl<H: OpHandler> SandboxApi for H {
         stat(req: PathRequest) -> StatResult = Op::Stat(req) => Stat;
         remove(req: RemoveRequest) -> () = Op::Remove(req) => Done;
         rename(req: MoveRequest) -> () = Op::Rename(req) => Done;
+        upload(req: UploadRequest, body: &mut (dyn std::io::Read + Send)) -> WriteResult
+            = Op::Upload { req, body } => Write;
+        download(req: DownloadRequest, sink: &mut dyn ByteSink) -> DownloadResult
+            = Op::Download { req, sink } => Download;
         diff(req: DiffRequest) -> DiffResult = Op::Diff(req) => Diff;
         checkpoint(req: CheckpointRequest) -> CheckpointInfo = Op::Checkpoint(req) => Checkpoint;
         restore(req: CheckpointRequest) -> () = Op::Restore(req) => Done;

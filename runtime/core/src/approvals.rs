@@ -210,7 +210,7 @@ impl<B: SandboxApi> OpHandler for CommandPolicy<B> {
             Op::Exec { req, events } => self.exec_under_rules(id, req, events).map(Answer::Exec),
             Op::Destroy => {
                 let r = self.inner.call(id, Op::Destroy);
-                if r.is_ok() || matches!(r, Err(ApiError::NotFound(_))) {
+                if r.is_ok() || matches!(r, Err(ApiError::SandboxNotFound(_))) {
                     lock(&self.rules).remove(id);
                     self.queue.cancel(id, "the sandbox was destroyed");
                 }
@@ -549,7 +549,7 @@ mod tests {
         }
 
         fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
-            let not_found = || ApiError::not_found(format!("sandbox {id} not found"));
+            let not_found = || ApiError::sandbox_not_found(id);
             let info = lock(&self.sandboxes).get(id).cloned();
             match op {
                 Op::Info => info.map(Answer::Info).ok_or_else(not_found),
@@ -803,12 +803,12 @@ mod tests {
         // The exec was denied; answering it needs the sandbox, which is gone.
         match r {
             Ok(o) => assert!(result(o).violations[0].detail.contains("destroyed")),
-            Err(e) => assert_eq!(e.code(), "not_found"),
+            Err(e) => assert_eq!(e.code(), "sandbox_not_found"),
         }
         assert!(listener.join().unwrap() < Duration::from_secs(10));
         assert_eq!(
             s.api.list_approvals(&s.id, None).unwrap_err().code(),
-            "not_found"
+            "sandbox_not_found"
         );
     }
 
@@ -832,16 +832,16 @@ mod tests {
     }
 
     #[test]
-    fn unknown_sandboxes_are_not_found() {
+    fn unknown_sandboxes_are_sandbox_not_found() {
         let s = setup("");
         let ghost = SandboxId::parse("sb-ghost").unwrap();
         assert_eq!(
             s.api.exec(&ghost, shell("true"), None).unwrap_err().code(),
-            "not_found"
+            "sandbox_not_found"
         );
         assert_eq!(
             s.api.list_approvals(&ghost, None).unwrap_err().code(),
-            "not_found"
+            "sandbox_not_found"
         );
     }
 

@@ -70,7 +70,7 @@ impl BackendRouter {
                 return Ok(b);
             }
         }
-        Err(ApiError::not_found(format!("sandbox {id} does not exist")))
+        Err(ApiError::sandbox_not_found(id))
     }
 }
 

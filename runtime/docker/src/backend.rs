@@ -526,7 +526,7 @@ impl Inner {
             image: Some(image.config_digest.clone()),
             entrypoint: Some(vec![INIT_PATH.to_string()]),
             cmd: Some(vec!["init".to_string()]),
-            user: Some(format!("{}:{}", user.0, user.1)),
+            user: Some(crate::sandbox::docker_user(user)),
             working_dir: Some("/".into()),
             hostname: Some("taskbox".into()),
             labels: Some(labels),
@@ -844,7 +844,9 @@ impl Inner {
             shell: None,
         };
         Ok(Arc::new(Sandbox {
-            common: Common::new(info, policy, exec_base, layers).with_egress(egress),
+            common: Common::new(info, policy, exec_base, layers)
+                .with_egress(egress)
+                .with_user(overlay.sandbox_user()),
             dirs,
             overlay,
             container: prepared.container,

@@ -78,14 +78,36 @@ pub(crate) struct Overlay {
     pub workspace: PathBuf,
     /// The overlay's lower layer: the workspace itself, or its idmapped bind.
     pub lower: PathBuf,
-    /// The container user (uid, gid).
+    /// The container user (uid, gid): who its execs are ([`Overlay::exec_user`]) and what
+    /// its file operations run as ([`Overlay::sandbox_user`]).
     pub user: (u32, u32),
     /// Paths inside the workspace (relative) that stay hidden: taskbox's own state, host
     /// sockets bound there, the deny list.
     pub masked: Vec<PathBuf>,
 }
 
+/// The `User` the Engine API is given for the container and each exec: numeric `UID:GID`,
+/// for which the runtime sets no supplementary group.
+pub(crate) fn docker_user(user: (u32, u32)) -> String {
+    format!("{}:{}", user.0, user.1)
+}
+
 impl Overlay {
+    /// Who the container's execs are ([`docker_user`]).
+    pub fn exec_user(&self) -> String {
+        docker_user(self.user)
+    }
+
+    /// The same user, as the credentials of the file operations: its uid and gid, and no
+    /// supplementary group, as the runtime gives an exec of a numeric `UID:GID`.
+    pub fn sandbox_user(&self) -> taskbox_core::kit::SandboxUser {
+        taskbox_core::kit::SandboxUser {
+            uid: self.user.0,
+            gid: self.user.1,
+            groups: Vec::new(),
+        }
+    }
+
     /// Mounts the overlay with `upper`/`work` on the sandbox's `mnt`, then the policy's guards.
     pub fn mount(
         &self,
@@ -260,32 +282,6 @@ pub struct Sandbox {
     pub limits_kind: String,
 }
 
-/// Runs file operations with the container user's filesystem ids, so what the API writes is
-/// owned by that user and what it may touch is what that user may touch. fsuid is per thread;
-/// the guard restores root's on drop.
-struct AsUser;
-
-impl AsUser {
-    fn enter(user: (u32, u32)) -> AsUser {
-        // SAFETY: setfsgid/setfsuid only change this thread's filesystem credentials.
-        unsafe {
-            libc::setfsgid(user.1);
-            libc::setfsuid(user.0);
-        }
-        AsUser
-    }
-}
-
-impl Drop for AsUser {
-    fn drop(&mut self) {
-        // SAFETY: as above; back to root's ids (the backend runs as root).
-        unsafe {
-            libc::setfsuid(0);
-            libc::setfsgid(0);
-        }
-    }
-}
-
 impl Sandbox {
     pub fn lost_error(&self) -> ApiError {
         ApiError::Conflict(format!(
@@ -432,7 +428,7 @@ impl Sandbox {
         cmd.push("--".into());
         cmd.extend(argv);
         let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let user = format!("{}:{}", self.overlay.user.0, self.overlay.user.1);
+        let user = self.overlay.exec_user();
         let d = self.daemon.clone();
         let container = self.container.clone();
         let started = self.daemon.block_on(async move {
@@ -779,10 +775,13 @@ impl Sandbox {
                 ..ExecEnd::default()
             },
             Some(Ended::Cwd { errno }) => {
-                return Err(ApiError::invalid(format!(
-                    "cannot enter working directory: {}",
-                    std::io::Error::from_raw_os_error(*errno)
-                )));
+                return Err(exec_limits::cwd_refused(
+                    format!(
+                        "cannot enter working directory: {}",
+                        std::io::Error::from_raw_os_error(*errno)
+                    ),
+                    *errno,
+                ));
             }
             None if driven.timed_out => ExecEnd::default(),
             None => {
@@ -848,7 +847,7 @@ impl Handle for Sandbox {
         Ok(())
     }
 
-    /// The workspace as mounted on the host, with the container user's ids.
+    /// The workspace as mounted on the host (the kit runs `op` as the container user).
     fn with_fs<T>(
         &self,
         op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
@@ -859,8 +858,22 @@ impl Handle for Sandbox {
         let fs = WorkspaceFs::open(&self.dirs.mnt())?
             .with_mount_path(PathBuf::from(&self.common.exec_base.workdir))
             .with_protected(&self.common.policy.filesystem.protected);
-        let _user = AsUser::enter(self.overlay.user);
         op(&fs)
+    }
+
+    /// The container's root, through its pid 1, checked still the same process once opened (a
+    /// pid reused by another process would lead elsewhere).
+    fn open_root(&self) -> Result<std::os::fd::OwnedFd, ApiError> {
+        if !self.check_alive() {
+            return Err(self.lost_error());
+        }
+        let path = format!("/proc/{}/root", self.init.pid);
+        let fd = std::fs::File::open(&path)
+            .map_err(|e| ApiError::internal(format!("cannot open {path}: {e}")))?;
+        if !self.check_alive() {
+            return Err(self.lost_error());
+        }
+        Ok(fd.into())
     }
 
     /// Every exec is stopped, and every other process of the container but its pid 1 killed:

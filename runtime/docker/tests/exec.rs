@@ -77,7 +77,7 @@ fn missing_commands_and_directories_are_reported() {
             None,
         )
         .unwrap_err();
-    assert_eq!(e.code(), "invalid_argument", "{e}");
+    assert_eq!(e.code(), "not_found", "{e}");
     assert!(e.to_string().contains("working directory"), "{e}");
     // A relative cwd is inside the workspace.
     h.write("sub/f", "x");

@@ -322,7 +322,7 @@ fn bad_create_requests_are_refused_clearly() {
         .backend
         .info(&SandboxId::parse("sb-nope").unwrap())
         .unwrap_err();
-    assert_eq!(e.code(), "not_found");
+    assert_eq!(e.code(), "sandbox_not_found");
 }
 
 #[test]

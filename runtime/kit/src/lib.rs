@@ -18,6 +18,7 @@
 
 pub mod disk;
 pub mod egress;
+pub mod fsuser;
 pub mod hostdirs;
 pub mod image;
 pub mod layers;
@@ -34,6 +35,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+pub use fsuser::{FsLandlock, SandboxUser};
 pub use layers::{ExecChanges, Layers, SPILL_MOUNT, StagedLayers};
 pub use slots::{ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
@@ -94,11 +96,18 @@ pub trait Handle: Send + Sync + Sized + 'static {
     fn signal(&self, slot: &ExecSlot<Self::Proc>, signal: i32) -> Result<(), ApiError>;
 
     /// Runs a file operation on the workspace as the sandbox sees it (the layers are held
-    /// shared meanwhile).
+    /// shared meanwhile). The kit runs `op` as the sandbox's user ([`Common::user`]): the
+    /// handle opens the workspace with its own rights, and does nothing else in it.
     fn with_fs<T>(
         &self,
         op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
     ) -> Result<T, ApiError>;
+
+    /// The sandbox's root directory as its commands see it, for file operations on absolute
+    /// paths: a descriptor of `/proc/PID/root` of a process in the sandbox's mount namespace,
+    /// opened with this process's own rights (the kit then resolves every path beneath it as
+    /// the sandbox's user, under its Landlock rules).
+    fn open_root(&self) -> Result<std::os::fd::OwnedFd, ApiError>;
 
     /// For a restore: ends every process of the sandbox that could hold files of the old
     /// workspace open, and waits for its execs to settle.
@@ -120,6 +129,11 @@ pub struct Common<P> {
     pub slots: Slots<P>,
     /// Network mode "proxy": the sandbox's egress proxy.
     pub egress: Option<SandboxEgress>,
+    /// Who the sandbox's commands are on the host: what file operations run as.
+    pub user: SandboxUser,
+    /// The Landlock rules of the sandbox's execs, which file operations on its root obey too
+    /// (`None`: its execs have none, as in a container).
+    pub fs_landlock: Option<FsLandlock>,
 }
 
 /// What a sandbox's execs run in.
@@ -148,7 +162,22 @@ impl<P: ProcState> Common<P> {
             layers,
             slots: Slots::default(),
             egress: None,
+            user: SandboxUser::of_this_process(),
+            fs_landlock: None,
         }
+    }
+
+    /// Who the sandbox's commands are (default: this process's own ids and groups). A backend
+    /// gives the credentials its execs get, from the same place.
+    pub fn with_user(mut self, user: SandboxUser) -> Common<P> {
+        self.user = user;
+        self
+    }
+
+    /// The Landlock rules of the sandbox's execs (see [`Common::fs_landlock`]).
+    pub fn with_fs_landlock(mut self, rules: Option<FsLandlock>) -> Common<P> {
+        self.fs_landlock = rules;
+        self
     }
 
     pub fn with_egress(mut self, egress: Option<SandboxEgress>) -> Common<P> {
@@ -205,7 +234,7 @@ impl<S> Table<S> {
             .map_err(|_| ApiError::internal("sandbox table poisoned"))?
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 
     fn insert(&self, id: SandboxId, sb: Arc<S>) -> Result<(), ApiError> {
@@ -221,7 +250,7 @@ impl<S> Table<S> {
             .write()
             .map_err(|_| ApiError::internal("sandbox table poisoned"))?
             .remove(id)
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 
     pub fn all(&self) -> Vec<Arc<S>> {
@@ -326,17 +355,145 @@ impl<B: Backend> Sandboxes<B> {
         lock(&sb.common().info).clone()
     }
 
-    /// A file operation on the workspace, shared with execs and excluded from checkpoint and
-    /// restore.
-    fn with_fs<T>(
+    /// A file operation at `place`, shared with execs and excluded from checkpoint and restore,
+    /// run as the sandbox's user.
+    fn with_fs<T: Send>(
         &self,
         id: &SandboxId,
-        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
+        place: Place,
+        op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError> + Send,
     ) -> Result<T, ApiError> {
         let sb = self.get(id)?;
         let _g = sb.common().layers.shared()?;
-        sb.with_fs(op)
+        fs_at(&*sb, place, op)
     }
+}
+
+/// Where a file operation's paths are resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Beneath the workspace (relative paths): the workspace as mounted, reached by the
+    /// backend; the sandbox's symlinks resolve inside the workspace.
+    Workspace,
+    /// Beneath the sandbox's root (absolute paths), as its commands see it, under its Landlock
+    /// rules.
+    Root,
+}
+
+impl Place {
+    /// Absolute paths are the sandbox's, relative ones the workspace's.
+    fn of(path: &str) -> Place {
+        if path.starts_with('/') {
+            Place::Root
+        } else {
+            Place::Workspace
+        }
+    }
+
+    /// The place of an operation on an optional path (none: the workspace root).
+    fn of_opt(path: Option<&str>) -> Place {
+        path.map_or(Place::Workspace, Place::of)
+    }
+}
+
+/// Runs `op` at `place` of `sb` as its user (the layers already held).
+fn fs_at<H: Handle, T: Send>(
+    sb: &H,
+    place: Place,
+    op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError> + Send,
+) -> Result<T, ApiError> {
+    let common = sb.common();
+    match place {
+        Place::Workspace => sb.with_fs(|fs| fsuser::as_user(&common.user, None, || op(fs))),
+        Place::Root => {
+            let root = sb.open_root()?;
+            let fs_root = root
+                .try_clone()
+                .map_err(|e| ApiError::internal(format!("cannot duplicate a descriptor: {e}")))?;
+            let workdir = std::path::Path::new(&common.exec_base.workdir);
+            let protected: Vec<String> = common
+                .policy
+                .filesystem
+                .protected
+                .iter()
+                .map(|p| workdir.join(p).display().to_string())
+                .collect();
+            let fs = WorkspaceFs::sandbox_root(fs_root).with_protected(&protected);
+            let landlock = common.fs_landlock.as_ref().map(|rules| (&root, rules));
+            fsuser::as_user(&common.user, landlock, || op(&fs))
+        }
+    }
+}
+
+/// `req` with both paths absolute when either is (a relative one taken as the workspace's), so
+/// that both resolve beneath one root.
+fn rename_place(req: &MoveRequest, workdir: &str) -> (Place, MoveRequest) {
+    let (from, to) = (Place::of(&req.from), Place::of(&req.to));
+    if from == Place::Workspace && to == Place::Workspace {
+        return (Place::Workspace, req.clone());
+    }
+    let abs = |p: &str| {
+        if p.starts_with('/') {
+            p.to_owned()
+        } else {
+            std::path::Path::new(workdir).join(p).display().to_string()
+        }
+    };
+    (
+        Place::Root,
+        MoveRequest {
+            from: abs(&req.from),
+            to: abs(&req.to),
+            overwrite: req.overwrite,
+        },
+    )
+}
+
+/// A reader that hashes what it gives and keeps its own failure, so an upload can tell a body
+/// that stopped arriving from a file system that refused it.
+struct HashingReader<'a> {
+    inner: &'a mut (dyn std::io::Read + Send),
+    hasher: sha2::Sha256,
+    failed: Option<std::io::Error>,
+}
+
+impl std::io::Read for HashingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use sha2::Digest as _;
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.hasher.update(&buf[..n]);
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                let kept = std::io::Error::new(e.kind(), e.to_string());
+                self.failed = Some(e);
+                Err(kept)
+            }
+        }
+    }
+}
+
+/// A sink that hashes what it passes on.
+struct HashingSink<'a> {
+    inner: &'a mut dyn ByteSink,
+    hasher: sha2::Sha256,
+}
+
+impl ByteSink for HashingSink<'_> {
+    fn start(&mut self, size: u64) -> std::io::Result<()> {
+        self.inner.start(size)
+    }
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use sha2::Digest as _;
+        self.hasher.update(bytes);
+        self.inner.write(bytes)
+    }
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl<B: Backend> Deref for Sandboxes<B> {
@@ -457,39 +614,89 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         if let Some(r) = sb.common().layers.read_spill(&req) {
             return r;
         }
-        sb.with_fs(|fs| fs.read(&req))
+        fs_at(&*sb, Place::of(&req.path), |fs| fs.read(&req))
     }
 
     fn write(&self, id: &SandboxId, req: WriteRequest) -> Result<WriteResult, ApiError> {
-        self.with_fs(id, |fs| fs.write(&req))
+        self.with_fs(id, Place::of(&req.path), |fs| fs.write(&req))
     }
 
     fn edit(&self, id: &SandboxId, req: EditRequest) -> Result<EditResult, ApiError> {
-        self.with_fs(id, |fs| fs.edit(&req))
+        self.with_fs(id, Place::of(&req.path), |fs| fs.edit(&req))
     }
 
     fn patch(&self, id: &SandboxId, req: PatchRequest) -> Result<PatchResult, ApiError> {
-        self.with_fs(id, |fs| fs.patch(&req))
+        // A patch's paths are the workspace's (a diff of it).
+        self.with_fs(id, Place::Workspace, |fs| fs.patch(&req))
     }
 
     fn list_dir(&self, id: &SandboxId, req: ListRequest) -> Result<ListResult, ApiError> {
-        self.with_fs(id, |fs| fs.list(&req))
+        self.with_fs(id, Place::of_opt(req.path.as_deref()), |fs| fs.list(&req))
     }
 
     fn search(&self, id: &SandboxId, req: SearchRequest) -> Result<SearchResult, ApiError> {
-        self.with_fs(id, |fs| fs.search(&req))
+        self.with_fs(id, Place::of_opt(req.path.as_deref()), |fs| fs.search(&req))
     }
 
     fn stat(&self, id: &SandboxId, req: PathRequest) -> Result<StatResult, ApiError> {
-        self.with_fs(id, |fs| fs.stat(&req))
+        self.with_fs(id, Place::of(&req.path), |fs| fs.stat(&req))
     }
 
     fn remove(&self, id: &SandboxId, req: RemoveRequest) -> Result<(), ApiError> {
-        self.with_fs(id, |fs| fs.remove(&req))
+        self.with_fs(id, Place::of(&req.path), |fs| fs.remove(&req))
     }
 
     fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        self.with_fs(id, |fs| fs.rename(&req))
+        let sb = self.get(id)?;
+        let (place, req) = rename_place(&req, &sb.common().exec_base.workdir);
+        let _g = sb.common().layers.shared()?;
+        fs_at(&*sb, place, |fs| fs.rename(&req))
+    }
+
+    fn upload(
+        &self,
+        id: &SandboxId,
+        req: UploadRequest,
+        body: &mut (dyn std::io::Read + Send),
+    ) -> Result<WriteResult, ApiError> {
+        use sha2::Digest as _;
+        let mut src = HashingReader {
+            inner: body,
+            hasher: sha2::Sha256::new(),
+            failed: None,
+        };
+        let place = Place::of(&req.path);
+        let r = self.with_fs(id, place, |fs| fs.upload(&req, &mut src));
+        if let Some(e) = src.failed.take() {
+            // The body failed, not the file system: the caller's side, said as such.
+            return Err(ApiError::InvalidArgument(format!(
+                "upload {}: the content stopped arriving: {e}",
+                req.path
+            )));
+        }
+        let mut r = r?;
+        r.sha256 = Some(hex(&src.hasher.finalize()));
+        Ok(r)
+    }
+
+    fn download(
+        &self,
+        id: &SandboxId,
+        req: DownloadRequest,
+        sink: &mut dyn ByteSink,
+    ) -> Result<DownloadResult, ApiError> {
+        use sha2::Digest as _;
+        let mut sink = HashingSink {
+            inner: sink,
+            hasher: sha2::Sha256::new(),
+        };
+        let (path, bytes) =
+            self.with_fs(id, Place::of(&req.path), |fs| fs.download(&req, &mut sink))?;
+        Ok(DownloadResult {
+            path,
+            bytes,
+            sha256: hex(&sink.hasher.finalize()),
+        })
     }
 
     fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {

@@ -61,6 +61,15 @@ impl Identity {
         }
     }
 
+    /// Who the commands are on the host, whatever ids they see: the one place their kernel
+    /// credentials come from, for the helper's user namespace maps (its `uid` and `gid`) and
+    /// for the file operations the supervisor makes as the sandbox's user. Today the caller's
+    /// own ids and groups (a user namespace maps the sandbox's user onto them; as root,
+    /// without one, uid 0 with no capability).
+    pub(crate) fn host_user(&self) -> taskbox_kit::SandboxUser {
+        taskbox_kit::SandboxUser::of_this_process()
+    }
+
     /// With an image that names `user` (uid, gid): those ids mapped onto the caller's. Root asked
     /// to be root needs no namespace.
     fn for_image(is_root: bool, user: Option<(u32, u32)>) -> Identity {

@@ -37,8 +37,8 @@ use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
 use crate::kit::layers::overlay_workspace;
 use crate::kit::{
-    self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, Handle, Layers, Open, Options,
-    ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
+    self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, FsLandlock, Handle, Layers, Open,
+    Options, ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
 };
 use crate::layers::Fingerprint;
 use crate::native::{self, RunDir};
@@ -470,6 +470,9 @@ impl Native {
                 )
             }
         };
+        // Who the commands are on the host: the helper's maps and the file operations both
+        // take it from here.
+        let user = identity.host_user();
         let limits = &policy.limits;
         // Until the sandbox takes it, the cgroup goes (its processes killed) with any failure
         // below: a create is all or nothing. The directories go with `dirs` likewise.
@@ -545,13 +548,14 @@ impl Native {
             base_env.retain(|(ek, _)| ek != k);
             base_env.push((k.clone(), v.clone()));
         }
+        let landlock_required = policy.security.landlock == LandlockMode::Required;
         let config = InitConfig {
             argv: Vec::new(),
             cwd: ws.inside.clone(),
             env: base_env.clone(),
             user_namespace: identity.user_namespace,
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
+            uid: user.uid,
+            gid: user.gid,
             inner_uid: identity.inner_uid,
             inner_gid: identity.inner_gid,
             isolate_network,
@@ -561,9 +565,9 @@ impl Native {
             mounts,
             landlock: LandlockPlan {
                 enabled: true,
-                required: policy.security.landlock == LandlockMode::Required,
+                required: landlock_required,
                 read: vec![PathBuf::from("/")],
-                write: write_paths,
+                write: write_paths.clone(),
                 deny_tcp: isolate_network,
                 connect_tcp: egress.as_ref().map(|_| PROXY_PORT).into_iter().collect(),
             },
@@ -705,7 +709,13 @@ impl Native {
             shell: view.map(|v| v.shell().to_vec()),
         };
         let sandbox = Arc::new(Sandbox {
-            common: Common::new(info, policy, exec_base, layers).with_egress(egress),
+            common: Common::new(info, policy, exec_base, layers)
+                .with_egress(egress)
+                .with_user(user)
+                .with_fs_landlock(Some(FsLandlock {
+                    writable: write_paths,
+                    required: landlock_required,
+                })),
             dirs,
             ws,
             helper: Mutex::new(Some(child)),
@@ -843,6 +853,12 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
             }
         }
     }
+}
+
+/// The errno at the end of an I/O error's text as the helper reports it (`... (os error 2)`).
+fn os_error_of(message: &str) -> Option<i32> {
+    let (_, tail) = message.rsplit_once("(os error ")?;
+    tail.strip_suffix(')')?.parse().ok()
 }
 
 fn setup_error(buf: &[u8]) -> Option<ApiError> {
@@ -1049,8 +1065,11 @@ impl Sandbox {
             )));
         };
         if let Some(err) = &exited.setup_error {
-            return Err(if err.starts_with("cwd:") {
-                ApiError::invalid(err.trim_start_matches("cwd: ").to_string())
+            return Err(if let Some(why) = err.strip_prefix("cwd: ") {
+                match os_error_of(why) {
+                    Some(errno) => exec_limits::cwd_refused(why.to_string(), errno),
+                    None => ApiError::invalid(why.to_string()),
+                }
             } else {
                 ApiError::internal(format!("the command could not start: {err}"))
             });
@@ -1241,6 +1260,17 @@ impl Handle for Sandbox {
         op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         op(&self.fs()?)
+    }
+
+    /// pid 1's root: the root every exec of the sandbox has.
+    fn open_root(&self) -> Result<OwnedFd, ApiError> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_error());
+        }
+        let path = proc_root(self.init_pid);
+        let fd = fs::File::open(&path)
+            .map_err(|e| ApiError::internal(format!("cannot open {}: {e}", path.display())))?;
+        Ok(OwnedFd::from(fd))
     }
 
     fn stop_all(&self) -> Result<(), ApiError> {

@@ -99,9 +99,12 @@ pub struct Limits {
     pub max_execs_total: usize,
     /// Exec requests in flight of one tenant (default 16).
     pub max_execs_per_tenant: usize,
-    /// Largest request body accepted; more is answered 413 (default 16 MiB).
+    /// Largest JSON request body accepted (`taskbox serve --max-body-bytes`); more is answered
+    /// 413 `too_large` naming the limit (default 16 MiB).
     pub max_body_bytes: usize,
-    /// Largest workspace tar accepted by `POST /v1/workspaces` (default 2 GiB).
+    /// Largest streamed upload (`--max-upload-bytes`): a workspace tar (`POST /v1/workspaces`)
+    /// or a file (`PUT /v1/sandboxes/{id}/files`), which `max_body_bytes` does not bound
+    /// (default 2 GiB).
     pub max_upload_bytes: u64,
     /// Lease of a sandbox created without `ttl_secs` (default one hour; `None`: no lease unless
     /// `max_ttl` is set, which then applies).

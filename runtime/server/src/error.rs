@@ -71,7 +71,8 @@ pub enum HttpError {
     /// missing or unknown bearer token
     #[error("{0}")]
     Unauthorized(String),
-    /// the request body is larger than the server accepts
+    /// the request body is larger than the server accepts (code `too_large`, as
+    /// [`ApiError::TooLarge`]; the connection is closed, its body unread)
     #[error("{0}")]
     PayloadTooLarge(String),
     /// the route exists but not with this method
@@ -87,7 +88,7 @@ impl HttpError {
         match self {
             HttpError::Api(e) => e.code(),
             HttpError::Unauthorized(_) => "unauthorized",
-            HttpError::PayloadTooLarge(_) => "payload_too_large",
+            HttpError::PayloadTooLarge(_) => "too_large",
             HttpError::MethodNotAllowed(_) => "method_not_allowed",
             HttpError::RequestTimeout(_) => "request_timeout",
         }
@@ -103,6 +104,26 @@ impl HttpError {
             HttpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             HttpError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
+    }
+
+    /// A JSON request body over `max_body_bytes` (`len`: its declared length, when known): the
+    /// message names the limit, how the operator sets it, and the way around it.
+    pub fn body_too_large(len: Option<u64>, max: usize) -> HttpError {
+        let size = len.map(|n| format!(" of {n} bytes")).unwrap_or_default();
+        HttpError::PayloadTooLarge(format!(
+            "request body{size} is larger than the limit of {max} bytes (max_body_bytes, set \
+             with taskbox serve --max-body-bytes); send a large file streamed instead, as the \
+             body of PUT /v1/sandboxes/{{id}}/files?path=PATH"
+        ))
+    }
+
+    /// A streamed upload (`what`: a file, a workspace tar) of `n` bytes or more, over
+    /// `max_upload_bytes`.
+    pub fn upload_too_large(what: &str, n: u64, max: u64) -> HttpError {
+        HttpError::PayloadTooLarge(format!(
+            "the {what} is {n} bytes or more, over the limit of {max} bytes (max_upload_bytes, \
+             set with taskbox serve --max-upload-bytes)"
+        ))
     }
 
     pub fn body(&self) -> ErrorBody {

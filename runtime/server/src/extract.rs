@@ -26,10 +26,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             if let Some(t) = BodyTimeout::find(&rej) {
                 HttpError::RequestTimeout(t.to_string())
             } else if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                HttpError::PayloadTooLarge(format!(
-                    "request body is larger than the limit of {} bytes (max_body_bytes)",
-                    state.limits().max_body_bytes
-                ))
+                HttpError::body_too_large(None, state.limits().max_body_bytes)
             } else {
                 HttpError::Api(ApiError::invalid(format!(
                     "cannot read the request body: {}",

@@ -134,7 +134,7 @@ pub async fn info(State(state): State<AppState>, o: Owned) -> Result<Json<Sandbo
     let id = o.id.clone();
     match blocking(move || backend.info(&id)).await {
         Ok(info) => Ok(Json(state.with_lease(info))),
-        Err(HttpError::Api(ApiError::NotFound(_))) => {
+        Err(HttpError::Api(ApiError::SandboxNotFound(_))) => {
             state.forget(&o.id);
             Err(crate::state::not_found(&o.id).into())
         }
@@ -146,7 +146,7 @@ pub async fn destroy(State(state): State<AppState>, o: Owned) -> Result<StatusCo
     let st = state.clone();
     let id = o.id.clone();
     blocking(move || match st.backend().destroy(&id) {
-        Ok(()) | Err(ApiError::NotFound(_)) => {
+        Ok(()) | Err(ApiError::SandboxNotFound(_)) => {
             st.forget(&id);
             Ok(())
         }
@@ -428,7 +428,7 @@ pub async fn all_approvals(
             match backend.list_approvals(&id, None) {
                 Ok(pending) => all.extend(pending),
                 // Destroyed meanwhile.
-                Err(ApiError::NotFound(_)) => {}
+                Err(ApiError::SandboxNotFound(_)) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -577,12 +577,7 @@ pub async fn upload_workspace(
         return Ok((StatusCode::CREATED, Json(up)));
     }
     let max = uploads.max_bytes();
-    let too_large = |n: u64| {
-        HttpError::PayloadTooLarge(format!(
-            "the workspace tar is {n} bytes or more, over the limit of {max} bytes \
-             (max_upload_bytes)"
-        ))
-    };
+    let too_large = |n: u64| HttpError::upload_too_large("workspace tar", n, max);
     if let Some(n) = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)

@@ -40,9 +40,11 @@
 //! | `POST /v1/sandboxes/{id}/read`, `write`, `edit`, `patch`, `list`, `search`, `stat`, `diff`, `export` | the request type | 200 the result type |
 //! | `POST /v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` | 201 `CheckpointInfo` |
 //! | `POST /v1/sandboxes/{id}/remove`, `move`, `restore` | the request type | 204 |
+//! | `PUT /v1/sandboxes/{id}/files?path=` | the file's raw content, streamed | 200 `WriteResult` |
+//! | `GET /v1/sandboxes/{id}/files?path=` | | 200 the file's raw content, streamed |
 //!
 //! Errors are `{"error":{"code","message"}}` with the status of
-//! [`ApiError::http_status`](taskbox_core::api::ApiError::http_status), plus 401 `unauthorized`, 413 `payload_too_large` and 405
+//! [`ApiError::http_status`](taskbox_core::api::ApiError::http_status), plus 401 `unauthorized`, 413 `too_large` (a body over `max_body_bytes`, or an upload over `max_upload_bytes`) and 405
 //! `method_not_allowed` ([`HttpError`]). Bodies: malformed JSON, unknown fields and wrong types
 //! are 400 with serde's message; an empty body reads as `{}`; no `Content-Type` is required. A
 //! body that does not arrive in time is 408 `request_timeout`; a connection over a cap gets 429
@@ -80,6 +82,7 @@ mod clock;
 pub mod config;
 pub mod error;
 pub mod extract;
+mod files;
 mod front;
 pub mod gitsource;
 mod handlers;

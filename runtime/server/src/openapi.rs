@@ -3,6 +3,8 @@
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
+use taskbox_core::api::ApiError;
+
 use crate::error::ErrorBody;
 use crate::spec::{Body, RouteSpec};
 
@@ -14,8 +16,17 @@ pub fn document(routes: &[RouteSpec]) -> Value {
     settings.meta_schema = None;
     let mut g = settings.into_generator();
     let error = g.subschema_for::<ErrorBody>();
+    let codes = error_codes();
+    let listed: Vec<String> = codes
+        .iter()
+        .map(|(code, status, meaning)| format!("`{code}` ({status}): {meaning}"))
+        .collect();
     let error_response = json!({
-        "description": "an error: `{\"error\":{\"code\",\"message\"}}` with the status of its code",
+        "description": format!(
+            "an error: `{{\"error\":{{\"code\",\"message\"}}}}` with the status of its code; \
+             the codes: {}",
+            listed.join("; ")
+        ),
         "content": {"application/json": {"schema": error}},
     });
 
@@ -30,7 +41,22 @@ pub fn document(routes: &[RouteSpec]) -> Value {
         }
     }
 
-    let schemas = g.take_definitions(true);
+    let mut schemas = g.take_definitions(true);
+    // The codes an error may carry, each with its status and meaning: a client branches on
+    // them (and makes one exception per code of the list). A table beside the schema, not an
+    // `enum` of it: a client made from this document keeps reading the errors of a newer
+    // supervisor, whose codes it does not know yet.
+    if let Some(code) = schemas
+        .get_mut("ErrorDetail")
+        .and_then(|d| d.pointer_mut("/properties/code"))
+    {
+        code["x-codes"] = json!(
+            codes
+                .iter()
+                .map(|(c, s, meaning)| json!({"code": c, "status": s, "description": meaning}))
+                .collect::<Vec<_>>()
+        );
+    }
     json!({
         "openapi": "3.1.0",
         "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
@@ -54,6 +80,26 @@ pub fn document(routes: &[RouteSpec]) -> Value {
     })
 }
 
+/// Every error code an answer may carry, with its status and meaning: the narrow API's
+/// ([`ApiError::CODES`]) and the few of the HTTP layer alone.
+pub fn error_codes() -> Vec<(&'static str, u16, &'static str)> {
+    let mut codes = ApiError::CODES.to_vec();
+    codes.extend([
+        ("unauthorized", 401, "a token is missing or unknown"),
+        (
+            "method_not_allowed",
+            405,
+            "the route exists, not with this method",
+        ),
+        (
+            "request_timeout",
+            408,
+            "the request's body did not arrive in time",
+        ),
+    ]);
+    codes
+}
+
 fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value) -> Value {
     let mut params = Vec::new();
     for name in spec.path_params() {
@@ -64,10 +110,14 @@ fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value)
         };
         params.push(json!({"name": name, "in": "path", "required": true, "schema": schema}));
     }
-    for (name, description) in spec.query {
+    for p in spec.query {
+        let schema = match p.kind {
+            "integer" => json!({"type": "integer", "format": "uint64", "minimum": 0}),
+            kind => json!({"type": kind}),
+        };
         params.push(json!({
-            "name": name, "in": "query", "required": false, "description": description,
-            "schema": {"type": "integer", "format": "uint64", "minimum": 0},
+            "name": p.name, "in": "query", "required": p.required,
+            "description": p.description, "schema": schema,
         }));
     }
 
@@ -101,6 +151,12 @@ fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value)
         }
         Body::Text => {
             content.insert("text/plain".into(), json!({"schema": {"type": "string"}}));
+        }
+        Body::Binary => {
+            content.insert(
+                "application/octet-stream".into(),
+                json!({"schema": {"type": "string", "format": "binary"}}),
+            );
         }
     }
     if let Some(ev) = spec.events {

@@ -21,13 +21,38 @@ use crate::error::{ErrorCode, HttpError};
 use crate::extract::{ApiJson, Owned};
 use crate::handlers::{self, fs_json, fs_unit};
 use crate::spec::schema;
-pub use crate::spec::{Body, RouteSpec, SchemaFn, Verb};
+pub use crate::spec::{Body, Param, RouteSpec, SchemaFn, Verb};
 use crate::state::AppState;
 use crate::types::{DenyRequest, Health, KillRequest, RenewRequest, StdinRequest};
 use crate::workspaces::WorkspaceUpload;
 
 /// The workspace upload's route: its body is a tar up to `max_upload_bytes`, not JSON.
 const UPLOAD_PATH: &str = "/v1/workspaces";
+/// The streamed file route: its `PUT` body is a file up to `max_upload_bytes`, not JSON.
+const FILES_PATH: &str = "/v1/sandboxes/{id}/files";
+
+const WAIT_QUERY: &[Param] = &[Param::int(
+    "timeout_ms",
+    "how long to wait at most, in milliseconds (default 30000, at most 300000)",
+)];
+const APPROVALS_QUERY: &[Param] = &[Param::int(
+    "wait_ms",
+    "when none is pending, wait up to this many milliseconds for one (at most 300000)",
+)];
+
+/// The query of the file route.
+const FILE_QUERY: &[Param] = &[Param::text(
+    "path",
+    "the file: relative, the workspace's; absolute, the sandbox's",
+)];
+const UPLOAD_QUERY: &[Param] = &[
+    FILE_QUERY[0],
+    Param::flag("create_parents", "create missing parent directories"),
+    Param::int(
+        "mode",
+        "permission bits of a new file, as a number (default 420, i.e. 0644)",
+    ),
+];
 
 /// The stdin route, whose raw body streams (no body limit: input of any size).
 const STDIN_PATH: &str = "/v1/sandboxes/{id}/processes/{exec_id}/stdin";
@@ -216,10 +241,7 @@ fn table() -> Vec<Route> {
         ),
         route(
             RouteSpec {
-                query: &[(
-                    "timeout_ms",
-                    "how long to wait at most, in milliseconds (default 30000, at most 300000)",
-                )],
+                query: WAIT_QUERY,
                 ..RouteSpec::new(
                     Post,
                     "/v1/sandboxes/{id}/processes/{exec_id}/wait",
@@ -265,10 +287,7 @@ fn table() -> Vec<Route> {
         ),
         route(
             RouteSpec {
-                query: &[(
-                    "wait_ms",
-                    "when none is pending, wait up to this many milliseconds for one (at most 300000)",
-                )],
+                query: APPROVALS_QUERY,
                 ..RouteSpec::new(
                     Get,
                     "/v1/sandboxes/{id}/approvals",
@@ -322,6 +341,29 @@ fn table() -> Vec<Route> {
         fs_route!("stat", "stat", "a path's metadata", PathRequest => StatResult, 200, |b, id, r| b.stat(id, r)),
         fs_route!("remove", "remove", "remove a file or directory", RemoveRequest => (), |b, id, r| b.remove(id, r)),
         fs_route!("move", "move", "rename a file or directory", MoveRequest => (), |b, id, r| b.rename(id, r)),
+        route(
+            RouteSpec::new(
+                Put,
+                FILES_PATH,
+                "upload",
+                "write a file from the raw body, streamed (up to max_upload_bytes), atomically",
+            )
+            .with_query(UPLOAD_QUERY)
+            .takes_raw("the file's content")
+            .answers(200, Body::Json(schema::<WriteResult>)),
+            crate::files::upload,
+        ),
+        route(
+            RouteSpec::new(
+                Get,
+                FILES_PATH,
+                "download",
+                "a file's content as the raw body, streamed",
+            )
+            .with_query(FILE_QUERY)
+            .answers(200, Body::Binary),
+            crate::files::download,
+        ),
         fs_route!("diff", "diff", "diff against the baseline or a checkpoint: what git ignores and .git/ counted in `ignored` (listed with `include_ignored`), files that run on their own in `flagged`", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
         fs_route!("checkpoints", "create_checkpoint", "checkpoint the workspace", CheckpointRequest => CheckpointInfo, 201, |b, id, r| b.checkpoint(id, r)),
         fs_route!("restore", "restore", "roll the workspace back to a checkpoint", CheckpointRequest => (), |b, id, r| b.restore(id, r)),
@@ -354,19 +396,23 @@ pub fn router(state: AppState) -> Router {
 
 /// Answers 413 at once to a request whose `Content-Length` is over `max_body_bytes`, before a
 /// byte of its body is read (a body without a length is cut at the limit while it is read). A
-/// workspace upload has its own limit, checked the same way by its handler.
+/// workspace upload and a streamed file have their own limit (`max_upload_bytes`), checked the
+/// same way by their handlers.
 pub async fn refuse_large_bodies(
     State(state): State<AppState>,
     matched: Option<MatchedPath>,
     req: Request,
     next: Next,
 ) -> Response {
-    if req.method() == axum::http::Method::POST
-        && matched.as_ref().is_some_and(|m| {
+    let streamed = match *req.method() {
+        axum::http::Method::POST => matched.as_ref().is_some_and(|m| {
             m.as_str() == UPLOAD_PATH
                 || (m.as_str() == STDIN_PATH && crate::handlers::is_raw_body(req.headers()))
-        })
-    {
+        }),
+        axum::http::Method::PUT => matched.as_ref().is_some_and(|m| m.as_str() == FILES_PATH),
+        _ => false,
+    };
+    if streamed {
         return next.run(req).await;
     }
     let max = state.limits().max_body_bytes;
@@ -376,10 +422,7 @@ pub async fn refuse_large_bodies(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     match declared {
-        Some(len) if len > max as u64 => HttpError::PayloadTooLarge(format!(
-            "request body of {len} bytes is larger than the limit of {max} bytes (max_body_bytes)"
-        ))
-        .into_response(),
+        Some(len) if len > max as u64 => HttpError::body_too_large(Some(len), max).into_response(),
         _ => next.run(req).await,
     }
 }

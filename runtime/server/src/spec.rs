@@ -50,6 +50,50 @@ pub enum Body {
     Json(SchemaFn),
     /// Plain text (the metrics).
     Text,
+    /// Raw bytes (`application/octet-stream`: a file's content).
+    Binary,
+}
+
+/// A query parameter of a route.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// Its JSON schema type: "integer" (unsigned), "string" or "boolean".
+    pub kind: &'static str,
+    pub required: bool,
+}
+
+impl Param {
+    /// An optional unsigned integer.
+    pub(crate) const fn int(name: &'static str, description: &'static str) -> Param {
+        Param {
+            name,
+            description,
+            kind: "integer",
+            required: false,
+        }
+    }
+
+    /// An optional boolean.
+    pub(crate) const fn flag(name: &'static str, description: &'static str) -> Param {
+        Param {
+            name,
+            description,
+            kind: "boolean",
+            required: false,
+        }
+    }
+
+    /// A string the route needs.
+    pub(crate) const fn text(name: &'static str, description: &'static str) -> Param {
+        Param {
+            name,
+            description,
+            kind: "string",
+            required: true,
+        }
+    }
 }
 
 /// One route of the API.
@@ -72,8 +116,8 @@ pub struct RouteSpec {
     pub response: Body,
     /// Also answers `text/event-stream` with events of this schema.
     pub events: Option<SchemaFn>,
-    /// Query parameters: name and description (all optional integers).
-    pub query: &'static [(&'static str, &'static str)],
+    /// Query parameters.
+    pub query: &'static [Param],
 }
 
 impl RouteSpec {
@@ -111,6 +155,11 @@ impl RouteSpec {
     /// Also takes a raw, streamed body (see [`RouteSpec::raw_request`]).
     pub(crate) fn takes_raw(mut self, what: &'static str) -> Self {
         self.raw_request = Some(what);
+        self
+    }
+
+    pub(crate) fn with_query(mut self, query: &'static [Param]) -> Self {
+        self.query = query;
         self
     }
 

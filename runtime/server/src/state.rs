@@ -443,7 +443,7 @@ impl AppState {
                 .await
                 .unwrap_or_else(|e| Err(ApiError::internal(e)));
             match res {
-                Ok(()) | Err(ApiError::NotFound(_)) => {
+                Ok(()) | Err(ApiError::SandboxNotFound(_)) => {
                     tracing::info!(sandbox = %id, "lease ended: sandbox destroyed");
                     self.forget(&id);
                     reaped += 1;
@@ -495,9 +495,9 @@ fn limit(msg: String) -> HttpError {
     HttpError::Api(ApiError::LimitExceeded(msg))
 }
 
-/// The one answer for a sandbox the caller cannot see.
+/// The one answer for a sandbox the caller cannot see: the same as for one that does not exist.
 pub fn not_found(id: &SandboxId) -> ApiError {
-    ApiError::not_found(format!("sandbox {id} not found"))
+    ApiError::sandbox_not_found(id)
 }
 
 /// The authenticated tenant of a request, from its `Authorization` header and the server's

@@ -137,7 +137,7 @@ async fn page(
     })?;
     let raw = crate::extract::path_param(&params, "id")?;
     let id = SandboxId::parse(&raw)?;
-    let not_found = || HttpError::Api(ApiError::not_found(format!("sandbox {id} does not exist")));
+    let not_found = || HttpError::Api(ApiError::sandbox_not_found(&id));
     let path = dir.join(format!("{id}.jsonl"));
     let read = tokio::task::spawn_blocking(move || {
         let live = !ends_with_destroy(&path);

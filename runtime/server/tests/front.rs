@@ -199,7 +199,7 @@ fn a_huge_content_length_is_refused_before_the_body() {
     );
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(
-        answer.contains("\"payload_too_large\"")
+        answer.contains("\"too_large\"")
             && answer.contains("2147483648")
             && answer.contains("max_body_bytes"),
         "{answer}"

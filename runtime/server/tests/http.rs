@@ -95,10 +95,10 @@ async fn a_tenant_never_sees_another_tenants_sandbox() {
                 .send()
                 .await
                 .unwrap();
-            let msg = expect_error(r, 404, "not_found").await;
+            let msg = expect_error(r, 404, "sandbox_not_found").await;
             assert_eq!(
                 msg,
-                format!("sandbox {id} not found"),
+                format!("sandbox {id} does not exist"),
                 "{} {}",
                 spec.verb.as_str(),
                 spec.path
@@ -123,7 +123,7 @@ async fn a_tenant_never_sees_another_tenants_sandbox() {
             json!({"argv": ["echo", "x"]}),
         )
         .await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
     let r = s
         .client
         .delete(s.url(&format!("/v1/sandboxes/{a}")))
@@ -133,7 +133,7 @@ async fn a_tenant_never_sees_another_tenants_sandbox() {
         .unwrap();
     assert_eq!(r.status(), 204);
     let r = s.get(ALICE, &format!("/v1/sandboxes/{a}")).await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,6 +165,11 @@ async fn every_route_of_the_table_is_served() {
             continue;
         }
         let mut path = concrete(spec.path, &a);
+        match spec.operation_id {
+            "upload" => path.push_str("?path=g"),
+            "download" => path.push_str("?path=f"),
+            _ => {}
+        }
         let mut req = s
             .client
             .request(method(spec.verb), s.url(&path))
@@ -172,6 +177,7 @@ async fn every_route_of_the_table_is_served() {
         req = match spec.operation_id {
             // An empty tar: two zero blocks.
             "upload_workspace" => req.body(vec![0u8; 1024]),
+            "upload" => req.body("streamed content"),
             "delete_workspace" => {
                 let r = s
                     .client
@@ -386,8 +392,13 @@ async fn a_body_over_the_limit_is_413() {
             json!({"path": "f", "content": big}),
         )
         .await;
-    let m = expect_error(r, 413, "payload_too_large").await;
+    let m = expect_error(r, 413, "too_large").await;
+    // It names the limit, the flag that sets it, and the way around it.
     assert!(m.contains("1024") && m.contains("max_body_bytes"), "{m}");
+    assert!(
+        m.contains("--max-body-bytes") && m.contains("/files"),
+        "{m}"
+    );
     // Just under the limit is fine.
     let r = s
         .post(
@@ -397,6 +408,89 @@ async fn a_body_over_the_limit_is_413() {
         )
         .await;
     assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_streams_past_the_body_limit_up_to_the_upload_limit() {
+    let s = start(Limits {
+        max_body_bytes: 1024,
+        max_upload_bytes: 8192,
+        ..Limits::default()
+    })
+    .await;
+    let a = s.sandbox(ALICE).await;
+    let files = |q: &str| s.url(&format!("/v1/sandboxes/{a}/files?{q}"));
+    // Over the JSON body limit, under the upload limit: written.
+    let content = "y".repeat(4096);
+    let r = s
+        .client
+        .put(files("path=big.txt"))
+        .bearer_auth(ALICE)
+        .body(content.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let w: Value = r.json().await.unwrap();
+    assert_eq!(w["bytes_written"], 4096);
+    // And read back whole, with its length announced.
+    let r = s
+        .client
+        .get(files("path=big.txt"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-length"], "4096");
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert_eq!(r.text().await.unwrap(), content);
+    // A missing file is a JSON error, before any byte.
+    let r = s
+        .client
+        .get(files("path=nope"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "not_found").await;
+    let r = s
+        .client
+        .get(files(""))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    let m = expect_error(r, 400, "invalid_argument").await;
+    assert!(m.contains("path"), "{m}");
+    // Over the upload limit: refused before the body is read when its length says so...
+    let r = s
+        .client
+        .put(files("path=huge.txt"))
+        .bearer_auth(ALICE)
+        .body("z".repeat(10_000))
+        .send()
+        .await
+        .unwrap();
+    let m = expect_error(r, 413, "too_large").await;
+    assert!(
+        m.contains("8192") && m.contains("--max-upload-bytes"),
+        "{m}"
+    );
+    // ... and cut when a body without a length runs past it.
+    let pieces = futures_util::stream::iter(
+        (0..10).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b'z'; 1000]))),
+    );
+    let r = s
+        .client
+        .put(files("path=huge.txt"))
+        .bearer_auth(ALICE)
+        .body(reqwest::Body::wrap_stream(pieces))
+        .send()
+        .await
+        .unwrap();
+    let m = expect_error(r, 413, "too_large").await;
+    assert!(m.contains("max_upload_bytes"), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -817,11 +911,11 @@ async fn leases_are_capped_renewed_and_reaped() {
             json!({"ttl_secs": 1}),
         )
         .await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
 
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let r = s.get(ALICE, &format!("/v1/sandboxes/{short}")).await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
     assert!(
         !s.backend
             .exists(&taskbox_core::api::SandboxId::parse(&short).unwrap())
@@ -865,9 +959,9 @@ async fn ownership_and_leases_are_rebuilt_from_the_backend() {
         .unwrap();
     assert_eq!(v["expires_at_ms"], 4102444800000u64, "the saved lease wins");
     let r = s.get(BOB, &format!("/v1/sandboxes/{alices}")).await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
     let r = s.get(ALICE, &format!("/v1/sandboxes/{unlabeled}")).await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
     assert_eq!(s.state.live_per_tenant().get("local"), Some(&1));
 
     // Renewals are saved.

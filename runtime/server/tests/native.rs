@@ -340,11 +340,11 @@ async fn the_api_works_end_to_end_on_the_native_backend() {
     let r = n
         .post(BOB, &format!("{sb}/exec"), json!({"argv": ["true"]}))
         .await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
     let r = n
         .post(BOB, &format!("{sb}/read"), json!({"path": "hello.txt"}))
         .await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
 
     // Destroy.
     let r = n
@@ -359,7 +359,7 @@ async fn the_api_works_end_to_end_on_the_native_backend() {
     let r = n
         .post(ALICE, &format!("{sb}/exec"), json!({"argv": ["true"]}))
         .await;
-    expect_error(r, 404, "not_found").await;
+    expect_error(r, 404, "sandbox_not_found").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

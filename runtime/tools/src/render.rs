@@ -428,6 +428,7 @@ mod tests {
             path: "b.txt".into(),
             bytes_written: 4,
             created: true,
+            sha256: None,
         };
         assert_eq!(write(&w), "created b.txt (4 bytes)");
         let e = EditResult {

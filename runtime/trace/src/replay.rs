@@ -843,6 +843,11 @@ impl Engine<'_> {
         })?;
         match name {
             OpName::Create => return Err(Skip("a second create in one trace".into())),
+            OpName::Upload | OpName::Download => {
+                return Err(Skip(format!(
+                    "a streamed {name}: the trace holds its content's digest, not the content"
+                )));
+            }
             OpName::Approve | OpName::Deny => {
                 return Err(Skip(
                     "an answer to an approval; the exec that asked is replayed as it was \

@@ -43,9 +43,10 @@ use nix::sys::stat::{FileStat, Mode};
 use nix::unistd::UnlinkatFlags;
 
 use crate::api::{
-    ApiError, EditRequest, EditResult, Entry, EntryKind, ListRequest, ListResult, Match,
-    MoveRequest, PatchRequest, PatchResult, PathRequest, ReadRequest, ReadResult, RemoveRequest,
-    SearchRequest, SearchResult, StatResult, WriteRequest, WriteResult,
+    ApiError, ByteSink, DownloadRequest, EditRequest, EditResult, Entry, EntryKind, ListRequest,
+    ListResult, Match, MoveRequest, PatchRequest, PatchResult, PathRequest, ReadRequest,
+    ReadResult, RemoveRequest, SearchRequest, SearchResult, StatResult, UploadRequest,
+    WriteRequest, WriteResult,
 };
 use crate::result::{Change, ChangeKind};
 use crate::sys;
@@ -106,15 +107,21 @@ pub fn open_path_beneath(root: &Path, rel: &Path) -> std::io::Result<OwnedFd> {
     .map_err(io::Error::from)
 }
 
-/// A path relative to the workspace root, already checked: no `.`, no `..`, no empty parts.
+/// A path relative to the root of a [`WorkspaceFs`], already checked: no `.`, no `..`, no
+/// empty parts. `abs`: the root is the sandbox's, and the path is shown as the sandbox sees it
+/// (`/tmp/x`), not relative to the workspace (`src/x`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct RelPath {
     parts: Vec<OsString>,
+    abs: bool,
 }
 
 impl RelPath {
-    fn root() -> RelPath {
-        RelPath { parts: Vec::new() }
+    fn root(abs: bool) -> RelPath {
+        RelPath {
+            parts: Vec::new(),
+            abs,
+        }
     }
 
     fn is_root(&self) -> bool {
@@ -124,7 +131,10 @@ impl RelPath {
     fn join(&self, name: &OsStr) -> RelPath {
         let mut parts = self.parts.clone();
         parts.push(name.to_os_string());
-        RelPath { parts }
+        RelPath {
+            parts,
+            abs: self.abs,
+        }
     }
 
     /// The parent and the final name (None for the root).
@@ -133,6 +143,7 @@ impl RelPath {
         Some((
             RelPath {
                 parts: rest.to_vec(),
+                abs: self.abs,
             },
             last.as_os_str(),
         ))
@@ -173,10 +184,10 @@ impl RelPath {
 impl std::fmt::Display for RelPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.is_root() {
-            return f.write_str(".");
+            return f.write_str(if self.abs { "/" } else { "." });
         }
         for (i, p) in self.parts.iter().enumerate() {
-            if i > 0 {
+            if i > 0 || self.abs {
                 f.write_str("/")?;
             }
             f.write_str(&p.to_string_lossy())?;
@@ -189,22 +200,57 @@ fn c_name(name: &OsStr) -> CString {
     CString::new(name.as_bytes()).unwrap_or_default()
 }
 
+/// What [`WorkspaceFs::open_at_root`] answers for a path that lands in the sandbox's `/proc`
+/// (an errno no open of this module gets otherwise).
+///
+/// The sandbox's own processes are reached there, and the kernel decides who may read them by
+/// ptrace rules that ask for capabilities in the process's user namespace: there the
+/// supervisor (its owner, when it made the namespace without root) would have them all, where
+/// the sandbox's commands have none. File operations stay out of `/proc` altogether; a command
+/// reads it with the command's own rights.
+const PROCFS: Errno = Errno::EREMOTE;
+
+/// Whether `fd` is on a proc file system.
+fn in_procfs(fd: &OwnedFd) -> bool {
+    nix::sys::statfs::fstatfs(fd)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+}
+
 /// Maps an errno of operation `op` on `path` to the API's error.
 fn sys_err(op: &str, path: &RelPath, e: Errno) -> ApiError {
     match e {
+        PROCFS => ApiError::PathRefused(format!(
+            "{op}: {path} is in the sandbox's /proc, which file operations do not reach; read \
+             it with a command"
+        )),
         Errno::ENOENT => ApiError::NotFound(format!("{op}: path {path} does not exist")),
+        Errno::ELOOP if path.abs => ApiError::PathRefused(format!(
+            "{op}: path {path} leads through a link that file operations do not follow (a /proc \
+             link such as /proc/PID/root or /proc/self/fd/N, or a loop of symlinks)"
+        )),
         Errno::ELOOP | Errno::EXDEV => ApiError::PathRefused(format!(
             "{op}: path {path} leads outside the workspace (through a symlink or a mount)"
         )),
-        Errno::ENOTDIR => ApiError::InvalidArgument(format!(
+        Errno::ENOTDIR => ApiError::NotADirectory(format!(
             "{op}: path {path}: a component of it is not a directory"
         )),
+        Errno::EISDIR => ApiError::IsADirectory(format!("{op}: {path} is a directory")),
         Errno::ENAMETOOLONG => ApiError::InvalidArgument(format!("{op}: path {path} is too long")),
         Errno::ENOSPC | Errno::EDQUOT => {
-            ApiError::LimitExceeded(format!("{op}: {path}: no space left in the workspace"))
+            ApiError::LimitExceeded(format!("{op}: {path}: no space left on the sandbox's disk"))
         }
-        Errno::EACCES | Errno::EPERM | Errno::EROFS => {
-            ApiError::PathRefused(format!("{op}: {path}: permission denied ({e})"))
+        Errno::EFBIG => ApiError::TooLarge(format!(
+            "{op}: {path}: the file would be larger than the file system allows"
+        )),
+        Errno::EROFS => ApiError::PermissionDenied(format!(
+            "{op}: {path}: permission denied: it is on a read-only file system of the sandbox"
+        )),
+        Errno::EACCES | Errno::EPERM => ApiError::PermissionDenied(format!(
+            "{op}: {path}: permission denied: the sandbox's user may not do this ({})",
+            e.desc().to_lowercase()
+        )),
+        Errno::ETXTBSY => {
+            ApiError::Conflict(format!("{op}: {path} is a program that is running now"))
         }
         e => ApiError::Internal(format!("{op}: {path}: {e}")),
     }
@@ -244,7 +290,7 @@ fn kind_name(st: &FileStat) -> &'static str {
 fn require_regular(op: &str, path: &RelPath, st: &FileStat) -> Result<(), ApiError> {
     match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => Ok(()),
-        libc::S_IFDIR => Err(ApiError::InvalidArgument(format!(
+        libc::S_IFDIR => Err(ApiError::IsADirectory(format!(
             "{op}: {path} is a directory, not a regular file"
         ))),
         _ => Err(ApiError::PathRefused(format!(
@@ -316,6 +362,8 @@ struct Prepared {
 pub struct WorkspaceFs {
     root: OwnedFd,
     mount_path: Option<PathBuf>,
+    /// The root is the sandbox's own (see [`WorkspaceFs::sandbox_root`]): paths are absolute.
+    absolute: bool,
     /// Paths no operation may change, create, remove or move (the policy's protected paths):
     /// the read-only mounts that guard them inside the sandbox do not bind a writer outside it.
     protected: Vec<RelPath>,
@@ -412,12 +460,24 @@ impl WorkspaceFs {
         WorkspaceFs {
             root,
             mount_path: None,
+            absolute: false,
             protected: Vec::new(),
             update: Mutex::new(()),
         }
     }
 
-    /// Protects these workspace-relative paths (and everything beneath them) from changes.
+    /// Uses `root`, a descriptor of the sandbox's root directory as its commands see it
+    /// (`/proc/PID/root`), as the root: request paths are absolute paths of the sandbox, and
+    /// are shown so in answers and errors.
+    pub fn sandbox_root(root: OwnedFd) -> WorkspaceFs {
+        WorkspaceFs {
+            absolute: true,
+            ..WorkspaceFs::from_fd(root)
+        }
+    }
+
+    /// Protects these paths (and everything beneath them) from changes: relative to the
+    /// workspace root, or, for a [`WorkspaceFs::sandbox_root`], absolute.
     pub fn with_protected(mut self, paths: &[String]) -> WorkspaceFs {
         self.protected = paths
             .iter()
@@ -462,7 +522,23 @@ impl WorkspaceFs {
             )));
         }
         let mut p = Path::new(raw);
-        if p.is_absolute() {
+        let escapes = || {
+            ApiError::PathRefused(if self.absolute {
+                format!("{op}: path {raw} climbs above the sandbox's root")
+            } else {
+                format!("{op}: path {raw} escapes the workspace")
+            })
+        };
+        if self.absolute {
+            p = match p.strip_prefix("/") {
+                Ok(rest) => rest,
+                Err(_) => {
+                    return Err(ApiError::invalid(format!(
+                        "{op}: path {raw} is relative; the sandbox's paths are absolute"
+                    )));
+                }
+            };
+        } else if p.is_absolute() {
             match self.mount_path.as_deref().map(|m| p.strip_prefix(m)) {
                 Some(Ok(rest)) => p = rest,
                 Some(Err(_)) => {
@@ -488,34 +564,58 @@ impl WorkspaceFs {
                 Component::CurDir => {}
                 Component::ParentDir => {
                     if parts.pop().is_none() {
-                        return Err(ApiError::PathRefused(format!(
-                            "{op}: path {raw} escapes the workspace"
-                        )));
+                        return Err(escapes());
                     }
                 }
-                Component::RootDir | Component::Prefix(_) => {
-                    return Err(ApiError::PathRefused(format!(
-                        "{op}: path {raw} escapes the workspace"
-                    )));
-                }
+                Component::RootDir | Component::Prefix(_) => return Err(escapes()),
             }
         }
-        Ok(RelPath { parts })
+        Ok(RelPath {
+            parts,
+            abs: self.absolute,
+        })
     }
 
     /// As [`Self::rel`], refusing the workspace root itself.
     fn rel_entry(&self, op: &str, raw: &str) -> Result<RelPath, ApiError> {
         let rel = self.rel(op, raw)?;
         if rel.is_root() {
+            let what = if self.absolute {
+                "the sandbox's root"
+            } else {
+                "the workspace root"
+            };
             return Err(ApiError::PathRefused(format!(
-                "{op}: {raw} is the workspace root itself; name a file or directory beneath it"
+                "{op}: {raw} is {what} itself; name a file or directory beneath it"
             )));
         }
         Ok(rel)
     }
 
     fn open_at_root(&self, rel: &RelPath, flags: i32, resolve: u64) -> Result<OwnedFd, Errno> {
-        sys::openat2(&self.root, &rel.c_path(), flags, 0, resolve)
+        let path = rel.c_path();
+        match sys::openat2(&self.root, &path, flags, 0, resolve) {
+            Ok(fd) if self.absolute && in_procfs(&fd) => Err(PROCFS),
+            Ok(fd) => Ok(fd),
+            // An open that fails in /proc, or on the way through it, is refused for being
+            // there, whatever else it lacks.
+            Err(_) if self.absolute && self.reaches_procfs(rel) => Err(PROCFS),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the longest part of `rel` that resolves lies in a proc file system.
+    fn reaches_procfs(&self, rel: &RelPath) -> bool {
+        (1..=rel.parts.len())
+            .rev()
+            .find_map(|n| {
+                let prefix = RelPath {
+                    parts: rel.parts[..n].to_vec(),
+                    abs: rel.abs,
+                };
+                sys::openat2(&self.root, &prefix.c_path(), libc::O_PATH, 0, RESOLVE_ROOT).ok()
+            })
+            .is_some_and(|fd| in_procfs(&fd))
     }
 
     /// An `O_PATH` fd of the directory `rel` (symlinks resolved inside the root).
@@ -542,8 +642,8 @@ impl WorkspaceFs {
         rel: &RelPath,
         made: &mut Vec<RelPath>,
     ) -> Result<OwnedFd, ApiError> {
-        let mut fd = self.open_dir(op, &RelPath::root())?;
-        let mut prefix = RelPath::root();
+        let mut fd = self.open_dir(op, &RelPath::root(self.absolute))?;
+        let mut prefix = RelPath::root(self.absolute);
         for part in &rel.parts {
             prefix = prefix.join(part);
             match self.open_at_root(&prefix, libc::O_PATH | libc::O_DIRECTORY, RESOLVE_ROOT) {
@@ -648,8 +748,8 @@ impl WorkspaceFs {
         require_regular(op, rel, &st)?;
         let size = u64::try_from(st.st_size).unwrap_or(0);
         if size > MAX_LOAD_BYTES {
-            return Err(ApiError::LimitExceeded(format!(
-                "{op}: {rel} is {size} bytes, more than the {MAX_LOAD_BYTES} this operation loads; use write"
+            return Err(ApiError::TooLarge(format!(
+                "{op}: {rel} is {size} bytes, more than the {MAX_LOAD_BYTES} this operation loads; use write or upload"
             )));
         }
         let mut buf = Vec::with_capacity(size as usize);
@@ -658,7 +758,7 @@ impl WorkspaceFs {
             .read_to_end(&mut buf)
             .map_err(|e| io_err(op, rel, e))?;
         if buf.len() as u64 > MAX_LOAD_BYTES {
-            return Err(ApiError::LimitExceeded(format!(
+            return Err(ApiError::TooLarge(format!(
                 "{op}: {rel} grew past {MAX_LOAD_BYTES} bytes while being read"
             )));
         }
@@ -673,7 +773,7 @@ impl WorkspaceFs {
         &self,
         op: &str,
         rel: &RelPath,
-        data: &[u8],
+        data: &mut dyn Read,
         new_mode: u32,
         force_mode: bool,
         create_parents: bool,
@@ -705,7 +805,7 @@ impl WorkspaceFs {
         &self,
         op: &str,
         rel: &RelPath,
-        data: &[u8],
+        data: &mut dyn Read,
         new_mode: u32,
         force_mode: bool,
         create_parents: bool,
@@ -734,6 +834,17 @@ impl WorkspaceFs {
             }
             Some(st) => {
                 require_regular(op, rel, st)?;
+                // The rename below needs only the directory's permission; what the file's own
+                // says (a 0444 file, one of another user) is asked of the kernel by opening it
+                // for writing, as a command's `>` would (it is not truncated).
+                sys::openat2(
+                    &parent,
+                    &c_name(name),
+                    libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+                    0,
+                    RESOLVE_CHILD,
+                )
+                .map_err(|e| sys_err(op, rel, e))?;
                 let mode = if force_mode {
                     new_mode
                 } else {
@@ -767,7 +878,7 @@ impl WorkspaceFs {
         };
         let mut file = File::from(fd);
         let written = (|| -> Result<(), ApiError> {
-            file.write_all(data).map_err(|e| io_err(op, rel, e))?;
+            copy_into(data, &mut file).map_err(|e| io_err(op, rel, e))?;
             if nix::unistd::geteuid().is_root() {
                 // Best effort: files the supervisor writes stay the sandbox user's.
                 let _ = nix::unistd::fchown(
@@ -798,7 +909,7 @@ impl WorkspaceFs {
                 self.abort_write(op, &p);
                 Err(match e {
                     Errno::EISDIR | Errno::ENOTEMPTY | Errno::EEXIST => {
-                        ApiError::InvalidArgument(format!("{op}: {} is a directory", p.rel))
+                        ApiError::IsADirectory(format!("{op}: {} is a directory", p.rel))
                     }
                     e => sys_err(op, &p.rel, e),
                 })
@@ -923,13 +1034,82 @@ impl WorkspaceFs {
                 "write {rel}: mode {mode:o} is not a permission mode (at most 7777 octal)"
             )));
         }
-        let prepared = self.prepare_write(op, &rel, &data, mode, false, req.create_parents)?;
+        let prepared =
+            self.prepare_write(op, &rel, &mut &data[..], mode, false, req.create_parents)?;
         let created = self.commit_write(op, prepared)?;
         Ok(WriteResult {
             path: rel.to_string(),
             bytes_written: data.len() as u64,
             created,
+            sha256: None,
         })
+    }
+
+    /// Writes a file from `body` atomically, as [`Self::write`] does, without holding it: the
+    /// content goes to the temporary file piece by piece. A body that fails to read leaves
+    /// nothing behind (the caller tells its failure from the file system's).
+    pub fn upload(
+        &self,
+        req: &UploadRequest,
+        body: &mut dyn Read,
+    ) -> Result<WriteResult, ApiError> {
+        let op = "upload";
+        let rel = self.rel_entry(op, &req.path)?;
+        let mode = req.mode.unwrap_or(0o644);
+        if mode > 0o7777 {
+            return Err(ApiError::invalid(format!(
+                "upload {rel}: mode {mode:o} is not a permission mode (at most 7777 octal)"
+            )));
+        }
+        let mut counted = Counted { inner: body, n: 0 };
+        let prepared =
+            self.prepare_write(op, &rel, &mut counted, mode, false, req.create_parents)?;
+        let created = self.commit_write(op, prepared)?;
+        Ok(WriteResult {
+            path: rel.to_string(),
+            bytes_written: counted.n,
+            created,
+            sha256: None,
+        })
+    }
+
+    /// Sends a whole regular file to `sink` in pieces: `start` with its size, then exactly that
+    /// many bytes (a file that shrinks meanwhile is an error, not a shorter answer; what it
+    /// grows by is not sent). Returns the file's path as shown and the bytes sent.
+    pub fn download(
+        &self,
+        req: &DownloadRequest,
+        sink: &mut dyn ByteSink,
+    ) -> Result<(String, u64), ApiError> {
+        let op = "download";
+        let rel = self.rel(op, &req.path)?;
+        let (mut file, st) = self.open_regular(op, &rel)?;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let gone = |e: std::io::Error| {
+            ApiError::Conflict(format!(
+                "download {rel}: the receiver stopped taking the file: {e}"
+            ))
+        };
+        sink.start(size).map_err(gone)?;
+        let mut buf = vec![0u8; STREAM_CHUNK];
+        let mut sent = 0u64;
+        while sent < size {
+            let want = (size - sent).min(STREAM_CHUNK as u64) as usize;
+            let n = match file.read(&mut buf[..want]) {
+                Ok(0) => {
+                    return Err(ApiError::Conflict(format!(
+                        "download {rel}: the file shrank to {sent} bytes while being sent \
+                         ({size} announced)"
+                    )));
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_err(op, &rel, e)),
+            };
+            sink.write(&buf[..n]).map_err(gone)?;
+            sent += n as u64;
+        }
+        Ok((rel.to_string(), sent))
     }
 
     /// Replaces exact text in a UTF-8 file; returns the edit's unified diff.
@@ -964,7 +1144,8 @@ impl WorkspaceFs {
             return Err(edit_mismatch(&rel, &text, &req.old, &positions, expected));
         }
         let new_text = text.replace(&req.old, &req.new);
-        let prepared = self.prepare_write(op, &rel, new_text.as_bytes(), 0o644, false, false)?;
+        let prepared =
+            self.prepare_write(op, &rel, &mut new_text.as_bytes(), 0o644, false, false)?;
         self.commit_write(op, prepared)?;
         let a = format!("a/{rel}");
         let b = format!("b/{rel}");
@@ -984,7 +1165,7 @@ impl WorkspaceFs {
     pub fn patch(&self, req: &PatchRequest) -> Result<PatchResult, ApiError> {
         let op = "patch";
         if req.patch.len() > MAX_PATCH_BYTES {
-            return Err(ApiError::invalid(format!(
+            return Err(ApiError::TooLarge(format!(
                 "patch: the patch is {} bytes, more than the limit of {MAX_PATCH_BYTES}",
                 req.patch.len()
             )));
@@ -1069,7 +1250,7 @@ impl WorkspaceFs {
             .filter(|r| states.map.get(*r).is_some_and(|s| s.content.is_some()))
             .collect();
         for rel in &files_after {
-            let mut prefix = RelPath::root();
+            let mut prefix = RelPath::root(self.absolute);
             for part in &rel.parts[..rel.parts.len().saturating_sub(1)] {
                 prefix = prefix.join(part);
                 if files_after.contains(&prefix) {
@@ -1098,7 +1279,7 @@ impl WorkspaceFs {
             match &s.content {
                 Some(c) => {
                     let mode = s.mode.unwrap_or(0o644);
-                    match self.prepare_write(op, rel, c, mode, s.mode.is_some(), true) {
+                    match self.prepare_write(op, rel, &mut &c[..], mode, s.mode.is_some(), true) {
                         Ok(p) => prepared.push(p),
                         Err(e) => {
                             // Newest first: an earlier write's directories may hold a later
@@ -1322,7 +1503,7 @@ impl WorkspaceFs {
             .ok_or_else(|| sys_err(op, &rel, Errno::ENOENT))?;
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             if !req.recursive {
-                return Err(ApiError::invalid(format!(
+                return Err(ApiError::IsADirectory(format!(
                     "remove: {rel} is a directory; set recursive to remove it and everything beneath it"
                 )));
             }
@@ -1411,6 +1592,12 @@ impl WorkspaceFs {
             .map_err(|e| sys_err(op, from, e))?
             .ok_or_else(|| sys_err(op, from, Errno::ENOENT))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            if self.absolute {
+                return Err(ApiError::InvalidArgument(format!(
+                    "{op}: {from} and {to} are on different file systems of the sandbox, and only \
+                     a directory is moved across them (by copying); copy the file and remove it"
+                )));
+            }
             return Err(sys_err(op, from, Errno::EXDEV));
         }
         if let Some(existing) = lstat_at(tparent, tname).map_err(|e| sys_err(op, to, e))? {
@@ -1470,14 +1657,14 @@ impl WorkspaceFs {
     /// `.gitignore` of the root and of every directory down to `dir`.
     fn ignore_chain(&self, dir: &RelPath) -> Option<Rc<IgnoreChain>> {
         let mut chain = None;
-        let exclude = RelPath::root()
+        let exclude = RelPath::root(self.absolute)
             .join(OsStr::new(".git"))
             .join(OsStr::new("info"))
             .join(OsStr::new("exclude"));
-        if let Some(gi) = self.load_gitignore(&RelPath::root(), &exclude) {
+        if let Some(gi) = self.load_gitignore(&RelPath::root(self.absolute), &exclude) {
             chain = Some(Rc::new(IgnoreChain { gi, parent: chain }));
         }
-        let mut prefix = RelPath::root();
+        let mut prefix = RelPath::root(self.absolute);
         for i in 0..=dir.parts.len() {
             if i > 0 {
                 prefix = prefix.join(&dir.parts[i - 1]);
@@ -1570,7 +1757,7 @@ impl WorkspaceFs {
                     let fd = match self.open_at_root(&dir, flags, resolve) {
                         Ok(fd) => fd,
                         Err(Errno::ENOTDIR) if dir == *start => {
-                            return Err(ApiError::invalid(format!(
+                            return Err(ApiError::NotADirectory(format!(
                                 "{op}: {dir} is not a directory"
                             )));
                         }
@@ -1787,6 +1974,40 @@ fn copy_tree(
 }
 
 // ---- read helpers ----------------------------------------------------------------------------
+
+/// The size of the pieces a stream is copied in.
+const STREAM_CHUNK: usize = 256 * 1024;
+
+/// A reader that counts what it gave.
+struct Counted<'a> {
+    inner: &'a mut dyn Read,
+    n: u64,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+/// Copies `from` into `to` in [`STREAM_CHUNK`] pieces (fewer system calls than `io::copy`'s
+/// 8 KiB for a large upload; a small content is written in one).
+fn copy_into(from: &mut dyn Read, to: &mut File) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; STREAM_CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+}
 
 /// Reads up to `buf.len()` bytes at `offset`, stopping only at end of file.
 fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
@@ -3400,7 +3621,7 @@ rename to new_name.txt
         let bin = "diff --git a/x.png b/x.png\nGIT binary patch\nliteral 5\n";
         assert!(patch(&w, bin).unwrap_err().to_string().contains("binary"));
         let big = "x".repeat(MAX_PATCH_BYTES + 1);
-        assert!(matches!(patch(&w, &big), Err(ApiError::InvalidArgument(_))));
+        assert!(matches!(patch(&w, &big), Err(ApiError::TooLarge(_))));
         assert!(matches!(
             patch(&w, "just words\n"),
             Err(ApiError::InvalidArgument(_))
@@ -3611,7 +3832,7 @@ rename to new_name.txt
                 path: Some("src/lib.rs".into()),
                 ..Default::default()
             }),
-            Err(ApiError::InvalidArgument(_))
+            Err(ApiError::NotADirectory(_))
         ));
     }
 

@@ -767,7 +767,13 @@ fn entry_print(node: &Node, taken_ns: Option<i128>) -> Result<EntryPrint, Layers
     let racy =
         kind == EntryKind::File && taken_ns.is_some_and(|taken| ctime_ns >= taken - RACY_WINDOW_NS);
     let digest = if racy && meta.len() <= RACY_DIGEST_LIMIT {
-        Some(digest_node(node)?)
+        match digest_node(node) {
+            Ok(d) => Some(d),
+            // A file the sandbox made unreadable (chmod a-r) is unreadable to a supervisor
+            // without capabilities too: no digest, so it counts as changed (the safe side).
+            Err(LayersError::Io(e)) if e.source.kind() == io::ErrorKind::PermissionDenied => None,
+            Err(e) => return Err(e),
+        }
     } else {
         None
     };

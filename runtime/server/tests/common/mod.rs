@@ -242,6 +242,7 @@ impl FakeBackend {
             path: req.path,
             bytes_written: n,
             created,
+            sha256: None,
         })
     }
 }
@@ -288,11 +289,11 @@ impl OpHandler for FakeBackend {
         if let Op::Destroy = op {
             return match self.inner.lock().unwrap().sandboxes.remove(id) {
                 Some(_) => Ok(Answer::Done),
-                None => Err(ApiError::not_found(format!("sandbox {id} not found"))),
+                None => Err(ApiError::sandbox_not_found(id)),
             };
         }
         let info = self.inner.lock().unwrap().sandboxes.get(id).cloned();
-        let info = info.ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))?;
+        let info = info.ok_or_else(|| ApiError::sandbox_not_found(id))?;
         Ok(match op {
             Op::Info => Answer::Info(info),
             Op::Exec { req, events } => Answer::Exec(self.run(req, events)?),
@@ -301,6 +302,42 @@ impl OpHandler for FakeBackend {
             }
             Op::Read(req) => Answer::Read(self.read_file(id, req)?),
             Op::Write(req) => Answer::Write(self.write_file(id, req)?),
+            // The fake keeps uploads in memory as text (lossily), enough for the routes.
+            Op::Upload { req, body } => {
+                let mut bytes = Vec::new();
+                body.read_to_end(&mut bytes)
+                    .map_err(|e| ApiError::invalid(format!("upload: {e}")))?;
+                let n = bytes.len() as u64;
+                let mut w = self.write_file(
+                    id,
+                    WriteRequest {
+                        path: req.path,
+                        content: String::from_utf8_lossy(&bytes).into_owned(),
+                        ..WriteRequest::default()
+                    },
+                )?;
+                w.bytes_written = n;
+                Answer::Write(w)
+            }
+            Op::Download { req, sink } => {
+                let content = self
+                    .inner
+                    .lock()
+                    .unwrap()
+                    .files
+                    .get(&(id.clone(), req.path.clone()))
+                    .cloned()
+                    .ok_or_else(|| ApiError::not_found(format!("{} does not exist", req.path)))?;
+                sink.start(content.len() as u64).unwrap();
+                for piece in content.as_bytes().chunks(7) {
+                    sink.write(piece).unwrap();
+                }
+                Answer::Download(DownloadResult {
+                    path: req.path,
+                    bytes: content.len() as u64,
+                    sha256: String::new(),
+                })
+            }
             Op::Edit(req) => {
                 return Err(ApiError::EditNotFound(format!(
                     "{:?} does not occur in {}",

@@ -80,7 +80,7 @@ impl Scripted {
             .unwrap()
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 }
 
@@ -188,6 +188,7 @@ impl SandboxApi for Scripted {
             bytes_written: req.content.len() as u64,
             path: req.path,
             created: true,
+            sha256: None,
         })
     }
 
@@ -309,7 +310,7 @@ impl SandboxApi for Scripted {
             .unwrap()
             .remove(id)
             .map(|_| ())
-            .ok_or_else(|| ApiError::not_found(format!("sandbox {id} does not exist")))
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 }
 
