@@ -837,14 +837,18 @@ impl WorkspaceFs {
                 // The rename below needs only the directory's permission; what the file's own
                 // says (a 0444 file, one of another user) is asked of the kernel by opening it
                 // for writing, as a command's `>` would (it is not truncated).
-                sys::openat2(
+                match sys::openat2(
                     &parent,
                     &c_name(name),
                     libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
                     0,
                     RESOLVE_CHILD,
-                )
-                .map_err(|e| sys_err(op, rel, e))?;
+                ) {
+                    // A program running now may not be opened for writing, but the permission
+                    // check came first and passed: the rename replaces it, as an install would.
+                    Ok(_) | Err(Errno::ETXTBSY) => {}
+                    Err(e) => return Err(sys_err(op, rel, e)),
+                }
                 let mode = if force_mode {
                     new_mode
                 } else {
@@ -2989,6 +2993,46 @@ mod tests {
     }
 
     // ---- paths ---------------------------------------------------------------------------
+
+    #[test]
+    fn a_write_asks_the_kernel_about_the_file_it_replaces() {
+        use std::os::unix::fs::PermissionsExt;
+        let w = ws();
+        std::fs::write(w.root.join("ro.txt"), "keep\n").unwrap();
+        std::fs::set_permissions(
+            w.root.join("ro.txt"),
+            std::fs::Permissions::from_mode(0o444),
+        )
+        .unwrap();
+        let r = write(&w, "ro.txt", "over\n");
+        if nix::unistd::geteuid().is_root() {
+            // Root's capabilities override the mode: the kit runs this as the sandbox's user.
+            assert!(r.is_ok(), "{r:?}");
+        } else {
+            assert!(matches!(r, Err(ApiError::PermissionDenied(_))), "{r:?}");
+            assert_eq!(
+                std::fs::read_to_string(w.root.join("ro.txt")).unwrap(),
+                "keep\n"
+            );
+        }
+        // A program running now may not be opened for writing, but may be replaced, as an
+        // install replaces it.
+        std::fs::copy("/bin/sleep", w.root.join("sleep")).unwrap();
+        let mut child = std::process::Command::new(w.root.join("sleep"))
+            .arg("5")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let r = write(&w, "sleep", "#!/bin/sh\n");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(
+            std::fs::read_to_string(w.root.join("sleep")).unwrap(),
+            "#!/bin/sh\n"
+        );
+        no_temp_files(&w);
+    }
 
     #[test]
     fn fsops_paths_are_normalised_and_checked() {
