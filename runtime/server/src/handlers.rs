@@ -22,7 +22,8 @@ use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, ApprovalPath, ExecId, Owned};
 use crate::state::{AppState, now_ms};
 use crate::types::{
-    ApprovalsQuery, DenyRequest, Health, KillRequest, RenewRequest, StdinRequest, WaitQuery,
+    ApprovalsQuery, DenyRequest, Health, KillRequest, RenewRequest, StdinQuery, StdinRequest,
+    WaitQuery,
 };
 use crate::workspaces::{Digesting, UPLOAD_LABEL, WorkspaceUpload};
 
@@ -340,7 +341,6 @@ pub async fn stdin(
     State(state): State<AppState>,
     o: Owned,
     ExecId(exec_id): ExecId,
-    uri: Uri,
     req: axum::extract::Request,
 ) -> Result<StatusCode, HttpError> {
     let backend = state.backend().clone();
@@ -355,25 +355,16 @@ pub async fn stdin(
         blocking(move || backend.write_stdin(&id, exec_id, &data, body.close)).await?;
         return Ok(StatusCode::NO_CONTENT);
     }
-    let close = match uri.query().map(|q| {
-        q.split('&')
-            .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
-            .find(|(k, _)| *k == "close")
-            .map(|(_, v)| v)
-    }) {
-        None | Some(None) => false,
-        Some(Some("true" | "1" | "")) => true,
-        Some(Some("false" | "0")) => false,
-        Some(Some(other)) => {
-            return Err(HttpError::Api(ApiError::invalid(format!(
-                "close={other:?}: expected true or false"
-            ))));
-        }
-    };
+    let (mut parts, body) = req.into_parts();
+    let ApiQuery(StdinQuery { close }) =
+        <ApiQuery<StdinQuery> as axum::extract::FromRequestParts<AppState>>::from_request_parts(
+            &mut parts, &state,
+        )
+        .await?;
     use futures_util::StreamExt as _;
     // The body goes on in chunks of up to STDIN_CHUNK as it arrives; each waits until the
     // process has taken it (a pipe's backpressure), so memory stays bounded whatever the size.
-    let mut body = req.into_body().into_data_stream();
+    let mut body = body.into_data_stream();
     let mut pending: Vec<u8> = Vec::with_capacity(STDIN_CHUNK);
     loop {
         let next = body.next().await;

@@ -39,6 +39,14 @@ pub struct StdinRequest {
     pub close: bool,
 }
 
+/// Query of `POST .../processes/{exec_id}/stdin` with a raw body.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct StdinQuery {
+    /// Close stdin after the body's bytes (`?close=true`).
+    #[serde(default)]
+    pub close: bool,
+}
+
 /// Query of `POST .../processes/{exec_id}/wait`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

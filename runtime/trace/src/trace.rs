@@ -92,7 +92,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -848,57 +847,17 @@ fn content_base(ws: &Path) -> WorkspaceBase {
     }
 }
 
-/// git in `dir`, kept from running anything a repository's config names (its fsmonitor, its
-/// hooks) and from prompting; standard input empty.
-pub(crate) fn git_command(dir: &Path) -> Command {
-    let mut c = Command::new("git");
-    c.arg("-C")
-        .arg(dir)
-        .args([
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.hooksPath=/dev/null",
-        ])
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null());
-    c
-}
+pub(crate) use taskbox_contract::support::git_command;
 
 /// Runs a read-only git query in `ws` with a timeout; its stdout when it succeeded.
 fn git(ws: &Path, args: &[&str]) -> Option<String> {
     // `--no-optional-locks`: status must not rewrite the host repository's index.
-    let mut child = git_command(ws)
-        .arg("--no-optional-locks")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let stdout = child.stdout.take()?;
-    // Read in a thread so a large status cannot fill the pipe and stall the timeout loop.
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stdout.take(1 << 20).read_to_end(&mut buf);
-        buf
-    });
-    let deadline = Instant::now() + GIT_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = reader.join();
-                return None;
-            }
-        }
-    };
-    let out = reader.join().ok()?;
-    status
-        .success()
-        .then(|| String::from_utf8_lossy(&out).into_owned())
+    let out = taskbox_contract::support::output_within(
+        git_command(ws).arg("--no-optional-locks").args(args),
+        1 << 20,
+        GIT_TIMEOUT,
+    )?;
+    Some(String::from_utf8_lossy(&out).into_owned())
 }
 
 impl<B: SandboxApi> OpHandler for Traced<B> {
@@ -1651,7 +1610,7 @@ mod tests {
                 bytes: 0
             }
         );
-        let git_ok = Command::new("git")
+        let git_ok = std::process::Command::new("git")
             .arg("-C")
             .arg(dir.path())
             .args(["init", "-q"])
@@ -1668,7 +1627,7 @@ mod tests {
             workspace_base(dir.path())
         );
         fs::write(dir.path().join("f"), "x").unwrap();
-        let commit = Command::new("git")
+        let commit = std::process::Command::new("git")
             .arg("-C")
             .arg(dir.path())
             .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])

@@ -30,9 +30,8 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use ignore::Match;
@@ -299,15 +298,9 @@ impl TrackedFiles {
 /// `git ls-files --cached` of `host`, kept from running anything the repository's config names
 /// and from taking locks, within [`GIT_TIMEOUT`].
 fn ls_files(host: &Path) -> Option<HashSet<String>> {
-    let mut child = Command::new("git")
-        .arg("-C")
-        .arg(host)
-        .args([
+    let out = taskbox_contract::support::output_within(
+        taskbox_contract::support::git_command(host).args([
             "--no-optional-locks",
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.hooksPath=/dev/null",
             // The supervisor may run as another user than the repository's owner; ls-files
             // reads the index and runs nothing.
             "-c",
@@ -315,35 +308,11 @@ fn ls_files(host: &Path) -> Option<HashSet<String>> {
             "ls-files",
             "-z",
             "--cached",
-        ])
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let stdout = child.stdout.take()?;
-    // Read in a thread so a large index cannot fill the pipe and stall the timeout loop.
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stdout.take(MAX_LISTING + 1).read_to_end(&mut buf);
-        buf
-    });
-    let deadline = Instant::now() + GIT_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = reader.join();
-                return None;
-            }
-        }
-    };
-    let out = reader.join().ok()?;
-    if !status.success() || out.len() as u64 > MAX_LISTING {
+        ]),
+        MAX_LISTING + 1,
+        GIT_TIMEOUT,
+    )?;
+    if out.len() as u64 > MAX_LISTING {
         return None;
     }
     Some(
