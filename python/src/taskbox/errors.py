@@ -23,6 +23,7 @@ __all__ = [
     "NotDirectoryError",
     "PermissionDeniedError",
     "TooLargeError",
+    "UserNotFoundError",
     "ConflictError",
     "LimitExceededError",
     "InternalError",
@@ -135,6 +136,12 @@ class TooLargeError(TaskboxError):
     CODE = "too_large"
 
 
+class UserNotFoundError(TaskboxError):
+    """exec: the sandbox has no user of that name (its own `/etc/passwd` lists none) (400)."""
+
+    CODE = "user_not_found"
+
+
 class ConflictError(TaskboxError):
     """The operation conflicts with the sandbox's state, e.g. it is lost or a name is taken (409)."""
 
@@ -192,6 +199,7 @@ ERRORS: dict[str, type[TaskboxError]] = {
         NotDirectoryError,
         PermissionDeniedError,
         TooLargeError,
+        UserNotFoundError,
         ConflictError,
         LimitExceededError,
         InternalError,

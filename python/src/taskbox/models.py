@@ -515,6 +515,7 @@ class ExecRequest(Request):
     timeout_ms: int | None = None
     output_limit: int | None = None
     background: bool | None = None
+    user: str | None = None
 
 
 class ReadRequest(Request):

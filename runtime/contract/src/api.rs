@@ -379,6 +379,13 @@ pub struct ExecRequest {
     /// Return at once with a process handle instead of waiting.
     #[serde(default)]
     pub background: bool,
+    /// Who runs the command: a user of the sandbox, by name (looked up in the sandbox's own
+    /// `/etc/passwd` at the time of the exec, so a user added by an earlier command counts) or
+    /// as a numeric uid. Default: the sandbox's user. A name the sandbox does not know is
+    /// `user_not_found`; a user the backend cannot become (a rootless native sandbox has
+    /// one id) is `invalid_argument`, naming why. (Left out of the JSON when unset.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// `text` as bytes: UTF-8 as it is (`encoding` "utf-8" or none), or decoded from base64;
@@ -939,6 +946,9 @@ pub enum ApiError {
     /// the request's body, or the file an operation would load, is larger than its limit
     #[error("{0}")]
     TooLarge(String),
+    /// exec: the user named is not one of the sandbox's (its `/etc/passwd` has no such name)
+    #[error("{0}")]
+    UserNotFound(String),
     /// the request is malformed or names something invalid
     #[error("{0}")]
     InvalidArgument(String),
@@ -1041,6 +1051,7 @@ impl ApiError {
             ApiError::NotADirectory(_) => "not_a_directory",
             ApiError::PermissionDenied(_) => "permission_denied",
             ApiError::TooLarge(_) => "too_large",
+            ApiError::UserNotFound(_) => "user_not_found",
             ApiError::InvalidArgument(_) => "invalid_argument",
             ApiError::EditNotFound(_) => "edit_not_found",
             ApiError::EditAmbiguous(_) => "edit_ambiguous",
@@ -1087,6 +1098,11 @@ impl ApiError {
             "the request body, or the file, is larger than the limit",
         ),
         (
+            "user_not_found",
+            400,
+            "exec: the sandbox has no user of that name",
+        ),
+        (
             "invalid_argument",
             400,
             "the request is malformed or names something invalid",
@@ -1131,6 +1147,7 @@ impl ApiError {
             "not_a_directory" => ApiError::NotADirectory(message),
             "permission_denied" => ApiError::PermissionDenied(message),
             "too_large" => ApiError::TooLarge(message),
+            "user_not_found" => ApiError::UserNotFound(message),
             "invalid_argument" => ApiError::InvalidArgument(message),
             "edit_not_found" => ApiError::EditNotFound(message),
             "edit_ambiguous" => ApiError::EditAmbiguous(message),
@@ -1149,6 +1166,7 @@ impl ApiError {
         match self {
             ApiError::NotFound(_) | ApiError::SandboxNotFound(_) => 404,
             ApiError::InvalidArgument(_)
+            | ApiError::UserNotFound(_)
             | ApiError::IsADirectory(_)
             | ApiError::NotADirectory(_) => 400,
             ApiError::PermissionDenied(_) => 403,

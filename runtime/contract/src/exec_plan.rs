@@ -27,6 +27,9 @@ pub struct ExecPlan {
     pub stdin: Option<Vec<u8>>,
     /// Standard error goes to standard output (`2>&1`).
     pub merge_output: bool,
+    /// The user the request names (`ExecRequest::user`), as given: each backend resolves it
+    /// in the sandbox ([`crate::support`] has the `/etc/passwd` reader).
+    pub user: Option<String>,
 }
 
 impl ExecPlan {
@@ -62,6 +65,7 @@ impl ExecPlan {
             background: req.background,
             stdin: req.stdin_bytes()?,
             merge_output: req.merge_output,
+            user: req.user.clone(),
         })
     }
 

@@ -7,8 +7,10 @@
 //! see ([`result`]: `ExecResult`, changes, violations, enforcement), how an exec ended and the one
 //! builder of its result ([`exec_end`]), and an exec request made concrete once, with the limits
 //! every backend checks on a command before it runs ([`exec_plan`], [`exec_limits`]). It depends
-//! on policies only for the resolved policy a create carries.
+//! on policies only for the resolved policy a create carries. The users an exec may name are
+//! read from a sandbox's own account files by [`accounts`].
 
+pub mod accounts;
 pub mod api;
 pub mod exec_end;
 pub mod exec_limits;

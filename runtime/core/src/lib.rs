@@ -23,7 +23,7 @@ pub mod runtime;
 pub use taskbox_kit::{self as kit, disk, egress, hostdirs, image, loopdev};
 pub use taskbox_native::{cgroup, image_view, native, sandbox};
 
-pub use taskbox_contract::{api, exec_end, exec_limits, exec_plan, result, support};
+pub use taskbox_contract::{accounts, api, exec_end, exec_limits, exec_plan, result, support};
 pub use taskbox_policy::{self as policy, commands, netpattern, shell};
 pub use taskbox_trace::{replay, trace, trace_html};
 pub use taskbox_workspace::{capture, changes, fsops, layers, tree};

@@ -23,6 +23,7 @@ use std::path::{Component, Path, PathBuf};
 
 use taskbox_protocol::config::RootPlan;
 
+use crate::accounts::{PasswdEntry, parse_passwd};
 use crate::api::ReadRequest;
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageRoot;
@@ -306,30 +307,6 @@ fn parse_user(user: &str) -> Result<(u32, Option<u32>), String> {
         Some((u, g)) => Ok((num(u)?, Some(num(g)?))),
         None => Ok((num(user)?, None)),
     }
-}
-
-/// One line of `/etc/passwd`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PasswdEntry {
-    uid: u32,
-    gid: u32,
-    home: String,
-}
-
-fn parse_passwd(text: &str) -> Vec<PasswdEntry> {
-    text.lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split(':').collect();
-            if f.len() < 7 {
-                return None;
-            }
-            Some(PasswdEntry {
-                uid: f[2].parse().ok()?,
-                gid: f[3].parse().ok()?,
-                home: f[5].to_string(),
-            })
-        })
-        .collect()
 }
 
 /// The image's `/etc/passwd`, resolved inside the rootfs (a symlink there cannot make taskbox

@@ -10,7 +10,7 @@ pub mod native;
 pub mod sandbox;
 
 // The crates below, under the names the modules use.
-pub(crate) use taskbox_contract::{api, exec_end, exec_limits, result};
+pub(crate) use taskbox_contract::{accounts, api, exec_end, exec_limits, result};
 pub(crate) use taskbox_kit::{self as kit, disk, egress, hostdirs, image};
 pub(crate) use taskbox_policy as policy;
 pub(crate) use taskbox_workspace::{capture, changes, fsops, layers};

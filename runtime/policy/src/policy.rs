@@ -218,6 +218,31 @@ pub struct Filesystem {
     pub deny_read: Vec<String>,
     /// Workspace-relative paths kept read-only even when the workspace is writable.
     pub protected: Vec<String>,
+    /// Whether the sandbox's root (an image's) can be written: `read-only` (the default), or
+    /// `writable`, an upper layer of the sandbox's own over the image, thrown away with the
+    /// sandbox and never part of its changes or diff (those are the workspace's). Left out of
+    /// the serialised form (and the hash) when read-only.
+    #[serde(skip_serializing_if = "RootMode::is_read_only")]
+    pub root: RootMode,
+}
+
+/// Whether the sandbox's root can be written (`filesystem.root`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RootMode {
+    /// The image's root as it is: nothing outside the workspace, `/tmp` and the sandbox's own
+    /// scratch directories can be written.
+    #[default]
+    ReadOnly,
+    /// Writes anywhere in the root land in an upper layer of the sandbox's own (package
+    /// installs, new users in `/etc/passwd`), as in a container; needs an image.
+    Writable,
+}
+
+impl RootMode {
+    pub fn is_read_only(&self) -> bool {
+        *self == RootMode::ReadOnly
+    }
 }
 
 impl Default for Filesystem {
@@ -228,6 +253,7 @@ impl Default for Filesystem {
             home_visible: strings(&["~/.cargo", "~/.rustup", "~/.local/bin"]),
             deny_read: Vec::new(),
             protected: strings(&[".git/hooks", ".git/config"]),
+            root: RootMode::ReadOnly,
         }
     }
 }
@@ -576,6 +602,80 @@ impl Default for Env {
 pub struct Security {
     pub landlock: LandlockMode,
     pub seccomp: bool,
+    /// Capabilities a command running as the sandbox's root (uid 0 inside) keeps, within the
+    /// sandbox alone: on the native backend inside the sandbox's user namespace (over the
+    /// sandbox's own ids), on Docker within the container. Empty by default: every command
+    /// runs with none. Only the set a container's root has by default can be named, and none
+    /// that reaches beyond the sandbox's own files and processes (see
+    /// [`RootCapability`]). Left out of the serialised form (and the hash) when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub root_capabilities: Vec<RootCapability>,
+}
+
+/// A capability `security.root_capabilities` may give the sandbox's root: the file-ownership
+/// and identity ones package managers and `adduser` need, as in a container's default set.
+/// `sys_admin`, `net_admin`, `net_raw`, `mknod`, `sys_ptrace` and the rest are not
+/// expressible.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum RootCapability {
+    /// change a file's owner and group (`chown`)
+    Chown,
+    /// read, write and search any file of the sandbox whatever its mode
+    DacOverride,
+    /// act as the owner of any file (`chmod`, `utime` on others' files)
+    Fowner,
+    /// keep set-id bits when changing a file
+    Fsetid,
+    /// signal processes of other users of the sandbox
+    Kill,
+    /// switch to another user or group of the sandbox (`su`, `setpriv`)
+    Setuid,
+    Setgid,
+    /// bind ports below 1024 inside the sandbox's own network
+    NetBindService,
+}
+
+impl RootCapability {
+    /// Every capability, in the order of the kernel's numbers.
+    pub const ALL: [RootCapability; 8] = [
+        RootCapability::Chown,
+        RootCapability::DacOverride,
+        RootCapability::Fowner,
+        RootCapability::Fsetid,
+        RootCapability::Kill,
+        RootCapability::Setgid,
+        RootCapability::Setuid,
+        RootCapability::NetBindService,
+    ];
+
+    /// The kernel's number of the capability (`linux/capability.h`).
+    pub fn number(self) -> u32 {
+        match self {
+            RootCapability::Chown => 0,
+            RootCapability::DacOverride => 1,
+            RootCapability::Fowner => 3,
+            RootCapability::Fsetid => 4,
+            RootCapability::Kill => 5,
+            RootCapability::Setgid => 6,
+            RootCapability::Setuid => 7,
+            RootCapability::NetBindService => 10,
+        }
+    }
+
+    /// The name Docker and capabilities(7) use, without `CAP_` (`CHOWN`, `DAC_OVERRIDE`).
+    pub fn kernel_name(self) -> &'static str {
+        match self {
+            RootCapability::Chown => "CHOWN",
+            RootCapability::DacOverride => "DAC_OVERRIDE",
+            RootCapability::Fowner => "FOWNER",
+            RootCapability::Fsetid => "FSETID",
+            RootCapability::Kill => "KILL",
+            RootCapability::Setgid => "SETGID",
+            RootCapability::Setuid => "SETUID",
+            RootCapability::NetBindService => "NET_BIND_SERVICE",
+        }
+    }
 }
 
 impl Default for Security {
@@ -583,6 +683,7 @@ impl Default for Security {
         Security {
             landlock: LandlockMode::Required,
             seccomp: true,
+            root_capabilities: Vec::new(),
         }
     }
 }
