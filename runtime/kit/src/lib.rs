@@ -24,6 +24,7 @@ pub mod image;
 pub mod layers;
 pub mod loopdev;
 pub mod slots;
+pub mod users;
 
 // The crates below, under the names the modules use.
 pub(crate) use taskbox_contract::{api, result, support};
