@@ -174,11 +174,16 @@ fn reap_all(mut main: Option<(&mut Pid, &mut Option<c_int>)>) {
     }
 }
 
-/// Whether this process has any child left (ended or not).
-fn has_children() -> bool {
+/// Whether this process has any child left (ended or not). A child it reaps meanwhile is
+/// recorded as [`reap_all`] records it: `main` can end between the two (the backend also
+/// kills the tree from the host), and its status must not be lost.
+fn has_children(main: &mut Pid, main_status: &mut Option<c_int>) -> bool {
     let mut status = 0;
     // SAFETY: as in reap_all; WNOHANG never blocks. -1 with ECHILD: no children at all.
     let pid = unsafe { waitpid(-1, &mut status, WNOHANG) };
+    if pid > 0 && pid == *main {
+        *main_status = Some(status);
+    }
     !(pid < 0 && errno() == ECHILD)
 }
 
@@ -233,7 +238,7 @@ fn kill_tree(main: &mut Pid, main_status: &mut Option<c_int>) {
         reap_all(Some((main, main_status)));
         let live = descendants();
         if live.is_empty() {
-            if !has_children() {
+            if !has_children(main, main_status) {
                 return;
             }
         } else {
