@@ -39,7 +39,10 @@ python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&
 # fresh venv (scripts/test.sh builds it from the debug build it has just made, so CI compiles
 # nothing twice; TASKBOX_WHEEL_PROFILE=release would add a release build of the whole tree).
 # inspect-ai and mini-swe-agent: the harnesses whose adapters (taskbox.inspect,
-# taskbox.minisweagent) the suite runs, inspect's own sandbox self-check among it.
+# taskbox.minisweagent) the suite runs, inspect's own sandbox self-check among it, on native and
+# on Docker with the debian-dev image (built below by scripts/test.sh; it carries adduser), and a
+# small eval on inspect's mockllm model (part of inspect-ai; its outputs carry their token usage,
+# so tiktoken never downloads an encoding).
 py_pkgs=(httpx httpx-sse pydantic pytest maturin inspect-ai mini-swe-agent)
 python3 -c 'import httpx, httpx_sse, pydantic, pytest, maturin, inspect_ai, minisweagent' >/dev/null 2>&1 || { python3 -m pip install --quiet "${py_pkgs[@]}" || python3 -m pip install --quiet --break-system-packages "${py_pkgs[@]}"; }
 

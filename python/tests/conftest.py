@@ -111,9 +111,10 @@ def free_port() -> int:
 
 
 class Supervisor:
-    """A real `taskbox serve` on `DIR/taskbox.sock` (or a loopback TCP port), state in `DIR/state`."""
+    """A real `taskbox serve` on `DIR/taskbox.sock` (or a loopback TCP port), state in `DIR/state`,
+    with `extra` arguments (`--docker`) and `env` over this process's environment."""
 
-    def __init__(self, dir: Path, *extra: str, listen: str | None = None):
+    def __init__(self, dir: Path, *extra: str, listen: str | None = None, env: dict[str, str] | None = None):
         self.dir = dir
         self.state = dir / "state"
         self.socket = None if listen else dir / "taskbox.sock"
@@ -122,7 +123,8 @@ class Supervisor:
         cmd += ["--listen", listen] if listen else ["--socket", str(self.socket)]
         cmd += list(extra)
         self.log = open(dir / "serve.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+                                     env={**os.environ, **env} if env else None)
         deadline = time.monotonic() + 30
         while not self._answers():
             if self.proc.poll() is not None or time.monotonic() > deadline:

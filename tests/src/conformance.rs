@@ -2519,9 +2519,6 @@ fn has_other_users(s: &Subject) -> bool {
 /// Where the sandbox has one id (native, rootless) another user is `invalid_argument`, saying
 /// why, and its own user by name still runs.
 pub fn exec_as_another_user_of_the_sandbox(s: &Subject) {
-    if s.expect.backend == "docker" {
-        return; // the Docker backend's users land separately
-    }
     let id = s.create();
     let own = s.sh(&id, "id -u; id -un 2>/dev/null || echo ?");
     assert_eq!(own.exit_code, Some(0), "{own:?}");
@@ -2627,9 +2624,6 @@ root_capabilities = ["chown", "dac_override", "fowner", "fsetid", "setuid", "set
 /// the same `adduser` fails. The host view's root cannot be made writable: refused, naming the
 /// key.
 pub fn a_writable_root_lets_root_add_a_user(s: &Subject) {
-    if s.expect.backend == "docker" {
-        return; // the Docker backend's users land separately
-    }
     let req = CreateRequest {
         policy: Some("container".into()),
         policy_toml: Some(CONTAINER_POLICY.into()),

@@ -129,9 +129,11 @@ def exec_request(
     output_limit: int | None,
     merge_output: bool,
     background: bool,
+    user: str | None = None,
 ) -> m.ExecRequest:
     """The exec request of `command`: a string is a shell command line (`/bin/sh -c`), a
-    sequence an argv. Text stdin goes as it is, bytes as base64."""
+    sequence an argv. Text stdin goes as it is, bytes as base64. `user`: a user of the
+    sandbox by name, or a numeric uid (default: the sandbox's user)."""
     if isinstance(command, str):
         argv, shell = None, command
     elif isinstance(command, (bytes, bytearray)):
@@ -150,6 +152,7 @@ def exec_request(
         timeout_ms=None if timeout is None else max(1, int(timeout * 1000)),
         output_limit=output_limit,
         background=background or None,
+        user=user,
     )
 
 

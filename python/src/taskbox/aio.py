@@ -289,17 +289,20 @@ class AsyncSandbox:
         timeout: float | None = None,
         output_limit: int | None = None,
         merge_output: bool = False,
+        user: str | None = None,
     ) -> m.ExecResult:
         """Runs a command and waits for its result: a string is a shell command line
         (`/bin/sh -c`), a sequence an argv. `timeout` in seconds (default: the policy's);
         `stdin` is given to the command, then closed. A failing command is a result with its
         exit code, not an exception. `merge_output` sends stderr to stdout in the order
-        written (as `2>&1`). A large `stdin` (over 4 MiB) is streamed to the command, which then
-        runs as a background exec that this call waits for."""
+        written (as `2>&1`). `user` runs it as a user of the sandbox (a name of its own
+        `/etc/passwd`, or a numeric uid; an unknown name raises `UserNotFoundError`). A large
+        `stdin` (over 4 MiB) is streamed to the command, which then runs as a background exec
+        that this call waits for."""
         if calls.streams_stdin(stdin):
             assert stdin is not None
             p = await self.start(command, cwd=cwd, env=env, timeout=timeout, output_limit=output_limit,
-                                 merge_output=merge_output)
+                                 merge_output=merge_output, user=user)
             data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
             try:
                 await p.write(data, close=True)
@@ -311,7 +314,8 @@ class AsyncSandbox:
             assert info.result is not None
             return info.result
         req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, merge_output=merge_output, background=False)
+                                 output_limit=output_limit, merge_output=merge_output, background=False,
+                                 user=user)
         return await self._send(calls.exec_(self.id, req))
 
     def exec_stream(
@@ -324,13 +328,15 @@ class AsyncSandbox:
         timeout: float | None = None,
         output_limit: int | None = None,
         merge_output: bool = False,
+        user: str | None = None,
     ) -> AsyncIterator[m.AnyEvent]:
         """Runs a command and yields its events as they come (Server-Sent Events):
         `StartedEvent`, `StdoutEvent`/`StderrEvent` chunks, and last an `EndedEvent` with the
         result (`ApprovalEvent`/`AnsweredEvent` when the command policy asks a person first).
         Leaving the loop early closes the stream; the command still runs to its end."""
         req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, merge_output=merge_output, background=False)
+                                 output_limit=output_limit, merge_output=merge_output, background=False,
+                                 user=user)
         return self.client._stream(self.id, req)
 
     async def start(
@@ -343,11 +349,13 @@ class AsyncSandbox:
         timeout: float | None = None,
         output_limit: int | None = None,
         merge_output: bool = False,
+        user: str | None = None,
     ) -> AsyncProcess:
         """Starts a command in the background and returns its handle at once. Without `stdin`
         its standard input stays open for [`AsyncProcess.write`]."""
         req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, merge_output=merge_output, background=True)
+                                 output_limit=output_limit, merge_output=merge_output, background=True,
+                                 user=user)
         return AsyncProcess(self, await self._send(calls.start(self.id, req)))
 
     async def process(self, exec_id: int) -> AsyncProcess:

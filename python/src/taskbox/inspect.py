@@ -8,10 +8,12 @@ workspace (or around `workspace` from the configuration), destroyed at the sampl
 Task(..., sandbox=("taskbox", TaskboxSandboxConfig(policy="default")))
 ```
 
-The adapter translates, it does not emulate: what the sandbox cannot do fails as it fails. There
-is no exec as another user (`user=` raises inspect's `SandboxUserUnsupportedError`), and the
-file operations reach the workspace only; the errors map to the builtins inspect
-expects by their API code (a missing file is `FileNotFoundError`, a refused path or a
+The adapter translates, it does not emulate: what the sandbox cannot do fails as it fails.
+`user=` runs the command as that user of the sandbox (a name of its own `/etc/passwd`, or a
+numeric uid); a name the sandbox does not know is a failed result whose stderr names it, as
+inspect expects. Becoming root and managing users (inspect's `adduser` check) needs an image and
+a policy that allow it: `filesystem.root = "writable"` and the `security.root_capabilities`
+adduser uses. The errors of file operations map to the builtins inspect expects by their API code (a missing file is `FileNotFoundError`, a refused path or a
 permission the sandbox's own check denies is `PermissionError`, a directory is
 `IsADirectoryError`), never by looking at mode bits or messages.
 """
@@ -19,6 +21,7 @@ permission the sandbox's own check denies is `PermissionError`, a directory is
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -31,7 +34,6 @@ from inspect_ai.util import (
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
-    SandboxUserUnsupportedError,
     sandboxenv,
 )
 from pydantic import BaseModel, field_validator
@@ -136,6 +138,9 @@ class TaskboxSandboxEnvironment(SandboxEnvironment):
         try:
             if workspace is None:
                 scratch = tempfile.mkdtemp(prefix="taskbox-inspect-")
+                # Every user of the sandbox may enter the workspace (inspect runs commands as
+                # other users in it), as a container's working directory lets them.
+                os.chmod(scratch, 0o755)
                 if client.target.socket is not None:
                     workspace = scratch
                 else:
@@ -189,14 +194,15 @@ class TaskboxSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        if user is not None:
-            raise SandboxUserUnsupportedError(
-                f"taskbox runs every command of a sandbox as its one user; it cannot run one as {user!r}"
-            )
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
-        r = await self.sandbox.exec(
-            cmd, cwd=cwd, env=env, stdin=input, timeout=timeout, output_limit=limit
-        )
+        try:
+            r = await self.sandbox.exec(
+                cmd, cwd=cwd, env=env, stdin=input, timeout=timeout, output_limit=limit, user=user
+            )
+        except e.UserNotFoundError as err:
+            # The command never ran (126, as `docker exec -u` answers): a failed result that
+            # says why, naming the user.
+            return ExecResult(success=False, returncode=126, stdout="", stderr=f"{err.message}\n")
         if r.timed_out:
             err = TimeoutError(f"Command timed out after {timeout} seconds")
             partial = r.stdout.text + r.stderr.text

@@ -25,7 +25,7 @@ use taskbox_core::kit::{
     Backend, Common, ExecBase, Layers, SPILL_MOUNT, Sandboxes, Table, lock, now_ms,
 };
 use taskbox_core::native;
-use taskbox_core::policy::{self, NetworkMode, Policy, WorkspaceMode};
+use taskbox_core::policy::{self, NetworkMode, Policy, RootMode, WorkspaceMode};
 use taskbox_core::result::Enforcement;
 
 use crate::daemon::{DEFAULT_SOCKET, Daemon, DaemonError};
@@ -522,22 +522,36 @@ impl Inner {
             hard: Some(v.min(i64::MAX as u64) as i64),
         };
         let memory = limits.memory_bytes.min(i64::MAX as u64) as i64;
+        // `security.root_capabilities`: the container's bounding set. Docker gives a process its
+        // capabilities (effective and permitted) only when it starts as uid 0 in a container
+        // whose own user is root (no-new-privileges keeps an exec from gaining them through
+        // execve): so such a container's pid 1 (taskbox's init, which only reaps) is root, and
+        // every exec names its user, the image's unless the request names another.
+        let caps: Vec<String> = policy
+            .security
+            .root_capabilities
+            .iter()
+            .map(|c| c.kernel_name().to_string())
+            .collect();
+        let container_user = if caps.is_empty() { user } else { (0, 0) };
         ContainerCreateBody {
             image: Some(image.config_digest.clone()),
             entrypoint: Some(vec![INIT_PATH.to_string()]),
             cmd: Some(vec!["init".to_string()]),
-            user: Some(crate::sandbox::docker_user(user)),
+            user: Some(crate::sandbox::docker_user(container_user)),
             working_dir: Some("/".into()),
             hostname: Some("taskbox".into()),
             labels: Some(labels),
             network_disabled: Some(true),
             host_config: Some(HostConfig {
                 cap_drop: Some(vec!["ALL".into()]),
+                cap_add: Some(caps).filter(|c| !c.is_empty()),
                 security_opt: Some(vec![
                     "no-new-privileges:true".into(),
                     format!("seccomp={seccomp}"),
                 ]),
-                readonly_rootfs: Some(true),
+                // `filesystem.root = "writable"`: the container's own layer, removed with it.
+                readonly_rootfs: Some(policy.filesystem.root == RootMode::ReadOnly),
                 network_mode: Some("none".into()),
                 ipc_mode: Some("private".into()),
                 init: Some(false),
@@ -587,8 +601,11 @@ impl Inner {
             fs::write(dirs.empty(), b"").map_err(io_internal("cannot create", &dirs.empty()))?;
             let _ = fs::set_permissions(dirs.empty(), fs::Permissions::from_mode(0o444));
             let _ = fs::set_permissions(dirs.out(), fs::Permissions::from_mode(0o755));
+            // Every user an exec may run as writes its wrapper's status file there: all may
+            // add files, none may list the directory or replace another's file.
             std::os::unix::fs::chown(dirs.run(), Some(user.0), Some(user.1))
-                .map_err(io_internal("cannot chown", &dirs.run()))?;
+                .and_then(|_| fs::set_permissions(dirs.run(), fs::Permissions::from_mode(0o1733)))
+                .map_err(io_internal("cannot prepare", &dirs.run()))?;
             hostmount::make_shared_mountpoint(&dirs.mnt())
                 .map_err(|e| ApiError::internal(e.to_string()))
         })();

@@ -124,6 +124,18 @@ pub fn kill_orphans(init: &ProcId, exec_id: u64) {
     }
 }
 
+/// From the host: SIGKILLs every descendant of exec wrapper `wrapper` (not the wrapper, which
+/// then reports how the command ended) that lives in the pid namespace of the container's pid
+/// 1, whatever its user.
+pub fn kill_descendants(wrapper: i32, init: &ProcId) {
+    let Some(ns) = pid_ns(init.pid) else {
+        return;
+    };
+    for pid in tree(wrapper).into_iter().skip(1) {
+        kill_in_ns(pid, &ns);
+    }
+}
+
 /// The pid namespace `pid` lives in (the target of `/proc/PID/ns/pid`).
 fn pid_ns(pid: i32) -> Option<std::path::PathBuf> {
     fs::read_link(format!("/proc/{pid}/ns/pid")).ok()

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use futures_util::StreamExt;
+use taskbox_core::accounts::ExecUser;
 use taskbox_core::api::*;
 use taskbox_core::egress::{CLOSE_GRACE, ExecWindow};
 use taskbox_core::exec_limits;
@@ -358,16 +359,30 @@ impl Sandbox {
         }
     }
 
-    /// Asks an exec's wrapper to kill the exec's whole process tree; if the wrapper is gone,
-    /// kills what is left of the tree from the host.
+    /// Asks an exec's wrapper to kill the exec's whole process tree, and kills the tree from
+    /// the host too: the wrapper runs as the exec's user and may not signal what a command
+    /// made of another user (root with `setuid` but not `kill`, then `su`). If the wrapper is
+    /// gone, kills what is left of the tree from the host.
     pub fn kill_tree(&self, slot: &Slot) {
         match self.wrapper(slot) {
             Some(pid) => {
                 // SAFETY: kill has no memory arguments; the pid was checked to be the wrapper.
                 unsafe { libc::kill(pid, libc::SIGUSR1) };
+                procfs::kill_descendants(pid, &self.init);
             }
             None => procfs::kill_orphans(&self.init, slot.id),
         }
+    }
+
+    /// Docker's `User` for an exec: the container user when the request names none, else the
+    /// user the kit resolved in the container's own account files (read again here for
+    /// [`docker_exec_user`]'s choice of form).
+    fn exec_user(&self, user: Option<&ExecUser>) -> Result<String, ApiError> {
+        let Some(user) = user else {
+            return Ok(self.overlay.exec_user());
+        };
+        let accounts = kit::users::Accounts::read(&self.open_root()?)?;
+        Ok(docker_exec_user(user, &accounts))
     }
 
     /// Runs a command: foreground (blocking, streaming `events`) or background.
@@ -388,6 +403,7 @@ impl Sandbox {
             &wrapper,
         )?;
         check_spec_size(&wrapper, &plan.argv, &plan.env)?;
+        let user = self.exec_user(plan.exec_user.as_ref())?;
         let before = layers.fingerprint()?;
         let oom_before = procfs::oom_kills(&self.init);
         let id = self.common.slots.next_id();
@@ -428,7 +444,6 @@ impl Sandbox {
         cmd.push("--".into());
         cmd.extend(argv);
         let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let user = self.overlay.exec_user();
         let d = self.daemon.clone();
         let container = self.container.clone();
         let started = self.daemon.block_on(async move {
@@ -536,6 +551,21 @@ impl Sandbox {
             .and_then(|ended| self.result(&slot, ended, timeout, start, baseline));
         self.common.slots.remove(id);
         Ok(ExecOutcome::Finished(res?))
+    }
+}
+
+/// Docker's `User` for an exec as `user`: numeric `UID:GID`, for which the runtime sets no
+/// supplementary group; or, when the user has supplementary groups and its uid's first line
+/// in `/etc/passwd` is the one resolved, the uid alone: the runtime then looks that uid up in
+/// the container's same two files and gives it that line's gid and the groups that list its
+/// name, the ones resolved here (Docker takes no list of groups for an exec).
+pub(crate) fn docker_exec_user(user: &ExecUser, accounts: &kit::users::Accounts) -> String {
+    let first = accounts.passwd.iter().find(|e| e.uid == user.uid);
+    let same_line = first.is_some_and(|e| Some(&e.name) == user.name.as_ref() && e.gid == user.gid);
+    if !user.groups.is_empty() && same_line {
+        user.uid.to_string()
+    } else {
+        docker_user((user.uid, user.gid))
     }
 }
 
@@ -751,6 +781,9 @@ impl Sandbox {
         start: Instant,
         baseline: Baseline,
     ) -> Result<ExecResult, ApiError> {
+        // What the wrapper could not kill (a process of another user) was left to the
+        // container's pid 1 when it exited: nothing of an exec outlives it.
+        procfs::kill_orphans(&self.init, slot.id);
         let (out, err) = slot.take_output();
         let mut end = match &driven.ended {
             Some(Ended::Exit { code, cpu_ms, rss }) => ExecEnd {

@@ -86,6 +86,7 @@ const WNOHANG: c_int = 1;
 const PR_SET_CHILD_SUBREAPER: c_int = 36;
 const O_CLOEXEC: c_int = 0o2000000;
 const RUSAGE_CHILDREN: c_int = -1;
+const EPERM: c_int = 1;
 const ENOENT: c_int = 2;
 const EINTR: c_int = 4;
 const ECHILD: c_int = 10;
@@ -173,11 +174,16 @@ fn reap_all(mut main: Option<(&mut Pid, &mut Option<c_int>)>) {
     }
 }
 
-/// Whether this process has any child left (ended or not).
-fn has_children() -> bool {
+/// Whether this process has any child left (ended or not). A child it reaps meanwhile is
+/// recorded as [`reap_all`] records it: `main` can end between the two (the backend also
+/// kills the tree from the host), and its status must not be lost.
+fn has_children(main: &mut Pid, main_status: &mut Option<c_int>) -> bool {
     let mut status = 0;
     // SAFETY: as in reap_all; WNOHANG never blocks. -1 with ECHILD: no children at all.
     let pid = unsafe { waitpid(-1, &mut status, WNOHANG) };
+    if pid > 0 && pid == *main {
+        *main_status = Some(status);
+    }
     !(pid < 0 && errno() == ECHILD)
 }
 
@@ -222,24 +228,38 @@ fn descendants() -> Vec<Pid> {
     found
 }
 
-/// SIGKILLs every descendant until none is left, reaping as they end.
+/// SIGKILLs every descendant until none is left, reaping as they end. Descendants this
+/// process may not signal (a command as root with `setuid` but not `kill` became another user)
+/// are left after a while, for the backend to kill from the host: they are reparented to the
+/// container's pid 1 once this process exits.
 fn kill_tree(main: &mut Pid, main_status: &mut Option<c_int>) {
+    let mut refused_rounds = 0;
     loop {
         reap_all(Some((main, main_status)));
         let live = descendants();
         if live.is_empty() {
-            if !has_children() {
+            if !has_children(main, main_status) {
                 return;
             }
         } else {
+            let mut refused = true;
             for pid in live {
                 // SAFETY: kill has no memory arguments.
-                unsafe { kill(pid, SIGKILL) };
+                if unsafe { kill(pid, SIGKILL) } == 0 || errno() != EPERM {
+                    refused = false;
+                }
+            }
+            refused_rounds = if refused { refused_rounds + 1 } else { 0 };
+            if refused_rounds > REFUSED_ROUNDS {
+                return;
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+/// Rounds of [`kill_tree`] in which every kill was refused before it gives up (about 200 ms).
+const REFUSED_ROUNDS: u32 = 200;
 
 fn write_status(id: &str, line: &str) {
     let tmp = format!("{RUN_DIR}/.{id}.tmp");

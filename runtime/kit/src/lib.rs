@@ -24,6 +24,7 @@ pub mod image;
 pub mod layers;
 pub mod loopdev;
 pub mod slots;
+pub mod users;
 
 // The crates below, under the names the modules use.
 pub(crate) use taskbox_contract::{accounts, api, result, support};
@@ -426,30 +427,10 @@ fn fs_at<H: Handle, T: Send>(
 }
 
 /// The user `spec` names in `sb`, resolved against the sandbox's own `/etc/passwd` and
-/// `/etc/group` as they are now (read as the sandbox's user, beneath its root: a link there
-/// cannot make the supervisor read a host file), so a user an earlier exec added counts.
+/// `/etc/group` as they are now ([`users`]: read beneath its root, where a link cannot make the
+/// supervisor read a host file), so a user an earlier exec added counts.
 fn exec_user<H: Handle>(sb: &H, spec: &str) -> Result<crate::accounts::ExecUser, ApiError> {
-    use crate::accounts::{MAX_ACCOUNTS_FILE, parse_group, parse_passwd, resolve};
-    let read = |path: &str| -> Result<String, ApiError> {
-        let req = ReadRequest {
-            path: path.into(),
-            max_bytes: Some(MAX_ACCOUNTS_FILE),
-            ..ReadRequest::default()
-        };
-        match fs_at(sb, Place::Root, |fs| fs.read(&req)) {
-            Ok(r) if !r.binary && !r.truncated => Ok(r.content),
-            Ok(_) => Err(ApiError::invalid(format!(
-                "user {spec:?}: the sandbox's {path} is not a text file of at most \
-                 {MAX_ACCOUNTS_FILE} bytes"
-            ))),
-            // No such file: no named users (a numeric uid still resolves).
-            Err(ApiError::NotFound(_)) => Ok(String::new()),
-            Err(e) => Err(e),
-        }
-    };
-    let passwd = parse_passwd(&read("/etc/passwd")?);
-    let group = parse_group(&read("/etc/group")?);
-    resolve(spec, &passwd, &group)
+    users::resolve_in_root(&sb.open_root()?, spec)
 }
 
 /// `req` with both paths absolute when either is (a relative one taken as the workspace's), so
