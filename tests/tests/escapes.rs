@@ -36,6 +36,37 @@ fn host_shared_places_receive_nothing() {
     }
 }
 
+/// Run by root, `taskbox run`'s command is an id of the sandbox's own range: uid 0 inside,
+/// an unprivileged host id outside, to which a host file only root may read (and that no deny
+/// list names) is unreadable. Rootless, the command is the caller and there is nothing to try.
+#[test]
+fn a_root_run_commands_are_not_the_hosts_root() {
+    if !is_root() {
+        eprintln!("rootless: the command is the caller's own uid");
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/opt/taskbox-run-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "root only\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let env = Env::new();
+    let r = env.sh(&format!(
+        "id -u; cat /proc/self/uid_map; cat {} 2>/dev/null || echo refused; echo x > made && stat -c %u made",
+        secret.display()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = r.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"0"), "{out}");
+    let map: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!((map[0], map[2]), ("0", "65536"), "{out}");
+    assert!(map[1].parse::<u64>().unwrap() >= 0x6000_0000, "{out}");
+    assert_eq!(&lines[2..], ["refused", "0"], "{out}");
+}
+
 #[test]
 fn deny_read_paths_are_unreadable_directly_via_symlinks_and_via_proc_self_root() {
     let env = Env::new();

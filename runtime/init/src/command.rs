@@ -54,6 +54,18 @@ const SETID_FD: i32 = STATUS_FD + 1;
 /// are answered `ENOSYS` by the kernel. Never returns.
 pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::fd::OwnedFd>) -> ! {
     enter_session(config);
+    // Run by root: the command's own user namespace (see IdRange), entered before its
+    // descriptor goes with the others below; the ids are taken once the bounding set is cut.
+    let ids = config.id_range.map(|_| ExecIds {
+        uid: config.inner_uid.unwrap_or(0),
+        gid: config.inner_gid.unwrap_or(0),
+        groups: Vec::new(),
+    });
+    if ids.is_some()
+        && let Err(e) = sys::enter_user_namespace(USERNS_FD)
+    {
+        fail("user namespace", format!("cannot enter: {e}"));
+    }
     // The socket to pid 1 goes on SETID_FD; its old number is closed below with the rest.
     let hand_over = setid_to.is_some();
     if let Some(fd) = setid_to {
@@ -75,7 +87,17 @@ pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::f
     report(&Status::Landlock {
         status: landlock.as_str().to_string(),
     });
-    if let Err(e) = sys::drop_all_capabilities() {
+    let keep: &[u32] = match &ids {
+        Some(i) if i.uid == 0 => &config.root_capabilities,
+        None if nix::unistd::getuid().is_root() && config.user_namespace => {
+            &config.root_capabilities
+        }
+        _ => &[],
+    };
+    if let Err(e) = sys::limit_capabilities(keep, || match &ids {
+        Some(i) => sys::switch_ids(i.uid, i.gid, &i.groups),
+        None => Ok(()),
+    }) {
         fail("capabilities", e);
     }
     let rules = seccomp::Rules {

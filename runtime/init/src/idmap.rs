@@ -50,13 +50,6 @@ fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
-/// A detached copy of the mount tree at `src` (recursive), where host `uid`:`gid` are the
-/// tree's 0:0, `nosuid` and `nodev`. Attach it with [`attach`].
-pub fn owned_bind(src: &Path, uid: u32, gid: u32) -> io::Result<OwnedFd> {
-    let userns = mapping_namespace(&format!("{uid} 0 1\n"), &format!("{gid} 0 1\n"), true)?;
-    mapped_tree(src, userns.as_fd())
-}
-
 /// A detached copy of the mount tree at `src` whose files of host `map.uid`:`map.gid` appear
 /// as host `map.as_uid`:`map.as_gid` (a workspace's owner as the sandbox's user).
 pub fn owner_bind(src: &Path, map: &OwnerMap) -> io::Result<OwnedFd> {

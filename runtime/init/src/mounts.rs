@@ -60,8 +60,21 @@ pub fn prepare(
     let mut made = Prepared::default();
     for (i, op) in ops.iter().enumerate() {
         match op {
-            MountOp::BindOwned { src, uid, gid, .. } => {
-                let tree = idmap::owned_bind(src, *uid, *gid)
+            MountOp::BindOwned {
+                src,
+                uid,
+                gid,
+                as_uid,
+                as_gid,
+                ..
+            } => {
+                let map = crate::config::OwnerMap {
+                    uid: *uid,
+                    gid: *gid,
+                    as_uid: *as_uid,
+                    as_gid: *as_gid,
+                };
+                let tree = idmap::owner_bind(src, &map)
                     .map_err(err("cannot make an idmapped mount of", src))?;
                 made.ops.push((i, tree));
             }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use taskbox_protocol::config::{
-    DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, OwnerMap, Rlimit,
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, OwnerMap, Rlimit,
     RlimitResource, RootPlan, STATUS_FD, Status,
 };
 
@@ -383,15 +383,18 @@ pub(crate) enum RootView<'a> {
 /// directory another user owns it would leave root-owned files. So the mount maps that owner
 /// onto the sandbox's root (an idmapped mount): the command keeps the owner's rights there, and
 /// what it creates is the owner's. (Setuid and setgid modes are refused by seccomp.)
-fn write_through_mount(ws: &WorkspacePaths) -> MountOp {
+fn write_through_mount(ws: &WorkspacePaths, owner_as: Option<(u32, u32)>) -> MountOp {
     let owner = fs::metadata(&ws.host).map(|m| (m.uid(), m.gid()));
+    let (as_uid, as_gid) = owner_as.unwrap_or((0, 0));
     match owner {
-        Ok((uid, gid)) if nix::unistd::geteuid().is_root() && (uid, gid) != (0, 0) => {
+        Ok((uid, gid)) if nix::unistd::geteuid().is_root() && (uid, gid) != (as_uid, as_gid) => {
             MountOp::BindOwned {
                 src: ws.host.clone(),
                 dst: ws.inside.clone(),
                 uid,
                 gid,
+                as_uid,
+                as_gid,
             }
         }
         _ => MountOp::Bind {
@@ -400,6 +403,19 @@ fn write_through_mount(ws: &WorkspacePaths) -> MountOp {
             readonly: false,
         },
     }
+}
+
+/// `plan` with the owners a sandbox of `identity` needs: with an id range, the workspace's
+/// upper layer is the sandbox user's (as its lower layer shows the workspace), and a writable
+/// root's layer and `/run` the sandbox root's (lock files of tools run as root: adduser, apt).
+pub(crate) fn ranged_disk_plan(mut plan: DiskPlan, identity: &Identity) -> DiskPlan {
+    if let (Some(range), Some((uid, gid))) = (identity.id_range, identity.ranged_user()) {
+        plan.owners.push(("upper".into(), uid, gid));
+        for dir in ["root-upper", "run"] {
+            plan.owners.push((dir.into(), range.base, range.base));
+        }
+    }
+    plan
 }
 
 /// The mount plan and the Landlock write set for a sandbox of `policy` around `ws`.
@@ -482,7 +498,7 @@ pub(crate) fn plan_mounts(
     });
     match (write_through, &policy.filesystem.workspace) {
         (true, _) => {
-            ops.push(write_through_mount(ws));
+            ops.push(write_through_mount(ws, owner_as));
             writable.push(ws.inside.clone());
         }
         (false, WorkspaceMode::Overlay) => {
@@ -932,6 +948,14 @@ pub fn run_with(
             (plan, root, v.identity, env)
         }
     };
+    // Run by root, the command is an id of a namespace of its own (docs/security.md,
+    // "Credentials"); an image build step stays root, whose files the layer must own as they
+    // will be owned in the image.
+    let identity = if is_root && req.root_upper.is_none() {
+        identity.in_range()
+    } else {
+        identity
+    };
     let limits = &req.policy.limits;
     let cgroup = Cgroup::create(
         &id,
@@ -949,7 +973,7 @@ pub fn run_with(
         &run_dir,
         req.write_through,
         root_view,
-        None,
+        identity.ranged_user(),
     );
     let cwd = req.cwd.clone().unwrap_or_else(|| ws.inside.clone());
     let cwd = if cwd.is_absolute() {
@@ -993,14 +1017,25 @@ pub fn run_with(
         refuse_setid_modes: req.write_through,
         rlimits,
         cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
-        // One-shot runs keep the caller's identity (see docs/security.md, "Running as root").
-        id_range: None,
-        root_capabilities: Vec::new(),
+        id_range: identity.id_range,
+        root_capabilities: if identity.user_namespace || identity.id_range.is_some() {
+            req.policy
+                .security
+                .root_capabilities
+                .iter()
+                .map(|c| c.number())
+                .collect()
+        } else {
+            Vec::new()
+        },
         control: false,
         egress: egress.as_ref().map(|_| EgressPlan {
             port: egress::PROXY_PORT,
         }),
-        disk: run_dir.disk.as_mut().map(Disk::plan),
+        disk: run_dir
+            .disk
+            .as_mut()
+            .map(|d| ranged_disk_plan(d.plan(), &identity)),
     };
     let plan_path = run_dir.dir.join("plan.json");
     let plan = serde_json::to_vec_pretty(&config)

@@ -611,20 +611,10 @@ impl Native {
                 .unwrap_or_default(),
             control: true,
             egress: egress.as_ref().map(|_| EgressPlan { port: PROXY_PORT }),
-            disk: dirs.disk.as_mut().map(|d| {
-                let mut plan = d.plan();
-                // The workspace's root (its upper layer's) is the sandbox user's, and a
-                // writable root's is the sandbox root's, as their lower layers show them; so
-                // is /run (lock files of tools run as root: adduser, apt).
-                if let (Some(range), Some((uid, gid))) = (identity.id_range, identity.ranged_user())
-                {
-                    plan.owners.push(("upper".into(), uid, gid));
-                    for dir in ["root-upper", "run"] {
-                        plan.owners.push((dir.into(), range.base, range.base));
-                    }
-                }
-                plan
-            }),
+            disk: dirs
+                .disk
+                .as_mut()
+                .map(|d| native::ranged_disk_plan(d.plan(), &identity)),
             id_range: identity.id_range,
             // Only where uid 0 is not the host's root.
             root_capabilities: if identity.user_namespace || identity.id_range.is_some() {
@@ -799,59 +789,31 @@ impl Native {
     }
 }
 
-/// Reads the status pipe until it reports pid 1's pid (after pid 1 said it is ready).
-fn wait_for_started(
-    status: &OwnedFd,
-    status_buf: &mut Vec<u8>,
-    deadline: Instant,
-) -> Result<i32, ApiError> {
-    loop {
-        for line in status_buf.split(|b| *b == b'\n') {
-            if let Ok(Status::Started { pid }) = serde_json::from_slice(line) {
-                return Ok(pid);
-            }
-        }
-        if let Some(e) = setup_error(status_buf) {
-            return Err(e);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ApiError::internal("the sandbox did not report its pid"));
-        }
-        let mut fds = [PollFd::new(status.as_fd(), PollFlags::POLLIN)];
-        let ms = left.as_millis().min(60_000) as i32;
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        ) {
-            Ok(0) | Err(nix::Error::EINTR) => continue,
-            Ok(_) => {}
-            Err(e) => return Err(ApiError::internal(format!("poll: {e}"))),
-        }
-        let mut chunk = [0u8; 4096];
-        match nix::unistd::read(status.as_raw_fd(), &mut chunk) {
-            Ok(0) => return Err(ApiError::internal("the sandbox did not report its pid")),
-            Ok(n) => status_buf.extend_from_slice(&chunk[..n]),
-            Err(_) => {}
-        }
-    }
-}
-
 /// Reads the status pipe until pid 1 says it started, then the control socket until it is ready.
 fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Result<i32, ApiError> {
     let deadline = Instant::now() + limit;
     let mut status_buf = Vec::new();
     let mut pid = None;
+    // pid 1 can be ready before the helper's report of its pid has arrived: the two come on
+    // different channels. Once ready, only the report is waited for.
+    let mut ready = false;
     let mut buf = Vec::new();
     loop {
+        if let (true, Some(p)) = (ready, pid) {
+            return Ok(p);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(ApiError::internal("the sandbox did not start within 30s"));
+            return Err(ApiError::internal(if ready {
+                "the sandbox did not report its pid"
+            } else {
+                "the sandbox did not start within 30s"
+            }));
         }
-        let mut fds = [
-            PollFd::new(status.as_fd(), PollFlags::POLLIN),
-            PollFd::new(control_sock.as_fd(), PollFlags::POLLIN),
-        ];
+        let mut fds = vec![PollFd::new(status.as_fd(), PollFlags::POLLIN)];
+        if !ready {
+            fds.push(PollFd::new(control_sock.as_fd(), PollFlags::POLLIN));
+        }
         let ms = left.as_millis().min(60_000) as i32;
         match poll(
             &mut fds,
@@ -862,7 +824,10 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
             Err(e) => return Err(ApiError::internal(format!("poll: {e}"))),
         }
         let status_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-        let control_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
+        let control_ready = fds
+            .get(1)
+            .is_some_and(|f| f.revents().is_some_and(|r| !r.is_empty()));
+        drop(fds);
         if status_ready {
             let mut chunk = [0u8; 4096];
             match nix::unistd::read(status.as_raw_fd(), &mut chunk) {
@@ -885,14 +850,7 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
         }
         if control_ready {
             match control::recv::<Event>(control_sock.as_fd(), &mut buf) {
-                Ok(Some((Event::Ready, _))) => {
-                    if let Some(p) = pid {
-                        return Ok(p);
-                    }
-                    // pid 1 can be ready before the helper's report of its pid has arrived:
-                    // the two come on different channels. Wait for the report.
-                    return wait_for_started(status, &mut status_buf, deadline);
-                }
+                Ok(Some((Event::Ready, _))) => ready = true,
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
                     // Set-up failed: the reason is on the status pipe.

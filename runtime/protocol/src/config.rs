@@ -190,6 +190,12 @@ pub enum MountOp {
         dst: PathBuf,
         uid: u32,
         gid: u32,
+        /// The host ids `uid`:`gid` appear as (0:0 unless set: a root-run sandbox's commands
+        /// are ids of a range of their own, see [`IdRange`]).
+        #[serde(default)]
+        as_uid: u32,
+        #[serde(default)]
+        as_gid: u32,
     },
     /// A bind of a path that is already in the sandbox's tree onto itself, made read-only.
     /// Skipped when the path does not exist.
