@@ -17,6 +17,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -296,6 +297,10 @@ def test_the_sdk_runs_commands_as_a_named_user(
         ended = events[-1]
         assert isinstance(ended, taskbox.EndedEvent) and ended.result.stdout.text == "2345\n", events
         p = sb.start("id -un; sleep 30", user="tester")
+        # Killed once it has said who it is (a kill at once could come before that line).
+        deadline = time.monotonic() + 10
+        while p.poll().stdout.text != "tester\n" and time.monotonic() < deadline:
+            time.sleep(0.02)
         p.kill()
         info = p.wait(timeout=10)
         assert info.result is not None and info.result.signal == 9, info
