@@ -556,7 +556,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
         let sb = self.get(id)?;
-        let _g = sb.common().layers.shared()?;
+        let _g = sb.common().layers.exec_shared()?;
         let plan = sb.common().plan(&req)?;
         let Some(events) = events else {
             return sb.exec(plan, None);

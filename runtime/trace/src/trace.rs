@@ -95,7 +95,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use regex::{Captures, Regex};
+use regex::{Captures, Regex, RegexSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -942,6 +942,9 @@ struct Redactor {
     shapes: Vec<(Regex, &'static str)>,
     /// `NAME=value` with a secret-looking upper-case NAME.
     assignment: Regex,
+    /// All of the above in one automaton: a string none of them matches (nearly every string
+    /// of an observation) is left after one pass instead of eight.
+    any: RegexSet,
 }
 
 static REDACTOR: LazyLock<Result<Redactor, regex::Error>> = LazyLock::new(|| {
@@ -960,13 +963,16 @@ static REDACTOR: LazyLock<Result<Redactor, regex::Error>> = LazyLock::new(|| {
         (r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}", "${1}[redacted]"),
         (r"(://[^/\s:@]+:)[^/\s@]+@", "${1}[redacted]@"),
     ];
+    const ASSIGNMENT: &str = r#"\b([A-Z][A-Z0-9_]*)=(["']?)([^\s'"]+)"#;
     let mut compiled = Vec::with_capacity(shapes.len());
     for (re, rep) in shapes {
         compiled.push((Regex::new(re)?, rep));
     }
+    let any = RegexSet::new(shapes.iter().map(|(re, _)| *re).chain([ASSIGNMENT]))?;
     Ok(Redactor {
         shapes: compiled,
-        assignment: Regex::new(r#"\b([A-Z][A-Z0-9_]*)=(["']?)([^\s'"]+)"#)?,
+        assignment: Regex::new(ASSIGNMENT)?,
+        any,
     })
 });
 
@@ -979,6 +985,10 @@ fn mask_secrets(s: &mut String) {
             return;
         }
     };
+    // Nothing matches: no replacement below could change anything.
+    if !r.any.is_match(s) {
+        return;
+    }
     for (re, rep) in &r.shapes {
         if let Cow::Owned(o) = re.replace_all(s, *rep) {
             *s = o;
