@@ -24,7 +24,7 @@ pub use review::*;
 #[macro_export]
 macro_rules! api_conformance {
     ($subject:expr) => {
-        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_sandbox_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output);
+        $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_sandbox_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output, exec_as_another_user_of_the_sandbox, a_writable_root_lets_root_add_a_user);
         $crate::api_conformance!(@checks $subject; changes_and_diffs_leave_out_what_git_ignores, files_that_run_on_their_own_are_flagged_and_applied_only_when_allowed, a_same_second_edit_after_a_test_run_is_never_stale);
         $crate::api_conformance!(@checks $subject; absolute_paths_reach_the_sandbox_as_its_user, the_file_api_may_write_where_commands_may, permissions_bind_the_file_api_as_they_bind_commands, hostile_absolute_paths_stay_inside, error_codes_on_real_errors, large_files_stream_both_ways);
     };
@@ -2496,5 +2496,195 @@ pub fn binary_stdin_and_merged_output(s: &Subject) {
     }
     // The sandbox answers as before.
     assert_eq!(s.sh(&id, "echo ok").stdout.text, "ok\n");
+    s.api.destroy(&id).unwrap();
+}
+
+/// An exec as `user` running `script`.
+fn as_user(user: &str, script: &str) -> ExecRequest {
+    ExecRequest {
+        user: Some(user.into()),
+        ..shell(script)
+    }
+}
+
+/// Whether this subject's sandboxes can have other users than their own: every backend but the
+/// native one run without root (an unprivileged user namespace maps one id).
+fn has_other_users(s: &Subject) -> bool {
+    s.expect.backend != "native" || crate::is_root()
+}
+
+/// An exec may name a user of the sandbox (by name in its /etc/passwd, or a uid): the command is
+/// that user, with its groups and home, bound by its permissions and with no capability (root
+/// included, under the default policy); a name the sandbox does not know is `user_not_found`.
+/// Where the sandbox has one id (native, rootless) another user is `invalid_argument`, saying
+/// why, and its own user by name still runs.
+pub fn exec_as_another_user_of_the_sandbox(s: &Subject) {
+    if s.expect.backend == "docker" {
+        return; // the Docker backend's users land separately
+    }
+    let id = s.create();
+    let own = s.sh(&id, "id -u; id -un 2>/dev/null || echo ?");
+    assert_eq!(own.exit_code, Some(0), "{own:?}");
+    let own_uid = own
+        .stdout
+        .text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let r = s.api.exec(&id, as_user("nonexistent", "true"), None);
+    let e = r.expect_err("an unknown user runs nothing");
+    assert_eq!(e.code(), "user_not_found", "{e}");
+    assert!(e.to_string().contains("nonexistent"), "{e}");
+    // The sandbox's own user, by uid, is always there.
+    let r = s.run(&id, as_user(&own_uid, "id -u"));
+    assert_eq!(r.stdout.text.trim(), own_uid, "{r:?}");
+    if !has_other_users(s) {
+        let e = s
+            .api
+            .exec(&id, as_user("nobody", "id -u"), None)
+            .expect_err("a rootless sandbox has one user");
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(
+            e.to_string().contains("root"),
+            "says what would allow it: {e}"
+        );
+        s.api.destroy(&id).unwrap();
+        return;
+    }
+    // A file of the sandbox's user: another user reads it (0644) and cannot change it.
+    write(s, &id, "mine.txt", "mine\n").unwrap();
+    let r = s.run(
+        &id,
+        as_user(
+            "nobody",
+            "id -u; id -g; echo $HOME; cat mine.txt; echo x >> mine.txt || echo refused; \
+             echo t > /tmp/nobody.txt && stat -c %u /tmp/nobody.txt; \
+             grep CapEff /proc/self/status",
+        ),
+    );
+    let lines: Vec<&str> = r.stdout.text.lines().collect();
+    assert_eq!(
+        &lines[..6],
+        ["65534", "65534", "/nonexistent", "mine", "refused", "65534"],
+        "{r:?}"
+    );
+    assert_eq!(
+        lines[6].split_whitespace().last(),
+        Some("0000000000000000"),
+        "{r:?}"
+    );
+    assert_eq!(text(s, &id, "mine.txt"), "mine\n");
+    // Root of the sandbox, by name: uid 0 and, by default, no capability at all.
+    let r = s.run(&id, as_user("root", "id -u; grep CapEff /proc/self/status"));
+    let lines: Vec<&str> = r.stdout.text.lines().collect();
+    assert_eq!(lines.first(), Some(&"0"), "{r:?}");
+    assert_eq!(
+        lines[1].split_whitespace().last(),
+        Some("0000000000000000"),
+        "{r:?}"
+    );
+    // A background exec as another user is waited for and killed like any other.
+    let bg = match s
+        .api
+        .exec(
+            &id,
+            ExecRequest {
+                background: true,
+                ..as_user("nobody", "sleep 300")
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Background(p) => p,
+        other => panic!("expected a process, got {other:?}"),
+    };
+    s.api.kill(&id, bg.exec_id, libc::SIGKILL).unwrap();
+    let done = s
+        .api
+        .wait(&id, bg.exec_id, Duration::from_secs(10))
+        .unwrap();
+    assert!(done.result.is_some(), "{done:?}");
+    // The default user is still the default.
+    let r = s.sh(&id, "id -u");
+    assert_eq!(r.stdout.text.trim(), own_uid, "{r:?}");
+    s.api.destroy(&id).unwrap();
+}
+
+/// The policy of a container-like sandbox: a writable root, and the capabilities `adduser`
+/// needs kept by root.
+const CONTAINER_POLICY: &str = r#"
+[filesystem]
+root = "writable"
+[security]
+root_capabilities = ["chown", "dac_override", "fowner", "fsetid", "setuid", "setgid", "kill"]
+"#;
+
+/// With `filesystem.root = "writable"` and root's capabilities, root adds a user the way a
+/// container's does (`adduser`: /etc written, a home chowned to the new uid), the new user runs
+/// commands as itself the exec after, and none of it is in the workspace's diff; without them
+/// the same `adduser` fails. The host view's root cannot be made writable: refused, naming the
+/// key.
+pub fn a_writable_root_lets_root_add_a_user(s: &Subject) {
+    if s.expect.backend == "docker" {
+        return; // the Docker backend's users land separately
+    }
+    let req = CreateRequest {
+        policy: Some("container".into()),
+        policy_toml: Some(CONTAINER_POLICY.into()),
+        ..s.request()
+    };
+    if s.expect.image == "host" {
+        let e = s
+            .api
+            .create(req)
+            .expect_err("the host view's root is never writable");
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(e.to_string().contains("filesystem.root"), "{e}");
+        return;
+    }
+    if !has_other_users(s) {
+        return;
+    }
+    // The default policy: root of the sandbox can neither write /etc nor chown.
+    let plain = s.create();
+    let r = s.run(
+        &plain,
+        as_user("root", "touch /etc/taskbox-probe || echo refused"),
+    );
+    assert_eq!(r.stdout.text, "refused\n", "{r:?}");
+    s.api.destroy(&plain).unwrap();
+
+    let id = s.api.create(req).unwrap().id;
+    let r = s.run(
+        &id,
+        as_user(
+            "root",
+            "adduser --comment probe --disabled-password probe-user",
+        ),
+    );
+    assert_eq!(r.exit_code, Some(0), "adduser: {r:?}");
+    let r = s.run(
+        &id,
+        as_user(
+            "probe-user",
+            "whoami; id -u; stat -c %U $HOME; echo x > $HOME/f && echo wrote",
+        ),
+    );
+    let lines: Vec<&str> = r.stdout.text.lines().collect();
+    assert_eq!(lines.first(), Some(&"probe-user"), "{r:?}");
+    assert_eq!(lines.get(2), Some(&"probe-user"), "{r:?}");
+    assert_eq!(lines.get(3), Some(&"wrote"), "{r:?}");
+    let r = s.run(&id, as_user("root", "whoami"));
+    assert_eq!(r.stdout.text, "root\n", "{r:?}");
+    // The root's layer is not the workspace's.
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert!(d.files.is_empty(), "{:?}", diff_files(&d));
+    let r = s.run(
+        &id,
+        as_user("root", "userdel -r probe-user; id probe-user || echo gone"),
+    );
+    assert!(r.stdout.text.ends_with("gone\n"), "{r:?}");
     s.api.destroy(&id).unwrap();
 }

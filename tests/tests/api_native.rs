@@ -1346,6 +1346,15 @@ fn moving_the_directories_above_the_workspace_cannot_redirect_file_operations() 
             ExecOutcome::Finished(r) => r,
             other => panic!("{other:?}"),
         };
+        if taskbox_tests::is_root() && r.exit_code != Some(0) {
+            // Run by root, the commands are ids of their own namespace, to whom the directory
+            // above the workspace (the host root's) is not writable: the move itself fails,
+            // and the file operations go on reaching the workspace. (The rootless pass of
+            // this suite, where the commands own that directory, tries the rest.)
+            assert!(r.stderr.text.contains("Permission denied"), "{r:?}");
+            assert_eq!(read(&f, "a.txt").unwrap(), "workspace\n");
+            return;
+        }
         assert_eq!(r.exit_code, Some(0), "{r:?}");
         let got = read(&f, "a.txt");
         assert!(matches!(got, Err(ApiError::Conflict(_))), "{got:?}");
@@ -1639,4 +1648,121 @@ fn a_runtime_without_docker_refuses_a_docker_create_naming_its_backends() {
         .unwrap();
     assert_eq!(info.backend, "native");
     api.destroy(&info.id).unwrap();
+}
+
+/// Run by root, a long-lived sandbox's commands are ids of a namespace of their own: a host
+/// file only root may read stays unreadable to them, to their uid 0 too, and even to a root
+/// that keeps `dac_override` (it reaches only the sandbox's own ids' files); the host sees the
+/// commands' processes as unprivileged ids of the sandbox range.
+#[test]
+fn root_owned_host_files_stay_unreadable_to_every_user_of_a_root_run_sandbox() {
+    if !taskbox_tests::is_root() {
+        // The rootless pass: its commands are the caller's own uid by design, and it cannot
+        // make a file only root reads. Nothing to try.
+        eprintln!(
+            "rootless: the commands are the caller's uid; this check is for root-run sandboxes"
+        );
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/opt/taskbox-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(dir.clone());
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "root only\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let env = Env::new();
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let policy = "[security]\nroot_capabilities = [\"dac_override\", \"fowner\", \"chown\"]\n";
+    for policy_toml in [None, Some(policy.to_string())] {
+        let id = backend
+            .create(CreateRequest {
+                workspace: env.ws().display().to_string(),
+                policy: policy_toml.as_ref().map(|_| "root-caps".into()),
+                policy_toml,
+                ..CreateRequest::default()
+            })
+            .unwrap()
+            .id;
+        for user in [None, Some("root"), Some("nobody")] {
+            let r = match backend
+                .exec(
+                    &id,
+                    ExecRequest {
+                        shell: Some(format!(
+                            "cat {} || echo refused; cat /proc/self/uid_map",
+                            secret.display()
+                        )),
+                        user: user.map(Into::into),
+                        ..ExecRequest::default()
+                    },
+                    None,
+                )
+                .unwrap()
+            {
+                ExecOutcome::Finished(r) => r,
+                other => panic!("{other:?}"),
+            };
+            assert!(r.stdout.text.starts_with("refused\n"), "{user:?}: {r:?}");
+            assert!(!r.stdout.text.contains("root only"), "{user:?}: {r:?}");
+            let map: Vec<&str> = r
+                .stdout
+                .text
+                .lines()
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            assert_eq!(map[0], "0", "{r:?}");
+            assert_ne!(map[1], "0", "the sandbox's ids are not the host's: {r:?}");
+        }
+        // From the host, the command is an id of that range, not root.
+        let marker = format!("31.{}", std::process::id());
+        let bg = match backend
+            .exec(
+                &id,
+                ExecRequest {
+                    argv: Some(vec!["sleep".into(), marker.clone()]),
+                    background: true,
+                    ..ExecRequest::default()
+                },
+                None,
+            )
+            .unwrap()
+        {
+            ExecOutcome::Background(p) => p,
+            other => panic!("{other:?}"),
+        };
+        let want = format!("sleep\0{marker}\0").into_bytes();
+        let mut uids: Vec<u32> = Vec::new();
+        for _ in 0..100 {
+            uids = std::fs::read_dir("/proc")
+                .unwrap()
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| {
+                    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                    (cmd == want).then_some(())?;
+                    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                    let uid = status.lines().find(|l| l.starts_with("Uid:"))?;
+                    uid.split_whitespace().nth(1)?.parse().ok()
+                })
+                .collect();
+            if !uids.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        backend.kill(&id, bg.exec_id, libc::SIGKILL).unwrap();
+        assert!(!uids.is_empty(), "the sleep is seen from the host");
+        assert!(uids.iter().all(|u| *u >= 0x6000_0000), "{uids:?}");
+        backend.destroy(&id).unwrap();
+    }
 }

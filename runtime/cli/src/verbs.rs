@@ -174,6 +174,10 @@ pub struct ExecArgs {
     /// Send the command's stderr to its stdout, in the order written (as `2>&1`).
     #[arg(long)]
     merge_output: bool,
+    /// Run as this user of the sandbox (a name in its /etc/passwd, or a uid) instead of its
+    /// own. Other users need a supervisor run as root (a rootless sandbox has one id).
+    #[arg(long, value_name = "NAME|UID")]
+    user: Option<String>,
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
@@ -839,6 +843,9 @@ fn exec(client: &Client, a: ExecArgs) -> Result<u8> {
     let mut body = json!({"argv": a.command, "env": kv_map(&a.env), "background": a.background});
     if a.merge_output {
         body["merge_output"] = json!(true);
+    }
+    if let Some(u) = &a.user {
+        body["user"] = json!(u);
     }
     if let Some(t) = a.timeout {
         body["timeout_ms"] = json!(t.as_millis() as u64);

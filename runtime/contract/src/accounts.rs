@@ -115,7 +115,7 @@ pub fn resolve(
     };
     let mut groups: Vec<u32> = group
         .iter()
-        .filter(|g| g.gid != entry.gid && g.members.iter().any(|m| *m == entry.name))
+        .filter(|g| g.gid != entry.gid && g.members.contains(&entry.name))
         .map(|g| g.gid)
         .collect();
     groups.sort_unstable();

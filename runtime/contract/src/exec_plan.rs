@@ -27,9 +27,11 @@ pub struct ExecPlan {
     pub stdin: Option<Vec<u8>>,
     /// Standard error goes to standard output (`2>&1`).
     pub merge_output: bool,
-    /// The user the request names (`ExecRequest::user`), as given: each backend resolves it
-    /// in the sandbox ([`crate::support`] has the `/etc/passwd` reader).
+    /// The user the request names (`ExecRequest::user`), as given.
     pub user: Option<String>,
+    /// That user as the sandbox's account files resolve it (the kit fills it in before the
+    /// backend sees the plan: [`crate::accounts::resolve`]).
+    pub exec_user: Option<crate::accounts::ExecUser>,
 }
 
 impl ExecPlan {
@@ -66,6 +68,7 @@ impl ExecPlan {
             stdin: req.stdin_bytes()?,
             merge_output: req.merge_output,
             user: req.user.clone(),
+            exec_user: None,
         })
     }
 

@@ -12,7 +12,8 @@ use std::os::fd::FromRawFd;
 use nix::sys::signal::{SigHandler, Signal, signal};
 use nix::unistd::setsid;
 
-use crate::config::{InitConfig, RlimitResource, STATUS_FD, Status};
+use crate::config::{InitConfig, RlimitResource, STATUS_FD, Status, USERNS_FD};
+use crate::control::ExecIds;
 use crate::{landlock_rules, seccomp, sys};
 
 /// Writes one status line. Best effort: if the runtime is gone there is nobody to tell.
@@ -158,12 +159,49 @@ fn enter_session(config: &InitConfig) {
 /// The filter's setid listener (`--write-through` only) is not kept: its calls get `ENOSYS`.
 pub(crate) fn confine_starter(
     config: &InitConfig,
+    user: Option<&ExecIds>,
 ) -> Result<landlock_rules::Prepared, (&'static str, String)> {
+    // A root-run sandbox's commands are ids of their own user namespace (see IdRange): the
+    // starter enters it, and becomes the exec's user there once its bounding set is cut.
+    let ids = match (&config.id_range, user) {
+        (Some(_), user) => {
+            sys::enter_user_namespace(USERNS_FD)
+                .map_err(|e| ("user namespace", format!("cannot enter: {e}")))?;
+            Some(user.cloned().unwrap_or(ExecIds {
+                uid: config.inner_uid.unwrap_or(0),
+                gid: config.inner_gid.unwrap_or(0),
+                groups: Vec::new(),
+            }))
+        }
+        (None, Some(u)) if u.uid != nix::unistd::getuid().as_raw() => {
+            return Err((
+                "user",
+                format!(
+                    "this sandbox has one user (uid {}); it cannot run a command as uid {}",
+                    nix::unistd::getuid(),
+                    u.uid
+                ),
+            ));
+        }
+        (None, _) => None,
+    };
     sys::set_no_new_privs().map_err(|e| ("no_new_privs", e.to_string()))?;
     // Before the capabilities go: the rule paths are opened with the sandbox's privilege.
     let landlock =
         landlock_rules::prepare(&config.landlock).map_err(|e| ("landlock", e.to_string()))?;
-    sys::drop_all_capabilities().map_err(|e| ("capabilities", e.to_string()))?;
+    let uid = ids
+        .as_ref()
+        .map_or_else(|| nix::unistd::getuid().as_raw(), |i| i.uid);
+    let keep: &[u32] = if uid == 0 {
+        &config.root_capabilities
+    } else {
+        &[]
+    };
+    sys::limit_capabilities(keep, || match &ids {
+        Some(i) => sys::switch_ids(i.uid, i.gid, &i.groups),
+        None => Ok(()),
+    })
+    .map_err(|e| ("capabilities", e.to_string()))?;
     let rules = seccomp::Rules {
         deny_list: config.seccomp,
         refuse_setid_modes: config.refuse_setid_modes,

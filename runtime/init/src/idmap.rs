@@ -12,7 +12,9 @@
 
 use std::ffi::CString;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::config::{IdRange, OwnerMap};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -51,7 +53,31 @@ fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
 /// A detached copy of the mount tree at `src` (recursive), where host `uid`:`gid` are the
 /// tree's 0:0, `nosuid` and `nodev`. Attach it with [`attach`].
 pub fn owned_bind(src: &Path, uid: u32, gid: u32) -> io::Result<OwnedFd> {
-    let userns = mapping_namespace(uid, gid)?;
+    let userns = mapping_namespace(&format!("{uid} 0 1\n"), &format!("{gid} 0 1\n"), true)?;
+    mapped_tree(src, userns.as_fd())
+}
+
+/// A detached copy of the mount tree at `src` whose files of host `map.uid`:`map.gid` appear
+/// as host `map.as_uid`:`map.as_gid` (a workspace's owner as the sandbox's user).
+pub fn owner_bind(src: &Path, map: &OwnerMap) -> io::Result<OwnedFd> {
+    let userns = mapping_namespace(
+        &format!("{} {} 1\n", map.uid, map.as_uid),
+        &format!("{} {} 1\n", map.gid, map.as_gid),
+        true,
+    )?;
+    mapped_tree(src, userns.as_fd())
+}
+
+/// The user namespace of a sandbox's commands: its ids `0..size` are the host's
+/// `base..base+size` (set-groups allowed: an exec as a user takes that user's groups).
+pub fn range_namespace(range: &IdRange) -> io::Result<OwnedFd> {
+    let map = format!("0 {} {}\n", range.base, range.size);
+    mapping_namespace(&map, &map, false)
+}
+
+/// A detached copy of the mount tree at `src` (recursive), idmapped with the maps of `userns`
+/// (a file of host id `k` appears as the id `k` maps to), `nosuid` and `nodev`.
+pub fn mapped_tree(src: &Path, userns: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let c = cpath(src)?;
     // SAFETY: `c` is a valid NUL-terminated path that outlives the call; the flags are plain
     // integers. The returned descriptor is new and ours.
@@ -92,10 +118,7 @@ pub fn owned_bind(src: &Path, uid: u32, gid: u32) -> io::Result<OwnedFd> {
             }
             _ => e.to_string(),
         };
-        io::Error::new(
-            e.kind(),
-            format!("cannot map its owner onto the sandbox's root: {why}"),
-        )
+        io::Error::new(e.kind(), format!("cannot give it an id mapping: {why}"))
     })?;
     Ok(tree)
 }
@@ -118,10 +141,11 @@ pub fn attach(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     .map(drop)
 }
 
-/// A user namespace that maps `uid` and `gid` (and nothing else) to 0, as a descriptor: a child
+/// A user namespace with these maps (`uid_map` and `gid_map` text), as a descriptor: a child
 /// enters a new one and waits while this process (root of the parent namespace, the only one
-/// allowed to map other ids than its own) writes its maps and opens it.
-fn mapping_namespace(uid: u32, gid: u32) -> io::Result<OwnedFd> {
+/// allowed to map other ids than its own) writes its maps and opens it. `deny_setgroups` for
+/// a namespace only mounts use.
+fn mapping_namespace(uid_map: &str, gid_map: &str, deny_setgroups: bool) -> io::Result<OwnedFd> {
     let (ready_read, ready_write) = nix::unistd::pipe()?;
     let (done_read, done_write) = nix::unistd::pipe()?;
     // SAFETY: the helper is single-threaded, so the child may run any code after fork; it only
@@ -147,10 +171,12 @@ fn mapping_namespace(uid: u32, gid: u32) -> io::Result<OwnedFd> {
             let result = match entered {
                 Ok(1) => {
                     let proc = format!("/proc/{child}");
-                    std::fs::write(format!("{proc}/uid_map"), format!("{uid} 0 1\n"))
+                    std::fs::write(format!("{proc}/uid_map"), uid_map)
                         .and_then(|()| {
-                            std::fs::write(format!("{proc}/setgroups"), "deny\n")?;
-                            std::fs::write(format!("{proc}/gid_map"), format!("{gid} 0 1\n"))
+                            if deny_setgroups {
+                                std::fs::write(format!("{proc}/setgroups"), "deny\n")?;
+                            }
+                            std::fs::write(format!("{proc}/gid_map"), gid_map)
                         })
                         .and_then(|()| std::fs::File::open(format!("{proc}/ns/user")))
                         .map(OwnedFd::from)

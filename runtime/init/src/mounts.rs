@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, symlink};
 use std::path::{Path, PathBuf};
 
@@ -40,22 +40,51 @@ fn inside(new_root: &Path, dst: &Path) -> PathBuf {
     new_root.join(rel)
 }
 
-/// Mounts made by the helper before it entered any namespace, for the [`MountOp::BindOwned`] ops
-/// of a plan, by their index in it.
+/// Mounts made by the helper before it entered any namespace: for the [`MountOp::BindOwned`]
+/// ops and the overlays with a `lower_map`, by their index in the plan; and, with an id range,
+/// the root's lower layers idmapped with the commands' namespace, by path.
 #[derive(Default)]
-pub struct Prepared(Vec<(usize, OwnedFd)>);
+pub struct Prepared {
+    ops: Vec<(usize, OwnedFd)>,
+    lowers: Vec<(PathBuf, OwnedFd)>,
+}
 
-/// Makes what the plan's ops need made in the host's namespaces (see [`MountOp::BindOwned`]).
-pub fn prepare(ops: &[MountOp]) -> Result<Prepared, MountError> {
-    let mut made = Vec::new();
+/// Makes what the plan needs made in the host's namespaces (see [`MountOp::BindOwned`] and
+/// [`MountOp::Overlay`]); `range_ns`, the commands' user namespace of a root-run sandbox, maps
+/// the layers of an image root (so its root-owned files are the sandbox root's).
+pub fn prepare(
+    root: &RootPlan,
+    ops: &[MountOp],
+    range_ns: Option<BorrowedFd<'_>>,
+) -> Result<Prepared, MountError> {
+    let mut made = Prepared::default();
     for (i, op) in ops.iter().enumerate() {
-        if let MountOp::BindOwned { src, uid, gid, .. } = op {
-            let tree = idmap::owned_bind(src, *uid, *gid)
-                .map_err(err("cannot make an idmapped mount of", src))?;
-            made.push((i, tree));
+        match op {
+            MountOp::BindOwned { src, uid, gid, .. } => {
+                let tree = idmap::owned_bind(src, *uid, *gid)
+                    .map_err(err("cannot make an idmapped mount of", src))?;
+                made.ops.push((i, tree));
+            }
+            MountOp::Overlay {
+                lower,
+                lower_map: Some(map),
+                ..
+            } => {
+                let tree = idmap::owner_bind(lower, map)
+                    .map_err(err("cannot make an idmapped mount of", lower))?;
+                made.ops.push((i, tree));
+            }
+            _ => {}
         }
     }
-    Ok(Prepared(made))
+    if let (RootPlan::Layers { lower, .. }, Some(ns)) = (root, range_ns) {
+        for l in lower {
+            let tree =
+                idmap::mapped_tree(l, ns).map_err(err("cannot make an idmapped mount of", l))?;
+            made.lowers.push((l.clone(), tree));
+        }
+    }
+    Ok(made)
 }
 
 /// Builds the whole tree: the root (the host's view read-only, or an image's layers), then each
@@ -75,6 +104,23 @@ pub fn build(
         None::<&str>,
     )
     .map_err(nix_err("cannot make mounts private on", Path::new("/")))?;
+    // The idmapped layers go on top of their own paths, in this namespace only: the root's
+    // layers and the workspace's lower layer (a restore's remount names the same paths).
+    for (path, tree) in prepared.lowers.drain(..) {
+        idmap::attach(&tree, &path).map_err(err("cannot attach a mount on", &path))?;
+    }
+    for (i, op) in ops.iter().enumerate() {
+        if let MountOp::Overlay {
+            lower,
+            lower_map: Some(_),
+            ..
+        } = op
+            && let Some(at) = prepared.ops.iter().position(|(j, _)| *j == i)
+        {
+            let (_, tree) = prepared.ops.swap_remove(at);
+            idmap::attach(&tree, lower).map_err(err("cannot attach a mount on", lower))?;
+        }
+    }
     match root {
         RootPlan::Host => {
             mount(
@@ -95,8 +141,8 @@ pub fn build(
         match op {
             MountOp::BindOwned { dst, .. } => {
                 let target = inside(new_root, dst);
-                let at = prepared.0.iter().position(|(j, _)| *j == i);
-                let Some((_, tree)) = at.map(|at| prepared.0.swap_remove(at)) else {
+                let at = prepared.ops.iter().position(|(j, _)| *j == i);
+                let Some((_, tree)) = at.map(|at| prepared.ops.swap_remove(at)) else {
                     return Err(MountError {
                         what: "no prepared mount for",
                         path: target.display().to_string(),
@@ -240,6 +286,7 @@ pub fn apply(new_root: &Path, op: &MountOp) -> Result<(), MountError> {
             upper,
             work,
             dst,
+            lower_map: _,
         } => {
             let target = inside(new_root, dst);
             let data = format!(

@@ -9,7 +9,9 @@ use nix::unistd::{ForkResult, fork, sethostname};
 
 pub use crate::command::report;
 use crate::command::{exec_command_with, fail, reports_file_size_kill};
-use crate::config::{DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, STATUS_FD, Status};
+use crate::config::{
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, STATUS_FD, Status, USERNS_FD,
+};
 use crate::{mounts, seccomp, sys};
 
 /// Entry point of the helper: carries out `config` and never returns.
@@ -31,8 +33,32 @@ pub fn run(config: &InitConfig) -> ! {
             fail("cgroup", format!("cannot join {}: {e}", procs.display()));
         }
     }
+    // Run by root: the commands' user namespace, made now (only the host's root may map a
+    // range of ids) and kept by pid 1 on USERNS_FD for the exec starters. Placed there before
+    // anything else is opened, so that nothing is on that number.
+    if let Some(range) = &config.id_range {
+        match crate::idmap::range_namespace(range) {
+            Ok(ns) => {
+                let raw = std::os::fd::IntoRawFd::into_raw_fd(ns);
+                if raw != USERNS_FD {
+                    if let Err(e) = nix::unistd::dup2(raw, USERNS_FD) {
+                        fail("user namespace", format!("cannot keep its descriptor: {e}"));
+                    }
+                    let _ = nix::unistd::close(raw);
+                }
+            }
+            Err(e) => fail(
+                "user namespace",
+                format!("cannot map the sandbox's ids: {e}"),
+            ),
+        }
+    }
+    // SAFETY: USERNS_FD was placed just above and stays open for the helper's life.
+    let range_ns = config
+        .id_range
+        .map(|_| unsafe { std::os::fd::BorrowedFd::borrow_raw(USERNS_FD) });
     // Idmapped mounts need the host's root: made now, attached by pid 1.
-    let prepared = match mounts::prepare(&config.mounts) {
+    let prepared = match mounts::prepare(&config.root, &config.mounts, range_ns) {
         Ok(p) => p,
         Err(e) => fail("mounts", e),
     };
@@ -112,6 +138,9 @@ pub fn run(config: &InitConfig) -> ! {
             if config.egress.is_some() {
                 // pid 1 sends the listener; once it has, or has died, the runtime sees the end.
                 let _ = nix::unistd::close(EGRESS_FD);
+            }
+            if config.id_range.is_some() {
+                let _ = nix::unistd::close(USERNS_FD);
             }
             report(&Status::Started {
                 pid: child.as_raw(),
@@ -315,6 +344,11 @@ fn mount_disk(plan: &DiskPlan) -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && plan.device.is_some() => {}
             Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
         }
+    }
+    for (name, uid, gid) in &plan.owners {
+        let dir = plan.dir.join(name);
+        std::os::unix::fs::chown(&dir, Some(*uid), Some(*gid))
+            .map_err(|e| format!("cannot give {} its owner: {e}", dir.display()))?;
     }
     let root = std::fs::OpenOptions::new()
         .read(true)

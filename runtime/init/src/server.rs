@@ -19,7 +19,7 @@ use nix::unistd::{ForkResult, Pid, fork};
 
 use crate::command::{exec_confined, fail};
 use crate::config::{InitConfig, STATUS_FD, Status};
-use crate::control::{self, CONTROL_FD, Event, Request};
+use crate::control::{self, CONTROL_FD, Event, ExecIds, Request};
 use crate::mounts;
 
 fn control_fd() -> BorrowedFd<'static> {
@@ -47,10 +47,12 @@ pub fn serve(config: &InitConfig) -> ! {
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&usr1), None);
 
     emit(&Event::Ready);
-    let mut starter = Starter::spawn(config);
+    // One starter per user the execs run as (`None`: the sandbox's own), started when first
+    // needed; the sandbox's own at once.
+    let mut starters: Vec<Starter> = Starter::spawn(config, None).into_iter().collect();
     let mut buf = Vec::new();
     loop {
-        // Collect the starter if it ended, and any orphan that reached pid 1 (reapers of a
+        // Collect the starters that ended, and any orphan that reached pid 1 (reapers of a
         // starter that died, processes that escaped no subreaper).
         loop {
             match waitpid(
@@ -59,40 +61,39 @@ pub fn serve(config: &InitConfig) -> ! {
             ) {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(status) => {
-                    if let (Some(pid), Some(s)) = (status.pid(), starter.as_mut())
-                        && pid == s.pid
+                    if let Some(pid) = status.pid()
+                        && let Some(s) = starters.iter_mut().find(|s| s.pid == pid)
                     {
                         s.reaped = true;
                     }
                 }
             }
         }
-        if starter.as_ref().is_some_and(|s| s.reaped)
-            && let Some(s) = starter.take()
-        {
+        for s in take_where(&mut starters, |s| s.reaped) {
             s.ended();
         }
-        let starter_fd = starter.as_ref().map(|s| s.sock.as_fd());
         let mut fds = vec![PollFd::new(control_fd(), PollFlags::POLLIN)];
-        if let Some(fd) = starter_fd {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-        }
+        fds.extend(
+            starters
+                .iter()
+                .map(|s| PollFd::new(s.sock.as_fd(), PollFlags::POLLIN)),
+        );
         match poll(&mut fds, PollTimeout::from(200u16)) {
             Ok(0) | Err(nix::Error::EINTR) => continue,
             Ok(_) => {}
             Err(e) => fail("control", e),
         }
         let control_ready = fds[0].any().unwrap_or(false);
-        let starter_ready = fds.get(1).is_some_and(|f| f.any().unwrap_or(false));
+        let ready: Vec<bool> = fds[1..].iter().map(|f| f.any().unwrap_or(false)).collect();
         drop(fds);
-        if starter_ready
-            && let Some(s) = starter.as_mut()
-            && !s.read_notes(false)
-        {
-            // The starter is gone (its end closed): answer for what it did not take.
-            if let Some(s) = starter.take() {
-                s.ended();
+        for (s, ready) in starters.iter_mut().zip(ready) {
+            // A starter whose end closed is gone: it is answered for below.
+            if ready && !s.read_notes(false) {
+                s.reaped = true;
             }
+        }
+        for s in take_where(&mut starters, |s| s.reaped) {
+            s.ended();
         }
         if !control_ready {
             continue;
@@ -116,31 +117,44 @@ pub fn serve(config: &InitConfig) -> ! {
         };
         match request {
             Request::Remount { path, ops } => {
-                // The starter's Landlock rules name the workspace's current mount: the commands
-                // after the remount need a starter whose rules name the new one.
-                if let Some(s) = starter.take() {
+                // The starters' Landlock rules name the workspace's current mount: the commands
+                // after the remount need starters whose rules name the new one.
+                for s in starters.drain(..) {
                     s.stop();
                 }
                 let error = remount(Path::new(&path), &ops).err();
                 drop(fds);
                 emit(&Event::Remounted { error });
-                starter = Starter::spawn(config);
+                starters.extend(Starter::spawn(config, None));
             }
-            request => {
-                if starter.is_none() {
-                    starter = Starter::spawn(config);
+            Request::Exec { id, ref user, .. } => {
+                let at = match starters.iter().position(|s| s.user == *user) {
+                    Some(at) => Some(at),
+                    None => Starter::spawn_holding(config, user.as_ref(), &fds).map(|s| {
+                        starters.push(s);
+                        starters.len() - 1
+                    }),
+                };
+                match at {
+                    Some(at) => starters[at].forward(&request, &fds),
+                    None => emit(&not_started(id, "cannot start the exec starter".into())),
                 }
-                match starter.as_mut() {
-                    Some(s) => s.forward(&request, &fds),
-                    None => {
-                        if let Request::Exec { id, .. } = request {
-                            emit(&not_started(id, "cannot start the exec starter".into()));
-                        }
-                    }
+            }
+            // Each starter knows its own execs and ignores the others'.
+            request => {
+                for s in &mut starters {
+                    s.forward(&request, &fds);
                 }
             }
         }
     }
+}
+
+/// Removes and returns the items of `v` for which `pred` holds.
+fn take_where<T>(v: &mut Vec<T>, pred: impl Fn(&T) -> bool) -> Vec<T> {
+    let (taken, kept) = std::mem::take(v).into_iter().partition(|t| pred(t));
+    *v = kept;
+    taken
 }
 
 /// The `Exited` of an exec that never started.
@@ -175,6 +189,8 @@ fn not_started(id: u64, why: String) -> Event {
 struct Starter {
     pid: Pid,
     sock: OwnedFd,
+    /// Who its commands are (`None`: the sandbox's own user).
+    user: Option<ExecIds>,
     /// Execs forwarded and not yet taken.
     pending: std::collections::BTreeSet<u64>,
     /// waitpid returned it.
@@ -185,7 +201,18 @@ struct Starter {
 }
 
 impl Starter {
-    fn spawn(config: &InitConfig) -> Option<Starter> {
+    fn spawn(config: &InitConfig, user: Option<&ExecIds>) -> Option<Starter> {
+        Starter::spawn_holding(config, user, &[])
+    }
+
+    /// As [`Starter::spawn`], while pid 1 holds `held` (an exec's descriptors, which the
+    /// starter receives on its own socket and must not keep a copy of: a pipe's end it held
+    /// would never let the exec's output end).
+    fn spawn_holding(
+        config: &InitConfig,
+        user: Option<&ExecIds>,
+        held: &[OwnedFd],
+    ) -> Option<Starter> {
         use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         let (ours, theirs) = match socketpair(
             AddressFamily::Unix,
@@ -205,11 +232,15 @@ impl Starter {
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
                 drop(ours);
-                starter_main(config, theirs)
+                for fd in held {
+                    let _ = nix::unistd::close(fd.as_raw_fd());
+                }
+                starter_main(config, theirs, user)
             }
             Ok(ForkResult::Parent { child }) => Some(Starter {
                 pid: child,
                 sock: ours,
+                user: user.cloned(),
                 pending: Default::default(),
                 reaped: false,
                 buf: Vec::new(),
@@ -298,12 +329,12 @@ impl Starter {
 }
 
 /// The exec starter's loop (see [`Starter`]). Never returns: it exits when pid 1's end closes.
-fn starter_main(config: &InitConfig, sock: OwnedFd) -> ! {
+fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> ! {
     // SAFETY: prctl with integer arguments only. Not dumpable: the commands, which share its
     // uid, may not reach its memory or descriptors through /proc.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // What could not be confined is every exec's setup error.
-    let mut confined = crate::command::confine_starter(config)
+    let mut confined = crate::command::confine_starter(config, user)
         .map_err(|(stage, message)| format!("{stage}: {message}"));
     let mut reapers: HashMap<u64, Pid> = HashMap::new();
     let mut buf = Vec::new();
@@ -342,7 +373,9 @@ fn starter_main(config: &InitConfig, sock: OwnedFd) -> ! {
             }
         };
         match request {
-            Request::Exec { id, argv, cwd, env } => {
+            Request::Exec {
+                id, argv, cwd, env, ..
+            } => {
                 let stdio = match (<[OwnedFd; 3]>::try_from(fds), &confined) {
                     (Ok(stdio), Ok(_)) => stdio,
                     (Err(_), _) => {

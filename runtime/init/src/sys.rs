@@ -130,11 +130,26 @@ pub fn loopback_up() -> io::Result<()> {
 /// bring any back), the ambient set, and the effective, permitted and inheritable sets. Also locks
 /// the securebits so uid 0 gets no capabilities back through exec.
 pub fn drop_all_capabilities() -> io::Result<()> {
+    limit_capabilities(&[], || Ok(()))
+}
+
+/// As [`drop_all_capabilities`], except for `keep` (capability numbers), which stay in every
+/// set, the ambient one included, so that they survive the command's exec (and only those: the
+/// securebits keep uid 0 from getting the rest back). `between` runs once the bounding set is
+/// cut and before the other sets are (an identity switch, which needs CAP_SETUID and CAP_SETGID
+/// and, away from uid 0, clears the capabilities by itself).
+pub fn limit_capabilities(
+    keep: &[u32],
+    between: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
     let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(63);
     for cap in 0..=last_cap {
+        if keep.iter().any(|k| u64::from(*k) == cap) {
+            continue;
+        }
         // SAFETY: prctl with integer arguments only.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         if rc != 0 {
@@ -154,11 +169,18 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             0,
         )
     };
-    // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | ..._LOCKED | SECBIT_KEEP_CAPS_LOCKED
-    // | SECBIT_NO_CAP_AMBIENT_RAISE | ..._LOCKED. Needs CAP_SETPCAP, which we still hold here.
-    let bits: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+    // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_KEEP_CAPS_LOCKED, and with nothing to keep
+    // also SECBIT_NO_SETUID_FIXUP | ..._LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE | ..._LOCKED.
+    // (Kept capabilities go when an identity switch leaves uid 0: the fixup stays on.) Needs
+    // CAP_SETPCAP, which we still hold here.
+    let bits: libc::c_ulong = if keep.is_empty() {
+        0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+    } else {
+        0x01 | 0x02 | 0x20
+    };
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) };
+    between()?;
     #[repr(C)]
     struct CapHeader {
         version: u32,
@@ -175,11 +197,17 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
         pid: 0,
     };
-    let data = [CapData {
+    let mut data = [CapData {
         effective: 0,
         permitted: 0,
         inheritable: 0,
     }; 2];
+    for k in keep.iter().filter(|k| u64::from(**k) <= last_cap) {
+        let (word, bit) = ((*k / 32) as usize, 1u32 << (*k % 32));
+        data[word].effective |= bit;
+        data[word].permitted |= bit;
+        data[word].inheritable |= bit;
+    }
     // SAFETY: header and data are the v3 layout the kernel expects (two CapData for 64 caps);
     // both outlive the call and the kernel only reads `data`.
     let rc = unsafe {
@@ -189,11 +217,53 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             data.as_ptr(),
         )
     };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
+    for k in keep {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE,
+                libc::c_ulong::from(*k),
+                0,
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Enters the user namespace open on `fd` (with every capability in it) and closes `fd`.
+pub fn enter_user_namespace(fd: i32) -> io::Result<()> {
+    // SAFETY: setns with a descriptor number and a flag; a bad descriptor is an error.
+    let rc = unsafe { libc::setns(fd, libc::CLONE_NEWUSER) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closing a descriptor number this process owns and no longer uses.
+    unsafe { libc::close(fd) };
+    if rc == 0 { Ok(()) } else { Err(err) }
+}
+
+/// Becomes `uid`:`gid` with supplementary `groups` (ids of the current user namespace).
+pub fn switch_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: `groups` is a valid slice of gid_t for its length during the call.
+    let rc = unsafe { libc::setgroups(groups.len(), groups.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments only.
+    if unsafe { libc::setresgid(gid, gid, gid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments only.
+    if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Sets the parent-death signal of the calling process.

@@ -4,7 +4,8 @@
 //!
 //! It holds the workspace overlay's upper and work directories, the directories bound on
 //! `/tmp`, `/var/tmp`, `/dev/shm`, `/run` and the private home, and (long-lived sandboxes) the
-//! spill files of execs ([`SUBDIRS`]). Two kinds:
+//! spill files of execs and a writable root's upper layer (`filesystem.root`) ([`SUBDIRS`]).
+//! Two kinds:
 //!
 //! - **`loop-ext4`** (taskbox runs as root and the kernel has loop devices): a sparse image file
 //!   of exactly the quota's size, copied from a template made once per size with `mkfs.ext4`
@@ -44,6 +45,8 @@ pub const SUBDIRS: &[(&str, u32)] = &[
     ("run", 0o755),
     ("home", 0o755),
     ("out", 0o755),
+    ("root-upper", 0o755),
+    ("root-work", 0o755),
 ];
 
 /// A disk that could not be made.
@@ -182,6 +185,7 @@ impl Disk {
                 .map(|(name, mode)| (name.to_string(), *mode))
                 .collect(),
             device: self.device.as_ref().map(|d| d.path.clone()),
+            owners: Vec::new(),
         }
     }
 

@@ -26,7 +26,7 @@ pub mod loopdev;
 pub mod slots;
 
 // The crates below, under the names the modules use.
-pub(crate) use taskbox_contract::{api, result, support};
+pub(crate) use taskbox_contract::{accounts, api, result, support};
 pub(crate) use taskbox_policy as policy;
 pub(crate) use taskbox_workspace::{capture, changes, fsops};
 
@@ -425,6 +425,33 @@ fn fs_at<H: Handle, T: Send>(
     }
 }
 
+/// The user `spec` names in `sb`, resolved against the sandbox's own `/etc/passwd` and
+/// `/etc/group` as they are now (read as the sandbox's user, beneath its root: a link there
+/// cannot make the supervisor read a host file), so a user an earlier exec added counts.
+fn exec_user<H: Handle>(sb: &H, spec: &str) -> Result<crate::accounts::ExecUser, ApiError> {
+    use crate::accounts::{MAX_ACCOUNTS_FILE, parse_group, parse_passwd, resolve};
+    let read = |path: &str| -> Result<String, ApiError> {
+        let req = ReadRequest {
+            path: path.into(),
+            max_bytes: Some(MAX_ACCOUNTS_FILE),
+            ..ReadRequest::default()
+        };
+        match fs_at(sb, Place::Root, |fs| fs.read(&req)) {
+            Ok(r) if !r.binary && !r.truncated => Ok(r.content),
+            Ok(_) => Err(ApiError::invalid(format!(
+                "user {spec:?}: the sandbox's {path} is not a text file of at most \
+                 {MAX_ACCOUNTS_FILE} bytes"
+            ))),
+            // No such file: no named users (a numeric uid still resolves).
+            Err(ApiError::NotFound(_)) => Ok(String::new()),
+            Err(e) => Err(e),
+        }
+    };
+    let passwd = parse_passwd(&read("/etc/passwd")?);
+    let group = parse_group(&read("/etc/group")?);
+    resolve(spec, &passwd, &group)
+}
+
 /// `req` with both paths absolute when either is (a relative one taken as the workspace's), so
 /// that both resolve beneath one root.
 fn rename_place(req: &MoveRequest, workdir: &str) -> (Place, MoveRequest) {
@@ -557,7 +584,18 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     ) -> Result<ExecOutcome, ApiError> {
         let sb = self.get(id)?;
         let _g = sb.common().layers.exec_shared()?;
-        let plan = sb.common().plan(&req)?;
+        let mut plan = sb.common().plan(&req)?;
+        if let Some(spec) = &plan.user {
+            let user = exec_user(&*sb, spec)?;
+            // The user's own home, unless the request sets one.
+            if let Some(home) = &user.home
+                && !req.env.contains_key("HOME")
+            {
+                plan.env.retain(|(k, _)| k != "HOME");
+                plan.env.push(("HOME".into(), home.clone()));
+            }
+            plan.exec_user = Some(user);
+        }
         let Some(events) = events else {
             return sb.exec(plan, None);
         };

@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use taskbox_protocol::config::RootPlan;
+use taskbox_protocol::config::{IdRange, RootPlan};
 
 use crate::accounts::{PasswdEntry, parse_passwd};
 use crate::api::ReadRequest;
@@ -50,7 +50,21 @@ pub(crate) struct Identity {
     pub(crate) user_namespace: bool,
     pub(crate) inner_uid: Option<u32>,
     pub(crate) inner_gid: Option<u32>,
+    /// A root-run long-lived sandbox's ids ([`Identity::in_range`]): the commands are
+    /// `inner_uid`:`inner_gid` (0 when unset) of a user namespace of their own that maps the
+    /// sandbox's ids onto this range of unprivileged host ids.
+    pub(crate) id_range: Option<IdRange>,
 }
+
+/// The host ids a root-run taskbox gives its sandboxes' ids (0..65536 inside): within the
+/// range systemd sets aside for containers' ids (524288..1879048192), so no host account has
+/// them. Every sandbox has the same range: their layers keep the same owners whichever sandbox
+/// wrote them (a checkpoint restores into another sandbox as it was), and sandboxes cannot meet
+/// otherwise (each has its own mount, pid, IPC and network namespaces).
+pub(crate) const ID_RANGE: IdRange = IdRange {
+    base: 0x6000_0000,
+    size: 65536,
+};
 
 impl Identity {
     /// The host view's identity: a user namespace mapping the caller to itself unless root.
@@ -59,7 +73,29 @@ impl Identity {
             user_namespace: !is_root,
             inner_uid: None,
             inner_gid: None,
+            id_range: None,
         }
+    }
+
+    /// Run by root: the same ids inside, in a namespace of the sandbox's own over
+    /// [`ID_RANGE`], so that no command is a host id that owns anything (root inside
+    /// included).
+    pub(crate) fn in_range(self) -> Identity {
+        Identity {
+            user_namespace: false,
+            inner_uid: Some(self.inner_uid.unwrap_or(0)),
+            inner_gid: Some(self.inner_gid.unwrap_or(0)),
+            id_range: Some(ID_RANGE),
+        }
+    }
+
+    /// The host ids of the commands' default user when they have a range of their own.
+    pub(crate) fn ranged_user(&self) -> Option<(u32, u32)> {
+        let range = self.id_range?;
+        Some((
+            range.host(self.inner_uid.unwrap_or(0))?,
+            range.host(self.inner_gid.unwrap_or(0))?,
+        ))
     }
 
     /// Who the commands are on the host, whatever ids they see: the one place their kernel
@@ -68,7 +104,14 @@ impl Identity {
     /// own ids and groups (a user namespace maps the sandbox's user onto them; as root,
     /// without one, uid 0 with no capability).
     pub(crate) fn host_user(&self) -> taskbox_kit::SandboxUser {
-        taskbox_kit::SandboxUser::of_this_process()
+        match self.ranged_user() {
+            Some((uid, gid)) => taskbox_kit::SandboxUser {
+                uid,
+                gid,
+                groups: Vec::new(),
+            },
+            None => taskbox_kit::SandboxUser::of_this_process(),
+        }
     }
 
     /// With an image that names `user` (uid, gid): those ids mapped onto the caller's. Root asked
@@ -81,6 +124,7 @@ impl Identity {
                 user_namespace: true,
                 inner_uid: Some(uid),
                 inner_gid: Some(gid),
+                id_range: None,
             },
         }
     }
@@ -385,6 +429,7 @@ mod tests {
             user_namespace: true,
             inner_uid: Some(1000),
             inner_gid: Some(0),
+            id_range: None,
         };
         assert_eq!(Identity::for_image(true, Some((1000, 0))), mapped);
         assert_eq!(Identity::for_image(false, Some((1000, 0))), mapped);
@@ -392,6 +437,7 @@ mod tests {
             user_namespace: true,
             inner_uid: Some(0),
             inner_gid: Some(0),
+            id_range: None,
         };
         assert_eq!(Identity::for_image(false, Some((0, 0))), root_inside);
     }

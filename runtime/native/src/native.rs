@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use taskbox_protocol::config::{
-    DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, Rlimit, RlimitResource,
-    RootPlan, STATUS_FD, Status,
+    DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, OwnerMap, Rlimit,
+    RlimitResource, RootPlan, STATUS_FD, Status,
 };
 
 use crate::capture::Capture;
@@ -409,6 +409,7 @@ pub(crate) fn plan_mounts(
     run: &RunDir,
     write_through: bool,
     root: RootView<'_>,
+    owner_as: Option<(u32, u32)>,
 ) -> (Vec<MountOp>, Vec<PathBuf>) {
     let mut ops = Vec::new();
     let mut writable = vec![PathBuf::from("/tmp"), PathBuf::from("/dev")];
@@ -485,11 +486,23 @@ pub(crate) fn plan_mounts(
             writable.push(ws.inside.clone());
         }
         (false, WorkspaceMode::Overlay) => {
+            // With `owner_as` (the host ids of a root-run sandbox's user), the lower layer is
+            // mapped so that its owner's files are that user's.
+            let lower_map = owner_as.and_then(|(as_uid, as_gid)| {
+                let md = fs::metadata(&ws.host).ok()?;
+                Some(OwnerMap {
+                    uid: md.uid(),
+                    gid: md.gid(),
+                    as_uid,
+                    as_gid,
+                })
+            });
             ops.push(MountOp::Overlay {
                 lower: ws.host.clone(),
                 upper: run.planned("upper"),
                 work: run.planned("work"),
                 dst: ws.inside.clone(),
+                lower_map,
             });
             writable.push(ws.inside.clone());
         }
@@ -930,8 +943,14 @@ pub fn run_with(
     )?;
     let rlimits = rlimits_for(&req.policy, cgroup.is_some());
 
-    let (mounts, write_paths) =
-        plan_mounts(&req.policy, &ws, &run_dir, req.write_through, root_view);
+    let (mounts, write_paths) = plan_mounts(
+        &req.policy,
+        &ws,
+        &run_dir,
+        req.write_through,
+        root_view,
+        None,
+    );
     let cwd = req.cwd.clone().unwrap_or_else(|| ws.inside.clone());
     let cwd = if cwd.is_absolute() {
         cwd
@@ -974,6 +993,9 @@ pub fn run_with(
         refuse_setid_modes: req.write_through,
         rlimits,
         cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
+        // One-shot runs keep the caller's identity (see docs/security.md, "Running as root").
+        id_range: None,
+        root_capabilities: Vec::new(),
         control: false,
         egress: egress.as_ref().map(|_| EgressPlan {
             port: egress::PROXY_PORT,
@@ -1691,6 +1713,7 @@ mod tests {
                 view: &view,
                 build: false,
             },
+            None,
         );
         for op in &ops {
             for src in host_sources(op) {
@@ -1724,6 +1747,7 @@ mod tests {
                 view: &view,
                 build: true,
             },
+            None,
         );
         assert!(writable.contains(&PathBuf::from("/")));
     }

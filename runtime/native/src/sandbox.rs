@@ -26,7 +26,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use taskbox_protocol::config::{
     DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status,
 };
-use taskbox_protocol::control::{self, CONTROL_FD, Event, Request};
+use taskbox_protocol::control::{self, CONTROL_FD, Event, ExecIds, Request};
 
 use crate::api::*;
 use crate::cgroup::{Cgroup, CgroupLimits, OomCounter};
@@ -42,7 +42,7 @@ use crate::kit::{
     Options, ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
 };
 use crate::native::{self, RunDir};
-use crate::policy::{LandlockMode, NetworkMode, WorkspaceMode};
+use crate::policy::{LandlockMode, NetworkMode, RootMode, WorkspaceMode};
 use crate::result::{Enforcement, ExecResult};
 
 /// pid 1's private mount of the sandbox's state directory and the host workspace.
@@ -203,6 +203,8 @@ pub struct Sandbox {
     /// pid 1's answer to the last remount request (`Some(error)` when it failed), until taken.
     remounted: Mutex<Option<Option<String>>>,
     remount_cond: Condvar,
+    /// Who the commands are (the ids an exec as another user may take).
+    identity: Identity,
 }
 
 impl Sandbox {
@@ -461,7 +463,15 @@ impl Native {
             .map_err(|e| ApiError::internal(format!("cannot create the mask file: {e}")))?;
         let _ = fs::set_permissions(dirs.empty_file(), fs::Permissions::from_mode(0o444));
 
+        let writable_root = policy.filesystem.root == RootMode::Writable;
         let (root_plan, root_view, identity) = match &view {
+            None if writable_root => {
+                return Err(ApiError::invalid(format!(
+                    "policy {policy_name:?} has filesystem.root = \"writable\", which needs an \
+                     image (the host view's root is the host's own, which no sandbox writes); \
+                     give an image, or leave filesystem.root read-only"
+                )));
+            }
             None => (
                 RootPlan::Host,
                 native::RootView::Host,
@@ -471,15 +481,28 @@ impl Native {
                 let scaffold = dirs.dir.join("scaffold");
                 v.prepare_scaffold(&scaffold)
                     .map_err(|e| ApiError::internal(e.to_string()))?;
+                // A writable root's changes land in a layer on the sandbox's disk.
+                let upper =
+                    writable_root.then(|| (dirs.planned("root-upper"), dirs.planned("root-work")));
                 (
-                    v.root_plan(&scaffold, None),
+                    v.root_plan(
+                        &scaffold,
+                        upper.as_ref().map(|(u, w)| (u.as_path(), w.as_path())),
+                    ),
                     native::RootView::Image {
                         view: v,
-                        build: false,
+                        build: writable_root,
                     },
                     v.identity,
                 )
             }
+        };
+        // Run by root, the commands are ids of a namespace of their own (docs/security.md,
+        // "Running as root").
+        let identity = if is_root {
+            identity.in_range()
+        } else {
+            identity
         };
         // Who the commands are on the host: the helper's maps and the file operations both
         // take it from here.
@@ -499,7 +522,14 @@ impl Native {
             .map_err(|e| ApiError::internal(e.to_string()))?,
         );
         let rlimits = native::rlimits_for(&policy, cgroup.0.is_some());
-        let (mut mounts, write_paths) = native::plan_mounts(&policy, &ws, &dirs, false, root_view);
+        let (mut mounts, write_paths) = native::plan_mounts(
+            &policy,
+            &ws,
+            &dirs,
+            false,
+            root_view,
+            identity.ranged_user(),
+        );
         // pid 1's private view of the sandbox's state and of the host workspace, needed to
         // remount the overlay on restore (overlayfs takes its layers only from mounts of the
         // caller's own namespace). The directory is mode 000 on a read-only tmpfs: the
@@ -592,7 +622,32 @@ impl Native {
                 .unwrap_or_default(),
             control: true,
             egress: egress.as_ref().map(|_| EgressPlan { port: PROXY_PORT }),
-            disk: dirs.disk.as_mut().map(crate::disk::Disk::plan),
+            disk: dirs.disk.as_mut().map(|d| {
+                let mut plan = d.plan();
+                // The workspace's root (its upper layer's) is the sandbox user's, and a
+                // writable root's is the sandbox root's, as their lower layers show them; so
+                // is /run (lock files of tools run as root: adduser, apt).
+                if let (Some(range), Some((uid, gid))) = (identity.id_range, identity.ranged_user())
+                {
+                    plan.owners.push(("upper".into(), uid, gid));
+                    for dir in ["root-upper", "run"] {
+                        plan.owners.push((dir.into(), range.base, range.base));
+                    }
+                }
+                plan
+            }),
+            id_range: identity.id_range,
+            // Only where uid 0 is not the host's root.
+            root_capabilities: if identity.user_namespace || identity.id_range.is_some() {
+                policy
+                    .security
+                    .root_capabilities
+                    .iter()
+                    .map(|c| c.number())
+                    .collect()
+            } else {
+                Vec::new()
+            },
         };
         let plan_path = dirs.dir.join("plan.json");
         let plan = serde_json::to_vec_pretty(&config)
@@ -740,6 +795,7 @@ impl Native {
             lost: AtomicBool::new(false),
             remounted: Mutex::new(None),
             remount_cond: Condvar::new(),
+            identity,
         });
         let weak = Arc::downgrade(&sandbox);
         if let Err(e) = std::thread::Builder::new()
@@ -902,6 +958,54 @@ struct Baseline {
 }
 
 impl Sandbox {
+    /// The ids (inside) of the user the plan names, `None` for the sandbox's own user. A
+    /// root-run sandbox can be any user its range maps; a rootless one has its one user.
+    fn exec_ids(&self, plan: &ExecPlan) -> Result<Option<ExecIds>, ApiError> {
+        let Some(user) = &plan.exec_user else {
+            return Ok(None);
+        };
+        let id = &self.identity;
+        let own = (
+            id.inner_uid
+                .unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
+            id.inner_gid
+                .unwrap_or_else(|| nix::unistd::getegid().as_raw()),
+        );
+        let name = plan.user.as_deref().unwrap_or_default();
+        match id.id_range {
+            Some(range) => {
+                let outside = [user.uid, user.gid]
+                    .into_iter()
+                    .chain(user.groups.iter().copied())
+                    .find(|i| range.host(*i).is_none());
+                if let Some(i) = outside {
+                    return Err(ApiError::invalid(format!(
+                        "user {name:?}: id {i} is outside the sandbox's ids (0 to {}); \
+                         give a user whose uid, gid and groups are below {}",
+                        range.size - 1,
+                        range.size
+                    )));
+                }
+                if (user.uid, user.gid) == own && user.groups.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(ExecIds {
+                    uid: user.uid,
+                    gid: user.gid,
+                    groups: user.groups.clone(),
+                }))
+            }
+            // One id is mapped: the sandbox's own user is the only one there is.
+            None if user.uid == own.0 => Ok(None),
+            None => Err(ApiError::invalid(format!(
+                "user {name:?} (uid {}): this sandbox runs its commands as uid {} alone, since \
+                 taskbox runs without root here (an unprivileged user namespace maps one id); \
+                 run the supervisor as root to exec as other users",
+                user.uid, own.0
+            ))),
+        }
+    }
+
     fn start_exec(self: &Arc<Self>, plan: &ExecPlan) -> Result<(Arc<Slot>, Pipes), ApiError> {
         if self.lost.load(Ordering::SeqCst) {
             return Err(self.lost_error());
@@ -909,6 +1013,7 @@ impl Sandbox {
         // What execve would refuse is refused here, naming the limit. The command inherits
         // this process's stack limit (no rlimit of the plan changes it).
         plan.check(exec_limits::own_argument_space(), &[])?;
+        let user = self.exec_ids(plan)?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let (in_r, in_w) = pipe()?;
@@ -942,6 +1047,7 @@ impl Sandbox {
                 argv: plan.argv.clone(),
                 cwd: plan.cwd.clone(),
                 env: plan.env.clone(),
+                user,
             },
             &[
                 in_r.as_raw_fd(),
@@ -1343,6 +1449,7 @@ impl Handle for Sandbox {
             upper: private.join(on_disk).join("upper.next"),
             work: private.join(on_disk).join("work.next"),
             dst: self.ws.inside.clone(),
+            lower_map: None,
         }];
         let empty = private.join("state/empty");
         let guards = native::workspace_guard_ops(&self.common.policy, &self.ws, &empty, false);

@@ -67,6 +67,46 @@ pub struct InitConfig {
     /// anything else and hands the runtime a descriptor of its root on [`DISK_FD`].
     #[serde(default)]
     pub disk: Option<DiskPlan>,
+    /// Run by root: the commands' own user namespace, which maps the sandbox's ids onto an
+    /// unprivileged range of the host's (see [`IdRange`]); `user_namespace` is then false (pid 1
+    /// and the mount tree stay the host root's), and `inner_uid`/`inner_gid` are the commands'
+    /// default ids inside it (0 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_range: Option<IdRange>,
+    /// Capabilities (numbers) a command running as uid 0 of the sandbox keeps, as ambient
+    /// capabilities, within a user namespace of the sandbox's own (never given otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_capabilities: Vec<u32>,
+}
+
+/// The ids of a sandbox of a root-run taskbox: ids `0..size` inside are host ids
+/// `base..base + size`, which no host account has. The commands enter a user namespace with
+/// this map (every command of the sandbox is an unprivileged host id, root inside included),
+/// and the layers they see are idmapped mounts with the same map (an image's root-owned files
+/// are root's inside) or with a map of the workspace owner onto the sandbox's user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdRange {
+    pub base: u32,
+    pub size: u32,
+}
+
+impl IdRange {
+    /// The host id of `inside` (an id of the sandbox), if the range maps it.
+    pub fn host(&self, inside: u32) -> Option<u32> {
+        (inside < self.size).then(|| self.base + inside)
+    }
+}
+
+/// An id mapping of one mount: files of host `uid`/`gid` appear as host ids `as_uid`/`as_gid`
+/// (and what those create is stored as `uid`/`gid`); other owners appear as the overflow id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnerMap {
+    pub uid: u32,
+    pub gid: u32,
+    pub as_uid: u32,
+    pub as_gid: u32,
 }
 
 /// The options a disk's ext4 is mounted with (with `nosuid`, `nodev`, `noatime`): no zeroing of
@@ -85,6 +125,11 @@ pub struct DiskPlan {
     pub size_bytes: u64,
     /// Directories made on it (name, mode), before anything is mounted from them.
     pub subdirs: Vec<(String, u32)>,
+    /// Owners (host uid, gid) given to some of them once made (by name): with an [`IdRange`],
+    /// the workspace's upper layer belongs to the sandbox's user, so that it owns the
+    /// workspace's root inside as it owns its lower layer's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<(String, u32, u32)>,
     /// A loop device holding an ext4 of `size_bytes` (made by the runtime, as root), mounted
     /// instead of a tmpfs. The helper mounts it before it enters a user namespace, in a mount
     /// namespace of its own.
@@ -153,11 +198,16 @@ pub enum MountOp {
     /// read-only) host file `empty`. Skipped when the path does not exist in the sandbox.
     Mask { dst: PathBuf, empty: PathBuf },
     /// An overlay of `lower` (a host path) with the run's `upper` and `work` directories.
+    /// With `lower_map`, the lower layer is an idmapped mount of `lower` (made by the helper
+    /// before any namespace, as [`MountOp::BindOwned`]; pid 1 stacks it on `lower` in its own
+    /// mount namespace, so every later use of the path, a restore's remount too, sees it).
     Overlay {
         lower: PathBuf,
         upper: PathBuf,
         work: PathBuf,
         dst: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lower_map: Option<OwnerMap>,
     },
     /// A fresh procfs of the sandbox's pid namespace.
     Proc { dst: PathBuf },
@@ -267,3 +317,7 @@ pub const EGRESS_FD: i32 = 5;
 /// The descriptor of the socket (a `SOCK_SEQPACKET` pair with the runtime) on which the helper
 /// sends a descriptor of its tmpfs disk's root ([`DiskPlan`]); only given with `disk` set.
 pub const DISK_FD: i32 = 6;
+
+/// The descriptor of the commands' user namespace ([`IdRange`]): made by the helper, kept by
+/// pid 1 for the exec starters, which enter it; no command holds it.
+pub const USERNS_FD: i32 = 7;

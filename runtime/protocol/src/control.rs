@@ -52,6 +52,9 @@ pub enum Request {
         argv: Vec<String>,
         cwd: String,
         env: Vec<(String, String)>,
+        /// Another user of the sandbox than its default one (ids inside the sandbox).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<ExecIds>,
     },
     /// Send `signal` to the main process of exec `id` (its pid inside the sandbox).
     Signal { id: u64, pid: i32, signal: i32 },
@@ -62,6 +65,15 @@ pub enum Request {
     /// Detach the workspace overlay at `path` and carry out these ops in its place (their host
     /// paths are the sandbox's private view of its state, see the runtime's sandbox module).
     Remount { path: String, ops: Vec<MountOp> },
+}
+
+/// Who an exec runs as, in the sandbox's own ids: uid, primary gid, supplementary groups.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ExecIds {
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default)]
+    pub groups: Vec<u32>,
 }
 
 /// An event from the sandbox to the runtime.
@@ -328,6 +340,7 @@ mod tests {
             argv,
             cwd: "/w".into(),
             env: vec![("K".into(), "v".into())],
+            user: None,
         }
     }
 

@@ -157,6 +157,7 @@ mod tests {
                     "stdin",
                     "stdin_encoding",
                     "timeout_ms",
+                    "user",
                 ][..],
             ),
             (
