@@ -630,8 +630,15 @@ fn header_line(h: &TraceHeader) -> Vec<u8> {
 }
 
 /// An op as one line (already sanitised by [`append_op`]).
+/// [`Line`] as written, borrowing what it writes (an exec's op holds its whole result).
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum LineRef<'a> {
+    Op(&'a TraceOp),
+}
+
 fn op_line(op: &TraceOp) -> Vec<u8> {
-    let mut bytes = serde_json::to_vec(&Line::Op(op.clone())).unwrap_or_default();
+    let mut bytes = serde_json::to_vec(&LineRef::Op(op)).unwrap_or_default();
     bytes.push(b'\n');
     bytes
 }
@@ -1741,6 +1748,19 @@ mod tests {
             out.extend(op_line(&o));
         }
         out
+    }
+
+    #[test]
+    fn an_op_line_is_written_as_the_line_it_is_read_as() {
+        let o = op(
+            3,
+            "exec",
+            json!({"argv": ["true"]}),
+            Outcome::Ok(json!({"exit_code": 0})),
+        );
+        let mut owned = serde_json::to_vec(&Line::Op(o.clone())).unwrap();
+        owned.push(b'\n');
+        assert_eq!(op_line(&o), owned);
     }
 
     fn write_tmp(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
