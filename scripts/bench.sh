@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house]...
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk]...
 #                                                                          (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
@@ -53,6 +53,14 @@
 #            BENCH_API_IDLE (64) idle sandboxes. Reports old, new, new/old, the range of new/old
 #            over the rounds (the run-to-run spread), and "no slower" when new/old is at most 1
 #            or some round had new at or below old. Not part of `all` (it builds a second revision).
+#   sdk      `exec ["true"]` through the Python SDK (python/src, its sync client `Sandbox.exec` and
+#            its async one, over the supervisor's Unix socket) against inspect-ai's `local` sandbox
+#            (`LocalSandboxEnvironment.exec`, a plain subprocess), BENCH_SDK_EXECS (200)
+#            sequential calls per side in each of BENCH_SDK_ROUNDS (5) rounds whose order
+#            alternates, in one Python process (scripts/bench_sdk.py); p50/p99 of each side and
+#            the ratio SDK/local (target: <= 1, no slower than local); then BENCH_SDK_CREATES (40)
+#            sandbox create + destroy through the SDK (p50/p99). Needs inspect-ai and pydantic
+#            under python3. Not part of `all`.
 #   all      startup profile diff memory api docker egress replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
@@ -94,6 +102,9 @@
 #   BENCH_HOUSE_DIFFS    house: diffs per build per round (default 40)
 #   BENCH_HOUSE_CYCLES   house: checkpoint/change/restore cycles per build per round (default 10)
 #   BENCH_HOUSE_IDLE_ROUNDS  house: fresh supervisors per build for the memory figure (default 4)
+#   BENCH_SDK_ROUNDS  sdk: rounds (default 5)
+#   BENCH_SDK_EXECS   sdk: measured execs per side per round (default 200)
+#   BENCH_SDK_CREATES sdk: measured sandbox create + destroy (default 40)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -110,7 +121,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
-want_house=0
+want_house=0 want_sdk=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
@@ -124,6 +135,7 @@ for arg in "$@"; do
     egress) want_egress=1 ;;
     replay) want_replay=1 ;;
     house) want_house=1 ;;
+    sdk) want_sdk=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -1137,6 +1149,34 @@ print(f"| replay of {d['ops']} ops: whole `taskbox replay` process beyond the ba
 PY
 }
 
+# ---- sdk -------------------------------------------------------------------------------------
+# The Python SDK's exec against inspect's local sandbox (issue 15's "Measured"), interleaved in
+# rounds in one Python process, against a supervisor of this build on a Unix socket.
+bench_sdk() {
+  python3 -c 'import pydantic, inspect_ai' 2>/dev/null \
+    || die "sdk: python3 lacks pydantic or inspect-ai (pip install pydantic inspect-ai)"
+  serve_start sdk
+  log "sdk: exec true through the Python SDK vs inspect's local sandbox (${BENCH_SDK_ROUNDS:-5} rounds x ${BENCH_SDK_EXECS:-200} each)"
+  python3 "$repo/scripts/bench_sdk.py" --socket "$SERVE_SOCK" --workspace "$SCRATCH/ws" \
+    --rounds "${BENCH_SDK_ROUNDS:-5}" --execs "${BENCH_SDK_EXECS:-200}" \
+    --creates "${BENCH_SDK_CREATES:-40}" >"$SCRATCH/sdk.json"
+  serve_stop
+  python3 - "$SCRATCH/sdk.json" <<'PY' | tee -a "$ROWS"
+import json, sys
+d = json.load(open(sys.argv[1]))
+s, l = d["sides"]["sdk"], d["sides"]["local"]
+r, rr = s["p50"] / l["p50"], d["round_ratios"]
+ok = "yes" if r <= 1 else "no"
+print(f"| `exec true` through the Python SDK (sync) vs inspect `local`, p50 (n={s['n']} each) | {s['p50']:.2f} ms (p99 {s['p99']:.2f}) | {l['p50']:.2f} ms (p99 {l['p99']:.2f}) | {r:.2f}x ({min(rr):.2f} to {max(rr):.2f} over {len(rr)} rounds) | <= 1x | {ok} |")
+if "sdk_async" in d["sides"]:
+    a = d["sides"]["sdk_async"]
+    print(f"| same, the SDK's async client | {a['p50']:.2f} ms (p99 {a['p99']:.2f}) | {l['p50']:.2f} ms | {a['p50'] / l['p50']:.2f}x | (reported) | |")
+c = d.get("create_destroy")
+if c:
+    print(f"| sandbox create + destroy through the SDK (n={c['n']}) | p50 {c['p50']:.1f} ms, p99 {c['p99']:.1f} ms | | | (reported) | |")
+PY
+}
+
 # ---- house -----------------------------------------------------------------------------------
 # The old build against the new (issue 14's "Measured"): the same figures of both, interleaved
 # in rounds within one run, each build with its own state directory and supervisor.
@@ -1210,6 +1250,7 @@ bench_house() {
 [ $want_egress = 1 ] && bench_egress
 [ $want_replay = 1 ] && bench_replay
 [ $want_house = 1 ] && bench_house
+[ $want_sdk = 1 ] && bench_sdk
 
 log "results"
 : > "$SCRATCH/results.md"

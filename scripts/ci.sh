@@ -34,8 +34,8 @@ fi
 # The MCP client test (runtime/mcp) uses the Python MCP SDK under the python3 on PATH (which may
 # be another interpreter than /usr/bin/python3): give that one pip if needed, then `mcp`.
 python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }; python3 -m pip install --quiet mcp || python3 -m pip install --quiet --break-system-packages mcp; }
-# The Python SDK (python/) and its suite under the same python3: the SDK's dependencies (httpx,
-# httpx-sse, pydantic), pytest, and maturin, which builds the wheel that the suite installs into a
+# The Python SDK (python/) and its suite under the same python3: the SDK's dependency (pydantic),
+# httpx and httpx-sse (the suite's own probes), pytest, and maturin, which builds the wheel that the suite installs into a
 # fresh venv (scripts/test.sh builds it from the debug build it has just made, so CI compiles
 # nothing twice; TASKBOX_WHEEL_PROFILE=release would add a release build of the whole tree).
 # inspect-ai and mini-swe-agent: the harnesses whose adapters (taskbox.inspect,

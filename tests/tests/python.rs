@@ -116,6 +116,7 @@ python_tests! {
     python_errors => "test_errors.py",
     python_schema => "test_schema.py",
     python_tcp => "test_tcp.py",
+    python_transport => "test_transport.py",
     python_autostart => "test_autostart.py",
     python_wheel => "test_wheel.py",
     python_inspect => "test_inspect.py",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from . import errors, models
 from ._local import default_socket, default_state_dir, find_binary
+from ._transport import Timeout
 from .aio import AsyncClient, AsyncProcess, AsyncSandbox
 from .client import Client, Process, Sandbox
 from .errors import *  # noqa: F403
@@ -67,6 +68,7 @@ __all__ = [
     "default_socket",
     "default_state_dir",
     "find_binary",
+    "Timeout",
     "errors",
     "models",
     "AnsweredEvent",

@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from . import models as m
 from ._routes import route
+from ._transport import Response, TransportError
 from .errors import TaskboxConnectionError, TaskboxError, error_for
 
 T = TypeVar("T")
@@ -33,34 +33,42 @@ class Call(Generic[T]):
 
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[Response], T]
     json: Any = None
     params: dict[str, Any] | None = None
     content: Any = None
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _model(model: type[T]) -> Callable[[httpx.Response], T]:
-    adapter: TypeAdapter[T] = TypeAdapter(model)
-    return lambda r: adapter.validate_json(r.content)
+_ADAPTERS: dict[Any, Any] = {}
 
 
-def _none(_: httpx.Response) -> None:
+def _model(model: type[T]) -> Callable[[Response], T]:
+    """The parser of answers of `model`: its TypeAdapter is built once per model (building one
+    costs twice what validating an ExecResult does)."""
+    parse = _ADAPTERS.get(model)
+    if parse is None:
+        adapter: TypeAdapter[T] = TypeAdapter(model)
+        parse = _ADAPTERS[model] = lambda r: adapter.validate_json(r.content)
+    return parse
+
+
+def _none(_: Response) -> None:
     return None
 
 
-def _text(r: httpx.Response) -> str:
+def _text(r: Response) -> str:
     return r.text
 
 
-def call(op: str, parse: Callable[[httpx.Response], T], *, body: BaseModel | None = None,
+def call(op: str, parse: Callable[[Response], T], *, body: BaseModel | None = None,
          params: dict[str, Any] | None = None, **path: object) -> Call[T]:
     method, p = route(op, **path)
     json_body = body.body() if isinstance(body, m.Request) else None
     return Call(method, p, parse, json=json_body, params=params)
 
 
-def check(r: httpx.Response) -> httpx.Response:
+def check(r: Response) -> Response:
     """`r`, or the exception of its error answer."""
     if r.status_code < 400:
         return r
@@ -80,7 +88,7 @@ def error_of(status: int | None, content: bytes) -> TaskboxError:
         )
 
 
-def connection_error(e: httpx.TransportError, where: str) -> TaskboxConnectionError:
+def connection_error(e: TransportError, where: str) -> TaskboxConnectionError:
     return TaskboxConnectionError(f"cannot reach the supervisor at {where}: {e}")
 
 

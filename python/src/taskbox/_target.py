@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import httpx
-
 from . import _local
+from ._transport import Timeout
 
 #: A base URL for requests over a Unix socket (the host part is not used).
 SOCKET_BASE = "http://taskbox"
 #: Connect quickly or fail; reads wait as long as the command runs (its own timeout bounds it).
-DEFAULT_TIMEOUT = httpx.Timeout(None, connect=10.0)
+DEFAULT_TIMEOUT = Timeout(connect=10.0, read=None)
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-import httpx
-from httpx_sse import aconnect_sse
-
 from . import _calls as calls
 from . import _local
 from . import models as m
 from ._calls import Call, check, connection_error, error_of
 from ._routes import route
 from ._target import DEFAULT_TIMEOUT, Target, resolve, tar_of, workspace_path
+from ._transport import AsyncPool, Timeout, TransportError
+from .client import SSE_HEADERS
 from .errors import NotFoundError, TaskboxConnectionError, TaskboxError
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncProcess"]
@@ -52,21 +51,16 @@ class AsyncClient:
         state_dir: str | os.PathLike[str] | None = None,
         start_supervisor: bool | None = None,
         taskbox_bin: str | os.PathLike[str] | None = None,
-        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        timeout: Timeout | float | None = DEFAULT_TIMEOUT,
     ) -> None:
         """`socket` names another Unix socket; `start_supervisor=False` never starts one;
         `taskbox_bin` is the binary that would (default: this package's own, then PATH);
         `timeout` bounds every request (default: 10 s to connect, no limit to read, since an
-        exec waits for its command)."""
+        exec waits for its command; an `httpx.Timeout` is taken too)."""
         self.target: Target = resolve(url, socket, token, state_dir, start_supervisor)
         self._bin = Path(taskbox_bin) if taskbox_bin is not None else None
-        transport = httpx.AsyncHTTPTransport(uds=str(self.target.socket)) if self.target.socket else None
-        self._http = httpx.AsyncClient(
-            base_url=self.target.base_url,
-            transport=transport,
-            headers=self.target.headers(),
-            timeout=timeout,
-        )
+        sock = str(self.target.socket) if self.target.socket else None
+        self._http = AsyncPool(self.target.base_url, sock, self.target.headers(), timeout)
         self._ready = False
 
     # ---- connection ---------------------------------------------------------------------
@@ -89,8 +83,8 @@ class AsyncClient:
 
     async def _answers(self) -> bool:
         try:
-            return (await self._http.get("/healthz")).status_code == 200
-        except httpx.TransportError:
+            return (await self._http.request("GET", "/healthz")).status_code == 200
+        except TransportError:
             return False
 
     async def send(self, c: Call[T]) -> T:
@@ -101,13 +95,13 @@ class AsyncClient:
                 c.method, c.path, json=c.json, params=c.params, content=c.content,
                 headers=c.headers or None,
             )
-        except httpx.TransportError as e:
+        except TransportError as e:
             raise connection_error(e, self.target.where) from e
         return c.parse(check(r))
 
     async def close(self) -> None:
         """Closes the connection (sandboxes live on until destroyed or their lease ends)."""
-        await self._http.aclose()
+        await self._http.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -190,7 +184,7 @@ class AsyncClient:
         """Sends a workspace as a tar: a local directory (packed here), a tar file, or its
         bytes. Create a sandbox on it with `workspace_id=upload.id`."""
         with tar_of(source) as tar:
-            return await self.send(calls.upload_workspace(_chunks(tar), None if ttl is None else int(ttl)))
+            return await self.send(calls.upload_workspace(tar, None if ttl is None else int(ttl)))
 
     async def clone_workspace(self, url: str, commit: str, *, ttl: float | None = None) -> m.WorkspaceUpload:
         """Lets the supervisor clone a git repository at a full commit id as a workspace."""
@@ -210,21 +204,21 @@ class AsyncClient:
         await self.connect()
         method, path = route("exec", id=id)
         try:
-            async with aconnect_sse(self._http, method, path, json=req.body()) as source:
+            async with await self._http.stream(method, path, json=req.body(), headers=SSE_HEADERS) as source:
                 r = source.response
                 if r.status_code >= 400:
-                    await r.aread()
+                    await source.read()
                     raise error_of(r.status_code, r.content)
-                async for sse in source.aiter_sse():
-                    if sse.event == "error":
-                        raise error_of(None, sse.data.encode())
-                    if not sse.data:
+                async for name, data in source.iter_sse():
+                    if name == "error":
+                        raise error_of(None, data.encode())
+                    if not data:
                         continue
-                    event = m.parse_event(sse.data)
+                    event = m.parse_event(data)
                     yield event
                     if isinstance(event, m.EndedEvent):
                         return
-        except httpx.TransportError as e:
+        except TransportError as e:
             raise connection_error(e, self.target.where) from e
         raise TaskboxConnectionError("the supervisor closed the stream before the command ended")
 
@@ -548,9 +542,3 @@ class AsyncProcess:
     async def close_stdin(self) -> None:
         """Closes the process's standard input (it reads end of file)."""
         await self.sandbox._send(calls.write_stdin(self.sandbox.id, self.exec_id, "", True))
-
-
-async def _chunks(f: IO[bytes], size: int = 1 << 20) -> AsyncIterator[bytes]:
-    """A file's bytes as the async body of a request."""
-    while chunk := f.read(size):
-        yield chunk

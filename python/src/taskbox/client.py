@@ -12,20 +12,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-import httpx
-from httpx_sse import connect_sse
-
 from . import _calls as calls
 from . import _local
 from . import models as m
 from ._calls import Call, check, connection_error, error_of
 from ._routes import route
 from ._target import DEFAULT_TIMEOUT, Target, resolve, tar_of, workspace_path
+from ._transport import Pool, Timeout, TransportError
 from .errors import NotFoundError, TaskboxConnectionError, TaskboxError
 
 __all__ = ["Client", "Sandbox", "Process"]
 
 T = TypeVar("T")
+
+#: What a streamed exec asks for.
+SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
 
 
 class Client:
@@ -51,21 +52,16 @@ class Client:
         state_dir: str | os.PathLike[str] | None = None,
         start_supervisor: bool | None = None,
         taskbox_bin: str | os.PathLike[str] | None = None,
-        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        timeout: Timeout | float | None = DEFAULT_TIMEOUT,
     ) -> None:
         """`socket` names another Unix socket; `start_supervisor=False` never starts one;
         `taskbox_bin` is the binary that would (default: this package's own, then PATH);
         `timeout` bounds every request (default: 10 s to connect, no limit to read, since an
-        exec waits for its command)."""
+        exec waits for its command; an `httpx.Timeout` is taken too)."""
         self.target: Target = resolve(url, socket, token, state_dir, start_supervisor)
         self._bin = Path(taskbox_bin) if taskbox_bin is not None else None
-        transport = httpx.HTTPTransport(uds=str(self.target.socket)) if self.target.socket else None
-        self._http = httpx.Client(
-            base_url=self.target.base_url,
-            transport=transport,
-            headers=self.target.headers(),
-            timeout=timeout,
-        )
+        sock = str(self.target.socket) if self.target.socket else None
+        self._http = Pool(self.target.base_url, sock, self.target.headers(), timeout)
         self._ready = False
 
     # ---- connection ---------------------------------------------------------------------
@@ -88,8 +84,8 @@ class Client:
 
     def _answers(self) -> bool:
         try:
-            return self._http.get("/healthz").status_code == 200
-        except httpx.TransportError:
+            return self._http.request("GET", "/healthz").status_code == 200
+        except TransportError:
             return False
 
     def send(self, c: Call[T]) -> T:
@@ -100,7 +96,7 @@ class Client:
                 c.method, c.path, json=c.json, params=c.params, content=c.content,
                 headers=c.headers or None,
             )
-        except httpx.TransportError as e:
+        except TransportError as e:
             raise connection_error(e, self.target.where) from e
         return c.parse(check(r))
 
@@ -209,21 +205,21 @@ class Client:
         self.connect()
         method, path = route("exec", id=id)
         try:
-            with connect_sse(self._http, method, path, json=req.body()) as source:
+            with self._http.stream(method, path, json=req.body(), headers=SSE_HEADERS) as source:
                 r = source.response
                 if r.status_code >= 400:
-                    r.read()
+                    source.read()
                     raise error_of(r.status_code, r.content)
-                for sse in source.iter_sse():
-                    if sse.event == "error":
-                        raise error_of(None, sse.data.encode())
-                    if not sse.data:
+                for name, data in source.iter_sse():
+                    if name == "error":
+                        raise error_of(None, data.encode())
+                    if not data:
                         continue
-                    event = m.parse_event(sse.data)
+                    event = m.parse_event(data)
                     yield event
                     if isinstance(event, m.EndedEvent):
                         return
-        except httpx.TransportError as e:
+        except TransportError as e:
             raise connection_error(e, self.target.where) from e
         raise TaskboxConnectionError("the supervisor closed the stream before the command ended")
 

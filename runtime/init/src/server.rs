@@ -195,6 +195,9 @@ struct Starter {
     pending: std::collections::BTreeSet<u64>,
     /// waitpid returned it.
     reaped: bool,
+    /// The receive buffer of its notes, kept: [`control::recv`] sizes a new one to a whole
+    /// datagram (64 KiB, zeroed), and a note comes with every exec.
+    buf: Vec<u8>,
 }
 
 impl Starter {
@@ -240,6 +243,7 @@ impl Starter {
                 user: user.cloned(),
                 pending: Default::default(),
                 reaped: false,
+                buf: Vec::new(),
             }),
             Err(e) => {
                 emit(&Event::Error {
@@ -267,7 +271,6 @@ impl Starter {
     /// Reads the starter's notes (the ids of execs taken): those waiting, or with `block` until
     /// none is pending (at most a few seconds). False when the starter's end has closed.
     fn read_notes(&mut self, block: bool) -> bool {
-        let mut buf = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
             let wait = if block && !self.pending.is_empty() {
@@ -292,7 +295,7 @@ impl Starter {
                 Err(_) => return false,
                 Ok(_) => {}
             }
-            match control::recv::<u64>(self.sock.as_fd(), &mut buf) {
+            match control::recv::<u64>(self.sock.as_fd(), &mut self.buf) {
                 Ok(Some((id, _))) => {
                     self.pending.remove(&id);
                 }

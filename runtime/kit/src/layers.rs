@@ -43,6 +43,55 @@ pub struct Layers {
     lock: RwLock<()>,
     /// The paths the host repository tracks (which ignore rules never hide).
     tracked: TrackedFiles,
+    /// The upper layer as the last exec left it, while nothing can have changed it since.
+    last_end: Mutex<LastEnd>,
+}
+
+/// The fingerprint an exec ended with, kept as the next exec's baseline (see
+/// [`Layers::exec_start`]): one scan of the upper layer per exec instead of two.
+#[derive(Debug, Default)]
+struct LastEnd {
+    /// Bumped by every exec's start and at the end of every other operation on the layers: an
+    /// exec keeps its end's fingerprint only when nothing of either happened since it started.
+    epoch: u64,
+    /// Execs started and not yet ended (background ones too).
+    running: u64,
+    print: Option<Fingerprint>,
+}
+
+/// What an exec's changes are measured against (from [`Layers::exec_start`], for
+/// [`Layers::exec_end`]).
+#[derive(Debug)]
+pub struct ExecStart {
+    before: Option<Fingerprint>,
+    epoch: u64,
+}
+
+/// A file operation's (or a diff's) hold on the layers: shared with execs and other
+/// operations. When it ends, the fingerprint of the last exec's end no longer stands for the
+/// upper layer.
+pub struct SharedGuard<'a> {
+    _lock: RwLockReadGuard<'a, ()>,
+    layers: &'a Layers,
+}
+
+impl Drop for SharedGuard<'_> {
+    fn drop(&mut self) {
+        self.layers.forget_last_end();
+    }
+}
+
+/// Checkpoint's and restore's hold on the layers: exclusive (see [`SharedGuard`] for what its
+/// end does).
+pub struct ExclusiveGuard<'a> {
+    _lock: RwLockWriteGuard<'a, ()>,
+    layers: &'a Layers,
+}
+
+impl Drop for ExclusiveGuard<'_> {
+    fn drop(&mut self) {
+        self.layers.forget_last_end();
+    }
 }
 
 /// What an exec changed in the workspace, split for a reviewer ([`review`]).
@@ -67,6 +116,7 @@ impl Layers {
             overlay: true,
             lock: RwLock::new(()),
             tracked: TrackedFiles::default(),
+            last_end: Mutex::new(LastEnd::default()),
         }
     }
 
@@ -82,18 +132,119 @@ impl Layers {
         self
     }
 
-    /// Shared: an exec or a file operation.
-    pub fn shared(&self) -> Result<RwLockReadGuard<'_, ()>, ApiError> {
+    /// Shared: a file operation (or anything else but an exec, which takes
+    /// [`exec_shared`](Self::exec_shared)).
+    pub fn shared(&self) -> Result<SharedGuard<'_>, ApiError> {
+        let lock = self.exec_shared()?;
+        // From its start (an exec starting meanwhile must not take the last end's fingerprint)
+        // to its end.
+        self.forget_last_end();
+        Ok(SharedGuard {
+            _lock: lock,
+            layers: self,
+        })
+    }
+
+    /// Shared, for an exec: its changes are measured by [`exec_start`](Self::exec_start) and
+    /// [`exec_end`](Self::exec_end).
+    pub fn exec_shared(&self) -> Result<RwLockReadGuard<'_, ()>, ApiError> {
         self.lock
             .read()
             .map_err(|_| ApiError::internal("the sandbox's layer lock is poisoned"))
     }
 
     /// Exclusive: no exec or file operation of the API changes the upper layer meanwhile.
-    pub fn exclusive(&self) -> Result<RwLockWriteGuard<'_, ()>, ApiError> {
-        self.lock
+    pub fn exclusive(&self) -> Result<ExclusiveGuard<'_>, ApiError> {
+        let lock = self
+            .lock
             .write()
-            .map_err(|_| ApiError::internal("the sandbox's layer lock is poisoned"))
+            .map_err(|_| ApiError::internal("the sandbox's layer lock is poisoned"))?;
+        self.forget_last_end();
+        Ok(ExclusiveGuard {
+            _lock: lock,
+            layers: self,
+        })
+    }
+
+    fn forget_last_end(&self) {
+        let mut last = crate::lock(&self.last_end);
+        last.epoch += 1;
+        last.print = None;
+    }
+
+    /// Before an exec: the upper layer's fingerprint ([`fingerprint`](Self::fingerprint)), or
+    /// the one the last exec ended with when nothing can have changed the layer since: no exec
+    /// ran or started after it, and no file operation, checkpoint or restore ended. Processes
+    /// of the sandbox change the layer only within an exec (each ends with its exec's main
+    /// process, background ones are execs too), so that fingerprint is the layer as it is now.
+    /// Every `exec_start` must be followed by [`exec_end`](Self::exec_end) or
+    /// [`exec_abandoned`](Self::exec_abandoned).
+    pub fn exec_start(&self) -> Result<ExecStart, ApiError> {
+        if !self.overlay {
+            return Ok(ExecStart {
+                before: None,
+                epoch: 0,
+            });
+        }
+        let (epoch, kept) = {
+            let mut last = crate::lock(&self.last_end);
+            last.epoch += 1;
+            last.running += 1;
+            (last.epoch, last.print.take())
+        };
+        let before = match kept {
+            Some(print) => print,
+            None => match layers::fingerprint(&self.upper) {
+                Ok(print) => print,
+                Err(e) => {
+                    crate::lock(&self.last_end).running -= 1;
+                    return Err(layers_err(e));
+                }
+            },
+        };
+        Ok(ExecStart {
+            before: Some(before),
+            epoch,
+        })
+    }
+
+    /// An exec started with `start` never ran (it could not be started).
+    pub fn exec_abandoned(&self, start: ExecStart) {
+        if start.before.is_some() {
+            crate::lock(&self.last_end).running -= 1;
+        }
+    }
+
+    /// After an exec, once every process of it is gone: what it changed since `start`, split
+    /// for a reviewer. Its fingerprint of the layer is kept for the next exec when no other
+    /// exec ran meanwhile and nothing else ended.
+    pub fn exec_end(&self, start: ExecStart) -> Result<ExecChanges, ApiError> {
+        let Some(before) = start.before else {
+            return Ok(ExecChanges::default());
+        };
+        let after = layers::fingerprint(&self.upper).map_err(layers_err);
+        let mut last = crate::lock(&self.last_end);
+        last.running -= 1;
+        let after = after?;
+        let keep = last.epoch == start.epoch && last.running == 0;
+        drop(last);
+        let list =
+            layers::exec_changes(&before, &after, &self.upper, &self.host).map_err(layers_err)?;
+        if keep {
+            let mut last = crate::lock(&self.last_end);
+            // Checked again: an operation that ended while the changes were classified.
+            if last.epoch == start.epoch && last.running == 0 {
+                last.print = Some(after);
+            }
+        }
+        if list.is_empty() {
+            return Ok(ExecChanges::default());
+        }
+        let r = self.review(list)?;
+        Ok(ExecChanges {
+            shown: r.shown,
+            ignored: r.ignored,
+        })
     }
 
     /// A fingerprint of the upper layer taken before an exec (cost: the size of the change so
@@ -525,4 +676,71 @@ pub fn reached_file_size(upper: &Path, changes: &[Change], limit: u64) -> bool {
             && fs::symlink_metadata(upper.join(&c.path))
                 .is_ok_and(|m| m.file_type().is_file() && m.len() >= limit)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workspace (the lower layer) and an empty upper layer, as plain directories: an exec
+    /// is simulated by writing to the upper layer between its start and its end.
+    fn layers(dir: &Path) -> Layers {
+        let host = dir.join("host");
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join("README"), "hello\n").unwrap();
+        let disk = dir.join("disk");
+        fs::create_dir_all(disk.join("upper")).unwrap();
+        Layers::new(host, disk, dir.join("checkpoints"), dir.join("out"))
+    }
+
+    fn paths(c: &ExecChanges) -> Vec<&str> {
+        c.shown.iter().map(|c| c.path.as_str()).collect()
+    }
+
+    #[test]
+    fn an_exec_keeps_its_end_for_the_next_only_while_nothing_else_ran() {
+        let tmp = tempfile::tempdir().unwrap();
+        let l = layers(tmp.path());
+        let upper = l.upper.clone();
+
+        // An exec that writes b.txt reports it; the next exec starts from its end (kept) and
+        // reports only its own c.txt.
+        let s = l.exec_start().unwrap();
+        fs::write(upper.join("b.txt"), "b").unwrap();
+        assert_eq!(paths(&l.exec_end(s).unwrap()), ["b.txt"]);
+        assert!(crate::lock(&l.last_end).print.is_some());
+        let s = l.exec_start().unwrap();
+        fs::write(upper.join("c.txt"), "c").unwrap();
+        assert_eq!(paths(&l.exec_end(s).unwrap()), ["c.txt"]);
+
+        // A file operation between two execs: the next exec does not report its file.
+        {
+            let _g = l.shared().unwrap();
+            fs::write(upper.join("by-the-api.txt"), "x").unwrap();
+        }
+        let s = l.exec_start().unwrap();
+        assert_eq!(paths(&l.exec_end(s).unwrap()), Vec::<&str>::new());
+
+        // Two execs at once (a background one and another): neither keeps its end, so what
+        // changes the layer after them is measured afresh by the next.
+        let bg = l.exec_start().unwrap();
+        let fg = l.exec_start().unwrap();
+        fs::write(upper.join("d.txt"), "d").unwrap();
+        assert_eq!(paths(&l.exec_end(fg).unwrap()), ["d.txt"]);
+        assert_eq!(paths(&l.exec_end(bg).unwrap()), ["d.txt"]);
+        assert!(crate::lock(&l.last_end).print.is_none());
+        fs::write(upper.join("e.txt"), "e").unwrap();
+        let s = l.exec_start().unwrap();
+        assert_eq!(paths(&l.exec_end(s).unwrap()), Vec::<&str>::new());
+
+        // An exec that could not start is over: the next one keeps its end again.
+        let s = l.exec_start().unwrap();
+        l.exec_abandoned(s);
+        let s = l.exec_start().unwrap();
+        l.exec_end(s).unwrap();
+        assert!(crate::lock(&l.last_end).print.is_some());
+        let s = l.exec_start().unwrap();
+        fs::remove_file(upper.join("b.txt")).unwrap();
+        assert_eq!(paths(&l.exec_end(s).unwrap()), ["b.txt"]);
+    }
 }

@@ -564,7 +564,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
         let sb = self.get(id)?;
-        let _g = sb.common().layers.shared()?;
+        let _g = sb.common().layers.exec_shared()?;
         let mut plan = sb.common().plan(&req)?;
         if let Some(spec) = &plan.user {
             let user = exec_user(&*sb, spec)?;

@@ -260,21 +260,26 @@ impl Cgroup {
         self.oom_kills() > 0
     }
 
+    /// The file that counts the cgroup's OOM kills.
+    fn oom_file(&self) -> PathBuf {
+        match self {
+            Cgroup::V2 { dir } => dir.join("memory.events"),
+            Cgroup::V1 { memory, .. } => memory.join("memory.oom_control"),
+        }
+    }
+
     /// How many processes of this cgroup the kernel's OOM killer has killed.
     pub fn oom_kills(&self) -> u64 {
-        let (file, key) = match self {
-            Cgroup::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
-            Cgroup::V1 { memory, .. } => (memory.join("memory.oom_control"), "oom_kill"),
-        };
-        fs::read_to_string(file)
+        fs::read_to_string(self.oom_file())
             .ok()
-            .and_then(|t| {
-                t.lines().find_map(|l| {
-                    let mut it = l.split_whitespace();
-                    (it.next() == Some(key)).then(|| it.next()?.parse::<u64>().ok())?
-                })
-            })
-            .unwrap_or(0)
+            .map_or(0, |t| oom_kills_in(&t))
+    }
+
+    /// The OOM-kill counter kept open, for a reading before and after every exec: a read by
+    /// position instead of a path walk, an open and a close each time. None when the file
+    /// cannot be opened (then [`oom_kills`](Self::oom_kills) reads 0 too).
+    pub fn oom_counter(&self) -> Option<OomCounter> {
+        fs::File::open(self.oom_file()).ok().map(OomCounter)
     }
 
     /// Peak memory use of the cgroup, when the kernel reports it.
@@ -331,5 +336,70 @@ impl Cgroup {
                 }
             }
         }
+    }
+}
+
+/// An open OOM-kill counter of a cgroup (see [`Cgroup::oom_counter`]).
+#[derive(Debug)]
+pub struct OomCounter(fs::File);
+
+impl OomCounter {
+    /// The kills counted now (0 when the file cannot be read, as [`Cgroup::oom_kills`]).
+    pub fn kills(&self) -> u64 {
+        use std::os::unix::fs::FileExt;
+        // Both files are a few short lines; the kernel makes them anew for a read at 0.
+        let mut buf = [0u8; 1024];
+        let mut len = 0;
+        while len < buf.len() {
+            match self.0.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return 0,
+            }
+        }
+        std::str::from_utf8(&buf[..len]).map_or(0, oom_kills_in)
+    }
+}
+
+/// The `oom_kill N` line of `memory.events` (v2) or `memory.oom_control` (v1).
+fn oom_kills_in(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next() == Some("oom_kill")).then(|| it.next()?.parse::<u64>().ok())?
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn the_oom_counter_reads_the_file_anew_each_time() {
+        assert_eq!(
+            oom_kills_in("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"),
+            3
+        );
+        assert_eq!(oom_kills_in("low 0\nhigh 0\nmax 2\noom 2\noom_kill 1\n"), 1);
+        assert_eq!(oom_kills_in("garbage"), 0);
+        let dir = std::env::temp_dir().join(format!("taskbox-oom-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("memory.events");
+        fs::write(&file, "oom 0\noom_kill 0\n").unwrap();
+        let counter = OomCounter(fs::File::open(&file).unwrap());
+        assert_eq!(counter.kills(), 0);
+        // The same open file, rewritten in place (as the kernel regenerates it): read again.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .write_all_at(b"oom 1\noom_kill 1\n", 0)
+            .unwrap();
+        assert_eq!(counter.kills(), 1);
+        assert_eq!(counter.kills(), 1);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,4 +13,4 @@ pub mod sandbox;
 pub(crate) use taskbox_contract::{accounts, api, exec_end, exec_limits, result};
 pub(crate) use taskbox_kit::{self as kit, disk, egress, hostdirs, image};
 pub(crate) use taskbox_policy as policy;
-pub(crate) use taskbox_workspace::{capture, changes, fsops, layers};
+pub(crate) use taskbox_workspace::{capture, changes, fsops};

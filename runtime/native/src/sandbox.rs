@@ -29,18 +29,18 @@ use taskbox_protocol::config::{
 use taskbox_protocol::control::{self, CONTROL_FD, Event, ExecIds, Request};
 
 use crate::api::*;
-use crate::cgroup::{Cgroup, CgroupLimits};
+use crate::cgroup::{Cgroup, CgroupLimits, OomCounter};
 use crate::egress::{CLOSE_GRACE, EgressService, ExecWindow, PROXY_PORT, SandboxEgress};
 use crate::exec_limits;
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
 use crate::kit::layers::overlay_workspace;
+use crate::kit::layers::{ExecChanges, ExecStart};
 use crate::kit::{
     self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, FsLandlock, Handle, Layers, Open,
     Options, ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
 };
-use crate::layers::Fingerprint;
 use crate::native::{self, RunDir};
 use crate::policy::{LandlockMode, NetworkMode, RootMode, WorkspaceMode};
 use crate::result::{Enforcement, ExecResult};
@@ -197,6 +197,8 @@ pub struct Sandbox {
     send_lock: Mutex<()>,
     _status: OwnedFd,
     cgroup: Option<Cgroup>,
+    /// The cgroup's OOM-kill counter, kept open: read before and after every exec.
+    oom: Option<OomCounter>,
     lost: AtomicBool,
     /// pid 1's answer to the last remount request (`Some(error)` when it failed), until taken.
     remounted: Mutex<Option<Option<String>>>,
@@ -323,6 +325,15 @@ impl Sandbox {
             Event::Error { message } => {
                 tracing::warn!(sandbox = %self.id(), %message, "sandbox reported an error");
             }
+        }
+    }
+
+    /// The OOM kills of the sandbox's cgroup so far (0 without one).
+    fn oom_kills(&self) -> u64 {
+        match (&self.oom, &self.cgroup) {
+            (Some(counter), _) => counter.kills(),
+            (None, Some(cg)) => cg.oom_kills(),
+            (None, None) => 0,
         }
     }
 
@@ -769,6 +780,7 @@ impl Native {
             control: ours,
             send_lock: Mutex::new(()),
             _status: status_read,
+            oom: cgroup.as_ref().and_then(Cgroup::oom_counter),
             cgroup,
             lost: AtomicBool::new(false),
             remounted: Mutex::new(None),
@@ -885,6 +897,9 @@ fn setup_error(buf: &[u8]) -> Option<ApiError> {
         })
 }
 
+/// The most an exec's output is read in one go.
+const READ_MAX: usize = 64 * 1024;
+
 /// A running exec's pipes, owned by whoever drives it.
 struct Pipes {
     stdout: OwnedFd,
@@ -894,7 +909,8 @@ struct Pipes {
 /// What an exec's result is measured against: the upper layer before it started, the cgroup's
 /// OOM count, and its window on the egress proxy's decisions.
 struct Baseline {
-    before: Option<Fingerprint>,
+    /// Taken by the exec's end.
+    before: Option<ExecStart>,
     oom_before: u64,
     window: Option<ExecWindow>,
 }
@@ -1024,8 +1040,26 @@ impl Sandbox {
         pipes: Pipes,
         timeout: Duration,
         start: Instant,
+        events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
+        mut baseline: Baseline,
+    ) -> Result<ExecResult, ApiError> {
+        let result = self.drive_to_end(slot, pipes, timeout, start, events, &mut baseline);
+        // An exec that ended without its changes measured (it could not start, or the sandbox
+        // was lost) is over all the same.
+        if let Some(before) = baseline.before.take() {
+            self.common.layers.exec_abandoned(before);
+        }
+        result
+    }
+
+    fn drive_to_end(
+        &self,
+        slot: &Slot,
+        pipes: Pipes,
+        timeout: Duration,
+        start: Instant,
         mut events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
-        baseline: Baseline,
+        baseline: &mut Baseline,
     ) -> Result<ExecResult, ApiError> {
         if let Some(ev) = events.as_mut() {
             ev(ExecEvent::Started { exec_id: slot.id });
@@ -1033,7 +1067,9 @@ impl Sandbox {
         let deadline = start + timeout;
         let mut timed_out = false;
         let mut open = [true, true];
-        let mut buf = vec![0u8; 64 * 1024];
+        // Small first: most commands write little, and zeroing 64 KiB per exec showed in its
+        // profile. A read that fills it grows it, up to 64 KiB, for commands that write a lot.
+        let mut buf = vec![0u8; 4 * 1024];
         loop {
             let now = Instant::now();
             if !timed_out && now >= deadline {
@@ -1081,6 +1117,7 @@ impl Sandbox {
                 match nix::unistd::read(fds[i].as_raw_fd(), &mut buf) {
                     Ok(0) => open[i] = false,
                     Ok(n) => {
+                        let full = n == buf.len();
                         let data = &buf[..n];
                         slot.push(i == 0, data);
                         if let Some(ev) = events.as_mut() {
@@ -1090,6 +1127,9 @@ impl Sandbox {
                             } else {
                                 ExecEvent::Stderr { data: text }
                             });
+                        }
+                        if full && buf.len() < READ_MAX {
+                            buf.resize(READ_MAX, 0);
                         }
                     }
                     Err(nix::Error::EINTR) | Err(nix::Error::EAGAIN) => {}
@@ -1144,11 +1184,7 @@ impl Sandbox {
         let mut end = exited.end;
         end.timed_out = timed_out.then_some(timeout);
         end.duration_ms = start.elapsed().as_millis() as u64;
-        if self
-            .cgroup
-            .as_ref()
-            .is_some_and(|cg| cg.oom_kills() > baseline.oom_before)
-        {
+        if self.oom_kills() > baseline.oom_before {
             end.oom_killed_at = Some(policy.limits.memory_bytes);
         }
         if let Some(disk) = &self.dirs.disk
@@ -1158,8 +1194,11 @@ impl Sandbox {
         }
         // Every process of the exec is gone: what the proxy decided meanwhile is (also) this
         // exec's.
-        end.network = baseline.window.map(|w| w.close(CLOSE_GRACE));
-        let changes = layers.changes_since(baseline.before.as_ref())?;
+        end.network = baseline.window.take().map(|w| w.close(CLOSE_GRACE));
+        let changes = match baseline.before.take() {
+            Some(before) => layers.exec_end(before)?,
+            None => ExecChanges::default(),
+        };
         let limit = policy.limits.file_size_bytes;
         if layers.reached_file_size(&changes, limit) {
             end.file_size_limit = Some(limit);
@@ -1272,11 +1311,19 @@ impl Handle for Sandbox {
     ) -> Result<ExecOutcome, ApiError> {
         let layers = &self.common.layers;
         let baseline = Baseline {
-            before: layers.fingerprint()?,
-            oom_before: self.cgroup.as_ref().map(Cgroup::oom_kills).unwrap_or(0),
+            before: Some(layers.exec_start()?),
+            oom_before: self.oom_kills(),
             window: self.common.egress.as_ref().map(|e| e.log.open()),
         };
-        let (slot, pipes) = self.start_exec(&plan)?;
+        let (slot, pipes) = match self.start_exec(&plan) {
+            Ok(started) => started,
+            Err(e) => {
+                if let Some(before) = baseline.before {
+                    layers.exec_abandoned(before);
+                }
+                return Err(e);
+            }
+        };
         let (timeout, start) = (plan.timeout, Instant::now());
         if plan.background {
             let sb = Arc::clone(self);
