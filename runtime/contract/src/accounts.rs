@@ -72,6 +72,9 @@ pub struct ExecUser {
     pub groups: Vec<u32>,
     pub name: Option<String>,
     pub home: Option<String>,
+    /// The passwd line resolved is the first with its uid, so a lookup by uid finds this
+    /// user too (Docker's runtime looks a numeric user up that way).
+    pub first_of_uid: bool,
 }
 
 /// Supplementary groups kept for one user (the kernel allows 65536; a sandbox has a few).
@@ -106,6 +109,7 @@ pub fn resolve(
                 groups: Vec::new(),
                 name: None,
                 home: None,
+                first_of_uid: false,
             });
         }
         return Err(ApiError::UserNotFound(format!(
@@ -127,6 +131,7 @@ pub fn resolve(
         groups,
         name: Some(entry.name.clone()),
         home: Some(entry.home.clone()).filter(|h| h.starts_with('/')),
+        first_of_uid: passwd.iter().find(|e| e.uid == entry.uid) == Some(entry),
     })
 }
 

@@ -374,17 +374,6 @@ impl Sandbox {
         }
     }
 
-    /// Docker's `User` for an exec: the container user when the request names none, else the
-    /// user the kit resolved in the container's own account files (read again here for
-    /// [`docker_exec_user`]'s choice of form).
-    fn exec_user(&self, user: Option<&ExecUser>) -> Result<String, ApiError> {
-        let Some(user) = user else {
-            return Ok(self.overlay.exec_user());
-        };
-        let accounts = kit::users::Accounts::read(&self.open_root()?)?;
-        Ok(docker_exec_user(user, &accounts))
-    }
-
     /// Runs a command: foreground (blocking, streaming `events`) or background.
     fn run(
         self: &Arc<Self>,
@@ -403,7 +392,11 @@ impl Sandbox {
             &wrapper,
         )?;
         check_spec_size(&wrapper, &plan.argv, &plan.env)?;
-        let user = self.exec_user(plan.exec_user.as_ref())?;
+        // The container user when the request names none, else the one the kit resolved.
+        let user = plan
+            .exec_user
+            .as_ref()
+            .map_or_else(|| self.overlay.exec_user(), docker_exec_user);
         let before = layers.fingerprint()?;
         let oom_before = procfs::oom_kills(&self.init);
         let id = self.common.slots.next_id();
@@ -559,10 +552,8 @@ impl Sandbox {
 /// in `/etc/passwd` is the one resolved, the uid alone: the runtime then looks that uid up in
 /// the container's same two files and gives it that line's gid and the groups that list its
 /// name, the ones resolved here (Docker takes no list of groups for an exec).
-pub(crate) fn docker_exec_user(user: &ExecUser, accounts: &kit::users::Accounts) -> String {
-    let first = accounts.passwd.iter().find(|e| e.uid == user.uid);
-    let same_line = first.is_some_and(|e| Some(&e.name) == user.name.as_ref() && e.gid == user.gid);
-    if !user.groups.is_empty() && same_line {
+pub(crate) fn docker_exec_user(user: &ExecUser) -> String {
+    if !user.groups.is_empty() && user.first_of_uid {
         user.uid.to_string()
     } else {
         docker_user((user.uid, user.gid))

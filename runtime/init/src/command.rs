@@ -54,18 +54,11 @@ const SETID_FD: i32 = STATUS_FD + 1;
 /// are answered `ENOSYS` by the kernel. Never returns.
 pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::fd::OwnedFd>) -> ! {
     enter_session(config);
-    // Run by root: the command's own user namespace (see IdRange), entered before its
-    // descriptor goes with the others below; the ids are taken once the bounding set is cut.
-    let ids = config.id_range.map(|_| ExecIds {
-        uid: config.inner_uid.unwrap_or(0),
-        gid: config.inner_gid.unwrap_or(0),
-        groups: Vec::new(),
-    });
-    if ids.is_some()
-        && let Err(e) = sys::enter_user_namespace(USERNS_FD)
-    {
-        fail("user namespace", format!("cannot enter: {e}"));
-    }
+    // Entered before the namespace's descriptor goes with the others below.
+    let ids = match enter_commands_namespace(config, None) {
+        Ok(ids) => ids,
+        Err((stage, e)) => fail(stage, e),
+    };
     // The socket to pid 1 goes on SETID_FD; its old number is closed below with the rest.
     let hand_over = setid_to.is_some();
     if let Some(fd) = setid_to {
@@ -87,17 +80,7 @@ pub(crate) fn exec_command_with(config: &InitConfig, setid_to: Option<std::os::f
     report(&Status::Landlock {
         status: landlock.as_str().to_string(),
     });
-    let keep: &[u32] = match &ids {
-        Some(i) if i.uid == 0 => &config.root_capabilities,
-        None if nix::unistd::getuid().is_root() && config.user_namespace => {
-            &config.root_capabilities
-        }
-        _ => &[],
-    };
-    if let Err(e) = sys::limit_capabilities(keep, || match &ids {
-        Some(i) => sys::switch_ids(i.uid, i.gid, &i.groups),
-        None => Ok(()),
-    }) {
+    if let Err(e) = become_user(config, ids.as_ref()) {
         fail("capabilities", e);
     }
     let rules = seccomp::Rules {
@@ -183,47 +166,12 @@ pub(crate) fn confine_starter(
     config: &InitConfig,
     user: Option<&ExecIds>,
 ) -> Result<landlock_rules::Prepared, (&'static str, String)> {
-    // A root-run sandbox's commands are ids of their own user namespace (see IdRange): the
-    // starter enters it, and becomes the exec's user there once its bounding set is cut.
-    let ids = match (&config.id_range, user) {
-        (Some(_), user) => {
-            sys::enter_user_namespace(USERNS_FD)
-                .map_err(|e| ("user namespace", format!("cannot enter: {e}")))?;
-            Some(user.cloned().unwrap_or(ExecIds {
-                uid: config.inner_uid.unwrap_or(0),
-                gid: config.inner_gid.unwrap_or(0),
-                groups: Vec::new(),
-            }))
-        }
-        (None, Some(u)) if u.uid != nix::unistd::getuid().as_raw() => {
-            return Err((
-                "user",
-                format!(
-                    "this sandbox has one user (uid {}); it cannot run a command as uid {}",
-                    nix::unistd::getuid(),
-                    u.uid
-                ),
-            ));
-        }
-        (None, _) => None,
-    };
+    let ids = enter_commands_namespace(config, user)?;
     sys::set_no_new_privs().map_err(|e| ("no_new_privs", e.to_string()))?;
     // Before the capabilities go: the rule paths are opened with the sandbox's privilege.
     let landlock =
         landlock_rules::prepare(&config.landlock).map_err(|e| ("landlock", e.to_string()))?;
-    let uid = ids
-        .as_ref()
-        .map_or_else(|| nix::unistd::getuid().as_raw(), |i| i.uid);
-    let keep: &[u32] = if uid == 0 {
-        &config.root_capabilities
-    } else {
-        &[]
-    };
-    sys::limit_capabilities(keep, || match &ids {
-        Some(i) => sys::switch_ids(i.uid, i.gid, &i.groups),
-        None => Ok(()),
-    })
-    .map_err(|e| ("capabilities", e.to_string()))?;
+    become_user(config, ids.as_ref()).map_err(|e| ("capabilities", e.to_string()))?;
     let rules = seccomp::Rules {
         deny_list: config.seccomp,
         refuse_setid_modes: config.refuse_setid_modes,
@@ -232,6 +180,51 @@ pub(crate) fn confine_starter(
         seccomp::install(rules).map_err(|e| ("seccomp", e.to_string()))?;
     }
     Ok(landlock)
+}
+
+/// A root-run sandbox's commands are ids of their own user namespace (see `IdRange`): this
+/// enters it and says who to become there, `user` or else the sandbox's own ids. Without a
+/// range there is nothing to enter, and the one user there is may be asked for only by its uid.
+fn enter_commands_namespace(
+    config: &InitConfig,
+    user: Option<&ExecIds>,
+) -> Result<Option<ExecIds>, (&'static str, String)> {
+    match (&config.id_range, user) {
+        (Some(_), user) => {
+            sys::enter_user_namespace(USERNS_FD)
+                .map_err(|e| ("user namespace", format!("cannot enter: {e}")))?;
+            Ok(Some(user.cloned().unwrap_or(ExecIds {
+                uid: config.inner_uid.unwrap_or(0),
+                gid: config.inner_gid.unwrap_or(0),
+                groups: Vec::new(),
+            })))
+        }
+        (None, Some(u)) if u.uid != nix::unistd::getuid().as_raw() => Err((
+            "user",
+            format!(
+                "this sandbox has one user (uid {}); it cannot run a command as uid {}",
+                nix::unistd::getuid(),
+                u.uid
+            ),
+        )),
+        (None, _) => Ok(None),
+    }
+}
+
+/// Cuts the capabilities to what the command's user keeps (the policy's root capabilities for
+/// uid 0, which the runtime gives only where uid 0 is not the host's root; none for anyone
+/// else), becoming `ids` (if any) once the bounding set is cut.
+fn become_user(config: &InitConfig, ids: Option<&ExecIds>) -> std::io::Result<()> {
+    let uid = ids.map_or_else(|| nix::unistd::getuid().as_raw(), |i| i.uid);
+    let keep: &[u32] = if uid == 0 {
+        &config.root_capabilities
+    } else {
+        &[]
+    };
+    sys::limit_capabilities(keep, || match ids {
+        Some(i) => sys::switch_ids(i.uid, i.gid, &i.groups),
+        None => Ok(()),
+    })
 }
 
 /// The command's process under a starter that [`confine_starter`] confined: enters its session,

@@ -67,32 +67,25 @@ pub struct ExecStart {
     epoch: u64,
 }
 
+/// A hold on the layers, by a lock guard `G`; when it ends, the fingerprint of the last exec's
+/// end no longer stands for the upper layer.
+pub struct LayersGuard<'a, G> {
+    _lock: G,
+    layers: &'a Layers,
+}
+
+impl<G> Drop for LayersGuard<'_, G> {
+    fn drop(&mut self) {
+        self.layers.forget_last_end();
+    }
+}
+
 /// A file operation's (or a diff's) hold on the layers: shared with execs and other
-/// operations. When it ends, the fingerprint of the last exec's end no longer stands for the
-/// upper layer.
-pub struct SharedGuard<'a> {
-    _lock: RwLockReadGuard<'a, ()>,
-    layers: &'a Layers,
-}
+/// operations.
+pub type SharedGuard<'a> = LayersGuard<'a, RwLockReadGuard<'a, ()>>;
 
-impl Drop for SharedGuard<'_> {
-    fn drop(&mut self) {
-        self.layers.forget_last_end();
-    }
-}
-
-/// Checkpoint's and restore's hold on the layers: exclusive (see [`SharedGuard`] for what its
-/// end does).
-pub struct ExclusiveGuard<'a> {
-    _lock: RwLockWriteGuard<'a, ()>,
-    layers: &'a Layers,
-}
-
-impl Drop for ExclusiveGuard<'_> {
-    fn drop(&mut self) {
-        self.layers.forget_last_end();
-    }
-}
+/// Checkpoint's and restore's hold on the layers: exclusive.
+pub type ExclusiveGuard<'a> = LayersGuard<'a, RwLockWriteGuard<'a, ()>>;
 
 /// What an exec changed in the workspace, split for a reviewer ([`review`]).
 #[derive(Debug, Default)]
@@ -139,7 +132,7 @@ impl Layers {
         // From its start (an exec starting meanwhile must not take the last end's fingerprint)
         // to its end.
         self.forget_last_end();
-        Ok(SharedGuard {
+        Ok(LayersGuard {
             _lock: lock,
             layers: self,
         })
@@ -160,7 +153,7 @@ impl Layers {
             .write()
             .map_err(|_| ApiError::internal("the sandbox's layer lock is poisoned"))?;
         self.forget_last_end();
-        Ok(ExclusiveGuard {
+        Ok(LayersGuard {
             _lock: lock,
             layers: self,
         })

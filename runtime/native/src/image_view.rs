@@ -89,6 +89,16 @@ impl Identity {
         }
     }
 
+    /// The capabilities (numbers) of `policy` that a command running as uid 0 keeps: only where
+    /// uid 0 is not the host's root (a user namespace, or an id range of the sandbox's own).
+    pub(crate) fn root_capabilities(&self, policy: &crate::policy::Policy) -> Vec<u32> {
+        if !self.user_namespace && self.id_range.is_none() {
+            return Vec::new();
+        }
+        let caps = &policy.security.root_capabilities;
+        caps.iter().map(|c| c.number()).collect()
+    }
+
     /// The host ids of the commands' default user when they have a range of their own.
     pub(crate) fn ranged_user(&self) -> Option<(u32, u32)> {
         let range = self.id_range?;

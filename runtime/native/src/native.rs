@@ -1018,16 +1018,7 @@ pub fn run_with(
         rlimits,
         cgroup_procs: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
         id_range: identity.id_range,
-        root_capabilities: if identity.user_namespace || identity.id_range.is_some() {
-            req.policy
-                .security
-                .root_capabilities
-                .iter()
-                .map(|c| c.number())
-                .collect()
-        } else {
-            Vec::new()
-        },
+        root_capabilities: identity.root_capabilities(&req.policy),
         control: false,
         egress: egress.as_ref().map(|_| EgressPlan {
             port: egress::PROXY_PORT,

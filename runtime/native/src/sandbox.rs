@@ -627,17 +627,7 @@ impl Native {
                 .as_mut()
                 .map(|d| native::ranged_disk_plan(d.plan(), &identity)),
             id_range: identity.id_range,
-            // Only where uid 0 is not the host's root.
-            root_capabilities: if identity.user_namespace || identity.id_range.is_some() {
-                policy
-                    .security
-                    .root_capabilities
-                    .iter()
-                    .map(|c| c.number())
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            root_capabilities: identity.root_capabilities(&policy),
         };
         let plan_path = dirs.dir.join("plan.json");
         let plan = serde_json::to_vec_pretty(&config)
