@@ -108,22 +108,7 @@ fn a_foreground_execs_leftovers_are_killed_but_background_execs_live_on() {
         host_processes_with(&marker).is_empty(),
         "a foreground leftover survived"
     );
-    let bg = match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some(format!("echo ready; exec sleep {marker}")),
-                background: true,
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Background(p) => p,
-        other => panic!("{other:?}"),
-    };
+    let bg = background(&f, &format!("echo ready; exec sleep {marker}"));
     assert!(bg.running);
     std::thread::sleep(Duration::from_millis(300));
     let p = f.backend.process(&f.id, bg.exec_id).unwrap();
@@ -1765,4 +1750,109 @@ fn root_owned_host_files_stay_unreadable_to_every_user_of_a_root_run_sandbox() {
         assert!(uids.iter().all(|u| *u >= 0x6000_0000), "{uids:?}");
         backend.destroy(&id).unwrap();
     }
+}
+
+/// Starts `shell` as a background exec.
+fn background(f: &Fixture, shell: &str) -> ProcessInfo {
+    match f
+        .backend
+        .exec(
+            &f.id,
+            ExecRequest {
+                shell: Some(shell.into()),
+                background: true,
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Background(p) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The host parent of process `pid`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid ...: comm may hold spaces, so split after its closing paren.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// An exec whose reaper is killed from outside ends (an error that says so, not a wait without
+/// end), what it started is ended with it, and the sandbox goes on serving execs, signals and
+/// timeouts.
+#[test]
+fn an_exec_whose_reaper_dies_ends_and_the_sandbox_serves_on() {
+    let f = fixture();
+    let marker = format!("67{}.5", std::process::id());
+    let bg = background(&f, &format!("exec sleep {marker}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let command = *host_processes_with(&marker).first().expect("the exec runs");
+    let reaper = parent_of(command).expect("the command's reaper");
+    // SAFETY: kill with plain values; the pid is the reaper's, alive (its command is).
+    assert_eq!(unsafe { libc::kill(reaper, libc::SIGKILL) }, 0);
+    let p = f
+        .backend
+        .wait(&f.id, bg.exec_id, Duration::from_secs(10))
+        .unwrap();
+    assert!(!p.running, "the exec still runs: {p:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        host_processes_with(&marker).is_empty(),
+        "what the dead reaper started lives on"
+    );
+    // The sandbox serves on: an exec, a signal to a background exec, a timeout.
+    assert_eq!(sh(&f, "echo on").stdout.text, "on\n");
+    let bg = background(
+        &f,
+        "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.05; done",
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f
+        .backend
+        .process(&f.id, bg.exec_id)
+        .unwrap()
+        .stdout
+        .text
+        .contains("ready")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f.backend.kill(&f.id, bg.exec_id, libc::SIGTERM).unwrap();
+    let p = f
+        .backend
+        .wait(&f.id, bg.exec_id, Duration::from_secs(5))
+        .unwrap();
+    let r = p.result.expect("the exec ended");
+    assert_eq!(r.exit_code, Some(3), "{r:?}");
+    assert!(r.stdout.text.contains("got-term"), "{r:?}");
+    let r = f
+        .backend
+        .exec(
+            &f.id,
+            ExecRequest {
+                shell: Some("sleep 30".into()),
+                timeout_ms: Some(1000),
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap();
+    let ExecOutcome::Finished(r) = r else {
+        panic!("{r:?}")
+    };
+    assert!(r.timed_out, "{r:?}");
 }

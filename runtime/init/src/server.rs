@@ -1,30 +1,33 @@
-//! Long-lived mode of the sandbox's pid 1: serve exec requests on the control socket.
+//! Long-lived mode of the sandbox's pid 1: make the sandbox's exec starters and remount its
+//! workspace on request.
 //!
-//! pid 1 hands each exec to the sandbox's exec starter (Z, see [`Starter`]), confined once as
-//! every command is. For each exec Z forks its own reaper process (E), a child subreaper: every
-//! process the command starts, however it daemonises, stays beneath E, so E can kill exactly
-//! that exec's tree (on request, on timeout, and always once the command's main process has
-//! ended) and report the status only when nothing of the exec is left.
+//! The runtime sends each exec straight to the exec starter of its user (Z, see
+//! [`starter_main`]), a child of pid 1 confined once as every command is, whose socket pid 1
+//! hands the runtime. Z keeps one exec reaper (E) forked ahead of the next exec and hands it the
+//! exec; E is a child subreaper: every process the command starts, however it daemonises, stays
+//! beneath E, so E can kill exactly that exec's tree (on request, on timeout, and always once
+//! the command's main process has ended) and reports the exec's start and end on the exec's own
+//! event pipe, its end only when nothing of the exec is left.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal, kill};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 
 use crate::command::{exec_confined, fail};
 use crate::config::{InitConfig, STATUS_FD, Status};
-use crate::control::{self, CONTROL_FD, Event, ExecIds, Request};
+use crate::control::{self, CONTROL_FD, EXEC_FDS, Event, ExecIds, Request};
 use crate::mounts;
 
 fn control_fd() -> BorrowedFd<'static> {
-    // SAFETY: CONTROL_FD is inherited from the runtime and stays open for the life of pid 1 and
-    // of every exec reaper; nothing closes it before they exit.
+    // SAFETY: CONTROL_FD is inherited from the runtime and stays open for the life of pid 1
+    // (the starters close their copy).
     unsafe { BorrowedFd::borrow_raw(CONTROL_FD) }
 }
 
@@ -36,24 +39,25 @@ fn emit(event: &Event) {
 /// kernel kills everything left in the sandbox.
 ///
 /// pid 1 keeps its privilege (it remounts the workspace on restore) and starts no command
-/// itself: it hands each exec to the sandbox's exec starter (see [`Starter`]), a child confined
-/// once the way every command is, and answers for it when the starter dies with execs it never
-/// took.
+/// itself: it makes the exec starters and hands the runtime their sockets. Its children are
+/// those starters and, should a starter die, the exec reapers it leaves: pid 1 ends those
+/// execs (nothing could signal them or end them on their timeout any more; each reports its
+/// end as it always does).
 pub fn serve(config: &InitConfig) -> ! {
-    // SIGUSR1 asks an exec reaper to kill its tree. Blocked here so a reaper inherits it blocked
-    // and cannot die of it before installing its handler.
-    let mut usr1 = SigSet::empty();
-    usr1.add(Signal::SIGUSR1);
-    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&usr1), None);
+    // SIGUSR1 asks an exec reaper to kill its tree, FORWARD to pass a signal on to its command.
+    // Blocked here so a reaper inherits them blocked and cannot die of one before installing its
+    // handlers.
+    // SAFETY: sigprocmask on this thread's own mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &reaper_signals(), std::ptr::null_mut()) };
 
+    // The sandbox's own starter comes before Ready: the runtime has it from the start.
+    let mut starters: Vec<Pid> = Vec::new();
+    start_starter(config, None, &mut starters);
     emit(&Event::Ready);
-    // One starter per user the execs run as (`None`: the sandbox's own), started when first
-    // needed; the sandbox's own at once.
-    let mut starters: Vec<Starter> = Starter::spawn(config, None).into_iter().collect();
     let mut buf = Vec::new();
     loop {
-        // Collect the starters that ended, and any orphan that reached pid 1 (reapers of a
-        // starter that died, processes that escaped no subreaper).
+        // Collect the starters that ended, and any reaper of theirs that reached pid 1.
+        let mut lost_starter = false;
         loop {
             match waitpid(
                 Pid::from_raw(-1),
@@ -62,99 +66,140 @@ pub fn serve(config: &InitConfig) -> ! {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(status) => {
                     if let Some(pid) = status.pid()
-                        && let Some(s) = starters.iter_mut().find(|s| s.pid == pid)
+                        && let Some(at) = starters.iter().position(|s| *s == pid)
                     {
-                        s.reaped = true;
+                        starters.remove(at);
+                        lost_starter = true;
                     }
                 }
             }
         }
-        for s in take_where(&mut starters, |s| s.reaped) {
-            s.ended();
+        if lost_starter {
+            end_orphans(&starters);
         }
-        let mut fds = vec![PollFd::new(control_fd(), PollFlags::POLLIN)];
-        fds.extend(
-            starters
-                .iter()
-                .map(|s| PollFd::new(s.sock.as_fd(), PollFlags::POLLIN)),
-        );
+        let mut fds = [PollFd::new(control_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(200u16)) {
             Ok(0) | Err(nix::Error::EINTR) => continue,
             Ok(_) => {}
             Err(e) => fail("control", e),
         }
-        let control_ready = fds[0].any().unwrap_or(false);
-        let ready: Vec<bool> = fds[1..].iter().map(|f| f.any().unwrap_or(false)).collect();
-        drop(fds);
-        for (s, ready) in starters.iter_mut().zip(ready) {
-            // A starter whose end closed is gone: it is answered for below.
-            if ready && !s.read_notes(false) {
-                s.reaped = true;
-            }
-        }
-        for s in take_where(&mut starters, |s| s.reaped) {
-            s.ended();
-        }
-        if !control_ready {
-            continue;
-        }
         let (request, fds) = match control::recv::<Request>(control_fd(), &mut buf) {
             Ok(Some(r)) => r,
             // The runtime is gone: so is the sandbox.
             Ok(None) => std::process::exit(0),
-            // A message that cannot be read is answered (for its exec, when its id can be
-            // read, so the runtime does not wait for it); a broken socket ends the sandbox
+            // A message that cannot be read is answered; a broken socket ends the sandbox
             // (spinning on it would only burn CPU).
-            Err(control::RecvError::Malformed { reason, exec_id }) => {
-                let message = format!("bad control message: {reason}");
-                match exec_id {
-                    Some(id) => emit(&not_started(id, message)),
-                    None => emit(&Event::Error { message }),
-                }
+            Err(control::RecvError::Malformed { reason, .. }) => {
+                emit(&Event::Error {
+                    message: format!("bad control message: {reason}"),
+                });
                 continue;
             }
             Err(control::RecvError::Channel(_)) => std::process::exit(125),
         };
+        drop(fds);
         match request {
+            Request::Starter { user } => start_starter(config, user, &mut starters),
             Request::Remount { path, ops } => {
                 // The starters' Landlock rules name the workspace's current mount: the commands
-                // after the remount need starters whose rules name the new one.
-                for s in starters.drain(..) {
-                    s.stop();
+                // after the remount need starters whose rules name the new one. The runtime
+                // stopped every exec before asking.
+                for pid in starters.drain(..) {
+                    let _ = kill(pid, Signal::SIGKILL);
+                    let _ = waitpid(pid, None);
                 }
                 let error = remount(Path::new(&path), &ops).err();
-                drop(fds);
+                start_starter(config, None, &mut starters);
                 emit(&Event::Remounted { error });
-                starters.extend(Starter::spawn(config, None));
             }
-            Request::Exec { id, ref user, .. } => {
-                let at = match starters.iter().position(|s| s.user == *user) {
-                    Some(at) => Some(at),
-                    None => Starter::spawn_holding(config, user.as_ref(), &fds).map(|s| {
-                        starters.push(s);
-                        starters.len() - 1
-                    }),
-                };
-                match at {
-                    Some(at) => starters[at].forward(&request, &fds),
-                    None => emit(&not_started(id, "cannot start the exec starter".into())),
-                }
-            }
-            // Each starter knows its own execs and ignores the others'.
-            request => {
-                for s in &mut starters {
-                    s.forward(&request, &fds);
-                }
-            }
+            // What the starters left: the runtime asks every starter too.
+            Request::KillAll => end_orphans(&starters),
+            Request::Exec { id, .. } => emit(&Event::Error {
+                message: format!("exec {id} was sent to pid 1 instead of an exec starter"),
+            }),
+            Request::Signal { .. } | Request::KillTree { .. } => {}
         }
     }
 }
 
-/// Removes and returns the items of `v` for which `pred` holds.
-fn take_where<T>(v: &mut Vec<T>, pred: impl Fn(&T) -> bool) -> Vec<T> {
-    let (taken, kept) = std::mem::take(v).into_iter().partition(|t| pred(t));
-    *v = kept;
-    taken
+/// Ends what dead starters and reapers left, all of it a child of pid 1 then that is not a live
+/// starter: a reaper (this same program) is asked to end its exec, which it reports as any
+/// exec's end; a command whose reaper is gone is killed.
+fn end_orphans(starters: &[Pid]) {
+    use std::os::unix::fs::MetadataExt;
+    let program = |pid: &str| {
+        std::fs::metadata(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    };
+    let own = program("self");
+    for pid in children() {
+        if starters.iter().any(|s| s.as_raw() == pid) {
+            continue;
+        }
+        let signal = if own.is_some() && program(&pid.to_string()) == own {
+            Signal::SIGUSR1
+        } else {
+            Signal::SIGKILL
+        };
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+/// Starts an exec starter for `user` and sends the runtime its socket ([`Event::Starter`]).
+fn start_starter(config: &InitConfig, user: Option<ExecIds>, starters: &mut Vec<Pid>) {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let failed = |user: Option<ExecIds>, why: String| {
+        emit(&Event::Starter {
+            user,
+            error: Some(format!("cannot start the exec starter: {why}")),
+        })
+    };
+    let (ours, theirs) = match socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    ) {
+        Ok(pair) => pair,
+        Err(e) => return failed(user, format!("socketpair: {e}")),
+    };
+    // SAFETY: pid 1 is single-threaded.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            drop(ours);
+            starter_main(config, theirs, user.as_ref())
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(theirs);
+            let sent = control::send(
+                control_fd(),
+                &Event::Starter { user, error: None },
+                &[ours.as_raw_fd()],
+            );
+            if sent.is_err() {
+                let _ = kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return;
+            }
+            starters.push(child);
+        }
+        Err(e) => failed(user, format!("fork: {e}")),
+    }
+}
+
+/// Writes one event on an exec's event pipe, a JSON line. Best effort: a runtime that stopped
+/// reading has given the exec up.
+fn write_event(events: BorrowedFd<'_>, event: &Event) {
+    if let Ok(mut line) = serde_json::to_vec(event) {
+        line.push(b'\n');
+        let mut out = std::mem::ManuallyDrop::new(std::fs::File::from(
+            // SAFETY: a borrowed descriptor, kept open by its owner for this call; ManuallyDrop
+            // keeps this temporary File from closing it.
+            unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(events.as_raw_fd()) },
+        ));
+        let _ = out.write_all(&line);
+    }
 }
 
 /// The `Exited` of an exec that never started.
@@ -173,174 +218,87 @@ fn not_started(id: u64, why: String) -> Event {
     }
 }
 
-/// The sandbox's exec starter (Z), as pid 1 sees it: a child of pid 1 that confined itself once
-/// as every command is confined (`no_new_privs`, no capabilities, the seccomp filter; the
-/// Landlock ruleset built, to be applied by each command in a domain of its own), and that
-/// starts every exec: for each it forks the exec's reaper (E), which forks the command. Paying
-/// for the confinement once per sandbox instead of once per exec is most of what an exec costs
-/// inside the sandbox (the filter's compilation and attachment above all).
-///
-/// pid 1 forwards it the exec requests (`Exec`, with its descriptors, `Signal`, `KillTree`,
-/// `KillAll`) on a socket of their own; it answers each `Exec` with the exec's id once the
-/// exec's reaper exists, which from then on reports the exec itself. The commands cannot signal
-/// it (Landlock's signal scope keeps each in its own domain) and it is not dumpable (no command
-/// reads its memory or descriptors through /proc). Should it die anyway, pid 1 answers the execs
-/// it had not taken and starts another for the next.
-struct Starter {
+/// An exec reaper forked ahead of the exec it will run. Its other socket went to the runtime,
+/// which sends it the exec straight; on `note` it tells the starter which exec it took, and
+/// closes it once its command runs.
+struct Spare {
     pid: Pid,
-    sock: OwnedFd,
-    /// Who its commands are (`None`: the sandbox's own user).
-    user: Option<ExecIds>,
-    /// Execs forwarded and not yet taken.
-    pending: std::collections::BTreeSet<u64>,
-    /// waitpid returned it.
-    reaped: bool,
-    /// The receive buffer of its notes, kept: [`control::recv`] sizes a new one to a whole
-    /// datagram (64 KiB, zeroed), and a note comes with every exec.
-    buf: Vec<u8>,
+    note: OwnedFd,
+    /// The id it said it took.
+    took: Option<u64>,
 }
 
-impl Starter {
-    fn spawn(config: &InitConfig, user: Option<&ExecIds>) -> Option<Starter> {
-        Starter::spawn_holding(config, user, &[])
-    }
+/// Kills and signals asked for execs whose reaper had not yet said it took them (the runtime's
+/// request can overtake that note), applied when it does. Bounded: the oldest are let go.
+const EARLY: usize = 64;
 
-    /// As [`Starter::spawn`], while pid 1 holds `held` (an exec's descriptors, which the
-    /// starter receives on its own socket and must not keep a copy of: a pipe's end it held
-    /// would never let the exec's output end).
-    fn spawn_holding(
-        config: &InitConfig,
-        user: Option<&ExecIds>,
-        held: &[OwnedFd],
-    ) -> Option<Starter> {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-        let (ours, theirs) = match socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        ) {
-            Ok(pair) => pair,
-            Err(e) => {
-                emit(&Event::Error {
-                    message: format!("cannot start the exec starter: socketpair: {e}"),
-                });
-                return None;
-            }
-        };
-        // SAFETY: pid 1 is single-threaded.
-        match unsafe { fork() } {
-            Ok(ForkResult::Child) => {
-                drop(ours);
-                for fd in held {
-                    let _ = nix::unistd::close(fd.as_raw_fd());
-                }
-                starter_main(config, theirs, user)
-            }
-            Ok(ForkResult::Parent { child }) => Some(Starter {
-                pid: child,
-                sock: ours,
-                user: user.cloned(),
-                pending: Default::default(),
-                reaped: false,
-                buf: Vec::new(),
-            }),
-            Err(e) => {
-                emit(&Event::Error {
-                    message: format!("cannot start the exec starter: fork: {e}"),
-                });
-                None
-            }
-        }
-    }
+/// A kill (`None`) or a signal for exec `.0` that came before its reaper said it took it.
+type Early = std::collections::VecDeque<(u64, Option<i32>)>;
 
-    /// Sends `request` (and its descriptors) on; an exec is pending until taken.
-    fn forward(&mut self, request: &Request, fds: &[OwnedFd]) {
-        let raw: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
-        let sent = control::send(self.sock.as_fd(), request, &raw);
-        if let Request::Exec { id, .. } = request {
-            match sent {
-                Ok(()) => {
-                    self.pending.insert(*id);
-                }
-                Err(e) => emit(&not_started(*id, format!("cannot hand the exec over: {e}"))),
-            }
-        }
+fn keep_early(early: &mut Early, id: u64, signal: Option<i32>) {
+    if early.len() == EARLY {
+        early.pop_front();
     }
+    early.push_back((id, signal));
+}
 
-    /// Reads the starter's notes (the ids of execs taken): those waiting, or with `block` until
-    /// none is pending (at most a few seconds). False when the starter's end has closed.
-    fn read_notes(&mut self, block: bool) -> bool {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let wait = if block && !self.pending.is_empty() {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return true;
-                }
-                PollTimeout::try_from(left.as_millis().min(1000) as i32)
-                    .unwrap_or(PollTimeout::ZERO)
-            } else {
-                PollTimeout::ZERO
-            };
-            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, wait) {
-                Ok(0) => {
-                    if block && !self.pending.is_empty() {
-                        continue;
-                    }
-                    return true;
-                }
-                Err(nix::Error::EINTR) => continue,
-                Err(_) => return false,
-                Ok(_) => {}
-            }
-            match control::recv::<u64>(self.sock.as_fd(), &mut self.buf) {
-                Ok(Some((id, _))) => {
-                    self.pending.remove(&id);
-                }
-                Ok(None) | Err(control::RecvError::Channel(_)) => return false,
-                Err(control::RecvError::Malformed { .. }) => {}
-            }
-        }
-    }
+/// The real-time signal by which a starter asks a reaper to pass a signal on to its command
+/// (the signal's number rides as the value; real-time signals queue, so none is lost).
+fn forward_signal() -> i32 {
+    libc::SIGRTMIN()
+}
 
-    /// The starter died: what it took reports itself, what it did not is answered here.
-    fn ended(mut self) {
-        self.read_notes(false);
-        for id in std::mem::take(&mut self.pending) {
-            emit(&not_started(
-                id,
-                "the sandbox's exec starter ended before it started the command".into(),
-            ));
-        }
-        if !self.reaped {
-            let _ = kill(self.pid, Signal::SIGKILL);
-            let _ = waitpid(self.pid, None);
-        }
-    }
-
-    /// Ends the starter once it has taken every exec it was given (the reapers it started go on
-    /// without it).
-    fn stop(mut self) {
-        self.read_notes(true);
-        self.ended();
+/// The signals a reaper takes requests by: SIGUSR1 (kill the tree) and [`forward_signal`].
+fn reaper_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a set on this stack.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigaddset(&mut set, forward_signal());
+        set
     }
 }
 
-/// The exec starter's loop (see [`Starter`]). Never returns: it exits when pid 1's end closes.
+/// Asks reaper `pid` to send `signal` to its command.
+fn forward(pid: Pid, signal: i32) {
+    let value = libc::sigval {
+        sival_ptr: signal as usize as *mut libc::c_void,
+    };
+    // SAFETY: sigqueue with plain values; no memory is shared.
+    unsafe { libc::sigqueue(pid.as_raw(), forward_signal(), value) };
+}
+
+/// The exec starter's loop (Z): a child of pid 1 that confined itself once as every command is
+/// confined (`no_new_privs`, no capabilities, the seccomp filter; the Landlock ruleset built, to
+/// be applied by each command in a domain of its own), and that makes the reapers of its user's
+/// execs. Paying for the confinement once per sandbox instead of once per exec is most of what
+/// an exec costs inside the sandbox (the filter's compilation and attachment above all).
+///
+/// It keeps one reaper (E) forked ahead of the next exec and hands the runtime that reaper's
+/// socket ([`Event::Reaper`] on its own socket): the runtime sends the exec there, so neither
+/// this process nor a fork is on an exec's way. The next reaper is forked once the last one's
+/// command runs, so the fork never holds that exec up for a CPU. An exec the runtime sends here
+/// instead (it had no reaper ready: execs side by side) gets a reaper forked for it at once.
+///
+/// `Signal`, `KillTree` and `KillAll` come on its socket. The commands cannot signal it
+/// (Landlock's signal scope keeps each in its own domain) and it is not dumpable (no command
+/// reads its memory or descriptors through /proc). It exits when the runtime closes its end.
+/// Never returns.
 fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> ! {
     // SAFETY: prctl with integer arguments only. Not dumpable: the commands, which share its
     // uid, may not reach its memory or descriptors through /proc.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    // pid 1's socket is pid 1's alone.
+    let _ = nix::unistd::close(CONTROL_FD);
     // What could not be confined is every exec's setup error.
     let mut confined = crate::command::confine_starter(config, user)
         .map_err(|(stage, message)| format!("{stage}: {message}"));
     let mut reapers: HashMap<u64, Pid> = HashMap::new();
+    let mut early = Early::new();
+    let mut spare: Option<Spare> = None;
     let mut buf = Vec::new();
-    let take = |id: u64| {
-        let _ = control::send(sock.as_fd(), &id, &[]);
-    };
+    let mut note_buf = Vec::new();
     loop {
         loop {
             match waitpid(
@@ -355,85 +313,303 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
                 }
             }
         }
-        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        if spare.is_none() && confined.is_ok() {
+            spare = fork_spare(config, &sock, &mut confined);
+        }
+        let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        if let Some(s) = &spare {
+            fds.push(PollFd::new(s.note.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, PollTimeout::from(200u16)) {
             Ok(0) | Err(nix::Error::EINTR) => continue,
             Ok(_) => {}
             Err(_) => std::process::exit(125),
         }
+        let request_ready = fds[0].any().unwrap_or(false);
+        drop(fds);
+        // The spare's note first: a signal for its exec may be waiting behind it.
+        if let Some(s) = spare.as_mut()
+            && !read_note(s, &mut note_buf, &mut reapers, &mut early)
+        {
+            // It took an exec and its command runs, or it died: the next one is forked at the
+            // top of the loop.
+            spare = None;
+        }
+        if !request_ready {
+            continue;
+        }
         let (request, fds) = match control::recv::<Request>(sock.as_fd(), &mut buf) {
             Ok(Some(r)) => r,
             Ok(None) | Err(control::RecvError::Channel(_)) => std::process::exit(0),
-            Err(control::RecvError::Malformed { reason, exec_id }) => {
-                if let Some(id) = exec_id {
-                    emit(&not_started(id, format!("bad control message: {reason}")));
-                    take(id);
-                }
-                continue;
-            }
+            // Its descriptors, if any came, close: the runtime sees the exec's event pipe end
+            // without a report.
+            Err(control::RecvError::Malformed { .. }) => continue,
         };
         match request {
             Request::Exec {
-                id, argv, cwd, env, ..
+                id,
+                user: ref for_user,
+                ..
             } => {
-                let stdio = match (<[OwnedFd; 3]>::try_from(fds), &confined) {
-                    (Ok(stdio), Ok(_)) => stdio,
-                    (Err(_), _) => {
-                        emit(&not_started(
-                            id,
-                            "exec request without its three descriptors".into(),
-                        ));
-                        take(id);
-                        continue;
+                if fds.len() != EXEC_FDS {
+                    // Without its event pipe there is no one to tell; its end closes.
+                    continue;
+                }
+                let events = fds[EXEC_FDS - 1].as_fd();
+                let refuse = match &confined {
+                    Err(why) => Some(why.clone()),
+                    Ok(_) if for_user.as_ref() != user => {
+                        Some(format!("exec {id} is for another user than this starter's"))
                     }
-                    (_, Err(why)) => {
-                        emit(&not_started(id, why.clone()));
-                        take(id);
-                        continue;
-                    }
+                    Ok(_) => None,
                 };
+                if let Some(why) = refuse {
+                    write_event(events, &not_started(id, why));
+                    continue;
+                }
                 // SAFETY: the starter is single-threaded.
                 match unsafe { fork() } {
                     Ok(ForkResult::Child) => {
                         drop(sock);
+                        if let Some(s) = spare.take() {
+                            drop(s.note);
+                        }
                         let Ok(landlock) = std::mem::replace(&mut confined, Err(String::new()))
                         else {
                             std::process::exit(125)
                         };
-                        let mut exec_config = config.clone();
-                        exec_config.argv = argv;
-                        exec_config.cwd = PathBuf::from(cwd);
-                        exec_config.env = env;
-                        reap_exec(id, &exec_config, stdio, landlock)
+                        let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
+                            std::process::exit(125)
+                        };
+                        become_reaper();
+                        run_reaper(ReaperKit::new(config), request, fds, landlock, None)
                     }
                     Ok(ForkResult::Parent { child }) => {
                         reapers.insert(id, child);
                     }
-                    Err(e) => emit(&not_started(id, format!("fork: {e}"))),
-                }
-                take(id);
-            }
-            Request::Signal { id, pid, signal } => {
-                if reapers.contains_key(&id)
-                    && let Ok(sig) = Signal::try_from(signal)
-                {
-                    let _ = kill(Pid::from_raw(pid), sig);
+                    Err(e) => write_event(events, &not_started(id, format!("fork: {e}"))),
                 }
             }
-            Request::KillTree { id } => {
-                if let Some(pid) = reapers.get(&id) {
+            Request::Signal { id, signal } => match reapers.get(&id) {
+                Some(pid) => forward(*pid, signal),
+                None => keep_early(&mut early, id, Some(signal)),
+            },
+            Request::KillTree { id } => match reapers.get(&id) {
+                Some(pid) => {
                     let _ = kill(*pid, Signal::SIGUSR1);
                 }
-            }
+                None => keep_early(&mut early, id, None),
+            },
             Request::KillAll => {
                 for pid in reapers.values() {
                     let _ = kill(*pid, Signal::SIGUSR1);
                 }
             }
-            // pid 1's own work; never forwarded.
-            Request::Remount { .. } => {}
+            // pid 1's work; never sent here.
+            Request::Starter { .. } | Request::Remount { .. } => {}
         }
     }
+}
+
+/// Reads what the spare reaper says (the exec it took), applying a kill that came for that exec
+/// before. False once it has closed its end (its command runs, or it died).
+fn read_note(
+    spare: &mut Spare,
+    buf: &mut Vec<u8>,
+    reapers: &mut HashMap<u64, Pid>,
+    early: &mut Early,
+) -> bool {
+    loop {
+        match control::try_recv::<u64>(spare.note.as_fd(), buf) {
+            Ok(control::Received::Message(id, _)) => {
+                spare.took = Some(id);
+                reapers.insert(id, spare.pid);
+                early.retain(|(for_id, signal)| {
+                    if *for_id != id {
+                        return true;
+                    }
+                    match signal {
+                        Some(sig) => forward(spare.pid, *sig),
+                        None => {
+                            let _ = kill(spare.pid, Signal::SIGUSR1);
+                        }
+                    }
+                    false
+                });
+            }
+            Ok(control::Received::Nothing) => return true,
+            Ok(control::Received::Closed) | Err(_) => return false,
+        }
+    }
+}
+
+/// Forks the next exec's reaper and hands the runtime its socket ([`Event::Reaper`]). None
+/// when the starter is not confined (every exec is refused) or the fork failed; the starter
+/// exits when the runtime's end is gone.
+fn fork_spare(
+    config: &InitConfig,
+    link: &OwnedFd,
+    confined: &mut Result<crate::landlock_rules::Prepared, String>,
+) -> Option<Spare> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    confined.as_ref().ok()?;
+    let pair = || {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .ok()
+    };
+    let (runtime_end, exec_end) = pair()?;
+    let (note, note_end) = pair()?;
+    // SAFETY: the starter is single-threaded.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            let _ = nix::unistd::close(link.as_raw_fd());
+            drop(runtime_end);
+            drop(note);
+            // The child's copy of the ruleset (its descriptor is the child's too).
+            let Ok(landlock) = std::mem::replace(confined, Err(String::new())) else {
+                std::process::exit(125)
+            };
+            spare_main(config, exec_end, note_end, landlock)
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop((exec_end, note_end));
+            if control::send(link.as_fd(), &Event::Reaper, &[runtime_end.as_raw_fd()]).is_err() {
+                // The runtime is gone.
+                let _ = kill(child, Signal::SIGKILL);
+                std::process::exit(0);
+            }
+            Some(Spare {
+                pid: child,
+                note,
+                took: None,
+            })
+        }
+        Err(_) => None,
+    }
+}
+
+/// What every reaper does first: it is the subreaper of its exec's processes; a SIGUSR1 asks it
+/// to kill them and [`forward_signal`] to pass a signal on to its command (both still blocked,
+/// inherited so from pid 1).
+fn become_reaper() {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let action = SigAction::new(
+        SigHandler::Handler(on_usr1),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    let _ = unsafe { nix::sys::signal::sigaction(Signal::SIGUSR1, &action) };
+    // SAFETY: a sigaction of plain data; the handler only updates an atomic.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_forward as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(forward_signal(), &act, std::ptr::null_mut());
+    }
+}
+
+/// A reaper forked ahead of its exec: readies what it can, then waits for the exec from the
+/// runtime (or for the starter to go, and with it the reason to wait). Never returns.
+fn spare_main(
+    config: &InitConfig,
+    exec_sock: OwnedFd,
+    note: OwnedFd,
+    landlock: crate::landlock_rules::Prepared,
+) -> ! {
+    become_reaper();
+    // What the exec needs, made now: its page faults and system calls are then off its way.
+    let kit = ReaperKit::new(config);
+    if let Ok(kit) = &kit {
+        kit.stack.touch();
+    }
+    let mut buf = vec![0u8; control::INLINE_MAX];
+    let (request, fds) = loop {
+        let mut fds = [
+            PollFd::new(exec_sock.as_fd(), PollFlags::POLLIN),
+            PollFd::new(note.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(_) => std::process::exit(0),
+        }
+        // The starter's end closed: it is gone, and so is the runtime's use for this reaper.
+        if fds[1].any().unwrap_or(false) {
+            std::process::exit(0);
+        }
+        match control::recv::<Request>(exec_sock.as_fd(), &mut buf) {
+            Ok(Some(r)) => break r,
+            // The runtime let it go (a restore, the sandbox's end) or sent nonsense.
+            _ => std::process::exit(0),
+        }
+    };
+    drop(exec_sock);
+    let Request::Exec { id, .. } = &request else {
+        std::process::exit(0)
+    };
+    let _ = control::send(note.as_fd(), id, &[]);
+    let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
+        std::process::exit(0)
+    };
+    run_reaper(kit, request, fds, landlock, Some(note))
+}
+
+/// What a reaper makes before its command: the status pipe, the command's stack, and its copy
+/// of the sandbox's config (the exec's argv, cwd and environment go into it).
+struct ReaperKit {
+    status: (OwnedFd, OwnedFd),
+    stack: CommandStack,
+    config: InitConfig,
+}
+
+impl ReaperKit {
+    fn new(config: &InitConfig) -> Result<ReaperKit, String> {
+        Ok(ReaperKit {
+            status: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| format!("pipe: {e}"))?,
+            stack: CommandStack::new().map_err(|e| format!("mmap: {e}"))?,
+            config: config.clone(),
+        })
+    }
+}
+
+/// A reaper with its exec: starts and reaps it (see [`reap_exec`]). `note` (a spare's) closes
+/// once the command runs. Never returns.
+fn run_reaper(
+    kit: Result<ReaperKit, String>,
+    request: Request,
+    [stdin, stdout, stderr, events]: [OwnedFd; EXEC_FDS],
+    landlock: crate::landlock_rules::Prepared,
+    note: Option<OwnedFd>,
+) -> ! {
+    let Request::Exec {
+        id, argv, cwd, env, ..
+    } = request
+    else {
+        std::process::exit(0)
+    };
+    // A kill or a signal asked for from here on is taken.
+    // SAFETY: sigprocmask on this thread's own mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &reaper_signals(), std::ptr::null_mut()) };
+    let mut kit = match kit {
+        Ok(kit) => kit,
+        Err(why) => {
+            write_event(events.as_fd(), &not_started(id, why));
+            std::process::exit(0)
+        }
+    };
+    kit.config.argv = argv;
+    kit.config.cwd = PathBuf::from(cwd);
+    kit.config.env = env;
+    reap_exec(id, kit, [stdin, stdout, stderr], events, landlock, note)
 }
 
 fn remount(path: &Path, ops: &[crate::config::MountOp]) -> Result<(), String> {
@@ -459,45 +635,59 @@ extern "C" fn on_usr1(_: libc::c_int) {
     KILL_REQUESTED.store(true, Ordering::SeqCst);
 }
 
-/// The exec reaper (E): starts the command, forwards its confinement report, and reports its end
-/// once every process of the exec is gone.
+/// The signals (by number, a bit each) to pass on to the command, set by [`on_forward`].
+static TO_FORWARD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn on_forward(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; sigqueue set its value.
+    let signal = unsafe { (*info).si_value().sival_ptr as usize };
+    if (1..64).contains(&signal) {
+        TO_FORWARD.fetch_or(1 << signal, Ordering::SeqCst);
+    }
+}
+
+/// Sends the command what was asked for since the last call.
+fn forward_to(command: Pid) {
+    let mut pending = TO_FORWARD.swap(0, Ordering::SeqCst);
+    while pending != 0 {
+        let signal = pending.trailing_zeros() as i32;
+        pending &= pending - 1;
+        // SAFETY: kill with plain values.
+        unsafe { libc::kill(command.as_raw(), signal) };
+    }
+}
+
+/// The exec reaper (E): starts the command, forwards its confinement report, and reports the
+/// exec's start and, once every process of the exec is gone, its end on `events`.
 fn reap_exec(
     id: u64,
-    config: &InitConfig,
+    kit: ReaperKit,
     stdio: [OwnedFd; 3],
+    events: OwnedFd,
     landlock: crate::landlock_rules::Prepared,
+    note: Option<OwnedFd>,
 ) -> ! {
+    let ReaperKit {
+        status: (status_read, status_write),
+        stack,
+        config,
+    } = kit;
+    let config = &config;
+    let emit = |event: &Event| write_event(events.as_fd(), event);
     let fail_early = |why: String| -> ! {
         emit(&not_started(id, why));
         std::process::exit(0)
     };
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let action = SigAction::new(
-        SigHandler::Handler(on_usr1),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    let _ = unsafe { nix::sys::signal::sigaction(Signal::SIGUSR1, &action) };
-    let mut usr1 = SigSet::empty();
-    usr1.add(Signal::SIGUSR1);
-    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&usr1), None);
-
-    let (status_read, status_write) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-        Ok(p) => p,
-        Err(e) => fail_early(format!("pipe: {e}")),
-    };
-    let command = match spawn_command(config, &stdio, status_write.as_raw_fd(), landlock) {
+    let command = match spawn_command(config, &stdio, status_write.as_raw_fd(), landlock, &stack) {
         Ok(pid) => Pid::from_raw(pid),
         Err(e) => fail_early(format!("clone: {e}")),
     };
     drop(stdio);
     drop(status_write);
-    emit(&Event::Started {
-        id,
-        pid: command.as_raw(),
-    });
+    // The command has exec'd (or failed to): the starter may fork the next reaper.
+    drop(note);
+    // What was asked for before the command existed.
+    forward_to(command);
     let mut main = MainStatus {
         pid: command.as_raw(),
         result: None,
@@ -515,6 +705,7 @@ fn reap_exec(
             Ok(0) => break,
             Ok(n) => report.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                forward_to(command);
                 if KILL_REQUESTED.swap(false, Ordering::SeqCst) {
                     kill_children(&mut main);
                 }
@@ -541,11 +732,12 @@ fn reap_exec(
     // Wait for the main process; on request kill the tree. Once it has ended, nothing of the
     // exec may outlive it.
     while main.result.is_none() {
+        forward_to(command);
         if KILL_REQUESTED.swap(false, Ordering::SeqCst) {
             kill_children(&mut main);
             continue;
         }
-        if !reap_one(&mut main, 0) {
+        if !reap_one(&mut main) {
             break;
         }
     }
@@ -571,6 +763,8 @@ fn reap_exec(
         max_rss_bytes,
         file_size_exceeded: file_size_exceeded || crate::command::reports_file_size_kill(code),
     });
+    // The end of the pipe, now: the runtime need not wait for this process's own exit.
+    drop(events);
     std::process::exit(0)
 }
 
@@ -610,6 +804,65 @@ extern "C" fn command_main(arg: *mut libc::c_void) -> libc::c_int {
 /// The stack of the command's process until its exec, below a guard page.
 const COMMAND_STACK: usize = 512 * 1024;
 
+/// How much of the command's stack a spare reaper touches ahead (the command's own use of it
+/// before its exec is a few pages).
+const STACK_TOUCHED: usize = 32 * 1024;
+
+/// The command's stack: a private mapping with a guard page at its foot.
+struct CommandStack {
+    base: *mut libc::c_void,
+}
+
+impl CommandStack {
+    fn new() -> std::io::Result<CommandStack> {
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                COMMAND_STACK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stack = CommandStack { base };
+        // SAFETY: the lowest page of the mapping made above: an overflow faults instead of
+        // writing into the reaper's memory below it.
+        if unsafe { libc::mprotect(base, 4096, libc::PROT_NONE) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// Faults in the top of the stack now rather than on the exec's way.
+    fn touch(&self) {
+        let top = self.top().cast::<u8>();
+        for off in (4096..=STACK_TOUCHED).step_by(4096) {
+            // SAFETY: within the mapping, above its guard page (STACK_TOUCHED is far below
+            // COMMAND_STACK); a volatile write so it is not optimised away.
+            unsafe { top.sub(off).write_volatile(0) };
+        }
+    }
+
+    /// The stack's top (16-byte aligned), where it starts growing down.
+    fn top(&self) -> *mut libc::c_void {
+        // SAFETY: one past the end of the mapping made in `new`.
+        unsafe { self.base.cast::<u8>().add(COMMAND_STACK).cast() }
+    }
+}
+
+impl Drop for CommandStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; no process runs on it any more (the command has
+        // exec'd or exited before clone returns).
+        unsafe { libc::munmap(self.base, COMMAND_STACK) };
+    }
+}
+
 /// Starts the command's process sharing this reaper's memory until its exec (`CLONE_VM |
 /// CLONE_VFORK`, as posix_spawn does): no page tables to copy, no copy-on-write faults, and an
 /// exec that has no copy of the reaper to tear down, which were a third of what an exec cost
@@ -624,26 +877,8 @@ fn spawn_command(
     stdio: &[OwnedFd; 3],
     status: i32,
     landlock: crate::landlock_rules::Prepared,
+    stack: &CommandStack,
 ) -> std::io::Result<i32> {
-    // SAFETY: a fresh private anonymous mapping; checked below.
-    let stack = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            COMMAND_STACK,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-            -1,
-            0,
-        )
-    };
-    if stack == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the lowest page of the mapping made above: an overflow faults instead of
-    // writing into the reaper's memory below it.
-    if unsafe { libc::mprotect(stack, 4096, libc::PROT_NONE) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
     let mut args = CommandArgs {
         config,
         stdio: [
@@ -660,14 +895,12 @@ fn spawn_command(
     let pid = unsafe {
         libc::clone(
             command_main,
-            stack.cast::<u8>().add(COMMAND_STACK).cast(),
+            stack.top(),
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             std::ptr::addr_of_mut!(args).cast(),
         )
     };
     let err = std::io::Error::last_os_error();
-    // SAFETY: the child no longer runs on it (it exec'd or exited).
-    unsafe { libc::munmap(stack, COMMAND_STACK) };
     if pid < 0 {
         // The child never ran: the ruleset is still ours to drop.
         drop(std::mem::ManuallyDrop::into_inner(args.landlock));
@@ -696,19 +929,32 @@ struct MainStatus {
     file_size_exceeded: bool,
 }
 
+/// What [`wait_child`] found.
+#[derive(PartialEq, Eq)]
+enum Waited {
+    /// A child was reaped (or the wait was interrupted): look again.
+    Reaped,
+    /// Children are left, none has ended (WNOHANG only).
+    Running,
+    /// No child is left.
+    None,
+}
+
 /// Reaps one child (blocking unless `flags` has WNOHANG), recording the main process's status.
-/// Returns false when there is nothing (left) to reap.
-fn reap_one(main: &mut MainStatus, flags: i32) -> bool {
+fn wait_child(main: &mut MainStatus, flags: i32) -> Waited {
     let mut status = 0;
     // SAFETY: rusage is plain old data; all-zero is valid.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `status` and `usage` are valid for writes for the duration of the call.
     let pid = unsafe { libc::wait4(-1, &mut status, libc::__WALL | flags, &mut usage) };
     if pid < 0 {
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => Waited::Reaped,
+            _ => Waited::None,
+        };
     }
     if pid == 0 {
-        return false;
+        return Waited::Running;
     }
     if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGXFSZ {
         main.file_size_exceeded = true;
@@ -723,27 +969,35 @@ fn reap_one(main: &mut MainStatus, flags: i32) -> bool {
             main.result = Some((None, Some(libc::WTERMSIG(status))));
         }
     }
-    true
+    Waited::Reaped
 }
 
-/// Kills every descendant: orphans of the exec re-parent to this subreaper, so repeating "kill my
-/// children, reap them" until none is left reaches the whole tree, however it forked.
+/// Reaps one child, blocking: false when there is nothing (left) to reap.
+fn reap_one(main: &mut MainStatus) -> bool {
+    wait_child(main, 0) == Waited::Reaped
+}
+
+/// Kills every descendant: orphans of the exec re-parent to this subreaper, so repeating "reap
+/// what ended, kill my children, reap them" until no child is left reaches the whole tree,
+/// however it forked. With nothing left (the common case) it costs one wait.
 fn kill_children(main: &mut MainStatus) {
     loop {
+        match wait_child(main, libc::WNOHANG) {
+            Waited::Reaped => continue,
+            Waited::None => return,
+            Waited::Running => {}
+        }
         let kids = children();
         if kids.is_empty() {
-            // Reap what is left as zombies; done when nothing remains.
-            while reap_one(main, libc::WNOHANG) {}
-            if children().is_empty() {
-                return;
-            }
+            // Alive by wait4 and not yet listed: look again.
+            std::thread::yield_now();
             continue;
         }
         for pid in &kids {
             let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
         for _ in &kids {
-            if !reap_one(main, 0) {
+            if !reap_one(main) {
                 break;
             }
         }

@@ -157,12 +157,76 @@ impl Native {
     }
 }
 
-/// What the native backend keeps of an exec's process: its pid, and what pid 1 reported of its
-/// end.
+/// What the native backend keeps of an exec's process: the starter it was sent to (which
+/// signals it), and what its reaper reported of its end.
 #[derive(Default)]
 pub struct NativeProc {
-    pid: Option<i32>,
+    starter: Option<Arc<StarterLink>>,
     exited: Option<Exited>,
+}
+
+/// The runtime's end of one of the sandbox's exec starters (see the helper's server module):
+/// execs of its user, and their signals, go here, not through pid 1. The starter exits when the
+/// last holder drops this.
+#[derive(Debug)]
+struct StarterLink {
+    /// Whose commands it starts (`None`: the sandbox's own user).
+    user: Option<ExecIds>,
+    sock: OwnedFd,
+    /// The sockets of the reapers it forked ahead ([`Event::Reaper`]), and the receive buffer.
+    reapers: Mutex<(Vec<OwnedFd>, Vec<u8>)>,
+}
+
+impl StarterLink {
+    fn new(user: Option<ExecIds>, sock: OwnedFd) -> StarterLink {
+        StarterLink {
+            user,
+            sock,
+            reapers: Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    fn send(&self, req: &Request, fds: &[i32]) -> Result<(), control::SendError> {
+        control::send(self.sock.as_fd(), req, fds)
+    }
+
+    /// Sends an exec with its descriptors: to a reaper the starter forked ahead when there is
+    /// one (the starter is then not on the exec's way), else to the starter, which forks one.
+    fn send_exec(&self, req: &Request, fds: &[i32]) -> Result<(), control::SendError> {
+        while let Some(reaper) = self.take_reaper() {
+            match control::send(reaper.as_fd(), req, fds) {
+                Ok(()) => return Ok(()),
+                // That reaper is gone (it died, or its starter did): the next, or the starter.
+                Err(control::SendError::Channel(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        self.send(req, fds)
+    }
+
+    /// A reaper the starter announced, if any.
+    fn take_reaper(&self) -> Option<OwnedFd> {
+        let mut guard = lock(&self.reapers);
+        let (ready, buf) = &mut *guard;
+        while let Ok(control::Received::Message(event, fds)) =
+            control::try_recv::<Event>(self.sock.as_fd(), buf)
+        {
+            if event == Event::Reaper {
+                ready.extend(fds);
+            }
+        }
+        // Oldest first: one that is gone is tried (and dropped) before a newer one.
+        (!ready.is_empty()).then(|| ready.remove(0))
+    }
+}
+
+/// What pid 1 sent that a caller waits for: its answer to the last remount, and starters.
+#[derive(Default)]
+struct Mail {
+    /// The answer to the last remount request (`Some(error)` when it failed), until taken.
+    remounted: Option<Option<String>>,
+    /// Starters sent and not yet taken, with their user (or why pid 1 could not start one).
+    starters: Vec<(Option<ExecIds>, Result<OwnedFd, String>)>,
 }
 
 impl ProcState for NativeProc {
@@ -171,7 +235,7 @@ impl ProcState for NativeProc {
     }
 }
 
-/// What the sandbox's pid 1 reported about an exec's end: the end itself, what was in force,
+/// What an exec's reaper reported about its end: the end itself, what was in force,
 /// and why the command could not start, if it could not.
 #[derive(Debug, Clone)]
 struct Exited {
@@ -195,14 +259,16 @@ pub struct Sandbox {
     ws_mount: Mutex<u64>,
     control: OwnedFd,
     send_lock: Mutex<()>,
+    /// The starters in use, one per user the execs run as (the sandbox's own from the start).
+    starters: Mutex<Vec<Arc<StarterLink>>>,
     _status: OwnedFd,
     cgroup: Option<Cgroup>,
     /// The cgroup's OOM-kill counter, kept open: read before and after every exec.
     oom: Option<OomCounter>,
     lost: AtomicBool,
-    /// pid 1's answer to the last remount request (`Some(error)` when it failed), until taken.
-    remounted: Mutex<Option<Option<String>>>,
-    remount_cond: Condvar,
+    /// What pid 1 sent that a caller waits for.
+    mail: Mutex<Mail>,
+    mail_cond: Condvar,
     /// Who the commands are (the ids an exec as another user may take).
     identity: Identity,
 }
@@ -278,54 +344,105 @@ impl Sandbox {
             let msg = control::recv::<Event>(control.as_fd(), &mut buf);
             let Some(sb) = weak.upgrade() else { return };
             match msg {
-                Ok(Some((event, _))) => sb.on_event(event),
+                Ok(Some((event, fds))) => sb.on_event(event, fds),
                 Ok(None) => return sb.mark_lost("its pid 1 ended"),
                 Err(e) => return sb.mark_lost(&e.to_string()),
             }
         }
     }
 
-    fn on_event(&self, event: Event) {
+    fn on_event(&self, event: Event, fds: Vec<OwnedFd>) {
         match event {
-            Event::Started { id, pid } => self.update_slot(id, |p| p.pid = Some(pid)),
-            Event::Exited {
-                id,
-                code,
-                signal,
-                landlock,
-                seccomp,
-                exec_failed,
-                setup_error,
-                cpu_ms,
-                max_rss_bytes,
-                file_size_exceeded,
-            } => {
-                let limits = &self.common.policy.limits;
-                let exited = Exited {
-                    end: ExecEnd {
-                        exit_code: code,
-                        signal,
-                        exec_failed,
-                        cpu_ms,
-                        max_rss_bytes,
-                        file_size_limit: file_size_exceeded.then_some(limits.file_size_bytes),
-                        ..ExecEnd::default()
-                    },
-                    landlock,
-                    seccomp,
-                    setup_error,
+            Event::Starter { user, error } => {
+                let link = match (error, fds.into_iter().next()) {
+                    (None, Some(fd)) => Ok(fd),
+                    (Some(why), _) => Err(why),
+                    (None, None) => Err("pid 1 sent a starter without its socket".into()),
                 };
-                self.update_slot(id, |p| p.exited = Some(exited));
+                lock(&self.mail).starters.push((user, link));
+                self.mail_cond.notify_all();
             }
             Event::Remounted { error } => {
-                *lock(&self.remounted) = Some(error);
-                self.remount_cond.notify_all();
+                lock(&self.mail).remounted = Some(error);
+                self.mail_cond.notify_all();
             }
-            Event::Ready => {}
+            Event::Ready | Event::Reaper => {}
             Event::Error { message } => {
                 tracing::warn!(sandbox = %self.id(), %message, "sandbox reported an error");
             }
+            // An exec's end comes on its own pipe.
+            Event::Exited { .. } => {}
         }
+    }
+
+    /// Waits (until `deadline`) for `pick` to take something from the mail; None on time out or
+    /// once the sandbox is lost.
+    fn wait_mail<T>(
+        &self,
+        deadline: Instant,
+        mut pick: impl FnMut(&mut Mail) -> Option<T>,
+    ) -> Option<T> {
+        let mut mail = lock(&self.mail);
+        loop {
+            if let Some(got) = pick(&mut mail) {
+                return Some(got);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.lost.load(Ordering::SeqCst) {
+                return None;
+            }
+            mail = match self
+                .mail_cond
+                .wait_timeout(mail, left.min(Duration::from_millis(200)))
+            {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
+    /// The starter of `user`'s execs: the one in use, one pid 1 already sent, or one asked for.
+    fn starter_for(&self, user: Option<&ExecIds>) -> Result<Arc<StarterLink>, ApiError> {
+        let mut links = lock(&self.starters);
+        if let Some(link) = links.iter().find(|l| l.user.as_ref() == user) {
+            return Ok(link.clone());
+        }
+        let take = |mail: &mut Mail| {
+            let at = mail.starters.iter().position(|(u, _)| u.as_ref() == user)?;
+            Some(mail.starters.remove(at).1)
+        };
+        let sent = match self.wait_mail(Instant::now(), take) {
+            Some(sent) => sent,
+            None => {
+                self.send(
+                    &Request::Starter {
+                        user: user.cloned(),
+                    },
+                    &[],
+                )?;
+                self.wait_mail(Instant::now() + Duration::from_secs(10), take)
+                    .ok_or_else(|| {
+                        if self.lost.load(Ordering::SeqCst) {
+                            self.lost_error()
+                        } else {
+                            ApiError::internal(format!(
+                                "sandbox {}: pid 1 did not start an exec starter within 10s",
+                                self.id()
+                            ))
+                        }
+                    })?
+            }
+        };
+        let sock =
+            sent.map_err(|why| ApiError::internal(format!("sandbox {}: {why}", self.id())))?;
+        let link = Arc::new(StarterLink::new(user.cloned(), sock));
+        links.push(link.clone());
+        Ok(link)
+    }
+
+    /// Stops using `link` (its starter is gone): the next exec of its user gets a new one.
+    fn forget_starter(&self, link: &Arc<StarterLink>) {
+        lock(&self.starters).retain(|l| !Arc::ptr_eq(l, link));
     }
 
     /// The OOM kills of the sandbox's cgroup so far (0 without one).
@@ -334,12 +451,6 @@ impl Sandbox {
             (Some(counter), _) => counter.kills(),
             (None, Some(cg)) => cg.oom_kills(),
             (None, None) => 0,
-        }
-    }
-
-    fn update_slot(&self, id: u64, update: impl FnOnce(&mut NativeProc)) {
-        if let Ok(slot) = self.common.slots.get(id) {
-            slot.update(|st| update(&mut st.proc));
         }
     }
 }
@@ -690,20 +801,20 @@ impl Native {
             (Err(why), Ok(_)) => Err(ApiError::internal(format!("sandbox disk: {why}"))),
             (_, started) => started,
         };
-        let started = started.and_then(|pid| match egress.as_mut() {
+        let started = started.and_then(|started| match egress.as_mut() {
             Some(e) => e
                 .connect(Duration::from_secs(5))
-                .map(|()| pid)
+                .map(|()| started)
                 .map_err(|why| ApiError::internal(format!("egress proxy: {why}"))),
-            None => Ok(pid),
+            None => Ok(started),
         });
         // The workspace mount, as pid 1 built it and before any command could touch the tree:
         // file operations check they reach this mount (see `Sandbox::fs`).
-        let started = started.and_then(|pid| {
+        let started = started.and_then(|(pid, starter)| {
             let (_, mount) = WorkspaceFs::open_mounted(&proc_root(pid), &ws.inside)?;
-            Ok((pid, mount))
+            Ok((pid, mount, starter))
         });
-        let (init_pid, ws_mount) = match started {
+        let (init_pid, ws_mount, starter) = match started {
             Ok(started) => started,
             Err(e) => {
                 let mut child = child;
@@ -769,12 +880,13 @@ impl Native {
             ws_mount: Mutex::new(ws_mount),
             control: ours,
             send_lock: Mutex::new(()),
+            starters: Mutex::new(vec![Arc::new(StarterLink::new(None, starter))]),
             _status: status_read,
             oom: cgroup.as_ref().and_then(Cgroup::oom_counter),
             cgroup,
             lost: AtomicBool::new(false),
-            remounted: Mutex::new(None),
-            remount_cond: Condvar::new(),
+            mail: Mutex::new(Mail::default()),
+            mail_cond: Condvar::new(),
             identity,
         });
         let weak = Arc::downgrade(&sandbox);
@@ -791,18 +903,28 @@ impl Native {
     }
 }
 
-/// Reads the status pipe until pid 1 says it started, then the control socket until it is ready.
-fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Result<i32, ApiError> {
+/// Reads the status pipe until pid 1 says it started, then the control socket until it is ready
+/// (with the sandbox's own exec starter, which comes before). Returns pid 1's pid and the
+/// starter's socket.
+fn wait_ready(
+    status: &OwnedFd,
+    control_sock: &OwnedFd,
+    limit: Duration,
+) -> Result<(i32, OwnedFd), ApiError> {
     let deadline = Instant::now() + limit;
     let mut status_buf = Vec::new();
     let mut pid = None;
+    let mut starter = None;
     // pid 1 can be ready before the helper's report of its pid has arrived: the two come on
     // different channels. Once ready, only the report is waited for.
     let mut ready = false;
     let mut buf = Vec::new();
     loop {
-        if let (true, Some(p)) = (ready, pid) {
-            return Ok(p);
+        if ready && pid.is_some() {
+            let starter = starter.ok_or_else(|| {
+                ApiError::internal("the sandbox was ready without its exec starter")
+            })?;
+            return Ok((pid.unwrap_or_default(), starter));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -853,6 +975,12 @@ fn wait_ready(status: &OwnedFd, control_sock: &OwnedFd, limit: Duration) -> Resu
         if control_ready {
             match control::recv::<Event>(control_sock.as_fd(), &mut buf) {
                 Ok(Some((Event::Ready, _))) => ready = true,
+                Ok(Some((Event::Starter { user: None, error }, fds))) => {
+                    if let Some(why) = error {
+                        return Err(ApiError::internal(format!("sandbox set-up failed: {why}")));
+                    }
+                    starter = fds.into_iter().next();
+                }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
                     // Set-up failed: the reason is on the status pipe.
@@ -887,13 +1015,18 @@ fn setup_error(buf: &[u8]) -> Option<ApiError> {
         })
 }
 
+/// How often a timed-out exec's kill is asked for again, until it has ended.
+const KILL_AGAIN: Duration = Duration::from_secs(1);
+
 /// The most an exec's output is read in one go.
 const READ_MAX: usize = 64 * 1024;
 
-/// A running exec's pipes, owned by whoever drives it.
+/// A running exec's pipes, owned by whoever drives it: its output, and its reaper's events
+/// (which end once nothing of the exec is left).
 struct Pipes {
     stdout: OwnedFd,
     stderr: OwnedFd,
+    events: OwnedFd,
 }
 
 /// What an exec's result is measured against: the upper layer before it started, the cgroup's
@@ -962,9 +1095,11 @@ impl Sandbox {
         // this process's stack limit (no rlimit of the plan changes it).
         plan.check(exec_limits::own_argument_space(), &[])?;
         let user = self.exec_ids(plan)?;
+        let mut starter = self.starter_for(user.as_ref())?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let (in_r, in_w) = pipe()?;
+        let (events_r, events_w) = pipe()?;
         let mut stdin_keep: Option<Box<dyn kit::StdinSink>> = None;
         match (&plan.stdin, plan.background) {
             (Some(data), _) => {
@@ -985,42 +1120,133 @@ impl Sandbox {
             plan.output_limit,
             &self.common.layers.spill,
             stdin_keep,
-            NativeProc::default(),
-        ));
-        // In the table before pid 1 hears of it: its events name it.
-        slots.insert(slot.clone());
-        let sent = self.send(
-            &Request::Exec {
-                id,
-                argv: plan.argv.clone(),
-                cwd: plan.cwd.clone(),
-                env: plan.env.clone(),
-                user,
+            NativeProc {
+                starter: Some(starter.clone()),
+                ..NativeProc::default()
             },
-            &[
-                in_r.as_raw_fd(),
-                out_w.as_raw_fd(),
-                // Merged: both on the one pipe, so their order is the order of the writes; the
-                // stderr pipe then ends at once.
-                if plan.merge_output {
-                    out_w.as_raw_fd()
-                } else {
-                    err_w.as_raw_fd()
-                },
-            ],
-        );
-        drop((in_r, out_w, err_w));
+        ));
+        slots.insert(slot.clone());
+        let request = Request::Exec {
+            id,
+            argv: plan.argv.clone(),
+            cwd: plan.cwd.clone(),
+            env: plan.env.clone(),
+            user: user.clone(),
+        };
+        let fds = [
+            in_r.as_raw_fd(),
+            out_w.as_raw_fd(),
+            // Merged: both on the one pipe, so their order is the order of the writes; the
+            // stderr pipe then ends at once.
+            if plan.merge_output {
+                out_w.as_raw_fd()
+            } else {
+                err_w.as_raw_fd()
+            },
+            events_w.as_raw_fd(),
+        ];
+        let mut sent = starter.send_exec(&request, &fds);
+        if let Err(control::SendError::Channel(_)) = &sent {
+            // The starter is gone (pid 1 ends the execs it left): once more with a new one.
+            self.forget_starter(&starter);
+            match self.starter_for(user.as_ref()) {
+                Ok(next) => {
+                    starter = next;
+                    slot.update(|st| st.proc.starter = Some(starter.clone()));
+                    sent = starter.send_exec(&request, &fds);
+                }
+                Err(e) => {
+                    slots.remove(id);
+                    return Err(e);
+                }
+            }
+        }
+        drop((in_r, out_w, err_w, events_w));
         if let Err(e) = sent {
             slots.remove(id);
-            return Err(e);
+            return Err(match e {
+                // Nothing was sent: the sandbox is as it was, and the request may be tried again.
+                control::SendError::Prepare { .. } => {
+                    ApiError::Unavailable(format!("sandbox {}: {e}", self.id()))
+                }
+                control::SendError::Channel(_) => ApiError::internal(format!(
+                    "sandbox {}: its exec starter does not answer: {e}",
+                    self.id()
+                )),
+            });
         }
         Ok((
             slot,
             Pipes {
                 stdout: out_r,
                 stderr: err_r,
+                events: events_r,
             },
         ))
+    }
+
+    /// Takes the whole lines of `buf` (the exec's event pipe): its end, also kept in the slot.
+    fn take_events(&self, slot: &Slot, buf: &mut Vec<u8>, exited: &mut Option<Exited>) {
+        let Some(last) = buf.iter().rposition(|b| *b == b'\n') else {
+            return;
+        };
+        for line in buf[..last].split(|b| *b == b'\n') {
+            match serde_json::from_slice::<Event>(line) {
+                Ok(Event::Exited {
+                    code,
+                    signal,
+                    landlock,
+                    seccomp,
+                    exec_failed,
+                    setup_error,
+                    cpu_ms,
+                    max_rss_bytes,
+                    file_size_exceeded,
+                    ..
+                }) => {
+                    let limits = &self.common.policy.limits;
+                    let end = Exited {
+                        end: ExecEnd {
+                            exit_code: code,
+                            signal,
+                            exec_failed,
+                            cpu_ms,
+                            max_rss_bytes,
+                            file_size_limit: file_size_exceeded.then_some(limits.file_size_bytes),
+                            ..ExecEnd::default()
+                        },
+                        landlock,
+                        seccomp,
+                        setup_error,
+                    };
+                    slot.update(|st| st.proc.exited = Some(end.clone()));
+                    *exited = Some(end);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(sandbox = %self.id(), exec = slot.id, error = %e, "unreadable exec event")
+                }
+            }
+        }
+        buf.drain(..=last);
+    }
+
+    /// Asks the exec's starter to kill its tree (best effort: a starter that is gone had its
+    /// execs ended by pid 1).
+    fn kill_tree(&self, slot: &Slot) {
+        if let Some(starter) = slot.state().proc.starter.clone() {
+            let _ = starter.send(&Request::KillTree { id: slot.id }, &[]);
+        }
+    }
+
+    /// Asks every starter in use to kill its execs' processes, and pid 1 to end those of
+    /// starters that are gone.
+    fn kill_all(&self) -> Result<(), ApiError> {
+        let links: Vec<_> = lock(&self.starters).clone();
+        for link in links {
+            let _ = link.send(&Request::KillAll, &[]);
+        }
+        self.send(&Request::KillAll, &[])
     }
 
     /// Reads an exec's output until it ends (or its deadline kills it) and builds its result.
@@ -1056,15 +1282,24 @@ impl Sandbox {
         }
         let deadline = start + timeout;
         let mut timed_out = false;
-        let mut open = [true, true];
+        // stdout, stderr, and the reaper's events: the exec is over when all three have ended.
+        let mut open = [true, true, true];
         // Small first: most commands write little, and zeroing 64 KiB per exec showed in its
         // profile. A read that fills it grows it, up to 64 KiB, for commands that write a lot.
         let mut buf = vec![0u8; 4 * 1024];
+        let mut events_buf = Vec::new();
+        let mut exited = None;
+        let mut killed_at = None;
         loop {
             let now = Instant::now();
             if !timed_out && now >= deadline {
                 timed_out = true;
-                let _ = self.send(&Request::KillTree { id: slot.id }, &[]);
+            }
+            // Asked again each second until the exec ends: a request that overtook the exec's
+            // own start is not lost.
+            if timed_out && killed_at.is_none_or(|at: Instant| now >= at + KILL_AGAIN) {
+                killed_at = Some(now);
+                self.kill_tree(slot);
             }
             if !open.iter().any(|o| *o) {
                 break;
@@ -1080,9 +1315,9 @@ impl Sandbox {
                     .as_millis()
                     .clamp(1, 200) as i32
             };
-            let fds = [&pipes.stdout, &pipes.stderr];
-            let mut pollfds = Vec::new();
-            let mut which = Vec::new();
+            let fds = [&pipes.stdout, &pipes.stderr, &pipes.events];
+            let mut pollfds = Vec::with_capacity(3);
+            let mut which = Vec::with_capacity(3);
             for (i, fd) in fds.iter().enumerate() {
                 if open[i] {
                     pollfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
@@ -1105,7 +1340,22 @@ impl Sandbox {
                 .collect();
             for i in ready {
                 match nix::unistd::read(fds[i].as_raw_fd(), &mut buf) {
-                    Ok(0) => open[i] = false,
+                    Ok(0) => {
+                        open[i] = false;
+                        if i == 2 && exited.is_none() {
+                            // The reaper died before the exec's end (killed from outside): what
+                            // it started now hangs under pid 1, which ends such orphans.
+                            let _ = self.send(&Request::KillAll, &[]);
+                        }
+                    }
+                    Ok(n) if i == 2 => {
+                        events_buf.extend_from_slice(&buf[..n]);
+                        self.take_events(slot, &mut events_buf, &mut exited);
+                        // Its last event: nothing follows it.
+                        if exited.is_some() {
+                            open[2] = false;
+                        }
+                    }
                     Ok(n) => {
                         let full = n == buf.len();
                         let data = &buf[..n];
@@ -1127,36 +1377,19 @@ impl Sandbox {
                 }
             }
         }
-        // The pipes are closed: every process of the exec is gone or closed them. Wait for the
-        // reaper's report (it comes once nothing of the exec is left).
-        let exited = loop {
-            let wait = if timed_out {
-                Duration::from_millis(200)
-            } else {
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .min(Duration::from_millis(200))
-            };
-            let st = slot.wait_until(Instant::now() + wait, |st| {
-                st.proc.exited.is_some() || st.error.is_some()
-            });
-            if let Some(e) = st.proc.exited.clone() {
-                break Some(e);
-            }
-            if st.error.is_some() {
-                break None;
-            }
-            drop(st);
-            if !timed_out && Instant::now() >= deadline {
-                timed_out = true;
-                let _ = self.send(&Request::KillTree { id: slot.id }, &[]);
-            }
-        };
         let Some(exited) = exited else {
-            return Err(ApiError::Conflict(format!(
-                "sandbox {} ended while the command ran; destroy it",
-                self.id()
-            )));
+            return Err(if self.lost.load(Ordering::SeqCst) {
+                ApiError::Conflict(format!(
+                    "sandbox {} ended while the command ran; destroy it",
+                    self.id()
+                ))
+            } else {
+                ApiError::internal(format!(
+                    "sandbox {}: the exec's reaper (or, before it, the sandbox's exec starter) \
+                     ended without reporting how the command ended",
+                    self.id()
+                ))
+            });
         };
         if let Some(err) = &exited.setup_error {
             return Err(if let Some(why) = err.strip_prefix("cwd: ") {
@@ -1206,9 +1439,10 @@ impl Sandbox {
 
     /// Ends the sandbox: closing the control socket ends pid 1 and with it every process.
     fn shutdown(&self) {
-        let _ = self.send(&Request::KillAll, &[]);
+        let _ = self.kill_all();
         let _ =
             nix::sys::socket::shutdown(self.control.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        lock(&self.starters).clear();
         if let Some(mut child) = lock(&self.helper).take() {
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
@@ -1333,27 +1567,26 @@ impl Handle for Sandbox {
     }
 
     fn signal(&self, slot: &Slot, signal: i32) -> Result<(), ApiError> {
-        if signal == libc::SIGKILL {
-            return self.send(&Request::KillTree { id: slot.id }, &[]);
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_error());
         }
-        // A signal for the command needs its pid, which pid 1 reports once it has started it.
-        let pid = slot
-            .wait_until(Instant::now() + Duration::from_secs(5), |st| {
-                st.proc.pid.is_some() || st.settled()
-            })
-            .proc
-            .pid;
-        match pid {
-            Some(pid) => self.send(
+        if signal == libc::SIGKILL {
+            self.kill_tree(slot);
+            return Ok(());
+        }
+        // Its reaper passes it on to the command (the starter holds it until the reaper has
+        // taken the exec).
+        if let Some(starter) = slot.state().proc.starter.clone() {
+            // A starter that is gone had its execs ended by pid 1: nothing is left to signal.
+            let _ = starter.send(
                 &Request::Signal {
                     id: slot.id,
-                    pid,
                     signal,
                 },
                 &[],
-            ),
-            None => Ok(()),
+            );
         }
+        Ok(())
     }
 
     fn with_fs<T>(
@@ -1375,7 +1608,7 @@ impl Handle for Sandbox {
     }
 
     fn stop_all(&self) -> Result<(), ApiError> {
-        self.send(&Request::KillAll, &[])?;
+        self.kill_all()?;
         self.common
             .slots
             .wait_settled(Instant::now() + kit::STOP_WAIT);
@@ -1412,7 +1645,13 @@ impl Handle for Sandbox {
                 ops.push(op);
             }
         }
-        *lock(&self.remounted) = None;
+        // The starters in use end with the remount; pid 1 sends one that knows the new mount.
+        lock(&self.starters).clear();
+        {
+            let mut mail = lock(&self.mail);
+            mail.remounted = None;
+            mail.starters.clear();
+        }
         self.send(
             &Request::Remount {
                 path: self.ws.inside.display().to_string(),
@@ -1420,25 +1659,11 @@ impl Handle for Sandbox {
             },
             &[],
         )?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut r = lock(&self.remounted);
-        let outcome = loop {
-            if let Some(outcome) = r.take() {
-                break outcome;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.lost.load(Ordering::SeqCst) {
-                break Some("the sandbox did not answer the remount".to_string());
-            }
-            r = match self
-                .remount_cond
-                .wait_timeout(r, left.min(Duration::from_millis(200)))
-            {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
-        };
-        drop(r);
+        let outcome = self
+            .wait_mail(Instant::now() + Duration::from_secs(10), |m| {
+                m.remounted.take()
+            })
+            .unwrap_or_else(|| Some("the sandbox did not answer the remount".to_string()));
         if let Some(err) = outcome {
             self.lost.store(true, Ordering::SeqCst);
             return Err(ApiError::internal(format!(

@@ -1,6 +1,13 @@
-//! The control channel of a long-lived sandbox: a `SOCK_SEQPACKET` socket pair between the runtime
-//! and the sandbox's pid 1. Each message is one JSON object; file descriptors (an exec's stdin,
-//! stdout and stderr) travel with it as `SCM_RIGHTS`.
+//! The control channels of a long-lived sandbox, each a `SOCK_SEQPACKET` socket pair: one between
+//! the runtime and the sandbox's pid 1, and one between the runtime and each of the sandbox's
+//! exec starters (pid 1 makes a starter and hands the runtime its end, [`Event::Starter`]). Each
+//! message is one JSON object; file descriptors travel with it as `SCM_RIGHTS`.
+//!
+//! An exec goes from the runtime straight to its user's starter ([`Request::Exec`], with the
+//! exec's stdin, stdout and stderr and the write end of its event pipe), or to a reaper the
+//! starter forked ahead and announced ([`Event::Reaper`]); the exec's reaper writes
+//! [`Event::Exited`] on that pipe, one JSON line, once nothing of the exec is left, and closes
+//! it. pid 1 is not on an exec's way.
 //!
 //! A datagram is bounded by the socket's send buffer (about 208 KiB by default), but an exec's
 //! argv and environment may take up to what execve takes (6 MiB, more once JSON escapes them). So
@@ -8,8 +15,8 @@
 //! header (a NUL byte, then the body's length as 8 little-endian bytes; JSON never starts with
 //! NUL) and the memfd is the first descriptor passed with it, before the message's own.
 //!
-//! The command processes never hold this socket: it is closed in every exec before confinement,
-//! so nothing inside the sandbox can ask pid 1 for anything.
+//! The command processes never hold these sockets: they are closed in every exec before
+//! confinement, so nothing inside the sandbox can ask pid 1 or a starter for anything.
 
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -24,6 +31,10 @@ use crate::config::MountOp;
 /// The descriptor number of the control socket in the helper and the sandbox's pid 1.
 pub const CONTROL_FD: i32 = 4;
 
+/// The descriptors an [`Request::Exec`] carries, in this order: the command's stdin, stdout and
+/// stderr, and the write end of the exec's event pipe.
+pub const EXEC_FDS: usize = 4;
+
 /// Largest message sent as the datagram itself; a larger one goes through a memfd.
 pub const INLINE_MAX: usize = 64 * 1024;
 
@@ -34,7 +45,7 @@ pub const MAX_BODY: usize = 64 * 1024 * 1024;
 /// The first byte of a header whose body is in a memfd.
 const BODY_IN_MEMFD: u8 = 0;
 
-/// Descriptors one message may carry: an exec's three, and the memfd of a large body.
+/// Descriptors one message may carry: an exec's four, and the memfd of a large body.
 const MAX_FDS: usize = 8;
 
 /// The seals a body's memfd carries: its content is fixed once sent.
@@ -42,28 +53,39 @@ fn body_seals() -> SealFlag {
     SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SEAL
 }
 
-/// A request from the runtime to the sandbox's pid 1.
+/// A request from the runtime: to the sandbox's pid 1 (`Starter`, `Remount`) or to an exec
+/// starter (`Exec`, `Signal`, `KillTree`, `KillAll`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Start a command; three descriptors (stdin, stdout, stderr) come with the message.
+    /// Start a command; [`EXEC_FDS`] descriptors come with the message (stdin, stdout, stderr,
+    /// the exec's event pipe).
     Exec {
         id: u64,
         argv: Vec<String>,
         cwd: String,
         env: Vec<(String, String)>,
-        /// Another user of the sandbox than its default one (ids inside the sandbox).
+        /// Another user of the sandbox than its default one (ids inside the sandbox): the user
+        /// of the starter it is sent to, which refuses an exec for anyone else.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<ExecIds>,
     },
-    /// Send `signal` to the main process of exec `id` (its pid inside the sandbox).
-    Signal { id: u64, pid: i32, signal: i32 },
+    /// Send `signal` to the main process of exec `id` (its reaper passes it on).
+    Signal { id: u64, signal: i32 },
     /// Kill every process of exec `id`.
     KillTree { id: u64 },
-    /// Kill every exec's processes, leaving the sandbox itself running.
+    /// Kill the processes of every exec the starter started, leaving the sandbox running.
     KillAll,
+    /// To pid 1: start an exec starter for `user` (`None`: the sandbox's own); its socket comes
+    /// back with [`Event::Starter`].
+    Starter {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<ExecIds>,
+    },
     /// Detach the workspace overlay at `path` and carry out these ops in its place (their host
     /// paths are the sandbox's private view of its state, see the runtime's sandbox module).
+    /// pid 1 ends the starters first (their Landlock rules name the old mount) and sends a new
+    /// one for the sandbox's own user before [`Event::Remounted`].
     Remount { path: String, ops: Vec<MountOp> },
 }
 
@@ -76,14 +98,25 @@ pub struct ExecIds {
     pub groups: Vec<u32>,
 }
 
-/// An event from the sandbox to the runtime.
+/// An event from the sandbox to the runtime: from pid 1 on the control socket (`Ready`,
+/// `Starter`, `Remounted`, `Error`), from a starter on its socket (`Reaper`), or from an exec's
+/// reaper on the exec's event pipe (`Exited`, one JSON line, the pipe's last).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    /// The sandbox is built and waits for requests.
+    /// The sandbox is built and waits for requests (its own user's starter was sent before).
     Ready,
-    /// Exec `id` started; `pid` is its main process inside the sandbox.
-    Started { id: u64, pid: i32 },
+    /// An exec starter for `user`: its socket comes with the message, unless `error` says why
+    /// there is none.
+    Starter {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<ExecIds>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A reaper forked ahead of the next exec: its socket comes with the message, and an
+    /// [`Request::Exec`] sent there starts without the starter.
+    Reaper,
     /// Exec `id` could not start or ended. All its processes are gone when this is sent.
     Exited {
         id: u64,
@@ -213,10 +246,43 @@ fn send_datagram(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> nix::Resul
     }
 }
 
+/// What [`try_recv`] found.
+pub enum Received<T> {
+    /// A message and the descriptors that came with it.
+    Message(T, Vec<OwnedFd>),
+    /// Nothing is waiting.
+    Nothing,
+    /// The other end closed.
+    Closed,
+}
+
+/// Receives one message if one is waiting, without blocking.
+pub fn try_recv<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+) -> Result<Received<T>, RecvError> {
+    match recv_with(sock, buf, MsgFlags::MSG_DONTWAIT) {
+        Ok(Some((msg, fds))) => Ok(Received::Message(msg, fds)),
+        Ok(None) => Ok(Received::Closed),
+        Err(RecvError::Channel(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            Ok(Received::Nothing)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Receives one message and the descriptors that came with it. `Ok(None)` at end of stream.
 pub fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
     buf: &mut Vec<u8>,
+) -> Result<Option<(T, Vec<OwnedFd>)>, RecvError> {
+    recv_with(sock, buf, MsgFlags::empty())
+}
+
+fn recv_with<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    flags: MsgFlags,
 ) -> Result<Option<(T, Vec<OwnedFd>)>, RecvError> {
     buf.resize(INLINE_MAX, 0);
     let mut cmsg_space = nix::cmsg_space!([RawFd; MAX_FDS]);
@@ -226,7 +292,7 @@ pub fn recv<T: for<'de> Deserialize<'de>>(
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut cmsg_space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | flags,
         ) {
             Ok(msg) => {
                 let mut fds = Vec::new();
