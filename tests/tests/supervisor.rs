@@ -1087,3 +1087,48 @@ fn file_errors_answer_their_codes_and_statuses_over_http() {
     assert!(doc["paths"]["/v1/sandboxes/{id}/files"]["put"].is_object());
     assert!(doc["paths"]["/v1/sandboxes/{id}/files"]["get"].is_object());
 }
+
+/// `--trace-sync`: either way every answered call is in its trace when the answer comes (the
+/// trace is read right after it), and a value that is neither is refused naming the flag.
+#[test]
+fn the_trace_holds_every_answered_call_whichever_sync_the_operator_chose() {
+    let env = Env::new();
+    let bad = Command::new(taskbox_tests::taskbox())
+        .args(["--state-dir"])
+        .arg(env.state())
+        .args(["serve", "--trace-sync", "sometimes"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--trace-sync") && err.contains("each-op") && err.contains("batched"),
+        "{err}"
+    );
+    for mode in ["each-op", "batched"] {
+        let env = Env::new();
+        let sup = Supervisor::start(&env, &["--trace-sync", mode]);
+        let (st, info) = sup.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"workspace": env.ws().display().to_string()})),
+        );
+        assert_eq!(st, 201, "{info}");
+        let id = info["id"].as_str().unwrap().to_string();
+        for n in 0..20 {
+            let (st, r) = sup.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"argv": ["echo", format!("call-{n}")]})),
+            );
+            assert_eq!(st, 200, "{r}");
+            let trace =
+                std::fs::read_to_string(env.state().join("traces").join(format!("{id}.jsonl")))
+                    .unwrap();
+            assert!(
+                trace.contains(&format!("call-{n}\\n")),
+                "{mode}: exec {n} is answered but not in the trace"
+            );
+        }
+    }
+}

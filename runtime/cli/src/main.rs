@@ -168,8 +168,23 @@ struct ServeArgs {
     /// --max-upload-bytes instead.
     #[arg(long, value_name = "BYTES")]
     max_body_bytes: Option<usize>,
+    /// When each call's line in the trace (STATE/traces) reaches the disk: "batched" (default)
+    /// writes it before the answer and syncs within 50 ms, so only a host crash or power loss
+    /// can lose the last lines; "each-op" syncs it before the answer, and every call waits for
+    /// the disk
+    #[arg(long, value_name = "WHEN", default_value = "batched", value_parser = parse_trace_sync)]
+    trace_sync: taskbox_core::trace::TraceSync,
     #[command(flatten)]
     docker: docker::ServeDocker,
+}
+
+fn parse_trace_sync(s: &str) -> Result<taskbox_core::trace::TraceSync, String> {
+    use taskbox_core::trace::TraceSync;
+    match s {
+        "batched" => Ok(TraceSync::Batched),
+        "each-op" => Ok(TraceSync::EachOp),
+        other => Err(format!("{other:?}: expected \"batched\" or \"each-op\"")),
+    }
 }
 
 #[derive(Args)]
@@ -470,6 +485,7 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     let backend = docker::serve_docker(native, &args.docker, &state_dir, egress)
         .command_policy(true)
         .trace(state_dir.join("traces"))
+        .trace_sync(args.trace_sync)
         .build()
         .map_err(|e| anyhow!(e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

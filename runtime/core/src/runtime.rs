@@ -26,7 +26,7 @@ use crate::egress::EgressService;
 use crate::image::ImageResolver;
 use crate::router::{BackendRouter, DEFAULT_BACKEND};
 use crate::sandbox::NativeBackend;
-use crate::trace::Traced;
+use crate::trace::{TraceSync, Traced};
 
 #[cfg(doc)]
 use crate::api::CreateRequest;
@@ -50,6 +50,7 @@ pub struct RuntimeBuilder {
     others: Vec<(String, Open)>,
     command_policy: bool,
     trace: Option<PathBuf>,
+    trace_sync: TraceSync,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -136,6 +137,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// When the trace's op lines reach the disk (default [`TraceSync::Batched`]; see
+    /// [`Traced`]).
+    pub fn trace_sync(mut self, sync: TraceSync) -> Self {
+        self.trace_sync = sync;
+        self
+    }
+
     /// Opens the backends, native first, and stacks the router, the command policy and the
     /// trace over them. Fails with the error of the first backend that cannot open (those
     /// opened before it are dropped), or when there is no backend or one name is given twice.
@@ -167,8 +175,10 @@ impl RuntimeBuilder {
         Ok(match (self.command_policy, self.trace) {
             (false, None) => Arc::new(router),
             (true, None) => Arc::new(CommandPolicy::new(router)),
-            (false, Some(dir)) => Arc::new(Traced::new(router, dir)),
-            (true, Some(dir)) => Arc::new(Traced::new(CommandPolicy::new(router), dir)),
+            (false, Some(dir)) => Arc::new(Traced::new(router, dir).with_sync(self.trace_sync)),
+            (true, Some(dir)) => {
+                Arc::new(Traced::new(CommandPolicy::new(router), dir).with_sync(self.trace_sync))
+            }
         })
     }
 }

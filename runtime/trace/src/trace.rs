@@ -52,11 +52,17 @@
 //!
 //! # Durability
 //!
-//! Each line is written with one `write` to a file opened for appending. Op lines (and the
-//! header) are synced with `fdatasync` before the observation is returned to the caller: nothing
-//! acknowledged is lost. A start line is written before its call runs but not synced on its own
-//! (its op line's sync covers it): a supervisor that dies mid-call leaves it in the file, and
-//! only a machine that loses power mid-call can lose it, with the sandbox it ran in.
+//! Each line is written with one `write` to a file opened for appending, and every op line is
+//! written before its observation goes back to the caller: once written the kernel holds it, so
+//! no crash of taskbox itself (a supervisor killed, out of memory, a panic) loses an answered
+//! call. When it reaches the disk is [`TraceSync`]: by default ([`TraceSync::Batched`]) a
+//! background thread `fdatasync`s within [`SYNC_INTERVAL`] (50 ms), one sync for all the lines
+//! and traces of that moment, so only a host that crashes or loses power can lose the lines of
+//! its last 50 ms (with the sandboxes they ran in); with [`TraceSync::EachOp`] every op line is
+//! synced before its answer, nothing acknowledged is lost even then, and each call waits for the
+//! disk. The header, the create and the destroy lines are synced before their answer either
+//! way. A start line is written before its call runs and synced with the lines after it: a
+//! supervisor that dies mid-call leaves it in the file.
 //! When a start cannot be recorded (a full disk, a read-only state directory) the operation is
 //! refused before it runs, with an `unavailable` error that says so: nothing runs unrecorded.
 //! When the end cannot be recorded the caller gets an `internal` error instead of the
@@ -290,6 +296,106 @@ pub struct Trace {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Syncing
+// ---------------------------------------------------------------------------------------------
+
+/// When an op line reaches the disk (see "Durability" in the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceSync {
+    /// Before its answer goes back: `fdatasync` per op line.
+    EachOp,
+    /// Written before its answer goes back (so no crash of taskbox loses it), synced within
+    /// [`SYNC_INTERVAL`] by a background thread, many lines and traces to one sync each.
+    #[default]
+    Batched,
+}
+
+/// How long a batched op line may wait for its `fdatasync`.
+pub const SYNC_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The background syncer of [`TraceSync::Batched`]: the traces with unsynced lines.
+#[derive(Default)]
+struct Syncer {
+    dirty: Mutex<Vec<Handle>>,
+    wake: std::sync::Condvar,
+}
+
+impl Syncer {
+    /// A syncer and its thread, which ends when the last `Arc` of the syncer is gone (after a
+    /// last round).
+    fn start() -> Arc<Syncer> {
+        let syncer = Arc::new(Syncer::default());
+        let weak = Arc::downgrade(&syncer);
+        let spawned = std::thread::Builder::new()
+            .name("trace-sync".into())
+            .spawn(move || Syncer::run(weak));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the trace syncer; op lines are synced one by one");
+        }
+        syncer
+    }
+
+    /// `handle` has a line to sync.
+    fn mark(&self, handle: &Handle) {
+        let mut dirty = lock(&self.dirty);
+        if !dirty.iter().any(|h| Arc::ptr_eq(h, handle)) {
+            dirty.push(handle.clone());
+            self.wake.notify_one();
+        }
+    }
+
+    fn run(weak: std::sync::Weak<Syncer>) {
+        loop {
+            let Some(syncer) = weak.upgrade() else { return };
+            let taken = {
+                let mut dirty = lock(&syncer.dirty);
+                while dirty.is_empty() {
+                    let (d, _) = syncer
+                        .wake
+                        .wait_timeout(dirty, Duration::from_millis(500))
+                        .unwrap_or_else(|p| p.into_inner());
+                    dirty = d;
+                    if dirty.is_empty() && Arc::strong_count(&syncer) == 1 {
+                        return;
+                    }
+                }
+                drop(dirty);
+                // Lines of more calls join this round meanwhile.
+                std::thread::sleep(SYNC_INTERVAL);
+                std::mem::take(&mut *lock(&syncer.dirty))
+            };
+            drop(syncer);
+            sync_all(taken);
+        }
+    }
+
+    /// Syncs what is dirty now, on the caller's thread.
+    fn flush(&self) {
+        sync_all(std::mem::take(&mut *lock(&self.dirty)));
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        sync_all(std::mem::take(&mut *lock(&self.dirty)));
+    }
+}
+
+/// `fdatasync` of each trace in `handles`, on a descriptor of its own (the file's lock is not
+/// held meanwhile, so calls on the sandbox do not wait for the disk).
+fn sync_all(handles: Vec<Handle>) {
+    for handle in handles {
+        let (file, path) = {
+            let tf = lock(&handle);
+            (tf.sync_file.clone(), tf.path.clone())
+        };
+        if let Err(e) = file.sync_data() {
+            tracing::warn!(path = %path.display(), error = %e, "cannot sync a trace");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Writing
 // ---------------------------------------------------------------------------------------------
 
@@ -305,6 +411,8 @@ struct TraceFile {
     len: u64,
     /// Destroy was recorded: nothing more is appended.
     closed: bool,
+    /// The same file on a descriptor of its own, for the background syncer.
+    sync_file: Arc<File>,
 }
 
 impl TraceFile {
@@ -339,6 +447,8 @@ pub struct Traced<B: SandboxApi> {
     inner: B,
     dir: PathBuf,
     open: Mutex<HashMap<SandboxId, Handle>>,
+    /// Syncs op lines in the background ([`TraceSync::Batched`]); `None`: one by one.
+    syncer: Option<Arc<Syncer>>,
 }
 
 impl<B: SandboxApi> std::fmt::Debug for Traced<B> {
@@ -398,6 +508,24 @@ impl<B: SandboxApi> Traced<B> {
             inner,
             dir: traces_dir.into(),
             open: Mutex::new(HashMap::new()),
+            syncer: Some(Syncer::start()),
+        }
+    }
+
+    /// When op lines reach the disk (default [`TraceSync::Batched`]).
+    pub fn with_sync(mut self, sync: TraceSync) -> Traced<B> {
+        self.syncer = match sync {
+            TraceSync::EachOp => None,
+            TraceSync::Batched => self.syncer.or_else(|| Some(Syncer::start())),
+        };
+        self
+    }
+
+    /// Syncs every op line written so far (batched lines are otherwise synced within
+    /// [`SYNC_INTERVAL`]).
+    pub fn flush(&self) {
+        if let Some(s) = &self.syncer {
+            s.flush();
         }
     }
 
@@ -439,6 +567,7 @@ impl<B: SandboxApi> Traced<B> {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(write_err)?;
+        let sync_file = Arc::new(file.try_clone().map_err(write_err)?);
         let mut tf = TraceFile {
             path: path.clone(),
             file,
@@ -446,6 +575,7 @@ impl<B: SandboxApi> Traced<B> {
             next_start: 1,
             len: 0,
             closed: false,
+            sync_file,
         };
         tf.append(&header_line(header), true)?;
         Ok(Arc::new(Mutex::new(tf)))
@@ -520,7 +650,7 @@ impl<B: SandboxApi> Traced<B> {
             return Ok(());
         };
         let op = call.into_op(duration_ms, outcome_of(result));
-        append_op(&handle, op, false).map_err(|e| record_failed(name, e))
+        append_op(&handle, op, false, self.syncer.as_deref()).map_err(|e| record_failed(name, e))
     }
 
     /// Destroys sandbox `id` and records it as the trace's last line.
@@ -537,7 +667,8 @@ impl<B: SandboxApi> Traced<B> {
         if let Some(handle) = handle {
             let duration_ms = call.elapsed_ms();
             let op = call.into_op(duration_ms, outcome_of(&r));
-            append_op(&handle, op, r.is_ok()).map_err(|e| record_failed(OpName::Destroy, e))?;
+            append_op(&handle, op, r.is_ok(), self.syncer.as_deref())
+                .map_err(|e| record_failed(OpName::Destroy, e))?;
             if r.is_ok() {
                 lock(&self.open).remove(id);
             }
@@ -560,17 +691,30 @@ fn record_failed(op: OpName, e: TraceError) -> ApiError {
 }
 
 /// Sanitises `op`, numbers it and appends it under the file's lock, so seq matches file order.
-fn append_op(handle: &Handle, mut op: TraceOp, closes: bool) -> Result<(), TraceError> {
+/// Synced before it returns without a `syncer`, and always for the trace's last line; else the
+/// syncer syncs it soon.
+fn append_op(
+    handle: &Handle,
+    mut op: TraceOp,
+    closes: bool,
+    syncer: Option<&Syncer>,
+) -> Result<(), TraceError> {
     // The request was sanitised when its call started.
     sanitize_outcome(&mut op.outcome);
-    let mut tf = lock(handle);
-    if tf.closed {
-        return Ok(());
+    let later = syncer.filter(|_| !closes);
+    {
+        let mut tf = lock(handle);
+        if tf.closed {
+            return Ok(());
+        }
+        op.seq = tf.next_seq;
+        tf.append(&op_line(&op), later.is_none())?;
+        tf.next_seq += 1;
+        tf.closed = closes;
     }
-    op.seq = tf.next_seq;
-    tf.append(&op_line(&op), true)?;
-    tf.next_seq += 1;
-    tf.closed = closes;
+    if let Some(s) = later {
+        s.mark(handle);
+    }
     Ok(())
 }
 
@@ -600,7 +744,12 @@ fn reopen(path: &Path) -> Result<TraceFile, TraceError> {
         .ops
         .last()
         .is_some_and(|o| o.name() == Some(OpName::Destroy) && matches!(o.outcome, Outcome::Ok(_)));
+    let sync_file = Arc::new(file.try_clone().map_err(|source| TraceError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?);
     Ok(TraceFile {
+        sync_file,
         path: path.to_path_buf(),
         file,
         next_seq: trace.ops.len() as u64 + 1,
@@ -877,7 +1026,8 @@ impl<B: SandboxApi> OpHandler for Traced<B> {
         let op = call.into_op(duration_ms, Outcome::Ok(to_json(&info)));
         let started = self.start_trace(&header).and_then(|h| {
             lock(&self.open).insert(info.id.clone(), h.clone());
-            append_op(&h, op, false)
+            // Synced at once, as the header is: a sandbox's first lines.
+            append_op(&h, op, false, None)
         });
         if let Err(e) = started {
             tracing::error!(sandbox = %info.id, error = %e, "cannot start trace; destroying the sandbox");
@@ -1832,7 +1982,13 @@ mod tests {
         assert_eq!(tf.next_seq, 5);
         assert!(!tf.closed);
         let h = Arc::new(Mutex::new(tf));
-        append_op(&h, op(0, "diff", json!({}), Outcome::Ok(json!({}))), false).unwrap();
+        append_op(
+            &h,
+            op(0, "diff", json!({}), Outcome::Ok(json!({}))),
+            false,
+            None,
+        )
+        .unwrap();
         let t = read_trace(&p).unwrap();
         assert_eq!(t.torn_tail, None);
         assert_eq!(t.ops.len(), 5);
@@ -1842,9 +1998,16 @@ mod tests {
             &h,
             op(0, "destroy", json!({}), Outcome::Ok(Value::Null)),
             true,
+            None,
         )
         .unwrap();
-        append_op(&h, op(0, "exec", json!({}), Outcome::Ok(json!({}))), false).unwrap();
+        append_op(
+            &h,
+            op(0, "exec", json!({}), Outcome::Ok(json!({}))),
+            false,
+            None,
+        )
+        .unwrap();
         let t = read_trace(&p).unwrap();
         assert_eq!(t.ops.last().unwrap().op, "destroy", "nothing after destroy");
         assert!(reopen(&p).unwrap().closed);
