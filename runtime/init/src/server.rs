@@ -682,7 +682,11 @@ fn reap_exec(
         Ok(pid) => Pid::from_raw(pid),
         Err(e) => fail_early(format!("clone: {e}")),
     };
-    drop(stdio);
+    // The command's output pipes stay open here until the exec's end is written: the runtime then
+    // sees the output end and the exec's end at once, not one after the other.
+    let [stdin, stdout, stderr] = stdio;
+    drop(stdin);
+    let output = (stdout, stderr);
     drop(status_write);
     // The command has exec'd (or failed to): the starter may fork the next reaper.
     drop(note);
@@ -763,8 +767,9 @@ fn reap_exec(
         max_rss_bytes,
         file_size_exceeded: file_size_exceeded || crate::command::reports_file_size_kill(code),
     });
-    // The end of the pipe, now: the runtime need not wait for this process's own exit.
+    // The end of the pipes, now: the runtime need not wait for this process's own exit.
     drop(events);
+    drop(output);
     std::process::exit(0)
 }
 
