@@ -483,6 +483,17 @@ impl Supervisor {
         http::call(&self.socket, method, path, body.as_ref())
     }
 
+    /// Creates a sandbox on `env`'s workspace; its id.
+    pub fn create_sandbox(&self, env: &Env) -> String {
+        let (st, info) = self.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(serde_json::json!({"workspace": env.ws().display().to_string()})),
+        );
+        assert_eq!(st, 201, "{info}");
+        info["id"].as_str().unwrap_or_default().to_string()
+    }
+
     /// [`Supervisor::call`] with a bearer token.
     pub fn call_as(
         &self,

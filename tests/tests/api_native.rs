@@ -130,22 +130,13 @@ fn a_foreground_execs_leftovers_are_killed_but_background_execs_live_on() {
 #[test]
 fn background_stdin_can_be_written() {
     let f = fixture();
-    let bg = match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                argv: Some(vec!["/bin/cat".into()]),
-                background: true,
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Background(p) => p,
-        other => panic!("{other:?}"),
-    };
+    let bg = start(
+        &f,
+        ExecRequest {
+            argv: Some(vec!["/bin/cat".into()]),
+            ..ExecRequest::default()
+        },
+    );
     f.backend
         .write_stdin(&f.id, bg.exec_id, b"hello\n", true)
         .unwrap();
@@ -1752,24 +1743,27 @@ fn root_owned_host_files_stay_unreadable_to_every_user_of_a_root_run_sandbox() {
     }
 }
 
-/// Starts `shell` as a background exec.
-fn background(f: &Fixture, shell: &str) -> ProcessInfo {
-    match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some(shell.into()),
-                background: true,
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
+/// Starts `req` as a background exec.
+fn start(f: &Fixture, req: ExecRequest) -> ProcessInfo {
+    let req = ExecRequest {
+        background: true,
+        ..req
+    };
+    match f.backend.exec(&f.id, req, None).unwrap() {
         ExecOutcome::Background(p) => p,
         other => panic!("{other:?}"),
     }
+}
+
+/// Starts `shell` as a background exec.
+fn background(f: &Fixture, shell: &str) -> ProcessInfo {
+    start(
+        f,
+        ExecRequest {
+            shell: Some(shell.into()),
+            ..ExecRequest::default()
+        },
+    )
 }
 
 /// The host parent of process `pid`.

@@ -1108,13 +1108,7 @@ fn the_trace_holds_every_answered_call_whichever_sync_the_operator_chose() {
     for mode in ["each-op", "batched"] {
         let env = Env::new();
         let sup = Supervisor::start(&env, &["--trace-sync", mode]);
-        let (st, info) = sup.call(
-            "POST",
-            "/v1/sandboxes",
-            Some(json!({"workspace": env.ws().display().to_string()})),
-        );
-        assert_eq!(st, 201, "{info}");
-        let id = info["id"].as_str().unwrap().to_string();
+        let id = sup.create_sandbox(&env);
         for n in 0..20 {
             let (st, r) = sup.call(
                 "POST",

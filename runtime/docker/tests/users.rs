@@ -120,36 +120,28 @@ fn execs_run_as_the_user_they_name_resolved_when_they_run() {
         ("nonexistent", "user_not_found"),
         ("a:b", "invalid_argument"),
     ] {
-        let e = h
-            .backend
-            .exec(
-                &id,
-                ExecRequest {
-                    argv: Some(vec!["true".into()]),
-                    user: Some(user.into()),
-                    ..Default::default()
-                },
-                None,
-            )
-            .unwrap_err();
+        let e = h.exec_err(
+            &id,
+            ExecRequest {
+                argv: Some(vec!["true".into()]),
+                user: Some(user.into()),
+                ..Default::default()
+            },
+        );
         assert_eq!(e.code(), code, "{user}: {e}");
         assert!(e.to_string().contains(user), "{e}");
     }
     // Removed again, the user is unknown again.
     let r = as_user(&h, &id, "root", "sed -i '/^newu:/d' /etc/passwd");
     assert_eq!(r.exit_code, Some(0), "{r:?}");
-    let e = h
-        .backend
-        .exec(
-            &id,
-            ExecRequest {
-                argv: Some(vec!["true".into()]),
-                user: Some("newu".into()),
-                ..Default::default()
-            },
-            None,
-        )
-        .unwrap_err();
+    let e = h.exec_err(
+        &id,
+        ExecRequest {
+            argv: Some(vec!["true".into()]),
+            user: Some("newu".into()),
+            ..Default::default()
+        },
+    );
     assert_eq!(e.code(), "user_not_found", "{e}");
     h.backend.destroy(&id).unwrap();
 }
@@ -286,25 +278,14 @@ fn kill_and_timeouts_end_processes_of_other_users() {
     );
 
     // A background exec as a named user: its pid, a signal, then kill.
-    let info = match h
-        .backend
-        .exec(
-            &id,
-            ExecRequest {
-                shell: Some(
-                    "trap 'echo got-term; exit 7' TERM; while :; do sleep 0.1; done".into(),
-                ),
-                user: Some("u".into()),
-                background: true,
-                ..Default::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Background(p) => p,
-        other => panic!("expected a background exec, got {other:?}"),
-    };
+    let info = h.start(
+        &id,
+        ExecRequest {
+            shell: Some("trap 'echo got-term; exit 7' TERM; while :; do sleep 0.1; done".into()),
+            user: Some("u".into()),
+            ..Default::default()
+        },
+    );
     std::thread::sleep(Duration::from_millis(300));
     h.backend.kill(&id, info.exec_id, libc::SIGTERM).unwrap();
     let done = h
@@ -315,23 +296,14 @@ fn kill_and_timeouts_end_processes_of_other_users() {
     assert_eq!(r.exit_code, Some(7), "{r:?}");
     assert_eq!(r.stdout.text, "got-term\n", "{r:?}");
 
-    let info = match h
-        .backend
-        .exec(
-            &id,
-            ExecRequest {
-                shell: Some("sleep 1000".into()),
-                user: Some("u".into()),
-                background: true,
-                ..Default::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Background(p) => p,
-        other => panic!("expected a background exec, got {other:?}"),
-    };
+    let info = h.start(
+        &id,
+        ExecRequest {
+            shell: Some("sleep 1000".into()),
+            user: Some("u".into()),
+            ..Default::default()
+        },
+    );
     h.backend.kill(&id, info.exec_id, libc::SIGKILL).unwrap();
     let done = h
         .backend

@@ -7,7 +7,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
 use std::mem::ManuallyDrop;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
 
 use nix::sys::signal::{SigHandler, Signal, signal};
 use nix::unistd::setsid;
@@ -19,9 +19,16 @@ use crate::{landlock_rules, seccomp, sys};
 /// Writes one status line. Best effort: if the runtime is gone there is nobody to tell.
 pub fn report(status: &Status) {
     // SAFETY: STATUS_FD is inherited from the runtime and stays open for the life of the
-    // helper; ManuallyDrop keeps this temporary File from closing it.
-    let mut out = ManuallyDrop::new(unsafe { File::from_raw_fd(STATUS_FD) });
-    if let Ok(mut line) = serde_json::to_vec(status) {
+    // helper.
+    write_line(unsafe { BorrowedFd::borrow_raw(STATUS_FD) }, status);
+}
+
+/// Writes `value` as one JSON line on `fd` (one write for a short line). Best effort.
+pub(crate) fn write_line(fd: BorrowedFd<'_>, value: &impl serde::Serialize) {
+    // ManuallyDrop: this temporary File must not close the borrowed descriptor.
+    // SAFETY: `fd` is open for the duration of the call (borrowed).
+    let mut out = ManuallyDrop::new(unsafe { File::from_raw_fd(fd.as_raw_fd()) });
+    if let Ok(mut line) = serde_json::to_vec(value) {
         line.push(b'\n');
         let _ = out.write_all(&line);
     }

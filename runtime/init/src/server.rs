@@ -10,14 +10,14 @@
 //! event pipe, its end only when nothing of the exec is left.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 
 use crate::command::{exec_confined, fail};
@@ -57,24 +57,9 @@ pub fn serve(config: &InitConfig) -> ! {
     let mut buf = Vec::new();
     loop {
         // Collect the starters that ended, and any reaper of theirs that reached pid 1.
-        let mut lost_starter = false;
-        loop {
-            match waitpid(
-                Pid::from_raw(-1),
-                Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
-            ) {
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(status) => {
-                    if let Some(pid) = status.pid()
-                        && let Some(at) = starters.iter().position(|s| *s == pid)
-                    {
-                        starters.remove(at);
-                        lost_starter = true;
-                    }
-                }
-            }
-        }
-        if lost_starter {
+        let before = starters.len();
+        reap_ended(|pid| starters.retain(|s| *s != pid));
+        if starters.len() < before {
             end_orphans(&starters);
         }
         let mut fds = [PollFd::new(control_fd(), PollFlags::POLLIN)];
@@ -122,6 +107,30 @@ pub fn serve(config: &InitConfig) -> ! {
     }
 }
 
+/// Reaps every child that has ended, without waiting, telling `ended` each pid.
+fn reap_ended(mut ended: impl FnMut(Pid)) {
+    while let Ok(status) = waitpid(
+        Pid::from_raw(-1),
+        Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
+    ) {
+        match status.pid() {
+            Some(pid) => ended(pid),
+            None => break,
+        }
+    }
+}
+
+/// A socket pair for one of the sandbox's inner channels (both ends close-on-exec).
+fn seqpacket_pair() -> nix::Result<(OwnedFd, OwnedFd)> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+}
+
 /// Ends what dead starters and reapers left, all of it a child of pid 1 then that is not a live
 /// starter: a reaper (this same program) is asked to end its exec, which it reports as any
 /// exec's end; a command whose reaper is gone is killed.
@@ -148,19 +157,13 @@ fn end_orphans(starters: &[Pid]) {
 
 /// Starts an exec starter for `user` and sends the runtime its socket ([`Event::Starter`]).
 fn start_starter(config: &InitConfig, user: Option<ExecIds>, starters: &mut Vec<Pid>) {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
     let failed = |user: Option<ExecIds>, why: String| {
         emit(&Event::Starter {
             user,
             error: Some(format!("cannot start the exec starter: {why}")),
         })
     };
-    let (ours, theirs) = match socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    ) {
+    let (ours, theirs) = match seqpacket_pair() {
         Ok(pair) => pair,
         Err(e) => return failed(user, format!("socketpair: {e}")),
     };
@@ -191,15 +194,7 @@ fn start_starter(config: &InitConfig, user: Option<ExecIds>, starters: &mut Vec<
 /// Writes one event on an exec's event pipe, a JSON line. Best effort: a runtime that stopped
 /// reading has given the exec up.
 fn write_event(events: BorrowedFd<'_>, event: &Event) {
-    if let Ok(mut line) = serde_json::to_vec(event) {
-        line.push(b'\n');
-        let mut out = std::mem::ManuallyDrop::new(std::fs::File::from(
-            // SAFETY: a borrowed descriptor, kept open by its owner for this call; ManuallyDrop
-            // keeps this temporary File from closing it.
-            unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(events.as_raw_fd()) },
-        ));
-        let _ = out.write_all(&line);
-    }
+    crate::command::write_line(events, event);
 }
 
 /// The `Exited` of an exec that never started.
@@ -224,8 +219,6 @@ fn not_started(id: u64, why: String) -> Event {
 struct Spare {
     pid: Pid,
     note: OwnedFd,
-    /// The id it said it took.
-    took: Option<u64>,
 }
 
 /// Kills and signals asked for execs whose reaper had not yet said it took them (the runtime's
@@ -235,11 +228,46 @@ const EARLY: usize = 64;
 /// A kill (`None`) or a signal for exec `.0` that came before its reaper said it took it.
 type Early = std::collections::VecDeque<(u64, Option<i32>)>;
 
-fn keep_early(early: &mut Early, id: u64, signal: Option<i32>) {
-    if early.len() == EARLY {
-        early.pop_front();
+/// Asks exec `id`'s reaper to kill its tree (`None`) or pass `signal` on, or keeps the request
+/// for when the reaper says it took the exec.
+fn ask(reapers: &HashMap<u64, Pid>, early: &mut Early, id: u64, signal: Option<i32>) {
+    match reapers.get(&id) {
+        Some(pid) => deliver(*pid, signal),
+        None => {
+            if early.len() == EARLY {
+                early.pop_front();
+            }
+            early.push_back((id, signal));
+        }
     }
-    early.push_back((id, signal));
+}
+
+/// Asks reaper `pid` to kill its exec's tree (`None`: SIGUSR1) or to send `signal` to its
+/// command ([`forward_signal`], the number as the value).
+fn deliver(pid: Pid, signal: Option<i32>) {
+    match signal {
+        None => {
+            let _ = kill(pid, Signal::SIGUSR1);
+        }
+        Some(signal) => {
+            let value = libc::sigval {
+                sival_ptr: signal as usize as *mut libc::c_void,
+            };
+            // SAFETY: sigqueue with plain values; no memory is shared.
+            unsafe { libc::sigqueue(pid.as_raw(), forward_signal(), value) };
+        }
+    }
+}
+
+/// The child's own copy of the starter's ruleset (its descriptor is the child's too), taken
+/// once after a fork; the starter was confined, or no reaper would be forked.
+fn child_ruleset(
+    confined: &mut Result<crate::landlock_rules::Prepared, String>,
+) -> crate::landlock_rules::Prepared {
+    match std::mem::replace(confined, Err(String::new())) {
+        Ok(landlock) => landlock,
+        Err(_) => std::process::exit(125),
+    }
 }
 
 /// The real-time signal by which a starter asks a reaper to pass a signal on to its command
@@ -258,15 +286,6 @@ fn reaper_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, forward_signal());
         set
     }
-}
-
-/// Asks reaper `pid` to send `signal` to its command.
-fn forward(pid: Pid, signal: i32) {
-    let value = libc::sigval {
-        sival_ptr: signal as usize as *mut libc::c_void,
-    };
-    // SAFETY: sigqueue with plain values; no memory is shared.
-    unsafe { libc::sigqueue(pid.as_raw(), forward_signal(), value) };
 }
 
 /// The exec starter's loop (Z): a child of pid 1 that confined itself once as every command is
@@ -300,20 +319,8 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
     let mut buf = Vec::new();
     let mut note_buf = Vec::new();
     loop {
-        loop {
-            match waitpid(
-                Pid::from_raw(-1),
-                Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
-            ) {
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(status) => {
-                    if let Some(pid) = status.pid() {
-                        reapers.retain(|_, p| *p != pid);
-                    }
-                }
-            }
-        }
-        if spare.is_none() && confined.is_ok() {
+        reap_ended(|pid| reapers.retain(|_, p| *p != pid));
+        if spare.is_none() {
             spare = fork_spare(config, &sock, &mut confined);
         }
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
@@ -374,10 +381,7 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
                         if let Some(s) = spare.take() {
                             drop(s.note);
                         }
-                        let Ok(landlock) = std::mem::replace(&mut confined, Err(String::new()))
-                        else {
-                            std::process::exit(125)
-                        };
+                        let landlock = child_ruleset(&mut confined);
                         let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
                             std::process::exit(125)
                         };
@@ -390,19 +394,11 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
                     Err(e) => write_event(events, &not_started(id, format!("fork: {e}"))),
                 }
             }
-            Request::Signal { id, signal } => match reapers.get(&id) {
-                Some(pid) => forward(*pid, signal),
-                None => keep_early(&mut early, id, Some(signal)),
-            },
-            Request::KillTree { id } => match reapers.get(&id) {
-                Some(pid) => {
-                    let _ = kill(*pid, Signal::SIGUSR1);
-                }
-                None => keep_early(&mut early, id, None),
-            },
+            Request::Signal { id, signal } => ask(&reapers, &mut early, id, Some(signal)),
+            Request::KillTree { id } => ask(&reapers, &mut early, id, None),
             Request::KillAll => {
                 for pid in reapers.values() {
-                    let _ = kill(*pid, Signal::SIGUSR1);
+                    deliver(*pid, None);
                 }
             }
             // pid 1's work; never sent here.
@@ -422,19 +418,13 @@ fn read_note(
     loop {
         match control::try_recv::<u64>(spare.note.as_fd(), buf) {
             Ok(control::Received::Message(id, _)) => {
-                spare.took = Some(id);
                 reapers.insert(id, spare.pid);
                 early.retain(|(for_id, signal)| {
-                    if *for_id != id {
-                        return true;
+                    let now = *for_id == id;
+                    if now {
+                        deliver(spare.pid, *signal);
                     }
-                    match signal {
-                        Some(sig) => forward(spare.pid, *sig),
-                        None => {
-                            let _ = kill(spare.pid, Signal::SIGUSR1);
-                        }
-                    }
-                    false
+                    !now
                 });
             }
             Ok(control::Received::Nothing) => return true,
@@ -451,30 +441,16 @@ fn fork_spare(
     link: &OwnedFd,
     confined: &mut Result<crate::landlock_rules::Prepared, String>,
 ) -> Option<Spare> {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
     confined.as_ref().ok()?;
-    let pair = || {
-        socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .ok()
-    };
-    let (runtime_end, exec_end) = pair()?;
-    let (note, note_end) = pair()?;
+    let (runtime_end, exec_end) = seqpacket_pair().ok()?;
+    let (note, note_end) = seqpacket_pair().ok()?;
     // SAFETY: the starter is single-threaded.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
             let _ = nix::unistd::close(link.as_raw_fd());
             drop(runtime_end);
             drop(note);
-            // The child's copy of the ruleset (its descriptor is the child's too).
-            let Ok(landlock) = std::mem::replace(confined, Err(String::new())) else {
-                std::process::exit(125)
-            };
-            spare_main(config, exec_end, note_end, landlock)
+            spare_main(config, exec_end, note_end, child_ruleset(confined))
         }
         Ok(ForkResult::Parent { child }) => {
             drop((exec_end, note_end));
@@ -483,11 +459,7 @@ fn fork_spare(
                 let _ = kill(child, Signal::SIGKILL);
                 std::process::exit(0);
             }
-            Some(Spare {
-                pid: child,
-                note,
-                took: None,
-            })
+            Some(Spare { pid: child, note })
         }
         Err(_) => None,
     }

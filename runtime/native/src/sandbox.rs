@@ -1095,7 +1095,7 @@ impl Sandbox {
         // this process's stack limit (no rlimit of the plan changes it).
         plan.check(exec_limits::own_argument_space(), &[])?;
         let user = self.exec_ids(plan)?;
-        let mut starter = self.starter_for(user.as_ref())?;
+        let starter = self.starter_for(user.as_ref())?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let (in_r, in_w) = pipe()?;
@@ -1149,17 +1149,11 @@ impl Sandbox {
         if let Err(control::SendError::Channel(_)) = &sent {
             // The starter is gone (pid 1 ends the execs it left): once more with a new one.
             self.forget_starter(&starter);
-            match self.starter_for(user.as_ref()) {
-                Ok(next) => {
-                    starter = next;
-                    slot.update(|st| st.proc.starter = Some(starter.clone()));
-                    sent = starter.send_exec(&request, &fds);
-                }
-                Err(e) => {
-                    slots.remove(id);
-                    return Err(e);
-                }
-            }
+            let next = self.starter_for(user.as_ref()).inspect_err(|_| {
+                slots.remove(id);
+            })?;
+            slot.update(|st| st.proc.starter = Some(next.clone()));
+            sent = next.send_exec(&request, &fds);
         }
         drop((in_r, out_w, err_w, events_w));
         if let Err(e) = sent {
@@ -1185,60 +1179,57 @@ impl Sandbox {
         ))
     }
 
-    /// Takes the whole lines of `buf` (the exec's event pipe): its end, also kept in the slot.
-    fn take_events(&self, slot: &Slot, buf: &mut Vec<u8>, exited: &mut Option<Exited>) {
-        let Some(last) = buf.iter().rposition(|b| *b == b'\n') else {
-            return;
+    /// The exec's end from its event pipe's one line (`line`, read whole), also kept in the
+    /// slot.
+    fn exited_of(&self, slot: &Slot, line: &[u8]) -> Option<Exited> {
+        let event = serde_json::from_slice::<Event>(line);
+        let Ok(Event::Exited {
+            code,
+            signal,
+            landlock,
+            seccomp,
+            exec_failed,
+            setup_error,
+            cpu_ms,
+            max_rss_bytes,
+            file_size_exceeded,
+            ..
+        }) = event
+        else {
+            tracing::warn!(sandbox = %self.id(), exec = slot.id, event = ?event, "unreadable exec end");
+            return None;
         };
-        for line in buf[..last].split(|b| *b == b'\n') {
-            match serde_json::from_slice::<Event>(line) {
-                Ok(Event::Exited {
-                    code,
-                    signal,
-                    landlock,
-                    seccomp,
-                    exec_failed,
-                    setup_error,
-                    cpu_ms,
-                    max_rss_bytes,
-                    file_size_exceeded,
-                    ..
-                }) => {
-                    let limits = &self.common.policy.limits;
-                    let end = Exited {
-                        end: ExecEnd {
-                            exit_code: code,
-                            signal,
-                            exec_failed,
-                            cpu_ms,
-                            max_rss_bytes,
-                            file_size_limit: file_size_exceeded.then_some(limits.file_size_bytes),
-                            ..ExecEnd::default()
-                        },
-                        landlock,
-                        seccomp,
-                        setup_error,
-                    };
-                    slot.update(|st| st.proc.exited = Some(end.clone()));
-                    *exited = Some(end);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(sandbox = %self.id(), exec = slot.id, error = %e, "unreadable exec event")
-                }
-            }
-        }
-        buf.drain(..=last);
+        let limits = &self.common.policy.limits;
+        let end = Exited {
+            end: ExecEnd {
+                exit_code: code,
+                signal,
+                exec_failed,
+                cpu_ms,
+                max_rss_bytes,
+                file_size_limit: file_size_exceeded.then_some(limits.file_size_bytes),
+                ..ExecEnd::default()
+            },
+            landlock,
+            seccomp,
+            setup_error,
+        };
+        slot.update(|st| st.proc.exited = Some(end.clone()));
+        Some(end)
     }
 
-    /// Asks the exec's starter to kill its tree (best effort: a starter that is gone had its
-    /// execs ended by pid 1).
-    fn kill_tree(&self, slot: &Slot) {
+    /// Sends `req` (about `slot`'s exec) to that exec's starter. Best effort: a starter that is
+    /// gone had its execs ended by pid 1, and nothing is left to kill or signal.
+    fn to_starter(&self, slot: &Slot, req: &Request) {
         if let Some(starter) = slot.state().proc.starter.clone() {
-            let _ = starter.send(&Request::KillTree { id: slot.id }, &[]);
+            let _ = starter.send(req, &[]);
         }
     }
 
+    /// Asks the exec's starter to kill its tree.
+    fn kill_tree(&self, slot: &Slot) {
+        self.to_starter(slot, &Request::KillTree { id: slot.id });
+    }
     /// Asks every starter in use to kill its execs' processes, and pid 1 to end those of
     /// starters that are gone.
     fn kill_all(&self) -> Result<(), ApiError> {
@@ -1350,7 +1341,10 @@ impl Sandbox {
                     }
                     Ok(n) if i == 2 => {
                         events_buf.extend_from_slice(&buf[..n]);
-                        self.take_events(slot, &mut events_buf, &mut exited);
+                        // The pipe's one line, whole: the exec's end.
+                        if events_buf.ends_with(b"\n") {
+                            exited = self.exited_of(slot, &events_buf);
+                        }
                         // Its last event: nothing follows it.
                         if exited.is_some() {
                             open[2] = false;
@@ -1576,16 +1570,13 @@ impl Handle for Sandbox {
         }
         // Its reaper passes it on to the command (the starter holds it until the reaper has
         // taken the exec).
-        if let Some(starter) = slot.state().proc.starter.clone() {
-            // A starter that is gone had its execs ended by pid 1: nothing is left to signal.
-            let _ = starter.send(
-                &Request::Signal {
-                    id: slot.id,
-                    signal,
-                },
-                &[],
-            );
-        }
+        self.to_starter(
+            slot,
+            &Request::Signal {
+                id: slot.id,
+                signal,
+            },
+        );
         Ok(())
     }
 

@@ -368,11 +368,6 @@ impl Syncer {
             sync_all(taken);
         }
     }
-
-    /// Syncs what is dirty now, on the caller's thread.
-    fn flush(&self) {
-        sync_all(std::mem::take(&mut *lock(&self.dirty)));
-    }
 }
 
 impl Drop for Syncer {
@@ -519,14 +514,6 @@ impl<B: SandboxApi> Traced<B> {
             TraceSync::Batched => self.syncer.or_else(|| Some(Syncer::start())),
         };
         self
-    }
-
-    /// Syncs every op line written so far (batched lines are otherwise synced within
-    /// [`SYNC_INTERVAL`]).
-    pub fn flush(&self) {
-        if let Some(s) = &self.syncer {
-            s.flush();
-        }
     }
 
     /// The wrapped backend.

@@ -394,6 +394,23 @@ impl Harness {
             other => panic!("expected a finished exec, got {other:?}"),
         }
     }
+
+    /// The error an exec that must fail gives.
+    pub fn exec_err(&self, id: &SandboxId, req: ExecRequest) -> ApiError {
+        self.backend.exec(id, req, None).unwrap_err()
+    }
+
+    /// Starts `req` as a background exec.
+    pub fn start(&self, id: &SandboxId, req: ExecRequest) -> ProcessInfo {
+        let req = ExecRequest {
+            background: true,
+            ..req
+        };
+        match self.backend.exec(id, req, None).unwrap() {
+            ExecOutcome::Background(p) => p,
+            other => panic!("expected a background exec, got {other:?}"),
+        }
+    }
 }
 
 /// `docker inspect NAME`, parsed.
