@@ -1786,11 +1786,19 @@ fn an_exec_whose_reaper_dies_ends_and_the_sandbox_serves_on() {
     let f = fixture();
     let marker = format!("67{}.5", std::process::id());
     let bg = background(&f, &format!("exec sleep {marker}"));
+    // Taken from the scan that saw it: a second scan can miss it while its shell execs (its
+    // command line is briefly unreadable then).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+    let command = loop {
+        if let Some(pid) = host_processes_with(&marker).first() {
+            break Some(*pid);
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let command = *host_processes_with(&marker).first().expect("the exec runs");
+    };
+    let command = command.expect("the exec runs");
     let reaper = parent_of(command).expect("the command's reaper");
     // SAFETY: kill with plain values; the pid is the reaper's, alive (its command is).
     assert_eq!(unsafe { libc::kill(reaper, libc::SIGKILL) }, 0);
