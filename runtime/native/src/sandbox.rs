@@ -1015,6 +1015,9 @@ fn setup_error(buf: &[u8]) -> Option<ApiError> {
         })
 }
 
+/// How often pid 1 is asked to end what a dead reaper left, until its output has ended.
+const ORPHANS_AGAIN: Duration = Duration::from_millis(100);
+
 /// How often a timed-out exec's kill is asked for again, until it has ended.
 const KILL_AGAIN: Duration = Duration::from_secs(1);
 
@@ -1281,8 +1284,15 @@ impl Sandbox {
         let mut events_buf = Vec::new();
         let mut exited = None;
         let mut killed_at = None;
+        let mut orphaned: Option<Instant> = None;
         loop {
             let now = Instant::now();
+            if let Some(at) = orphaned
+                && now >= at + ORPHANS_AGAIN
+            {
+                orphaned = Some(now);
+                let _ = self.send(&Request::KillAll, &[]);
+            }
             if !timed_out && now >= deadline {
                 timed_out = true;
             }
@@ -1335,8 +1345,10 @@ impl Sandbox {
                         open[i] = false;
                         if i == 2 && exited.is_none() {
                             // The reaper died before the exec's end (killed from outside): what
-                            // it started now hangs under pid 1, which ends such orphans.
-                            let _ = self.send(&Request::KillAll, &[]);
+                            // it started hangs under pid 1 once re-parented, and pid 1 ends such
+                            // orphans; asked until the output ends (the kernel may re-parent
+                            // them only after this end was seen).
+                            orphaned = Some(now - ORPHANS_AGAIN);
                         }
                     }
                     Ok(n) if i == 2 => {
