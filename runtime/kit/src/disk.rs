@@ -240,7 +240,13 @@ impl Disk {
 
     /// Bytes still free for the sandbox, when the file system answers.
     pub fn available(&self) -> Option<u64> {
-        let st = nix::sys::statvfs::statvfs(&self.reach).ok()?;
+        // On the descriptor when there is one: a path through /proc/self/fd is a look-up of
+        // three names on every exec's way (is_full).
+        let st = match &self.root {
+            Some(fd) => nix::sys::statvfs::fstatvfs(fd),
+            None => nix::sys::statvfs::statvfs(&self.reach),
+        }
+        .ok()?;
         Some(st.blocks_available().saturating_mul(st.fragment_size()))
     }
 
@@ -248,7 +254,8 @@ impl Disk {
     /// at least 2 MiB, at most 16 MiB): ext4 refuses a write some way before its free count
     /// reaches zero (2/3 MiB of a 64 MiB disk stayed "available" after `ENOSPC`, measured).
     pub fn is_full(&self) -> bool {
-        is_full_at(&self.reach, self.size)
+        self.available()
+            .is_some_and(|free| free <= full_slack(self.size))
     }
 
     /// Leaves a host mount ([`Disk::mount_on_host`]) in place past this value: its owner
@@ -260,11 +267,15 @@ impl Disk {
 
 /// [`Disk::is_full`] for the disk of `size` bytes mounted at `path`.
 pub fn is_full_at(path: &Path, size: u64) -> bool {
-    let slack = (size / 32).clamp(2 << 20, 16 << 20);
     nix::sys::statvfs::statvfs(path)
         .ok()
         .map(|st| st.blocks_available().saturating_mul(st.fragment_size()))
-        .is_some_and(|free| free <= slack)
+        .is_some_and(|free| free <= full_slack(size))
+}
+
+/// The free bytes under which a disk of `size` counts as full (see [`Disk::is_full`]).
+fn full_slack(size: u64) -> u64 {
+    (size / 32).clamp(2 << 20, 16 << 20)
 }
 
 impl Drop for Disk {

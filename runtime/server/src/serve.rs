@@ -121,7 +121,7 @@ pub async fn serve(
         tracing::info!(socket = ?config.socket, "serving on unix socket");
         servers.spawn(front.clone().serve(listener, app, phase_rx.clone()));
     }
-    let reaper = tokio::spawn(state.run_reaper(Duration::from_secs(1)));
+    let reaper = tokio::spawn(state.clone().run_reaper(Duration::from_secs(1)));
     let trimmer = tokio::spawn(front.clone().run_trimmer());
 
     let outcome = tokio::select! {
@@ -144,6 +144,7 @@ pub async fn serve(
             connections = front.open(),
             "requests still running after {DRAIN:?}; closing their connections"
         );
+        state.set_closing();
         let _ = phase_tx.send(Phase::Closing);
         if tokio::time::timeout(Duration::from_secs(1), join_all(&mut servers))
             .await

@@ -55,6 +55,8 @@ struct Inner {
     lease_file: Option<PathBuf>,
     workspaces: WorkspaceRules,
     uploads: Option<Uploads>,
+    /// Set when the server closes its connections (see [`AppState::closing`]).
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// Everything a request handler needs; cheap to clone.
@@ -151,6 +153,7 @@ impl AppStateBuilder {
                     None => WorkspaceRules::new(&[], Path::new("/nonexistent"), &[])?,
                 },
                 uploads: self.uploads,
+                closing: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         state.save_leases(&state.registry());
@@ -284,6 +287,18 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// Whether the server is closing its connections: a request still running then gets no
+    /// answer (its connection is cut), whatever its backend call returns afterwards.
+    pub(crate) fn closing(&self) -> bool {
+        self.inner.closing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_closing(&self) {
+        self.inner
+            .closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {

@@ -831,6 +831,17 @@ pub fn exec_changes(
     upper: &Path,
     lower: &Path,
 ) -> Result<Vec<Change>, LayersError> {
+    // The usual exec changes nothing: the same entries, with the same metadata, none of them
+    // racy, need neither tree opened (two look-ups on every exec's way).
+    let untouched = before.entries.len() == after.entries.len()
+        && before
+            .entries
+            .iter()
+            .zip(&after.entries)
+            .all(|((rb, b), (ra, a))| rb == ra && !b.racy && b.same_metadata(a));
+    if untouched {
+        return Ok(Vec::new());
+    }
     let upper = Tree::open(upper, UPPER)?;
     let lower = Tree::open(lower, WORKSPACE)?;
     let mut candidates = BTreeSet::new();
