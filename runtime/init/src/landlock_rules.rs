@@ -125,6 +125,16 @@ impl Prepared {
     /// `no_new_privs` (or `CAP_SYS_ADMIN`). With a required plan, anything short of
     /// [`LandlockOutcome::Full`] is an error (the process may already be partly restricted; the
     /// caller fails closed and does not exec).
+    /// Another handle on the same ruleset (its descriptor duplicated): a reaper keeps its own
+    /// and gives each of its commands a copy to apply.
+    pub fn try_clone(&self) -> std::io::Result<Prepared> {
+        Ok(Prepared {
+            created: self.created.as_ref().map(|c| c.try_clone()).transpose()?,
+            required: self.required,
+            deny_tcp: self.deny_tcp,
+        })
+    }
+
     pub fn restrict(self) -> Result<LandlockOutcome, LandlockError> {
         let Some(created) = self.created else {
             return Ok(LandlockOutcome::None);

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill};
@@ -210,6 +210,7 @@ fn not_started(id: u64, why: String) -> Event {
         cpu_ms: 0,
         max_rss_bytes: 0,
         file_size_exceeded: false,
+        reusable: false,
     }
 }
 
@@ -232,7 +233,7 @@ type Early = std::collections::VecDeque<(u64, Option<i32>)>;
 /// for when the reaper says it took the exec.
 fn ask(reapers: &HashMap<u64, Pid>, early: &mut Early, id: u64, signal: Option<i32>) {
     match reapers.get(&id) {
-        Some(pid) => deliver(*pid, signal),
+        Some(pid) => deliver(*pid, id, signal),
         None => {
             if early.len() == EARLY {
                 early.pop_front();
@@ -242,21 +243,27 @@ fn ask(reapers: &HashMap<u64, Pid>, early: &mut Early, id: u64, signal: Option<i
     }
 }
 
-/// Asks reaper `pid` to kill its exec's tree (`None`: SIGUSR1) or to send `signal` to its
-/// command ([`forward_signal`], the number as the value).
-fn deliver(pid: Pid, signal: Option<i32>) {
-    match signal {
-        None => {
-            let _ = kill(pid, Signal::SIGUSR1);
-        }
-        Some(signal) => {
-            let value = libc::sigval {
-                sival_ptr: signal as usize as *mut libc::c_void,
-            };
-            // SAFETY: sigqueue with plain values; no memory is shared.
-            unsafe { libc::sigqueue(pid.as_raw(), forward_signal(), value) };
-        }
-    }
+/// Asks reaper `pid` to kill exec `id`'s tree (`None`) or to send `signal` to its command:
+/// [`forward_signal`] with the exec and the signal as its value ([`request_value`]). A reaper
+/// serves one exec after another, so a request names the exec it is for; one that comes late,
+/// when the reaper runs the next, is dropped there.
+fn deliver(pid: Pid, id: u64, signal: Option<i32>) {
+    let value = libc::sigval {
+        sival_ptr: request_value(id, signal.unwrap_or(0)) as *mut libc::c_void,
+    };
+    // SAFETY: sigqueue with plain values; no memory is shared.
+    unsafe { libc::sigqueue(pid.as_raw(), forward_signal(), value) };
+}
+
+/// A request's value: the exec's id above the signal's number (0: kill the exec's tree).
+fn request_value(id: u64, signal: i32) -> usize {
+    ((id << 8) | (signal as u64 & 0xff)) as usize
+}
+
+/// Asks reaper `pid` to kill whatever exec it runs (SIGUSR1; a reaper that waits for its next
+/// exec drops it when that starts).
+fn deliver_kill_all(pid: Pid) {
+    let _ = kill(pid, Signal::SIGUSR1);
 }
 
 /// The child's own copy of the starter's ruleset (its descriptor is the child's too), taken
@@ -270,8 +277,9 @@ fn child_ruleset(
     }
 }
 
-/// The real-time signal by which a starter asks a reaper to pass a signal on to its command
-/// (the signal's number rides as the value; real-time signals queue, so none is lost).
+/// The real-time signal by which a starter asks a reaper to kill its exec's tree or pass a
+/// signal on to its command (the exec and the signal ride as the value; real-time signals
+/// queue, so none is lost).
 fn forward_signal() -> i32 {
     libc::SIGRTMIN()
 }
@@ -316,6 +324,8 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
     let mut reapers: HashMap<u64, Pid> = HashMap::new();
     let mut early = Early::new();
     let mut spare: Option<Spare> = None;
+    // The reapers that ran an exec and wait for the runtime's next on their own socket.
+    let mut serving: Vec<Spare> = Vec::new();
     let mut buf = Vec::new();
     let mut note_buf = Vec::new();
     loop {
@@ -324,7 +334,7 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
             spare = fork_spare(config, &sock, &mut confined);
         }
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
-        if let Some(s) = &spare {
+        for s in spare.iter().chain(&serving) {
             fds.push(PollFd::new(s.note.as_fd(), PollFlags::POLLIN));
         }
         match poll(&mut fds, PollTimeout::from(200u16)) {
@@ -334,14 +344,20 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
         }
         let request_ready = fds[0].any().unwrap_or(false);
         drop(fds);
-        // The spare's note first: a signal for its exec may be waiting behind it.
-        if let Some(s) = spare.as_mut()
-            && !read_note(s, &mut note_buf, &mut reapers, &mut early)
-        {
-            // It took an exec and its command runs, or it died: the next one is forked at the
-            // top of the loop.
-            spare = None;
+        // The notes first: a signal for the exec a reaper took may be waiting behind it.
+        if let Some(s) = spare.as_mut() {
+            match read_note(s, &mut note_buf, &mut reapers, &mut early) {
+                NoteState::Open => {}
+                // Its command runs: it serves execs from now on, and the next spare is forked
+                // at the top of the loop.
+                NoteState::Running => serving.extend(spare.take()),
+                // It died: the next one is forked at the top of the loop.
+                NoteState::Closed => spare = None,
+            }
         }
+        serving.retain_mut(|s| {
+            read_note(s, &mut note_buf, &mut reapers, &mut early) != NoteState::Closed
+        });
         if !request_ready {
             continue;
         }
@@ -381,12 +397,21 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
                         if let Some(s) = spare.take() {
                             drop(s.note);
                         }
+                        serving.clear();
                         let landlock = child_ruleset(&mut confined);
                         let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
                             std::process::exit(125)
                         };
                         become_reaper();
-                        run_reaper(ReaperKit::new(config), request, fds, landlock, None)
+                        run_reaper(
+                            ReaperKit::new(config, None),
+                            request,
+                            fds,
+                            &landlock,
+                            None,
+                            false,
+                        );
+                        std::process::exit(0)
                     }
                     Ok(ForkResult::Parent { child }) => {
                         reapers.insert(id, child);
@@ -398,7 +423,7 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
             Request::KillTree { id } => ask(&reapers, &mut early, id, None),
             Request::KillAll => {
                 for pid in reapers.values() {
-                    deliver(*pid, None);
+                    deliver_kill_all(*pid);
                 }
             }
             // pid 1's work; never sent here.
@@ -407,28 +432,52 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
     }
 }
 
-/// Reads what the spare reaper says (the exec it took), applying a kill that came for that exec
-/// before. False once it has closed its end (its command runs, or it died).
+/// What a reaper tells its starter on its note.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum Note {
+    /// It took exec `.0`: that exec's kills and signals go to it from now on.
+    Took(u64),
+    /// Its first command runs: the starter forks the next spare.
+    Running,
+}
+
+/// What [`read_note`] found of a reaper.
+#[derive(Debug, PartialEq, Eq)]
+enum NoteState {
+    /// Nothing new, or only the execs it took.
+    Open,
+    /// Its first command runs.
+    Running,
+    /// It closed its end: it exited.
+    Closed,
+}
+
+/// Reads what a reaper says (the execs it took), applying a kill that came for such an exec
+/// before.
 fn read_note(
-    spare: &mut Spare,
+    reaper: &mut Spare,
     buf: &mut Vec<u8>,
     reapers: &mut HashMap<u64, Pid>,
     early: &mut Early,
-) -> bool {
+) -> NoteState {
+    let mut state = NoteState::Open;
     loop {
-        match control::try_recv::<u64>(spare.note.as_fd(), buf) {
-            Ok(control::Received::Message(id, _)) => {
-                reapers.insert(id, spare.pid);
+        match control::try_recv::<Note>(reaper.note.as_fd(), buf) {
+            Ok(control::Received::Message(Note::Took(id), _)) => {
+                // One exec at a time: the one it ran before is over.
+                reapers.retain(|_, p| *p != reaper.pid);
+                reapers.insert(id, reaper.pid);
                 early.retain(|(for_id, signal)| {
                     let now = *for_id == id;
                     if now {
-                        deliver(spare.pid, *signal);
+                        deliver(reaper.pid, id, *signal);
                     }
                     !now
                 });
             }
-            Ok(control::Received::Nothing) => return true,
-            Ok(control::Received::Closed) | Err(_) => return false,
+            Ok(control::Received::Message(Note::Running, _)) => state = NoteState::Running,
+            Ok(control::Received::Nothing) => return state,
+            Ok(control::Received::Closed) | Err(_) => return NoteState::Closed,
         }
     }
 }
@@ -488,8 +537,17 @@ fn become_reaper() {
     }
 }
 
+/// How many execs one reaper serves before it exits and the spare takes over: what a command
+/// allocates before its exec stays in the reaper's memory (it shares it until then), a few
+/// KiB each time.
+const REAPER_EXECS: u32 = 256;
+
 /// A reaper forked ahead of its exec: readies what it can, then waits for the exec from the
-/// runtime (or for the starter to go, and with it the reason to wait). Never returns.
+/// runtime (or for the starter to go, and with it the reason to wait), and after it for the
+/// next on the same socket, up to [`REAPER_EXECS`]: neither a fork nor an exit (with the page
+/// tables and TLB shootdowns of both) is then on an exec's way or beside it. It tells the
+/// starter each exec it takes (`Took` on `note`) and, once, that its first command runs.
+/// Never returns.
 fn spare_main(
     config: &InitConfig,
     exec_sock: OwnedFd,
@@ -498,40 +556,52 @@ fn spare_main(
 ) -> ! {
     become_reaper();
     // What the exec needs, made now: its page faults and system calls are then off its way.
-    let kit = ReaperKit::new(config);
+    let mut kit = ReaperKit::new(config, None);
     if let Ok(kit) = &kit {
         kit.stack.touch();
     }
     let mut buf = vec![0u8; control::INLINE_MAX];
-    let (request, fds) = loop {
-        let mut fds = [
-            PollFd::new(exec_sock.as_fd(), PollFlags::POLLIN),
-            PollFd::new(note.as_fd(), PollFlags::POLLIN),
-        ];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(nix::Error::EINTR) => continue,
-            Err(_) => std::process::exit(0),
-        }
-        // The starter's end closed: it is gone, and so is the runtime's use for this reaper.
-        if fds[1].any().unwrap_or(false) {
-            std::process::exit(0);
-        }
-        match control::recv::<Request>(exec_sock.as_fd(), &mut buf) {
-            Ok(Some(r)) => break r,
-            // The runtime let it go (a restore, the sandbox's end) or sent nonsense.
+    for served in 0..REAPER_EXECS {
+        let (request, fds) = loop {
+            let mut fds = [
+                PollFd::new(exec_sock.as_fd(), PollFlags::POLLIN),
+                PollFd::new(note.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => continue,
+                Err(_) => std::process::exit(0),
+            }
+            // The starter's end closed: it is gone, and so is the runtime's use for this
+            // reaper.
+            if fds[1].any().unwrap_or(false) {
+                std::process::exit(0);
+            }
+            match control::recv::<Request>(exec_sock.as_fd(), &mut buf) {
+                Ok(Some(r)) => break r,
+                // The runtime let it go (a restore, the sandbox's end, enough idle reapers)
+                // or sent nonsense.
+                _ => std::process::exit(0),
+            }
+        };
+        let Request::Exec { id, .. } = &request else {
+            std::process::exit(0)
+        };
+        let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
+            let _ = control::send(note.as_fd(), &Note::Took(*id), &[]);
+            std::process::exit(0)
+        };
+        let again = served + 1 < REAPER_EXECS;
+        let note = Some(Noted {
+            note: &note,
+            first: served == 0,
+        });
+        match run_reaper(kit, request, fds, &landlock, note, again) {
+            Some(stack) if again => kit = ReaperKit::new(config, Some(stack)),
             _ => std::process::exit(0),
         }
-    };
-    drop(exec_sock);
-    let Request::Exec { id, .. } = &request else {
-        std::process::exit(0)
-    };
-    let _ = control::send(note.as_fd(), id, &[]);
-    let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
-        std::process::exit(0)
-    };
-    run_reaper(kit, request, fds, landlock, Some(note))
+    }
+    std::process::exit(0)
 }
 
 /// What a reaper makes before its command: the status pipe, the command's stack, and its copy
@@ -543,45 +613,93 @@ struct ReaperKit {
 }
 
 impl ReaperKit {
-    fn new(config: &InitConfig) -> Result<ReaperKit, String> {
+    /// A kit on `stack` (the last exec's), or on a new one.
+    fn new(config: &InitConfig, stack: Option<CommandStack>) -> Result<ReaperKit, String> {
+        let stack = match stack {
+            Some(stack) => stack,
+            None => CommandStack::new().map_err(|e| format!("mmap: {e}"))?,
+        };
         Ok(ReaperKit {
             status: nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
                 .map_err(|e| format!("pipe: {e}"))?,
-            stack: CommandStack::new().map_err(|e| format!("mmap: {e}"))?,
+            stack,
             config: config.clone(),
         })
     }
 }
 
-/// A reaper with its exec: starts and reaps it (see [`reap_exec`]). `note` (a spare's) closes
-/// once the command runs. Never returns.
+/// A spare's note to its starter, and whether this is its first exec.
+struct Noted<'a> {
+    note: &'a OwnedFd,
+    first: bool,
+}
+
+impl Noted<'_> {
+    /// Tells the starter which exec this reaper took and, on its first, that the command runs.
+    /// Sent once the command has exec'd: the wake-up of the starter is then off the exec's way
+    /// (a request for the exec that comes before waits in the starter, as it always could).
+    fn took(&self, id: u64) {
+        let _ = control::send(self.note.as_fd(), &Note::Took(id), &[]);
+        if self.first {
+            let _ = control::send(self.note.as_fd(), &Note::Running, &[]);
+        }
+    }
+}
+
+/// A reaper with its exec: starts and reaps it (see [`reap_exec`]); its command applies a copy
+/// of `landlock`. `note` (a spare's) is told of the exec once the command runs. `again`: the
+/// reaper will wait for another exec, which its end says. Returns the command's stack for the
+/// next exec, or None when this reaper must exit.
 fn run_reaper(
     kit: Result<ReaperKit, String>,
     request: Request,
     [stdin, stdout, stderr, events]: [OwnedFd; EXEC_FDS],
-    landlock: crate::landlock_rules::Prepared,
-    note: Option<OwnedFd>,
-) -> ! {
+    landlock: &crate::landlock_rules::Prepared,
+    note: Option<Noted<'_>>,
+    again: bool,
+) -> Option<CommandStack> {
     let Request::Exec {
         id, argv, cwd, env, ..
     } = request
     else {
-        std::process::exit(0)
+        return None;
     };
-    // A kill or a signal asked for from here on is taken.
+    // Requests for this exec are taken from here on; a kill-all of the wait before is not.
+    CURRENT_EXEC.store(id, Ordering::SeqCst);
+    drop_pending_kill_all();
     // SAFETY: sigprocmask on this thread's own mask.
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &reaper_signals(), std::ptr::null_mut()) };
-    let mut kit = match kit {
-        Ok(kit) => kit,
+    let kit = kit.map(|mut kit| {
+        kit.config.argv = argv;
+        kit.config.cwd = PathBuf::from(cwd);
+        kit.config.env = env;
+        kit
+    });
+    let prepared = kit.and_then(|kit| {
+        let landlock = landlock
+            .try_clone()
+            .map_err(|e| format!("cannot copy the Landlock ruleset: {e}"))?;
+        Ok((kit, landlock))
+    });
+    let (kit, landlock) = match prepared {
+        Ok(p) => p,
         Err(why) => {
+            if let Some(note) = &note {
+                note.took(id);
+            }
             write_event(events.as_fd(), &not_started(id, why));
-            std::process::exit(0)
+            return None;
         }
     };
-    kit.config.argv = argv;
-    kit.config.cwd = PathBuf::from(cwd);
-    kit.config.env = env;
-    reap_exec(id, kit, [stdin, stdout, stderr], events, landlock, note)
+    Some(reap_exec(
+        id,
+        kit,
+        [stdin, stdout, stderr],
+        events,
+        landlock,
+        note,
+        again,
+    ))
 }
 
 fn remount(path: &Path, ops: &[crate::config::MountOp]) -> Result<(), String> {
@@ -610,11 +728,37 @@ extern "C" fn on_usr1(_: libc::c_int) {
 /// The signals (by number, a bit each) to pass on to the command, set by [`on_forward`].
 static TO_FORWARD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The exec this reaper runs now: requests ([`deliver`]) for another are dropped.
+static CURRENT_EXEC: AtomicU64 = AtomicU64::new(0);
+
 extern "C" fn on_forward(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; sigqueue set its value.
-    let signal = unsafe { (*info).si_value().sival_ptr as usize };
-    if (1..64).contains(&signal) {
+    let value = unsafe { (*info).si_value().sival_ptr as usize } as u64;
+    let (id, signal) = (value >> 8, value & 0xff);
+    if id != CURRENT_EXEC.load(Ordering::SeqCst) & (u64::MAX >> 8) {
+        return;
+    }
+    if signal == 0 {
+        KILL_REQUESTED.store(true, Ordering::SeqCst);
+    } else if signal < 64 {
         TO_FORWARD.fetch_or(1 << signal, Ordering::SeqCst);
+    }
+}
+
+/// Drops a kill-all (SIGUSR1) that came while this reaper waited between execs: it was for the
+/// execs running then, not for the one starting. Called with the reaper's signals blocked.
+fn drop_pending_kill_all() {
+    // SAFETY: sigemptyset/sigaddset fill a set on this stack; sigtimedwait with a zero timeout
+    // only takes a pending signal of that set, if there is one.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) > 0 {}
     }
 }
 
@@ -630,15 +774,18 @@ fn forward_to(command: Pid) {
 }
 
 /// The exec reaper (E): starts the command, forwards its confinement report, and reports the
-/// exec's start and, once every process of the exec is gone, its end on `events`.
+/// exec's start and, once every process of the exec is gone, its end on `events` (with
+/// `reusable` as `again`). Returns the command's stack, with the reaper's signals blocked
+/// again and nothing of the exec left.
 fn reap_exec(
     id: u64,
     kit: ReaperKit,
     stdio: [OwnedFd; 3],
     events: OwnedFd,
     landlock: crate::landlock_rules::Prepared,
-    note: Option<OwnedFd>,
-) -> ! {
+    note: Option<Noted<'_>>,
+    again: bool,
+) -> CommandStack {
     let ReaperKit {
         status: (status_read, status_write),
         stack,
@@ -660,8 +807,11 @@ fn reap_exec(
     drop(stdin);
     let output = (stdout, stderr);
     drop(status_write);
-    // The command has exec'd (or failed to): the starter may fork the next reaper.
-    drop(note);
+    // The command has exec'd (or failed to): the starter learns the exec is this reaper's, and
+    // may fork the next spare.
+    if let Some(note) = &note {
+        note.took(id);
+    }
     // What was asked for before the command existed.
     forward_to(command);
     let mut main = MainStatus {
@@ -738,11 +888,17 @@ fn reap_exec(
         cpu_ms,
         max_rss_bytes,
         file_size_exceeded: file_size_exceeded || crate::command::reports_file_size_kill(code),
+        reusable: again,
     });
     // The end of the pipes, now: the runtime need not wait for this process's own exit.
     drop(events);
     drop(output);
-    std::process::exit(0)
+    // Between execs requests wait (blocked), and none of this exec's is left to act on.
+    // SAFETY: sigprocmask on this thread's own mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &reaper_signals(), std::ptr::null_mut()) };
+    KILL_REQUESTED.store(false, Ordering::SeqCst);
+    TO_FORWARD.store(0, Ordering::SeqCst);
+    stack
 }
 
 /// What the command's process gets from its reaper (see [`spawn_command`]).
@@ -773,7 +929,8 @@ extern "C" fn command_main(arg: *mut libc::c_void) -> libc::c_int {
         unsafe { libc::_exit(125) };
     }
     let _ = crate::sys::set_cloexec(STATUS_FD);
-    // SAFETY: taken once, here; the reaper never drops its copy (ManuallyDrop).
+    // SAFETY: taken once, here; the reaper drops its copy only once this process has exec'd or
+    // exited (CLONE_VFORK), and then in its own descriptor table.
     let landlock = unsafe { std::mem::ManuallyDrop::take(&mut args.landlock) };
     exec_confined(args.config, landlock)
 }
@@ -878,9 +1035,11 @@ fn spawn_command(
         )
     };
     let err = std::io::Error::last_os_error();
+    // The child took its copy (a bitwise one, in its own descriptor table) and has exec'd or
+    // exited: this process's copy of the ruleset's descriptor is its own to close, or every
+    // exec of a reaper that serves many would leave one open.
+    drop(std::mem::ManuallyDrop::into_inner(args.landlock));
     if pid < 0 {
-        // The child never ran: the ruleset is still ours to drop.
-        drop(std::mem::ManuallyDrop::into_inner(args.landlock));
         return Err(err);
     }
     Ok(pid)

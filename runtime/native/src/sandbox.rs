@@ -175,7 +175,14 @@ struct StarterLink {
     sock: OwnedFd,
     /// The sockets of the reapers it forked ahead ([`Event::Reaper`]), and the receive buffer.
     reapers: Mutex<(Vec<OwnedFd>, Vec<u8>)>,
+    /// The sockets of reapers that ran an exec and wait for the next ([`StarterLink::give_back`]):
+    /// tried first, newest first.
+    idle: Mutex<Vec<OwnedFd>>,
 }
+
+/// The most reapers of one starter kept waiting for an exec: enough for a few execs side by
+/// side; more are let go (their socket closed, they exit).
+const IDLE_REAPERS: usize = 4;
 
 impl StarterLink {
     fn new(user: Option<ExecIds>, sock: OwnedFd) -> StarterLink {
@@ -183,6 +190,15 @@ impl StarterLink {
             user,
             sock,
             reapers: Mutex::new((Vec::new(), Vec::new())),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Keeps the socket of a reaper whose exec ended and that said it waits for another.
+    fn give_back(&self, reaper: OwnedFd) {
+        let mut idle = lock(&self.idle);
+        if idle.len() < IDLE_REAPERS {
+            idle.push(reaper);
         }
     }
 
@@ -190,18 +206,23 @@ impl StarterLink {
         control::send(self.sock.as_fd(), req, fds)
     }
 
-    /// Sends an exec with its descriptors: to a reaper the starter forked ahead when there is
-    /// one (the starter is then not on the exec's way), else to the starter, which forks one.
-    fn send_exec(&self, req: &Request, fds: &[i32]) -> Result<(), control::SendError> {
-        while let Some(reaper) = self.take_reaper() {
+    /// Sends an exec with its descriptors: to a reaper that waits for its next exec, or one the
+    /// starter forked ahead, when there is one (the starter is then not on the exec's way),
+    /// else to the starter, which forks one. Returns the socket of the reaper that took it.
+    fn send_exec(&self, req: &Request, fds: &[i32]) -> Result<Option<OwnedFd>, control::SendError> {
+        loop {
+            let idle = lock(&self.idle).pop();
+            let Some(reaper) = idle.or_else(|| self.take_reaper()) else {
+                break;
+            };
             match control::send(reaper.as_fd(), req, fds) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(Some(reaper)),
                 // That reaper is gone (it died, or its starter did): the next, or the starter.
                 Err(control::SendError::Channel(_)) => continue,
                 Err(e) => return Err(e),
             }
         }
-        self.send(req, fds)
+        self.send(req, fds).map(|()| None)
     }
 
     /// A reaper the starter announced, if any.
@@ -243,6 +264,8 @@ struct Exited {
     landlock: String,
     seccomp: bool,
     setup_error: Option<String>,
+    /// Its reaper waits for another exec on the same socket.
+    reusable: bool,
 }
 
 type Slot = ExecSlot<NativeProc>;
@@ -1030,6 +1053,9 @@ struct Pipes {
     stdout: OwnedFd,
     stderr: OwnedFd,
     events: OwnedFd,
+    /// The socket of the reaper that took the exec, with its starter: handed back once the
+    /// exec ended, when the reaper said it waits for another.
+    reaper: Option<(Arc<StarterLink>, OwnedFd)>,
 }
 
 /// What an exec's result is measured against: the upper layer before it started, the cgroup's
@@ -1148,36 +1174,43 @@ impl Sandbox {
             },
             events_w.as_raw_fd(),
         ];
-        let mut sent = starter.send_exec(&request, &fds);
+        let mut link = starter;
+        let mut sent = link.send_exec(&request, &fds);
         if let Err(control::SendError::Channel(_)) = &sent {
             // The starter is gone (pid 1 ends the execs it left): once more with a new one.
-            self.forget_starter(&starter);
+            self.forget_starter(&link);
             let next = self.starter_for(user.as_ref()).inspect_err(|_| {
                 slots.remove(id);
             })?;
             slot.update(|st| st.proc.starter = Some(next.clone()));
             sent = next.send_exec(&request, &fds);
+            link = next;
         }
         drop((in_r, out_w, err_w, events_w));
-        if let Err(e) = sent {
-            slots.remove(id);
-            return Err(match e {
-                // Nothing was sent: the sandbox is as it was, and the request may be tried again.
-                control::SendError::Prepare { .. } => {
-                    ApiError::Unavailable(format!("sandbox {}: {e}", self.id()))
-                }
-                control::SendError::Channel(_) => ApiError::internal(format!(
-                    "sandbox {}: its exec starter does not answer: {e}",
-                    self.id()
-                )),
-            });
-        }
+        let reaper = match sent {
+            Ok(reaper) => reaper.map(|sock| (link, sock)),
+            Err(e) => {
+                slots.remove(id);
+                return Err(match e {
+                    // Nothing was sent: the sandbox is as it was, and the request may be tried
+                    // again.
+                    control::SendError::Prepare { .. } => {
+                        ApiError::Unavailable(format!("sandbox {}: {e}", self.id()))
+                    }
+                    control::SendError::Channel(_) => ApiError::internal(format!(
+                        "sandbox {}: its exec starter does not answer: {e}",
+                        self.id()
+                    )),
+                });
+            }
+        };
         Ok((
             slot,
             Pipes {
                 stdout: out_r,
                 stderr: err_r,
                 events: events_r,
+                reaper,
             },
         ))
     }
@@ -1196,6 +1229,7 @@ impl Sandbox {
             cpu_ms,
             max_rss_bytes,
             file_size_exceeded,
+            reusable,
             ..
         }) = event
         else {
@@ -1216,6 +1250,7 @@ impl Sandbox {
             landlock,
             seccomp,
             setup_error,
+            reusable,
         };
         slot.update(|st| st.proc.exited = Some(end.clone()));
         Some(end)
@@ -1265,7 +1300,7 @@ impl Sandbox {
     fn drive_to_end(
         &self,
         slot: &Slot,
-        pipes: Pipes,
+        mut pipes: Pipes,
         timeout: Duration,
         start: Instant,
         mut events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
@@ -1397,6 +1432,12 @@ impl Sandbox {
                 ))
             });
         };
+        // Its reaper waits for the next exec, which it takes with no fork on its way.
+        if exited.reusable
+            && let Some((link, sock)) = pipes.reaper.take()
+        {
+            link.give_back(sock);
+        }
         if let Some(err) = &exited.setup_error {
             return Err(if let Some(why) = err.strip_prefix("cwd: ") {
                 match os_error_of(why) {

@@ -136,6 +136,11 @@ pub enum Event {
         /// or its main process reported that a child was (exit status 128 + SIGXFSZ).
         #[serde(default)]
         file_size_exceeded: bool,
+        /// The reaper that sent this waits for another exec on the same socket: the runtime
+        /// may send it the next one there (see the helper's server module). False when it
+        /// exits instead.
+        #[serde(default)]
+        reusable: bool,
     },
     /// A remount finished (`error` set when it failed).
     Remounted { error: Option<String> },
