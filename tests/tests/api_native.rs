@@ -127,6 +127,67 @@ fn a_foreground_execs_leftovers_are_killed_but_background_execs_live_on() {
     assert!(host_processes_with(&marker).is_empty());
 }
 
+/// One reaper serves exec after exec (no fork and no exit per exec): sequential commands have
+/// the same parent; each is confined as the first was, and nothing of one exec (a leftover, a
+/// timed-out tree) reaches the next; after 256 execs the reaper retires and the spare takes
+/// over, seamlessly.
+#[test]
+fn a_reaper_serves_exec_after_exec_and_each_starts_clean() {
+    let f = fixture();
+    let parent = |f: &Fixture| {
+        let r = sh(f, "echo $PPID");
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        r.stdout.text.trim().to_string()
+    };
+    let first = parent(&f);
+    let marker = format!("67{}.5", std::process::id());
+    let r = sh(&f, &format!("sleep {marker} & echo started"));
+    assert_eq!(r.stdout.text, "started\n");
+    assert!(
+        host_processes_with(&marker).is_empty(),
+        "a leftover survived"
+    );
+    let r = match f
+        .backend
+        .exec(
+            &f.id,
+            ExecRequest {
+                shell: Some(format!("sleep {marker} & sleep {marker}")),
+                timeout_ms: Some(300),
+                ..ExecRequest::default()
+            },
+            None,
+        )
+        .unwrap()
+    {
+        ExecOutcome::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert!(r.timed_out, "{r:?}");
+    assert!(
+        host_processes_with(&marker).is_empty(),
+        "the timed-out tree survived"
+    );
+    // The same reaper, and the next command as confined as the first: Landlock refuses a write
+    // outside the workspace and /tmp, seccomp refuses unshare.
+    let r = sh(
+        &f,
+        "echo $PPID; touch /usr/taskbox-reaper-probe 2>/dev/null && echo wrote; \
+         unshare -U true 2>/dev/null && echo unshared; echo done",
+    );
+    assert_eq!(r.stdout.text, format!("{first}\ndone\n"), "{r:?}");
+    assert_eq!(r.enforcement.landlock, "full");
+    assert!(r.enforcement.seccomp);
+    // 256 execs per reaper (the first has served those above, and whatever the sandbox's
+    // start ran): one change of parent, to the spare, which serves on.
+    let parents: Vec<String> = (0..256).map(|_| parent(&f)).collect();
+    let served = parents.iter().take_while(|p| **p == first).count();
+    assert!((240..=252).contains(&served), "{served}: {parents:?}");
+    let next = &parents[served];
+    assert_ne!(*next, first);
+    assert!(parents[served..].iter().all(|p| p == next), "{parents:?}");
+}
+
 #[test]
 fn background_stdin_can_be_written() {
     let f = fixture();

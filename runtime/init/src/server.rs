@@ -733,16 +733,23 @@ static CURRENT_EXEC: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_forward(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; sigqueue set its value.
-    let value = unsafe { (*info).si_value().sival_ptr as usize } as u64;
-    let (id, signal) = (value >> 8, value & 0xff);
-    if id != CURRENT_EXEC.load(Ordering::SeqCst) & (u64::MAX >> 8) {
-        return;
+    let value = unsafe { (*info).si_value().sival_ptr as usize };
+    match request_of(value, CURRENT_EXEC.load(Ordering::SeqCst)) {
+        Some(0) => KILL_REQUESTED.store(true, Ordering::SeqCst),
+        Some(signal) => {
+            TO_FORWARD.fetch_or(1 << signal, Ordering::SeqCst);
+        }
+        None => {}
     }
-    if signal == 0 {
-        KILL_REQUESTED.store(true, Ordering::SeqCst);
-    } else if signal < 64 {
-        TO_FORWARD.fetch_or(1 << signal, Ordering::SeqCst);
-    }
+}
+
+/// What a request's value ([`request_value`]) asks of a reaper running exec `current`: its
+/// tree killed (`Some(0)`), a signal passed on (`Some(n)`), or nothing (it is for another
+/// exec, or names no signal a process can get).
+fn request_of(value: usize, current: u64) -> Option<u32> {
+    let value = value as u64;
+    let (id, signal) = (value >> 8, (value & 0xff) as u32);
+    (id == current & (u64::MAX >> 8) && signal < 64).then_some(signal)
 }
 
 /// Drops a kill-all (SIGUSR1) that came while this reaper waited between execs: it was for the
@@ -1137,5 +1144,24 @@ fn kill_children(main: &mut MainStatus) {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_reaches_only_the_exec_it_names() {
+        for (id, signal) in [(1u64, 0), (1, 15), (7, 9), (300, 2), (u64::MAX >> 9, 63)] {
+            let v = request_value(id, signal);
+            assert_eq!(request_of(v, id), Some(signal as u32), "{id} {signal}");
+            // The reaper has moved on to the next exec, or has not taken this one yet.
+            assert_eq!(request_of(v, id + 1), None, "{id} {signal}");
+            assert_eq!(request_of(v, id.wrapping_sub(1)), None, "{id} {signal}");
+        }
+        // No signal number past the kernel's.
+        assert_eq!(request_of(request_value(5, 64), 5), None);
+        assert_eq!(request_of(request_value(5, 200), 5), None);
     }
 }
