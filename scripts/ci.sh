@@ -45,6 +45,18 @@ python3 -c 'import mcp' 2>/dev/null || { python3 -m pip --version >/dev/null 2>&
 # so tiktoken never downloads an encoding).
 py_pkgs=(httpx httpx-sse pydantic pytest maturin inspect-ai mini-swe-agent)
 python3 -c 'import httpx, httpx_sse, pydantic, pytest, maturin, inspect_ai, minisweagent' >/dev/null 2>&1 || { python3 -m pip install --quiet "${py_pkgs[@]}" || python3 -m pip install --quiet --break-system-packages "${py_pkgs[@]}"; }
+# The rootless pass of the Python suite (scripts/test.sh) runs under an interpreter the
+# unprivileged user can read (the python3 on PATH may live in root's home): a venv of
+# /usr/bin/python3 with the suite's packages, made once and kept.
+rootless_py=${TASKBOX_ROOTLESS_PYTHON_ENV:-/var/tmp/taskbox-rootless-py}
+if ! "$rootless_py/bin/python" -c 'import pytest, httpx, httpx_sse, pydantic, inspect_ai, minisweagent' >/dev/null 2>&1; then
+  /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
+  rm -rf "$rootless_py"
+  /usr/bin/python3 -m venv "$rootless_py"
+  "$rootless_py/bin/python" -m pip install --quiet pytest httpx httpx-sse pydantic inspect-ai mini-swe-agent
+fi
+chmod -R a+rX "$rootless_py"
 
 # The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
 # (Debian's docker.io). A dockerd started here is stopped at the end.

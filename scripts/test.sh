@@ -82,10 +82,32 @@ for line in sys.stdin:
        and m.get("executable"):
         print(m["target"]["name"], m["executable"])
 ')
+# The Python SDK's suite as the user too, on the native backend, under the venv scripts/ci.sh
+# makes (TASKBOX_ROOTLESS_PYTHON_ENV): the tree it reads and the wheel are copied for the user
+# (who owns the copy: inspect writes beside it); the tests that need root (an image store) or
+# Docker are left out.
+py_env=${TASKBOX_ROOTLESS_PYTHON_ENV:-/var/tmp/taskbox-rootless-py}
+py_extra=()
+if "$py_env/bin/python" -c 'import pytest, httpx, httpx_sse, pydantic, inspect_ai, minisweagent' 2>/dev/null; then
+  tree="$bindir/tree"
+  mkdir -p "$tree/runtime/contract/src" "$tree/runtime/server/src" "$tree/wheels"
+  cp -r python "$tree/python"
+  find "$tree/python" -name __pycache__ -prune -exec rm -rf {} +
+  cp runtime/contract/src/api.rs "$tree/runtime/contract/src/"
+  cp runtime/server/src/error.rs "$tree/runtime/server/src/"
+  cp target/wheels/taskbox-*.whl "$tree/wheels/" 2>/dev/null || true
+  chown -R "$user" "$tree"
+  py_extra=(PATH="$py_env/bin:/usr/local/bin:/usr/bin:/bin" TASKBOX_REPO_DIR="$tree"
+    TASKBOX_WHEEL_DIR="$tree/wheels" TASKBOX_PYTEST_K="not docker and not native-image")
+else
+  echo "no venv at $py_env with the Python suite's packages (scripts/ci.sh makes it): the" \
+    "rootless pass of the Python suite is left out" >&2
+  [ "${TASKBOX_REQUIRE_ALL:-0}" = 1 ] && failed=1
+fi
 # The suites that exercise the sandbox without root: the native conformance suites (of `run`
 # and of the library API), the escape and race suites, the supervisor's (its API, its connection
-# front), the init helper's seccomp/Landlock tests, and the workspace crate's real-overlay change
-# scan and layer reads.
+# front), the init helper's seccomp/Landlock tests, the workspace crate's real-overlay change
+# scan and layer reads, and the Python SDK's suite (above).
 for entry in "${tests[@]}"; do
   target=${entry%% *}
   exe=${entry#* }
@@ -96,15 +118,18 @@ for entry in "${tests[@]}"; do
     traces) filter=(--skip an_exec_on_a_full_state_directory_is_refused_before_it_runs) ;;
     bad_input|api_native|disk|supervisor|native|front|taskbox_init|taskbox_protocol) filter=() ;;
     taskbox_workspace) filter=(changes:: layers:: tree::) ;;
+    python) [ ${#py_extra[@]} -gt 0 ] || continue; filter=() ;;
     *) continue ;;
   esac
+  extra=()
+  [ "$target" = python ] && extra=("${py_extra[@]}")
   name=$(basename "$exe")
   cp "$exe" "$bindir/$name"
   chmod 755 "$bindir/$name"
   echo "== rootless: $name (as $user)"
   if ! (cd "$bindir" && runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin \
         HOME="$home" USER="$user" LANG=C.UTF-8 TASKBOX_BIN_DIR="$bindir" \
-        TASKBOX_REQUIRE_ALL="${TASKBOX_REQUIRE_ALL:-0}" "./$name" "${filter[@]}"); then
+        TASKBOX_REQUIRE_ALL="${TASKBOX_REQUIRE_ALL:-0}" "${extra[@]}" "./$name" "${filter[@]}"); then
     failed=1
   fi
 done
