@@ -188,10 +188,14 @@ impl Tree {
     }
 }
 
+/// The names of the directory open as `fd`, by `getdents64` straight (rustix's `RawDir`): no
+/// `fdopendir` (two `fcntl`s) and no rewind, three system calls fewer on every directory of
+/// every walk, the upper layer's fingerprint around each exec among them.
 fn read_names(fd: OwnedFd) -> io::Result<Vec<OsString>> {
-    let mut dir = nix::dir::Dir::from(fd).map_err(io::Error::from)?;
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+    let mut dir = rustix::fs::RawDir::new(&fd, &mut buf);
     let mut names = Vec::new();
-    for entry in dir.iter() {
+    while let Some(entry) = dir.next() {
         let entry = entry.map_err(io::Error::from)?;
         let name = entry.file_name().to_bytes();
         if name != b"." && name != b".." {
