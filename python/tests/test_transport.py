@@ -157,3 +157,30 @@ def test_server_sent_events_framing() -> None:
     got = p.feed(b": keep-alive\n\nevent: stdout\ndata: a\ndata: b\r\n\r\nevent: ended\nda")
     assert got == [("stdout", "a\nb")]
     assert p.feed(b"ta: {}\n\n") == [("ended", "{}")]
+
+
+def test_the_exec_body_built_straight_is_the_models_own() -> None:
+    """`exec_body` (the SDK's exec path) sends what the ExecRequest model would, for every
+    shape of arguments, and leaves what the model must check to the model."""
+    from taskbox import _calls as calls
+
+    cases = [
+        (["true"], {}),
+        ("echo hi", {}),
+        (["a", b"b"], {"cwd": "/tmp", "env": {"A": "1"}, "timeout": 1.5}),
+        (["cat"], {"stdin": "text", "merge_output": True}),
+        (["cat"], {"stdin": b"\x00\xff", "output_limit": 10, "user": "1000"}),
+        (["x"], {"env": {}, "timeout": 0.0001}),
+        (["x"], {"background": True}),
+    ]
+    for command, kw in cases:
+        args = {"cwd": None, "env": None, "stdin": None, "timeout": None, "output_limit": None,
+                "merge_output": False, "background": False, **kw}
+        assert calls.exec_body(command, **args) == calls.exec_request(command, **args).body(), (command, kw)
+    # What the model refuses is still refused (a cwd that is not text), by the model.
+    bad = {"cwd": 42, "env": None, "stdin": None, "timeout": None, "output_limit": None,
+           "merge_output": False, "background": False}
+    with pytest.raises(ValueError):
+        calls.exec_body(["true"], **bad)
+    with pytest.raises(TypeError):
+        calls.exec_body(b"true", **{**bad, "cwd": None})

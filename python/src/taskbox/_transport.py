@@ -21,6 +21,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -34,6 +35,11 @@ _JOIN_BODY = 64 << 10
 _CHUNK = 1 << 20
 #: Idle connections kept per client.
 _KEEP_IDLE = 8
+#: How long an idle Unix-socket connection is reused without first checking that the server
+#: kept it (far below the supervisor's idle timeout, 60 s by default).
+_FRESH = 1.0
+#: `asyncio.timeout` where there is one (3.11).
+_ASYNC_TIMEOUT = getattr(asyncio, "timeout", None)
 #: Longest head line and most header lines an answer may have.
 _MAX_LINE = 64 << 10
 _MAX_HEADERS = 100
@@ -140,10 +146,14 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
 
 
+#: The request bodies' encoder, made once (`json.dumps` with options makes one per call).
+_JSON = jsonlib.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def encode_body(json: Any, content: Any) -> tuple[Any, str | None, int | None]:
     """A request's body, its content type and its length (None: no body)."""
     if json is not None:
-        data = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        data = _JSON.encode(json).encode()
         return data, "application/json", len(data)
     if content is None:
         return None, None, None
@@ -293,9 +303,16 @@ class _Conn:
         self.sock = sock
         self.rfile = sock.makefile("rb", buffering=65536)
         self.used = False
+        self.unix = ep.unix is not None
+        #: When it was last handed back idle (`time.monotonic()`).
+        self.idle_since = 0.0
 
     def stale(self) -> bool:
         """A reused connection the server has closed (or sent something unasked on)."""
+        if self.unix and time.monotonic() - self.idle_since < _FRESH:
+            # Idle far less than any server's idle timeout, and a send on a Unix socket whose
+            # peer closed fails at once (and is retried): no select on the way of every call.
+            return False
         if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return True
         try:
@@ -419,6 +436,7 @@ class Pool:
             conn.close()
 
     def _give(self, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
         with self._lock:
             if len(self._idle) < _KEEP_IDLE:
                 self._idle.append(conn)
@@ -576,6 +594,10 @@ class _AConn:
     async def _timed(self, aw: Any) -> Any:
         if self.timeout.read is None:
             return await aw
+        if _ASYNC_TIMEOUT is not None:
+            # No task per read, as wait_for makes (Python 3.11 and later).
+            async with _ASYNC_TIMEOUT(self.timeout.read):
+                return await aw
         return await asyncio.wait_for(aw, self.timeout.read)
 
     async def send(self, head: bytes, body: Any) -> None:

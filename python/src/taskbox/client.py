@@ -308,10 +308,10 @@ class Sandbox:
             info = p.wait()
             assert info.result is not None
             return info.result
-        req = calls.exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                 output_limit=output_limit, merge_output=merge_output, background=False,
-                                 user=user)
-        return self._send(calls.exec_(self.id, req))
+        body = calls.exec_body(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                               output_limit=output_limit, merge_output=merge_output, background=False,
+                               user=user)
+        return self._send(calls.exec_call(self.id, body))
 
     def exec_stream(
         self,
