@@ -431,6 +431,15 @@ pub fn shell(
         shell: Some(script.into()),
         ..Default::default()
     };
+    finished(api, id, req)
+}
+
+/// Runs `req` in sandbox `id` to its end and returns its result (panics otherwise).
+pub fn finished(
+    api: &dyn taskbox_core::api::SandboxApi,
+    id: &taskbox_core::api::SandboxId,
+    req: taskbox_core::api::ExecRequest,
+) -> taskbox_core::result::ExecResult {
     match api.exec(id, req, None).unwrap() {
         taskbox_core::api::ExecOutcome::Finished(r) => r,
         other => panic!("expected a finished exec, got {other:?}"),

@@ -71,22 +71,15 @@ fn exit_codes_signals_and_timeouts_match_one_shot_runs() {
     assert_eq!((r.exit_code, r.signal), (None, Some(15)));
     let marker = format!("55{}.5", std::process::id());
     let start = Instant::now();
-    let r = match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some(format!("echo partial; sleep {marker} & sleep {marker}")),
-                timeout_ms: Some(700),
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Finished(r) => r,
-        other => panic!("{other:?}"),
-    };
+    let r = taskbox_tests::finished(
+        &f.backend,
+        &f.id,
+        ExecRequest {
+            shell: Some(format!("echo partial; sleep {marker} & sleep {marker}")),
+            timeout_ms: Some(700),
+            ..ExecRequest::default()
+        },
+    );
     assert!(r.timed_out);
     assert_eq!(r.stdout.text, "partial\n");
     assert!(start.elapsed() < Duration::from_secs(5));
@@ -147,22 +140,15 @@ fn a_reaper_serves_exec_after_exec_and_each_starts_clean() {
         host_processes_with(&marker).is_empty(),
         "a leftover survived"
     );
-    let r = match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some(format!("sleep {marker} & sleep {marker}")),
-                timeout_ms: Some(300),
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Finished(r) => r,
-        other => panic!("{other:?}"),
-    };
+    let r = taskbox_tests::finished(
+        &f.backend,
+        &f.id,
+        ExecRequest {
+            shell: Some(format!("sleep {marker} & sleep {marker}")),
+            timeout_ms: Some(300),
+            ..ExecRequest::default()
+        },
+    );
     assert!(r.timed_out, "{r:?}");
     assert!(
         host_processes_with(&marker).is_empty(),

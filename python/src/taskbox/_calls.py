@@ -143,26 +143,9 @@ def exec_request(
     """The exec request of `command`: a string is a shell command line (`/bin/sh -c`), a
     sequence an argv. Text stdin goes as it is, bytes as base64. `user`: a user of the
     sandbox by name, or a numeric uid (default: the sandbox's user)."""
-    if isinstance(command, str):
-        argv, shell = None, command
-    elif isinstance(command, (bytes, bytearray)):
-        raise TypeError("command must be a str (a shell command line) or a sequence of str (an argv)")
-    else:
-        argv, shell = [os.fsdecode(a) for a in command], None
-    text, encoding = _encoded(stdin)
-    return m.ExecRequest(
-        argv=argv,
-        shell=shell,
-        cwd=cwd,
-        env=dict(env) if env else None,
-        stdin=text,
-        stdin_encoding=encoding,
-        merge_output=merge_output or None,
-        timeout_ms=None if timeout is None else max(1, int(timeout * 1000)),
-        output_limit=output_limit,
-        background=background or None,
-        user=user,
-    )
+    return m.ExecRequest(**_exec_fields(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                                        output_limit=output_limit, merge_output=merge_output,
+                                        background=background, user=user))
 
 
 def exec_body(
@@ -177,10 +160,13 @@ def exec_body(
     background: bool,
     user: str | None = None,
 ) -> dict[str, Any]:
-    """`exec_request(...).body()`, built straight when every argument already has the type the
-    model takes (every call of a harness): the model's validation and dump were a third of what
-    the SDK itself spent on an `exec true`. Anything else goes through the model, and gets its
-    errors."""
+    """`exec_request(...).body()`, without the model when every argument already has the type
+    the model takes (every call of a harness): the model's validation and dump were a third of
+    what the SDK itself spent on an `exec true`. Anything else goes through the model, and gets
+    its errors."""
+    fields = _exec_fields(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                          output_limit=output_limit, merge_output=merge_output,
+                          background=background, user=user)
     plain = (
         (cwd is None or type(cwd) is str)
         and (user is None or type(user) is str)
@@ -190,36 +176,43 @@ def exec_body(
         and (env is None or (isinstance(env, Mapping)
                              and all(type(k) is str and type(v) is str for k, v in env.items())))
     )
-    if not plain:
-        return exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                            output_limit=output_limit, merge_output=merge_output,
-                            background=background, user=user).body()
+    return fields if plain else m.ExecRequest(**fields).body()
+
+
+def _exec_fields(
+    command: str | Sequence[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    stdin: str | bytes | None,
+    timeout: float | None,
+    output_limit: int | None,
+    merge_output: bool,
+    background: bool,
+    user: str | None,
+) -> dict[str, Any]:
+    """The fields of an exec request that are set, as the model's dump names them."""
     if isinstance(command, str):
-        body: dict[str, Any] = {"shell": command}
+        argv, shell = None, command
     elif isinstance(command, (bytes, bytearray)):
         raise TypeError("command must be a str (a shell command line) or a sequence of str (an argv)")
     else:
-        body = {"argv": [os.fsdecode(a) for a in command]}
-    if cwd is not None:
-        body["cwd"] = cwd
-    if env:
-        body["env"] = dict(env)
+        argv, shell = [os.fsdecode(a) for a in command], None
     text, encoding = _encoded(stdin)
-    if text is not None:
-        body["stdin"] = text
-    if encoding is not None:
-        body["stdin_encoding"] = encoding
-    if merge_output:
-        body["merge_output"] = True
-    if timeout is not None:
-        body["timeout_ms"] = max(1, int(timeout * 1000))
-    if output_limit is not None:
-        body["output_limit"] = output_limit
-    if background:
-        body["background"] = True
-    if user is not None:
-        body["user"] = user
-    return body
+    fields = {
+        "argv": argv,
+        "shell": shell,
+        "cwd": cwd,
+        "env": dict(env) if env else None,
+        "stdin": text,
+        "stdin_encoding": encoding,
+        "merge_output": merge_output or None,
+        "timeout_ms": None if timeout is None else max(1, int(timeout * 1000)),
+        "output_limit": output_limit,
+        "background": background or None,
+        "user": user,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @functools.lru_cache(maxsize=256)

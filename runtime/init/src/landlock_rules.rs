@@ -121,10 +121,6 @@ pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
 }
 
 impl Prepared {
-    /// Applies the ruleset to the calling thread (and so to what it execs). Needs
-    /// `no_new_privs` (or `CAP_SYS_ADMIN`). With a required plan, anything short of
-    /// [`LandlockOutcome::Full`] is an error (the process may already be partly restricted; the
-    /// caller fails closed and does not exec).
     /// Another handle on the same ruleset (its descriptor duplicated): a reaper keeps its own
     /// and gives each of its commands a copy to apply.
     pub fn try_clone(&self) -> std::io::Result<Prepared> {
@@ -135,6 +131,10 @@ impl Prepared {
         })
     }
 
+    /// Applies the ruleset to the calling thread (and so to what it execs). Needs
+    /// `no_new_privs` (or `CAP_SYS_ADMIN`). With a required plan, anything short of
+    /// [`LandlockOutcome::Full`] is an error (the process may already be partly restricted; the
+    /// caller fails closed and does not exec).
     pub fn restrict(self) -> Result<LandlockOutcome, LandlockError> {
         let Some(created) = self.created else {
             return Ok(LandlockOutcome::None);

@@ -244,7 +244,7 @@ fn ask(reapers: &HashMap<u64, Pid>, early: &mut Early, id: u64, signal: Option<i
 }
 
 /// Asks reaper `pid` to kill exec `id`'s tree (`None`) or to send `signal` to its command:
-/// [`forward_signal`] with the exec and the signal as its value ([`request_value`]). A reaper
+/// [`request_signal`] with the exec and the signal as its value ([`request_value`]). A reaper
 /// serves one exec after another, so a request names the exec it is for; one that comes late,
 /// when the reaper runs the next, is dropped there.
 fn deliver(pid: Pid, id: u64, signal: Option<i32>) {
@@ -252,7 +252,7 @@ fn deliver(pid: Pid, id: u64, signal: Option<i32>) {
         sival_ptr: request_value(id, signal.unwrap_or(0)) as *mut libc::c_void,
     };
     // SAFETY: sigqueue with plain values; no memory is shared.
-    unsafe { libc::sigqueue(pid.as_raw(), forward_signal(), value) };
+    unsafe { libc::sigqueue(pid.as_raw(), request_signal(), value) };
 }
 
 /// A request's value: the exec's id above the signal's number (0: kill the exec's tree).
@@ -278,20 +278,20 @@ fn child_ruleset(
 }
 
 /// The real-time signal by which a starter asks a reaper to kill its exec's tree or pass a
-/// signal on to its command (the exec and the signal ride as the value; real-time signals
-/// queue, so none is lost).
-fn forward_signal() -> i32 {
+/// signal on to its command (the exec and the signal ride as the value, [`request_value`];
+/// real-time signals queue, so none is lost).
+fn request_signal() -> i32 {
     libc::SIGRTMIN()
 }
 
-/// The signals a reaper takes requests by: SIGUSR1 (kill the tree) and [`forward_signal`].
+/// The signals a reaper takes requests by: SIGUSR1 (kill the tree) and [`request_signal`].
 fn reaper_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a set on this stack.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGUSR1);
-        libc::sigaddset(&mut set, forward_signal());
+        libc::sigaddset(&mut set, request_signal());
         set
     }
 }
@@ -342,10 +342,14 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
             Ok(_) => {}
             Err(_) => std::process::exit(125),
         }
-        let request_ready = fds[0].any().unwrap_or(false);
+        // Which of the socket, the spare's note and the serving reapers' notes have something.
+        let mut ready = fds.iter().map(|f| f.any().unwrap_or(false));
+        let request_ready = ready.next().unwrap_or(false);
+        let spare_ready = spare.is_some() && ready.next().unwrap_or(false);
+        let serving_ready: Vec<bool> = ready.collect();
         drop(fds);
         // The notes first: a signal for the exec a reaper took may be waiting behind it.
-        if let Some(s) = spare.as_mut() {
+        if let Some(s) = spare.as_mut().filter(|_| spare_ready) {
             match read_note(s, &mut note_buf, &mut reapers, &mut early) {
                 NoteState::Open => {}
                 // Its command runs: it serves execs from now on, and the next spare is forked
@@ -355,8 +359,10 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
                 NoteState::Closed => spare = None,
             }
         }
+        let mut ready = serving_ready.into_iter();
         serving.retain_mut(|s| {
-            read_note(s, &mut note_buf, &mut reapers, &mut early) != NoteState::Closed
+            !ready.next().unwrap_or(false)
+                || read_note(s, &mut note_buf, &mut reapers, &mut early) != NoteState::Closed
         });
         if !request_ready {
             continue;
@@ -515,7 +521,7 @@ fn fork_spare(
 }
 
 /// What every reaper does first: it is the subreaper of its exec's processes; a SIGUSR1 asks it
-/// to kill them and [`forward_signal`] to pass a signal on to its command (both still blocked,
+/// to kill them and [`request_signal`] to pass a signal on to its command (both still blocked,
 /// inherited so from pid 1).
 fn become_reaper() {
     // SAFETY: prctl with integer arguments only.
@@ -533,7 +539,7 @@ fn become_reaper() {
         act.sa_sigaction = on_forward as *const () as usize;
         act.sa_flags = libc::SA_SIGINFO;
         libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(forward_signal(), &act, std::ptr::null_mut());
+        libc::sigaction(request_signal(), &act, std::ptr::null_mut());
     }
 }
 
@@ -584,11 +590,10 @@ fn spare_main(
                 _ => std::process::exit(0),
             }
         };
-        let Request::Exec { id, .. } = &request else {
+        if !matches!(request, Request::Exec { .. }) {
             std::process::exit(0)
-        };
+        }
         let Ok(fds) = <[OwnedFd; EXEC_FDS]>::try_from(fds) else {
-            let _ = control::send(note.as_fd(), &Note::Took(*id), &[]);
             std::process::exit(0)
         };
         let again = served + 1 < REAPER_EXECS;
@@ -669,19 +674,13 @@ fn run_reaper(
     drop_pending_kill_all();
     // SAFETY: sigprocmask on this thread's own mask.
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &reaper_signals(), std::ptr::null_mut()) };
-    let kit = kit.map(|mut kit| {
-        kit.config.argv = argv;
-        kit.config.cwd = PathBuf::from(cwd);
-        kit.config.env = env;
-        kit
-    });
     let prepared = kit.and_then(|kit| {
         let landlock = landlock
             .try_clone()
             .map_err(|e| format!("cannot copy the Landlock ruleset: {e}"))?;
         Ok((kit, landlock))
     });
-    let (kit, landlock) = match prepared {
+    let (mut kit, landlock) = match prepared {
         Ok(p) => p,
         Err(why) => {
             if let Some(note) = &note {
@@ -691,6 +690,9 @@ fn run_reaper(
             return None;
         }
     };
+    kit.config.argv = argv;
+    kit.config.cwd = PathBuf::from(cwd);
+    kit.config.env = env;
     Some(reap_exec(
         id,
         kit,
