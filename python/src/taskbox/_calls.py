@@ -128,55 +128,31 @@ def renew(id: str, ttl_secs: int) -> Call[m.SandboxInfo]:
     return call("renew_lease", _model(m.SandboxInfo), body=m.RenewRequest(ttl_secs=ttl_secs), id=id)
 
 
-def exec_request(
-    command: str | Sequence[str],
-    *,
-    cwd: str | None,
-    env: Mapping[str, str] | None,
-    stdin: str | bytes | None,
-    timeout: float | None,
-    output_limit: int | None,
-    merge_output: bool,
-    background: bool,
-    user: str | None = None,
-) -> m.ExecRequest:
+def exec_request(command: str | Sequence[str], **fields: Any) -> m.ExecRequest:
     """The exec request of `command`: a string is a shell command line (`/bin/sh -c`), a
     sequence an argv. Text stdin goes as it is, bytes as base64. `user`: a user of the
-    sandbox by name, or a numeric uid (default: the sandbox's user)."""
-    return m.ExecRequest(**_exec_fields(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                                        output_limit=output_limit, merge_output=merge_output,
-                                        background=background, user=user))
+    sandbox by name, or a numeric uid (default: the sandbox's user). The keywords are
+    [`_exec_fields`]'s."""
+    return m.ExecRequest(**_exec_fields(command, **fields))
 
 
-def exec_body(
-    command: str | Sequence[str],
-    *,
-    cwd: str | None,
-    env: Mapping[str, str] | None,
-    stdin: str | bytes | None,
-    timeout: float | None,
-    output_limit: int | None,
-    merge_output: bool,
-    background: bool,
-    user: str | None = None,
-) -> dict[str, Any]:
+def exec_body(command: str | Sequence[str], **fields: Any) -> dict[str, Any]:
     """`exec_request(...).body()`, without the model when every argument already has the type
     the model takes (every call of a harness): the model's validation and dump were a third of
     what the SDK itself spent on an `exec true`. Anything else goes through the model, and gets
     its errors."""
-    fields = _exec_fields(command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                          output_limit=output_limit, merge_output=merge_output,
-                          background=background, user=user)
+    body = _exec_fields(command, **fields)
+    cwd, user, limit, env = (fields.get(k) for k in ("cwd", "user", "output_limit", "env"))
     plain = (
         (cwd is None or type(cwd) is str)
         and (user is None or type(user) is str)
-        and (output_limit is None or type(output_limit) is int)
-        and type(merge_output) is bool
-        and type(background) is bool
+        and (limit is None or type(limit) is int)
+        and type(fields["merge_output"]) is bool
+        and type(fields["background"]) is bool
         and (env is None or (isinstance(env, Mapping)
                              and all(type(k) is str and type(v) is str for k, v in env.items())))
     )
-    return fields if plain else m.ExecRequest(**fields).body()
+    return body if plain else m.ExecRequest(**body).body()
 
 
 def _exec_fields(
@@ -189,7 +165,7 @@ def _exec_fields(
     output_limit: int | None,
     merge_output: bool,
     background: bool,
-    user: str | None,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """The fields of an exec request that are set, as the model's dump names them."""
     if isinstance(command, str):
