@@ -102,6 +102,9 @@ impl ExecEnd {
             enforcement,
             network,
             ignored_changes: 0,
+            findings: Vec::new(),
+            findings_omitted: 0,
+            tests: None,
         }
     }
 }
@@ -126,6 +129,9 @@ impl ExecResult {
             enforcement,
             ignored_changes: 0,
             network: None,
+            findings: Vec::new(),
+            findings_omitted: 0,
+            tests: None,
         }
     }
 }

@@ -30,6 +30,18 @@ pub struct ExecResult {
     /// absent otherwise, and in results recorded before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkActivity>,
+    /// What the tools of the command reported as failing, read from the whole of its output
+    /// (and the JUnit XML files it wrote): failed tests, compiler errors, lint findings, most
+    /// telling first. Empty when no tool of the command was recognised; never a cause of the
+    /// exec's outcome (docs/findings.md).
+    #[serde(default)]
+    pub findings: Vec<Finding>,
+    /// Findings left out of `findings` beyond its bound (100); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub findings_omitted: u64,
+    /// The test counts the command's test runners reported (summed over them), when any did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tests: Option<TestCounts>,
 }
 
 impl ExecResult {
@@ -57,6 +69,78 @@ impl ExecResult {
             && !self.timed_out
             && self.violations.iter().any(|v| v.kind == "command")
     }
+}
+
+/// What a tool of the command reported as failing: a failed test, a compiler error, a lint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Finding {
+    pub kind: FindingKind,
+    /// The tool that reported it: "pytest", "unittest", "cargo-test", "nextest", "go-test",
+    /// "jest", "vitest", "junit", "rustc", "gcc", "clang", "tsc", "mypy", "ruff", "eslint".
+    pub tool: String,
+    /// The test's id (`tests/test_a.py::test_b`, `module::test`, `TestX/sub`) or the
+    /// diagnostic's code (`E0308`, `TS2322`, `F401`, `no-unused-vars`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Where: a file relative to the workspace when it is inside it (as the tool gave it
+    /// otherwise), with line and column when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<Location>,
+    /// One line: the assertion, the error's message.
+    pub message: String,
+    /// A few lines of context (expected and actual, the source line, the first frames inside
+    /// the workspace), bounded in size; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excerpt: Option<String>,
+}
+
+/// What kind of finding.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// A test ran and its assertion failed.
+    TestFailed,
+    /// A test could not run to its assertion: an exception outside it, a failed setup, a crash.
+    TestError,
+    /// A compiler or type checker refused the code.
+    CompileError,
+    /// A linter's finding (or a compiler's warning).
+    Lint,
+}
+
+/// A place in a file.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct Location {
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
+}
+
+/// Test counts as the runners reported them.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct TestCounts {
+    pub passed: u64,
+    pub failed: u64,
+    pub errored: u64,
+    pub skipped: u64,
 }
 
 /// One captured output stream: head and tail within the output limit, the byte count, and the
@@ -341,6 +425,9 @@ mod tests {
                 disk: "loop-ext4".into(),
             },
             network: None,
+            findings: Vec::new(),
+            findings_omitted: 0,
+            tests: None,
             ignored_changes: 0,
         };
         let v = serde_json::to_value(&r).unwrap();

@@ -573,6 +573,9 @@ mod tests {
                         resources: Resources::default(),
                         enforcement: info.enforcement,
                         network: None,
+                        findings: Vec::new(),
+                        findings_omitted: 0,
+                        tests: None,
                         ignored_changes: 0,
                     })))
                 }

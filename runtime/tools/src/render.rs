@@ -314,6 +314,9 @@ mod tests {
                 disk: "none".into(),
             },
             network: None,
+            findings: Vec::new(),
+            findings_omitted: 0,
+            tests: None,
             ignored_changes: 0,
         }
     }

@@ -74,6 +74,9 @@ pub fn finished(stdout: &str, violations: Vec<Violation>) -> ExecResult {
             disk: "none".into(),
         },
         network: None,
+        findings: Vec::new(),
+        findings_omitted: 0,
+        tests: None,
         ignored_changes: 0,
     }
 }

@@ -58,6 +58,9 @@ fn result(stdout: &str) -> ExecResult {
         resources: Resources::default(),
         enforcement: enforcement(),
         network: None,
+        findings: Vec::new(),
+        findings_omitted: 0,
+        tests: None,
         ignored_changes: 0,
     }
 }

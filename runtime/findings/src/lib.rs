@@ -1,0 +1,713 @@
+//! Findings: what a command's tools reported as failing, read from the whole of its output.
+//!
+//! A test runner or a compiler already says which test failed and where, but in a log that an
+//! observation must cut to its head and tail. The readers here go over the whole stream (the
+//! spill file when the stream did not fit) and keep what a model acts on: the failed test's id,
+//! the file and line, the assertion, a few lines of context ([`Finding`]), and the runner's
+//! counts ([`TestCounts`]).
+//!
+//! How a stream is read ([`Scanner`]): its lines are cut at [`MAX_LINE`] bytes, stripped of
+//! terminal escapes and decoded lossily; one multi-pattern search over each chunk finds the lines
+//! that hold one of a reader's [`Reader::anchors`], and only those lines reach the readers, except
+//! a reader inside a block of its own ([`Reader::wants_all`]), which sees every line until it
+//! leaves it. So a 200 MB log costs one pass of that search and memory of a chunk, whatever its
+//! contents. Output no reader recognises gives no findings, and a reader never fails: what it
+//! cannot parse it leaves out.
+//!
+//! What a reader reports goes through a [`Sink`], which bounds every field (a finding's
+//! message to one line of [`MAX_MESSAGE`] bytes, its excerpt to [`MAX_EXCERPT`] bytes of at most
+//! [`MAX_EXCERPT_LINES`] lines, a name or a path to [`MAX_NAME`]), keeps at most
+//! [`MAX_FINDINGS`], counts the rest, and leaves out a finding it already has.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+
+use aho_corasick::AhoCorasick;
+
+pub use taskbox_contract::result::{Finding, FindingKind, Location, TestCounts};
+
+pub mod diagnostics;
+pub mod junit;
+pub mod paths;
+pub mod runners;
+
+pub use paths::Paths;
+
+/// Longest line the readers see (bytes); the rest of a longer line is skipped.
+pub const MAX_LINE: usize = 16 * 1024;
+/// Most findings kept for one exec; the rest are counted in [`Findings::omitted`].
+pub const MAX_FINDINGS: usize = 100;
+/// Longest message of a finding (bytes, one line).
+pub const MAX_MESSAGE: usize = 300;
+/// Longest excerpt of a finding (bytes).
+pub const MAX_EXCERPT: usize = 2048;
+/// Most lines of an excerpt.
+pub const MAX_EXCERPT_LINES: usize = 24;
+/// Longest test name, diagnostic code or path (bytes).
+pub const MAX_NAME: usize = 512;
+
+/// One line of a stream as a reader sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    /// The line without its end, terminal escapes and carriage-return overwrites (what a
+    /// terminal would show), invalid UTF-8 replaced.
+    pub text: &'a str,
+    /// 1-based line number in the stream.
+    pub number: u64,
+}
+
+/// A reader of one tool's reports in a stream.
+pub trait Reader: Send {
+    /// The tool's name as findings give it (`Finding::tool`); several readers may share one.
+    fn tool(&self) -> &'static str;
+
+    /// Literal strings of which every line that starts (or continues) a report of this tool
+    /// holds one. The scanner gives the reader only such lines, unless [`Reader::wants_all`].
+    fn anchors(&self) -> &'static [&'static str];
+
+    /// The reader is inside a block of its own (a failure's section, a diagnostic's snippet)
+    /// and wants the next line whatever it holds.
+    fn wants_all(&self) -> bool {
+        false
+    }
+
+    /// One line: one that holds an anchor, or any while [`Reader::wants_all`].
+    fn line(&mut self, line: Line<'_>, sink: &mut Sink);
+
+    /// The stream has ended: report what is still pending.
+    fn end(&mut self, _sink: &mut Sink) {}
+}
+
+/// Every reader, in the order their findings are listed when they are of the same kind.
+pub fn readers() -> Vec<Box<dyn Reader>> {
+    let mut all = runners::readers();
+    all.extend(diagnostics::readers());
+    all
+}
+
+/// What the readers found in an exec's output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Findings {
+    pub findings: Vec<Finding>,
+    /// Reports beyond [`MAX_FINDINGS`], left out (each counted, a repeated one too).
+    pub omitted: u64,
+    /// The counts of the test runners that reported any, summed.
+    pub tests: Option<TestCounts>,
+}
+
+impl Findings {
+    /// Adds `other`'s findings after this one's (those it already has left out) and sums the
+    /// counts; with `counts_if_none`, `other`'s counts only where this one has none (a JUnit
+    /// file that repeats what its runner printed).
+    pub fn merge(&mut self, other: Findings, counts_if_none: bool) {
+        let mut sink = Sink::resume(std::mem::take(self));
+        for f in other.findings {
+            sink.push_bounded(f);
+        }
+        sink.omitted += other.omitted;
+        let mut merged = sink.finish();
+        merged.tests = match (merged.tests, other.tests) {
+            (Some(a), Some(b)) if !counts_if_none => Some(add(a, b)),
+            (a, b) => a.or(b),
+        };
+        *self = merged;
+    }
+}
+
+fn add(a: TestCounts, b: TestCounts) -> TestCounts {
+    TestCounts {
+        passed: a.passed + b.passed,
+        failed: a.failed + b.failed,
+        errored: a.errored + b.errored,
+        skipped: a.skipped + b.skipped,
+    }
+}
+
+/// Where readers put what they found: it bounds every field and the number of findings, and
+/// leaves out duplicates.
+#[derive(Debug, Default)]
+pub struct Sink {
+    paths: Paths,
+    findings: Vec<Finding>,
+    omitted: u64,
+    /// Counts by tool: a runner reports its totals once (the last report wins).
+    counts: BTreeMap<&'static str, TestCounts>,
+    /// Counts carried over from an earlier [`Findings`] (see [`Sink::resume`]).
+    carried: Option<TestCounts>,
+}
+
+impl Sink {
+    pub fn new(paths: Paths) -> Sink {
+        Sink {
+            paths,
+            ..Sink::default()
+        }
+    }
+
+    fn resume(f: Findings) -> Sink {
+        Sink {
+            findings: f.findings,
+            omitted: f.omitted,
+            carried: f.tests,
+            ..Sink::default()
+        }
+    }
+
+    /// The paths that [`Sink::location`] resolves against.
+    pub fn paths(&self) -> &Paths {
+        &self.paths
+    }
+
+    /// A location of `file` as a tool printed it (relative to the exec's working directory, or
+    /// absolute), made relative to the workspace when it is inside it.
+    pub fn location(&self, file: &str, line: Option<u32>, column: Option<u32>) -> Location {
+        Location {
+            file: bound(&self.paths.locate(file), MAX_NAME),
+            line,
+            column,
+        }
+    }
+
+    /// Reports a finding: its fields are bounded here, and one equal to a finding already
+    /// reported (same kind, tool, name, location and message) is left out.
+    pub fn push(&mut self, f: Finding) {
+        self.push_bounded(f);
+    }
+
+    fn push_bounded(&mut self, mut f: Finding) {
+        f.tool = bound(&f.tool, 64);
+        f.name = f
+            .name
+            .map(|n| bound(one_line(&n), MAX_NAME))
+            .filter(|n| !n.is_empty());
+        f.message = bound(one_line(&f.message), MAX_MESSAGE);
+        f.excerpt = f
+            .excerpt
+            .map(|e| bound_excerpt(&e))
+            .filter(|e| !e.is_empty());
+        if let Some(l) = &mut f.location {
+            l.file = bound(&l.file, MAX_NAME);
+        }
+        let same = |g: &Finding| {
+            g.kind == f.kind
+                && g.tool == f.tool
+                && g.name == f.name
+                && g.location == f.location
+                && g.message == f.message
+        };
+        if self.findings.iter().any(same) {
+            return;
+        }
+        if self.findings.len() >= MAX_FINDINGS {
+            self.omitted += 1;
+            return;
+        }
+        self.findings.push(f);
+    }
+
+    /// Whether a finding of this kind and name (a test's id) was reported already, by any tool.
+    pub fn has(&self, kind: FindingKind, name: &str) -> bool {
+        self.findings
+            .iter()
+            .any(|g| g.kind == kind && g.name.as_deref() == Some(name))
+    }
+
+    /// A runner's totals: the last report of a tool replaces its earlier one.
+    pub fn counts(&mut self, tool: &'static str, counts: TestCounts) {
+        self.counts.insert(tool, counts);
+    }
+
+    /// A runner's totals added to what it reported before (a runner that reports per binary or
+    /// per package, as `cargo test` and `go test` do).
+    pub fn add_counts(&mut self, tool: &'static str, counts: TestCounts) {
+        let c = self.counts.entry(tool).or_default();
+        *c = add(*c, counts);
+    }
+
+    /// What was found, most telling kind first (compile errors, failed tests, test errors,
+    /// lint), in the order reported within a kind.
+    pub fn finish(mut self) -> Findings {
+        self.findings.sort_by_key(|f| rank(f.kind));
+        let mut tests = self.carried;
+        for c in self.counts.into_values() {
+            tests = Some(match tests {
+                Some(t) => add(t, c),
+                None => c,
+            });
+        }
+        Findings {
+            findings: self.findings,
+            omitted: self.omitted,
+            tests,
+        }
+    }
+}
+
+fn rank(k: FindingKind) -> u8 {
+    match k {
+        FindingKind::CompileError => 0,
+        FindingKind::TestFailed => 1,
+        FindingKind::TestError => 2,
+        FindingKind::Lint => 3,
+    }
+}
+
+/// The first non-empty line of `s`, trimmed.
+pub fn one_line(s: &str) -> &str {
+    s.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, with an ellipsis when cut.
+pub fn bound(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+/// An excerpt cut to [`MAX_EXCERPT_LINES`] lines of [`MAX_EXCERPT`] bytes in all, each line to
+/// [`MAX_MESSAGE`] bytes, trailing blank lines dropped.
+pub fn bound_excerpt(s: &str) -> String {
+    let mut out = String::new();
+    let mut lines = s.lines().peekable();
+    let mut n = 0;
+    while let Some(l) = lines.next() {
+        if n == MAX_EXCERPT_LINES {
+            out.push_str("...\n");
+            break;
+        }
+        let l = bound(l.trim_end(), MAX_MESSAGE);
+        if out.len() + l.len() + 1 > MAX_EXCERPT {
+            out.push_str("...\n");
+            break;
+        }
+        out.push_str(&l);
+        out.push('\n');
+        n += 1;
+        if lines.peek().is_none() {
+            break;
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// Reads one stream with every reader.
+pub struct Scanner {
+    readers: Vec<Box<dyn Reader>>,
+    /// Anchor pattern id -> the readers that gave it.
+    owners: Vec<Vec<usize>>,
+    search: Option<AhoCorasick>,
+    sink: Sink,
+    /// Bytes of an unfinished line.
+    pending: Vec<u8>,
+    /// The current line was longer than [`MAX_LINE`]: the rest of it is skipped.
+    skipping: bool,
+    number: u64,
+    /// Scratch: which readers an anchor of the current line names.
+    hit: Vec<bool>,
+    text: String,
+}
+
+impl Scanner {
+    /// A scanner with every reader, locating files against `paths`.
+    pub fn new(paths: Paths) -> Scanner {
+        Scanner::with_readers(paths, readers())
+    }
+
+    /// A scanner with these readers.
+    pub fn with_readers(paths: Paths, readers: Vec<Box<dyn Reader>>) -> Scanner {
+        let mut patterns: Vec<&'static str> = Vec::new();
+        let mut owners: Vec<Vec<usize>> = Vec::new();
+        for (i, r) in readers.iter().enumerate() {
+            for a in r.anchors() {
+                match patterns.iter().position(|p| p == a) {
+                    Some(k) => owners[k].push(i),
+                    None => {
+                        patterns.push(a);
+                        owners.push(vec![i]);
+                    }
+                }
+            }
+        }
+        let search = AhoCorasick::new(&patterns).ok();
+        let n = readers.len();
+        Scanner {
+            readers,
+            owners,
+            search,
+            sink: Sink::new(paths),
+            pending: Vec::new(),
+            skipping: false,
+            number: 0,
+            hit: vec![false; n],
+            text: String::new(),
+        }
+    }
+
+    /// The next bytes of the stream.
+    pub fn feed(&mut self, mut data: &[u8]) {
+        // Finish the pending line first.
+        if !self.pending.is_empty() || self.skipping {
+            match memchr::memchr(b'\n', data) {
+                Some(nl) => {
+                    if !self.skipping {
+                        let take = nl.min(MAX_LINE - self.pending.len());
+                        self.pending.extend_from_slice(&data[..take]);
+                    }
+                    let line = std::mem::take(&mut self.pending);
+                    if !self.skipping || !line.is_empty() {
+                        self.lines(&line, true);
+                    }
+                    self.pending = line;
+                    self.pending.clear();
+                    self.skipping = false;
+                    data = &data[nl + 1..];
+                }
+                None => {
+                    if !self.skipping {
+                        let room = MAX_LINE - self.pending.len();
+                        if data.len() >= room {
+                            self.pending.extend_from_slice(&data[..room]);
+                            let line = std::mem::take(&mut self.pending);
+                            self.lines(&line, true);
+                            self.pending = line;
+                            self.pending.clear();
+                            self.skipping = true;
+                        } else {
+                            self.pending.extend_from_slice(data);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+        // Whole lines of this chunk, straight from it.
+        let end = match memchr::memrchr(b'\n', data) {
+            Some(nl) => nl + 1,
+            None => 0,
+        };
+        if end > 0 {
+            self.lines(&data[..end], false);
+        }
+        let rest = &data[end..];
+        if rest.len() >= MAX_LINE {
+            self.pending.extend_from_slice(&rest[..MAX_LINE]);
+            let line = std::mem::take(&mut self.pending);
+            self.lines(&line, true);
+            self.pending = line;
+            self.pending.clear();
+            self.skipping = true;
+        } else {
+            self.pending.extend_from_slice(rest);
+        }
+    }
+
+    /// Reads `r` to its end.
+    pub fn read_all(&mut self, mut r: impl Read) -> io::Result<()> {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => self.feed(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Ends the stream and gives what was found.
+    pub fn finish(mut self) -> Findings {
+        if !self.pending.is_empty() {
+            let line = std::mem::take(&mut self.pending);
+            self.lines(&line, true);
+        }
+        for r in &mut self.readers {
+            r.end(&mut self.sink);
+        }
+        self.sink.finish()
+    }
+
+    /// Lines of `chunk` (each ending in a newline, but for the last when `single`: then the
+    /// chunk is one line without its end).
+    fn lines(&mut self, chunk: &[u8], single: bool) {
+        // Anchor hits, in order of position.
+        let mut hits: Vec<(usize, usize)> = Vec::new();
+        if let Some(ac) = &self.search {
+            hits.extend(
+                ac.find_overlapping_iter(chunk)
+                    .map(|m| (m.start(), m.pattern().as_usize())),
+            );
+        }
+        let mut h = 0;
+        let mut start = 0;
+        while start < chunk.len() || (single && start == 0) {
+            let end = if single {
+                chunk.len()
+            } else {
+                match memchr::memchr(b'\n', &chunk[start..]) {
+                    Some(i) => start + i,
+                    None => chunk.len(),
+                }
+            };
+            let line = &chunk[start..end.min(start + MAX_LINE)];
+            self.number += 1;
+            let mut any = false;
+            while h < hits.len() && hits[h].0 < end {
+                if hits[h].0 < start + line.len() {
+                    for &r in &self.owners[hits[h].1] {
+                        self.hit[r] = true;
+                        any = true;
+                    }
+                }
+                h += 1;
+            }
+            let active = self.readers.iter().any(|r| r.wants_all());
+            if any || active {
+                clean_line(line, &mut self.text);
+                let l = Line {
+                    text: &self.text,
+                    number: self.number,
+                };
+                for (i, r) in self.readers.iter_mut().enumerate() {
+                    if self.hit[i] || r.wants_all() {
+                        r.line(l, &mut self.sink);
+                    }
+                    self.hit[i] = false;
+                }
+            }
+            start = end + 1;
+            if single {
+                break;
+            }
+        }
+    }
+}
+
+/// `raw` as a terminal would show it: CSI and OSC escapes removed, what a carriage return
+/// overwrote dropped, a trailing `\r` removed, invalid UTF-8 replaced.
+fn clean_line(raw: &[u8], out: &mut String) {
+    out.clear();
+    let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+    // What a carriage return in the middle of the line overwrote (progress bars).
+    let raw = match memchr::memrchr(b'\r', raw) {
+        Some(i) if i + 1 < raw.len() => &raw[i + 1..],
+        _ => raw,
+    };
+    if memchr::memchr(0x1b, raw).is_none() {
+        out.push_str(&String::from_utf8_lossy(raw));
+        return;
+    }
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == 0x1b && i + 1 < raw.len() {
+            match raw[i + 1] {
+                b'[' => {
+                    // CSI: parameters and intermediates, then one final byte in 0x40..=0x7e.
+                    let mut j = i + 2;
+                    while j < raw.len() && !(0x40..=0x7e).contains(&raw[j]) {
+                        j += 1;
+                    }
+                    i = j + 1;
+                    continue;
+                }
+                b']' => {
+                    // OSC: up to BEL or ST (ESC \).
+                    let mut j = i + 2;
+                    while j < raw.len() && raw[j] != 0x07 && !(raw[j] == 0x1b) {
+                        j += 1;
+                    }
+                    if j < raw.len() && raw[j] == 0x1b {
+                        j += 1;
+                    }
+                    i = j + 1;
+                    continue;
+                }
+                _ => {
+                    i += 2;
+                    continue;
+                }
+            }
+        }
+        bytes.push(raw[i]);
+        i += 1;
+    }
+    out.push_str(&String::from_utf8_lossy(&bytes));
+}
+
+/// Reads one whole stream held in memory.
+pub fn read_bytes(data: &[u8], paths: &Paths) -> Findings {
+    let mut s = Scanner::new(paths.clone());
+    s.feed(data);
+    s.finish()
+}
+
+/// Reads one stream to its end (a spill file); a read error ends it where it happened.
+pub fn read_stream(r: impl Read, paths: &Paths) -> Findings {
+    let mut s = Scanner::new(paths.clone());
+    let _ = s.read_all(r);
+    s.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the lines it is given.
+    struct Echo {
+        seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        block: usize,
+    }
+
+    impl Reader for Echo {
+        fn tool(&self) -> &'static str {
+            "echo"
+        }
+        fn anchors(&self) -> &'static [&'static str] {
+            &["FAIL"]
+        }
+        fn wants_all(&self) -> bool {
+            self.block > 0
+        }
+        fn line(&mut self, line: Line<'_>, sink: &mut Sink) {
+            self.seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(line.text.to_string());
+            if self.block > 0 {
+                self.block -= 1;
+            } else {
+                self.block = 1;
+                sink.push(Finding {
+                    kind: FindingKind::TestFailed,
+                    tool: "echo".into(),
+                    name: Some(line.text.to_string()),
+                    location: None,
+                    message: format!("line {}", line.number),
+                    excerpt: None,
+                });
+            }
+        }
+    }
+
+    fn scan(chunks: &[&[u8]]) -> (Vec<String>, Findings) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut s = Scanner::with_readers(
+            Paths::default(),
+            vec![Box::new(Echo {
+                seen: seen.clone(),
+                block: 0,
+            })],
+        );
+        for c in chunks {
+            s.feed(c);
+        }
+        let f = s.finish();
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (seen, f)
+    }
+
+    #[test]
+    fn only_anchored_lines_and_blocks_reach_a_reader() {
+        let (seen, f) = scan(&[b"ok\nFAIL one\nnext\nafter\nFA", b"IL two\nlast"]);
+        assert_eq!(seen, ["FAIL one", "next", "FAIL two", "last"]);
+        assert_eq!(f.findings.len(), 2);
+        assert_eq!(f.findings[0].message, "line 2");
+        assert_eq!(f.findings[1].message, "line 5");
+    }
+
+    #[test]
+    fn escapes_and_overwrites_are_removed() {
+        let (seen, _) = scan(&[b"\x1b[31mFAIL\x1b[0m x\r\n", b"50%\r100% ok\n"]);
+        assert_eq!(seen, ["FAIL x", "100% ok"]);
+    }
+
+    #[test]
+    fn a_huge_line_is_cut_and_the_next_is_read() {
+        let big = vec![b'x'; 3 * MAX_LINE];
+        let mut line = b"FAIL ".to_vec();
+        line.extend_from_slice(&big);
+        let (seen, f) = scan(&[&line[..1000], &line[1000..], b"\nFAIL after\n", b"z\n"]);
+        // The cut line's rest is no line of its own; "FAIL after" is the block's next line,
+        // and "z" holds no anchor.
+        assert_eq!(
+            seen.len(),
+            2,
+            "{:?}",
+            seen.iter().map(String::len).collect::<Vec<_>>()
+        );
+        assert_eq!(seen[0].len(), MAX_LINE);
+        assert_eq!(seen[1], "FAIL after");
+        assert!(
+            f.findings[0]
+                .name
+                .as_ref()
+                .is_some_and(|n| n.len() <= MAX_NAME)
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced() {
+        let (seen, _) = scan(&[b"FAIL \xff\xfe ok\n"]);
+        assert_eq!(seen, ["FAIL \u{fffd}\u{fffd} ok"]);
+    }
+
+    #[test]
+    fn the_sink_bounds_and_deduplicates() {
+        let mut s = Sink::new(Paths::default());
+        for i in 0..(MAX_FINDINGS + 7) {
+            let f = Finding {
+                kind: FindingKind::Lint,
+                tool: "t".into(),
+                name: Some(format!("n{i}")),
+                location: None,
+                message: "m\nsecond line".into(),
+                excerpt: Some("a\n".repeat(100)),
+            };
+            s.push(f.clone());
+            s.push(f);
+        }
+        let f = s.finish();
+        assert_eq!(f.findings.len(), MAX_FINDINGS);
+        // Beyond the bound each report is counted (a repeated one too).
+        assert_eq!(f.omitted, 14);
+        assert_eq!(f.findings[0].message, "m");
+        let ex = f.findings[0].excerpt.as_deref().unwrap_or("");
+        assert!(ex.lines().count() <= MAX_EXCERPT_LINES + 1, "{ex}");
+    }
+
+    #[test]
+    fn compile_errors_come_first() {
+        let mut s = Sink::new(Paths::default());
+        for kind in [
+            FindingKind::Lint,
+            FindingKind::TestFailed,
+            FindingKind::CompileError,
+        ] {
+            s.push(Finding {
+                kind,
+                tool: "t".into(),
+                name: None,
+                location: None,
+                message: "m".into(),
+                excerpt: None,
+            });
+        }
+        let kinds: Vec<_> = s.finish().findings.iter().map(|f| f.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                FindingKind::CompileError,
+                FindingKind::TestFailed,
+                FindingKind::Lint
+            ]
+        );
+    }
+}
