@@ -521,7 +521,7 @@ fn clean_line(raw: &[u8], out: &mut String) {
                 b']' => {
                     // OSC: up to BEL or ST (ESC \).
                     let mut j = i + 2;
-                    while j < raw.len() && raw[j] != 0x07 && !(raw[j] == 0x1b) {
+                    while j < raw.len() && raw[j] != 0x07 && raw[j] != 0x1b {
                         j += 1;
                     }
                     if j < raw.len() && raw[j] == 0x1b {
