@@ -747,6 +747,8 @@ impl Runner {
                         ),
                         VERIFY_TAIL_BYTES,
                     ),
+                    findings: r.findings.clone(),
+                    tests: r.tests,
                 },
                 Ok(ExecOutcome::Background(_)) => VerifyRun {
                     command: cmd.clone(),
@@ -754,6 +756,8 @@ impl Runner {
                     passed: false,
                     duration_ms: 0,
                     output_tail: "ran in the background unexpectedly".into(),
+                    findings: Vec::new(),
+                    tests: None,
                 },
                 Err(e) => VerifyRun {
                     command: cmd.clone(),
@@ -761,6 +765,8 @@ impl Runner {
                     passed: false,
                     duration_ms: 0,
                     output_tail: tools::render_error(&e),
+                    findings: Vec::new(),
+                    tests: None,
                 },
             };
             if !run.passed {
@@ -802,13 +808,16 @@ impl Runner {
         };
         for r in &runs {
             text.push_str(&format!(
-                "$ {}\nexit_code: {}\n{}\n",
+                "$ {}\nexit_code: {}\n",
                 r.command,
                 r.exit_code
                     .map(|c| c.to_string())
                     .unwrap_or_else(|| "none".into()),
-                r.output_tail
             ));
+            // What failed and where first, then the output's tail.
+            text.push_str(&render::verify_findings(&r.findings, r.tests.as_ref()));
+            text.push_str(&r.output_tail);
+            text.push('\n');
         }
         self.record(Record::Verify {
             turn,

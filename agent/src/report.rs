@@ -99,6 +99,18 @@ impl Report {
                 if v.passed { "passed" } else { "FAILED" },
                 v.duration_ms
             );
+            if let Some(t) = &v.tests {
+                let _ = writeln!(
+                    s,
+                    "  - tests: {} passed, {} failed, {} errored, {} skipped",
+                    t.passed, t.failed, t.errored, t.skipped
+                );
+            }
+            for f in &v.findings {
+                let mut line = String::new();
+                taskbox_tools::render::finding_line(&mut line, f);
+                let _ = write!(s, "  {line}");
+            }
             if !v.output_tail.trim().is_empty() {
                 let _ = writeln!(s, "\n```text\n{}\n```\n", v.output_tail.trim_end());
             }

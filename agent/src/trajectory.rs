@@ -30,6 +30,12 @@ pub struct VerifyRun {
     pub duration_ms: u64,
     /// The last lines of stdout and stderr.
     pub output_tail: String,
+    /// What its tools reported as failing (the exec's findings), read from its whole output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<taskbox_core::result::Finding>,
+    /// Its test runners' counts, when they gave them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tests: Option<taskbox_core::result::TestCounts>,
 }
 
 /// One line of the trace.

@@ -20,6 +20,7 @@ NOT_MODELS = {
     "SandboxId": "a string",
     "ApprovalId": "a string",
     "ChangeKind": "a Literal of models.py",
+    "FindingKind": "a Literal of models.py",
     "EntryKind": "a Literal of models.py",
     "ExportFormat": "a Literal of models.py",
     "ApprovalState": "a Literal of models.py",
@@ -27,6 +28,7 @@ NOT_MODELS = {
 #: Literals of models.py and the schema each is.
 LITERALS = {
     "ChangeKind": m.ChangeKind,
+    "FindingKind": m.FindingKind,
     "EntryKind": m.EntryKind,
     "ExportFormat": m.ExportFormat,
     "ApprovalState": m.ApprovalState,

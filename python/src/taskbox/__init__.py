@@ -36,6 +36,8 @@ from .models import (
     ExecEvent,
     ExecResult,
     ExportResult,
+    Finding,
+    Location,
     Output,
     ProcessInfo,
     ReadResult,
@@ -43,6 +45,7 @@ from .models import (
     StartedEvent,
     StderrEvent,
     StdoutEvent,
+    TestCounts,
     Violation,
 )
 
@@ -82,6 +85,8 @@ __all__ = [
     "ExecEvent",
     "ExecResult",
     "ExportResult",
+    "Finding",
+    "Location",
     "Output",
     "ProcessInfo",
     "ReadResult",
@@ -89,6 +94,7 @@ __all__ = [
     "StartedEvent",
     "StderrEvent",
     "StdoutEvent",
+    "TestCounts",
     "Violation",
     *errors.__all__,
 ]

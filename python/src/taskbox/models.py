@@ -23,6 +23,10 @@ __all__ = [
     "Enforcement",
     "NetworkConnection",
     "NetworkActivity",
+    "Location",
+    "FindingKind",
+    "Finding",
+    "TestCounts",
     "ExecResult",
     "ProcessInfo",
     "SandboxInfo",
@@ -103,6 +107,7 @@ class Request(BaseModel):
 # ---- observations -------------------------------------------------------------------------
 
 ChangeKind = Literal["added", "modified", "deleted"]
+FindingKind = Literal["test_failed", "test_error", "compile_error", "lint"]
 EntryKind = Literal["file", "dir", "symlink", "other"]
 ExportFormat = Literal["patch", "tar"]
 ApprovalState = Literal["pending", "approved", "denied", "expired"]
@@ -181,6 +186,41 @@ class NetworkActivity(Answer):
     omitted: int
 
 
+class Location(Answer):
+    """A place in a file: relative to the workspace when inside it."""
+
+    file: str
+    line: int | None = None
+    column: int | None = None
+
+
+class Finding(Answer):
+    """What a tool of the command reported as failing: a failed test, a compiler error, a lint."""
+
+    #: "test_failed", "test_error", "compile_error" or "lint".
+    kind: FindingKind
+    #: The tool that reported it: "pytest", "cargo-test", "rustc", "tsc", "ruff", ...
+    tool: str
+    #: The test's id, or the diagnostic's code (``E0308``, ``TS2322``, ``F401``).
+    name: str | None = None
+    location: Location | None = None
+    #: One line: the assertion, the error's message.
+    message: str
+    #: A few lines of context, bounded in size.
+    excerpt: str | None = None
+
+
+class TestCounts(Answer):
+    """Test counts as the command's runners reported them."""
+
+    __test__ = False  # not a test class for pytest
+
+    passed: int
+    failed: int
+    errored: int
+    skipped: int
+
+
 class ExecResult(Answer):
     """The observation of one command."""
 
@@ -199,6 +239,13 @@ class ExecResult(Answer):
     network: NetworkActivity | None = None
     #: How many changes ``changes`` leaves out (ignored by git, or under ``.git/``).
     ignored_changes: int = 0
+    #: What the command's tools reported as failing, read from its whole output (and the JUnit
+    #: XML files it wrote), most telling first.
+    findings: list[Finding] = []
+    #: Findings left out of ``findings`` beyond its bound.
+    findings_omitted: int = 0
+    #: The test runners' counts, when any reported them.
+    tests: TestCounts | None = None
 
     @property
     def ok(self) -> bool:

@@ -411,6 +411,7 @@ impl Sandbox {
         let slot = Arc::new(ExecSlot::new(
             id,
             plan.argv.clone(),
+            plan.cwd.clone(),
             plan.output_limit,
             &layers.spill,
             keep_stdin.then(|| {
@@ -836,6 +837,7 @@ impl Sandbox {
         let changes = self.common.layers.changes_since(baseline.before.as_ref())?;
         let mut result = end.into_result(out, err, changes.shown, self.enforcement());
         result.ignored_changes = changes.ignored.len() as u64;
+        taskbox_core::kit::findings::add(self, &mut result, &slot.cwd, &changes.ignored);
         Ok(result)
     }
 }

@@ -114,6 +114,57 @@ impl Findings {
     }
 }
 
+impl Findings {
+    /// Adds the findings of a report file the exec wrote (a JUnit XML document), leaving out
+    /// each one the streams already gave: the same kind at the same file and line, or a test
+    /// whose name has the same last part (`test_b[1]` of `tests.test_a.TestA.test_b[1]` and of
+    /// `tests/test_a.py::TestA::test_b[1]`). Its counts count only when the streams gave none.
+    pub fn merge_report(&mut self, report: Findings) {
+        let known = |f: &Finding| {
+            self.findings.iter().any(|g| {
+                g.kind == f.kind
+                    && ((g.location.is_some()
+                        && g.location.as_ref().map(|l| (&l.file, l.line))
+                            == f.location.as_ref().map(|l| (&l.file, l.line)))
+                        || match (test_leaf(g), test_leaf(f)) {
+                            (Some(a), Some(b)) => a == b,
+                            _ => false,
+                        })
+            })
+        };
+        let fresh: Vec<Finding> = report.findings.into_iter().filter(|f| !known(f)).collect();
+        self.merge(
+            Findings {
+                findings: fresh,
+                omitted: report.omitted,
+                tests: report.tests,
+            },
+            true,
+        );
+    }
+}
+
+/// The last part of a test's name (after `::`, `.`, `/` or ` > `), with its parametrisation.
+fn test_leaf(f: &Finding) -> Option<&str> {
+    if !matches!(f.kind, FindingKind::TestFailed | FindingKind::TestError) {
+        return None;
+    }
+    let n = f.name.as_deref()?;
+    // Not inside a parametrisation (`test_x[1.5]`).
+    let base = n.split('[').next().unwrap_or(n);
+    let cut = [
+        base.rfind("::").map(|i| i + 2),
+        base.rfind('.').map(|i| i + 1),
+        base.rfind(" > ").map(|i| i + 3),
+        base.rfind('/').map(|i| i + 1),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(0);
+    Some(&n[cut..])
+}
+
 fn add(a: TestCounts, b: TestCounts) -> TestCounts {
     TestCounts {
         passed: a.passed + b.passed,

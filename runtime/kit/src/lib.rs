@@ -18,6 +18,7 @@
 
 pub mod disk;
 pub mod egress;
+pub mod findings;
 pub mod fsuser;
 pub mod hostdirs;
 pub mod image;

@@ -63,6 +63,9 @@ impl<P: ProcState> SlotState<P> {
 pub struct ExecSlot<P> {
     pub id: u64,
     pub argv: Vec<String>,
+    /// Its working directory (absolute, inside the sandbox): the findings' files are relative
+    /// to it.
+    pub cwd: String,
     state: Mutex<SlotState<P>>,
     cond: Condvar,
 }
@@ -73,6 +76,7 @@ impl<P: ProcState> ExecSlot<P> {
     pub fn new(
         id: u64,
         argv: Vec<String>,
+        cwd: String,
         limit: usize,
         spill: &Path,
         stdin: Option<Box<dyn StdinSink>>,
@@ -86,6 +90,7 @@ impl<P: ProcState> ExecSlot<P> {
         ExecSlot {
             id,
             argv,
+            cwd,
             state: Mutex::new(SlotState {
                 stdout: Some(capture("stdout")),
                 stderr: Some(capture("stderr")),

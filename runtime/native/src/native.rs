@@ -988,7 +988,7 @@ pub fn run_with(
         .map_err(NativeError::Egress)?;
     let config = InitConfig {
         argv: req.argv.clone(),
-        cwd,
+        cwd: cwd.clone(),
         env,
         user_namespace: identity.user_namespace,
         uid: nix::unistd::geteuid().as_raw(),
@@ -1075,7 +1075,8 @@ pub fn run_with(
         }
         let mut diff = None;
         let mut changes = Vec::new();
-        let mut ignored = 0;
+        let mut ignored = Vec::new();
+        let mut upper = None;
         if !req.write_through && req.policy.filesystem.workspace == WorkspaceMode::Overlay {
             changes = changes::scan(&run_dir.upper(), &workspace)?;
             let limit = req.policy.limits.file_size_bytes;
@@ -1090,7 +1091,8 @@ pub fn run_with(
                 &taskbox_workspace::review::TrackedFiles::default(),
             )?;
             changes = review.shown;
-            ignored = review.ignored.len() as u64;
+            ignored = review.ignored;
+            upper = Some(run_dir.upper());
             if req.want_diff {
                 diff = Some(changes::unified_diff(
                     &run_dir.upper(),
@@ -1111,7 +1113,15 @@ pub fn run_with(
             }
         }
         let mut result = end.into_result(stdout, stderr, changes, enforcement);
-        result.ignored_changes = ignored;
+        result.ignored_changes = ignored.len() as u64;
+        let paths = taskbox_findings::Paths {
+            roots: vec![
+                ws.inside.display().to_string(),
+                workspace.display().to_string(),
+            ],
+            cwd: cwd.display().to_string(),
+        };
+        crate::kit::findings::add_to_run(&mut result, &paths, upper.as_deref(), &ignored);
         Ok(RunOutcome {
             result,
             diff,

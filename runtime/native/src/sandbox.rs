@@ -1146,6 +1146,7 @@ impl Sandbox {
         let slot = Arc::new(ExecSlot::new(
             id,
             plan.argv.clone(),
+            plan.cwd.clone(),
             plan.output_limit,
             &self.common.layers.spill,
             stdin_keep,
@@ -1480,6 +1481,7 @@ impl Sandbox {
             self.enforcement(&exited.landlock, exited.seccomp),
         );
         result.ignored_changes = changes.ignored.len() as u64;
+        kit::findings::add(self, &mut result, &slot.cwd, &changes.ignored);
         lock(&self.common.info).enforcement = result.enforcement.clone();
         Ok(result)
     }

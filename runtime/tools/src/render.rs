@@ -9,7 +9,9 @@ use taskbox_contract::api::{
     ApiError, DiffResult, EditResult, EntryKind, ExecOutcome, ListResult, PatchResult, ReadResult,
     SearchResult, WriteResult,
 };
-use taskbox_contract::result::{Change, ChangeKind, ExecResult, Output};
+use taskbox_contract::result::{
+    Change, ChangeKind, ExecResult, Finding, FindingKind, Output, TestCounts,
+};
 
 use crate::ArgsError;
 
@@ -55,6 +57,7 @@ pub fn exec(r: &ExecResult, limit_ms: Option<u64>) -> String {
                 .unwrap_or_default()
         );
     }
+    findings(&mut s, r);
     if r.stdout.bytes == 0 && r.stderr.bytes == 0 {
         s.push_str("(no output)\n");
     }
@@ -86,6 +89,77 @@ pub fn exec(r: &ExecResult, limit_ms: Option<u64>) -> String {
         );
     }
     s
+}
+
+/// Findings listed in an exec's text; the rest are counted.
+pub const FINDINGS_SHOWN: usize = 20;
+/// Findings shown with their excerpt (the first ones, the most telling).
+pub const EXCERPTS_SHOWN: usize = 5;
+
+/// The test counts and the findings of an exec, before its output: what failed and where,
+/// read from the whole of the output (the text below may be cut).
+pub fn findings(s: &mut String, r: &ExecResult) {
+    findings_of(s, &r.findings, r.findings_omitted, r.tests.as_ref());
+}
+
+fn findings_of(s: &mut String, list: &[Finding], omitted: u64, tests: Option<&TestCounts>) {
+    if let Some(t) = tests {
+        let _ = writeln!(
+            s,
+            "tests: {} passed, {} failed, {} errored, {} skipped",
+            t.passed, t.failed, t.errored, t.skipped
+        );
+    }
+    if list.is_empty() {
+        return;
+    }
+    let total = list.len() as u64 + omitted;
+    let _ = writeln!(s, "findings ({total}, read from the whole output):");
+    for (i, f) in list.iter().take(FINDINGS_SHOWN).enumerate() {
+        finding_line(s, f);
+        if i < EXCERPTS_SHOWN
+            && let Some(ex) = &f.excerpt
+        {
+            for line in ex.lines() {
+                let _ = writeln!(s, "    {line}");
+            }
+        }
+    }
+    let more = total.saturating_sub(FINDINGS_SHOWN.min(list.len()) as u64);
+    if more > 0 {
+        let _ = writeln!(s, "({more} more findings not listed)");
+    }
+}
+
+/// The counts and findings of a verification command, as [`findings`] lists an exec's.
+pub fn verify_findings(list: &[Finding], tests: Option<&TestCounts>) -> String {
+    let mut s = String::new();
+    findings_of(&mut s, list, 0, tests);
+    s
+}
+
+/// One finding as a line: `- kind [tool] file:line:col name: message`.
+pub fn finding_line(s: &mut String, f: &Finding) {
+    let kind = match f.kind {
+        FindingKind::TestFailed => "test failed",
+        FindingKind::TestError => "test error",
+        FindingKind::CompileError => "compile error",
+        FindingKind::Lint => "lint",
+    };
+    let _ = write!(s, "- {kind} [{}]", f.tool);
+    if let Some(l) = &f.location {
+        let _ = write!(s, " {}", l.file);
+        if let Some(line) = l.line {
+            let _ = write!(s, ":{line}");
+            if let Some(col) = l.column {
+                let _ = write!(s, ":{col}");
+            }
+        }
+    }
+    if let Some(name) = &f.name {
+        let _ = write!(s, " {name}");
+    }
+    let _ = writeln!(s, ": {}", f.message);
 }
 
 fn stream(s: &mut String, name: &str, out: &Output) {
@@ -326,6 +400,53 @@ mod tests {
         assert_eq!(
             exec(&result(), None),
             "exit_code: 0 (812 ms)\nstdout:\nhi\nchanged:\n  added f.txt\n"
+        );
+    }
+
+    #[test]
+    fn findings_come_before_the_output_with_locations() {
+        use taskbox_contract::result::Location;
+        let mut r = result();
+        r.exit_code = Some(1);
+        r.tests = Some(TestCounts {
+            passed: 3,
+            failed: 1,
+            errored: 0,
+            skipped: 2,
+        });
+        r.findings = (0..(FINDINGS_SHOWN + 2))
+            .map(|i| Finding {
+                kind: FindingKind::TestFailed,
+                tool: "pytest".into(),
+                name: Some(format!("tests/test_a.py::test_{i}")),
+                location: Some(Location {
+                    file: "tests/test_a.py".into(),
+                    line: Some(12 + i as u32),
+                    column: None,
+                }),
+                message: "assert 1 == 2".into(),
+                excerpt: Some("E   assert 1 == 2".into()),
+            })
+            .collect();
+        r.findings_omitted = 3;
+        let text = exec(&r, None);
+        assert!(
+            text.starts_with(
+                "exit_code: 1 (812 ms)\ntests: 3 passed, 1 failed, 0 errored, 2 skipped\n\
+                 findings (25, read from the whole output):\n\
+                 - test failed [pytest] tests/test_a.py:12 tests/test_a.py::test_0: assert 1 == 2\n    \
+                 E   assert 1 == 2\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("    E   assert").count(),
+            EXCERPTS_SHOWN,
+            "{text}"
+        );
+        assert!(
+            text.contains("(5 more findings not listed)\nstdout:\nhi\n"),
+            "{text}"
         );
     }
 

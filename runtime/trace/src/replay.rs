@@ -1071,6 +1071,28 @@ impl Engine<'_> {
                 diff: text_diff(&lines(&a), &lines(&b)),
             });
         }
+        // Findings: which tool reported what, where; the message and excerpt may hold times
+        // and addresses. A result recorded before findings existed has none to compare.
+        if rec.get("findings").is_some() {
+            let (a, b) = (finding_keys(rec), finding_keys(new));
+            if a != b {
+                m.push(Mismatch {
+                    field: format!("{prefix}findings"),
+                    expected: json!(a),
+                    actual: json!(b),
+                    diff: text_diff(&(a.join("\n") + "\n"), &(b.join("\n") + "\n")),
+                });
+            }
+            let (a, b) = (rec.get("tests"), new.get("tests"));
+            if a != b {
+                m.push(Mismatch {
+                    field: format!("{prefix}tests"),
+                    expected: a.cloned().unwrap_or(Value::Null),
+                    actual: b.cloned().unwrap_or(Value::Null),
+                    diff: None,
+                });
+            }
+        }
         let (a, b) = (violation_kinds(rec), violation_kinds(new));
         if a != b {
             m.push(Mismatch {
@@ -1149,6 +1171,27 @@ fn fix_digests(v: &mut Value) {
             o.insert(format!("{stream}_sha256"), Value::String(d));
         }
     }
+}
+
+/// Each finding of an exec result as `kind tool name file:line:column`, in the result's order.
+fn finding_keys(v: &Value) -> Vec<String> {
+    let s = |f: &Value, k: &str| f.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let n = |f: &Value, k: &str| {
+        f.get(k)
+            .and_then(Value::as_u64)
+            .map_or(String::new(), |n| n.to_string())
+    };
+    v.get("findings")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            let loc = f.get("location").map_or(String::new(), |l| {
+                format!("{}:{}:{}", s(l, "file"), n(l, "line"), n(l, "column"))
+            });
+            format!("{} {} {} {}", s(f, "kind"), s(f, "tool"), s(f, "name"), loc)
+        })
+        .collect()
 }
 
 fn violation_kinds(v: &Value) -> Vec<String> {

@@ -1116,6 +1116,27 @@ impl WorkspaceFs {
         Ok((rel.to_string(), sent))
     }
 
+    /// The whole of `path` when it is a regular file of at most `max` bytes reached through no
+    /// symlink at all (a report a command wrote, read by the supervisor: a link, even one that
+    /// stays inside, is not followed). `None` for anything else, or a file that cannot be read.
+    pub fn read_plain(&self, path: &str, max: u64) -> Option<Vec<u8>> {
+        let rel = self.rel("read", path).ok()?;
+        let fd = self
+            .open_at_root(
+                &rel,
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW,
+                RESOLVE_ROOT_NOFOLLOW,
+            )
+            .ok()?;
+        let st = nix::sys::stat::fstat(fd.as_raw_fd()).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || u64::try_from(st.st_size).ok()? > max {
+            return None;
+        }
+        let mut data = Vec::new();
+        File::from(fd).take(max + 1).read_to_end(&mut data).ok()?;
+        (data.len() as u64 <= max).then_some(data)
+    }
+
     /// Replaces exact text in a UTF-8 file; returns the edit's unified diff.
     pub fn edit(&self, req: &EditRequest) -> Result<EditResult, ApiError> {
         let op = "edit";
