@@ -9,6 +9,7 @@
 
 mod docker;
 mod egress;
+mod findings;
 mod hop;
 mod http;
 mod procfs;
@@ -77,6 +78,12 @@ enum Cmd {
     /// Replay overhead beyond the operations themselves, for a trace of OPS operations
     /// recorded here (`taskbox replay` run ROUNDS times).
     Replay(replay::ReplayArgs),
+    /// What reading findings costs: commands through a supervisor that reads them and one of
+    /// the same build started with TASKBOX_FINDINGS=off, in alternating rounds.
+    FindingsCost(findings::CostArgs),
+    /// What findings save the model: each case's result as the model reads it, with its
+    /// findings first and with the head and tail of the output alone.
+    FindingsText(findings::TextArgs),
 }
 
 #[derive(Args)]
@@ -185,6 +192,8 @@ fn main() -> Result<()> {
         Cmd::EgressClient(c) => return egress::client(c),
         Cmd::EgressHop(a) => return hop::run(&a),
         Cmd::Replay(a) => replay::run(&a)?,
+        Cmd::FindingsCost(a) => findings::cost(&a)?,
+        Cmd::FindingsText(a) => findings::text(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

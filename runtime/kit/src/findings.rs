@@ -21,10 +21,26 @@ pub const MAX_REPORT: u64 = 32 * 1024 * 1024;
 /// Most JUnit XML files read for one exec.
 pub const MAX_REPORTS: usize = 64;
 
+/// Whether findings are read: unless `TASKBOX_FINDINGS=off` is set in the supervisor's
+/// environment (a switch for measuring what reading them costs, and for an operator who would
+/// rather not pay it; docs/findings.md).
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("TASKBOX_FINDINGS").as_deref(),
+            Ok("off" | "0" | "false" | "no")
+        )
+    })
+}
+
 /// Reads the findings of `result`, an exec that ran in `cwd` (absolute, inside the sandbox)
 /// and whose changes were `result.changes` and `ignored` (those left out of the result), and
 /// puts them in it.
 pub fn add<H: Handle>(sb: &H, result: &mut ExecResult, cwd: &str, ignored: &[Change]) {
+    if !enabled() {
+        return;
+    }
     let common = sb.common();
     let mut paths = Paths::new(&common.exec_base.workdir, cwd);
     let host = common.layers.host.display().to_string();
@@ -58,6 +74,9 @@ pub fn add_to_run(
     upper: Option<&Path>,
     ignored: &[Change],
 ) {
+    if !enabled() {
+        return;
+    }
     let mut found = read_streams(
         &result.stdout,
         &result.stderr,
