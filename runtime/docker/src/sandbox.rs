@@ -411,7 +411,7 @@ impl Sandbox {
         let slot = Arc::new(ExecSlot::new(
             id,
             plan.argv.clone(),
-            plan.cwd.clone(),
+            taskbox_core::kit::findings::paths(&self.common, &plan.cwd),
             plan.output_limit,
             &layers.spill,
             keep_stdin.then(|| {
@@ -776,7 +776,8 @@ impl Sandbox {
         // What the wrapper could not kill (a process of another user) was left to the
         // container's pid 1 when it exited: nothing of an exec outlives it.
         procfs::kill_orphans(&self.init, slot.id);
-        let (out, err) = slot.take_output();
+        let captured = slot.take_output();
+        let (out, err) = (captured.stdout, captured.stderr);
         let mut end = match &driven.ended {
             Some(Ended::Exit { code, cpu_ms, rss }) => ExecEnd {
                 exit_code: Some(*code),
@@ -837,7 +838,13 @@ impl Sandbox {
         let changes = self.common.layers.changes_since(baseline.before.as_ref())?;
         let mut result = end.into_result(out, err, changes.shown, self.enforcement());
         result.ignored_changes = changes.ignored.len() as u64;
-        taskbox_core::kit::findings::add(self, &mut result, &slot.cwd, &changes.ignored);
+        taskbox_core::kit::findings::add(
+            self,
+            &mut result,
+            captured.findings,
+            slot.findings.as_ref(),
+            &changes.ignored,
+        );
         Ok(result)
     }
 }

@@ -366,6 +366,15 @@ pub struct Scanner {
     text: String,
 }
 
+impl std::fmt::Debug for Scanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scanner")
+            .field("readers", &self.readers.len())
+            .field("lines", &self.number)
+            .finish()
+    }
+}
+
 impl Scanner {
     /// A scanner with every reader, locating files against `paths`.
     pub fn new(paths: Paths) -> Scanner {

@@ -1,20 +1,20 @@
-//! An exec's findings, read once its result is made, the same for every backend: its whole
-//! stdout and stderr (the text when it fit, the spill file when it did not) and the JUnit XML
-//! files it wrote in the workspace go through the readers of `taskbox-findings`.
+//! An exec's findings, the same for every backend: its stdout and stderr go through the readers
+//! of `taskbox-findings` as they arrive (the captures of its slot read them: every byte, past
+//! the cut of the text and the cap of the spill file too), and once its result is made the JUnit
+//! XML files it wrote in the workspace are read.
 //!
-//! Nothing here changes the exec's outcome: a stream or a report that cannot be read gives no
-//! findings. A JUnit file is read through no symlink (one pointing out of the workspace, or
-//! anywhere, is not followed), as the sandbox's user, at most [`MAX_REPORT`] bytes, at most
-//! [`MAX_REPORTS`] of them.
+//! Nothing here changes the exec's outcome: a report that cannot be read gives no findings. A
+//! JUnit file is read through no symlink (one pointing out of the workspace, or anywhere, is not
+//! followed), as the sandbox's user, at most [`MAX_REPORT`] bytes, at most [`MAX_REPORTS`] of
+//! them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use taskbox_findings::{Findings, Paths};
 
 use crate::fsops::WorkspaceFs;
-use crate::layers::SPILL_MOUNT;
-use crate::result::{Change, ChangeKind, ExecResult, Output};
-use crate::{Handle, fsuser};
+use crate::result::{Change, ChangeKind, ExecResult};
+use crate::{Common, Handle, fsuser};
 
 /// The largest JUnit XML file read (bytes).
 pub const MAX_REPORT: u64 = 32 * 1024 * 1024;
@@ -34,31 +34,40 @@ pub fn enabled() -> bool {
     })
 }
 
-/// Reads the findings of `result`, an exec that ran in `cwd` (absolute, inside the sandbox)
-/// and whose changes were `result.changes` and `ignored` (those left out of the result), and
-/// puts them in it.
-pub fn add<H: Handle>(sb: &H, result: &mut ExecResult, cwd: &str, ignored: &[Change]) {
+/// Where the files of an exec's findings are located: its working directory `cwd` (absolute,
+/// inside the sandbox) and the workspace, as the sandbox sees it and at its host path. `None`
+/// when findings are not read ([`enabled`]).
+pub fn paths<P>(common: &Common<P>, cwd: &str) -> Option<Paths> {
     if !enabled() {
-        return;
+        return None;
     }
-    let common = sb.common();
     let mut paths = Paths::new(&common.exec_base.workdir, cwd);
     let host = common.layers.host.display().to_string();
     if !paths.roots.contains(&host) {
         paths.roots.push(host);
     }
-    let spill = &common.layers.spill;
-    let mut found = read_streams(
-        &result.stdout,
-        &result.stderr,
-        &|shown| in_spill(spill, shown),
-        &paths,
-    );
+    Some(paths)
+}
+
+/// Puts in `result` the findings its streams' readers gave (`streams`, `None` when they did not
+/// read), with those of the JUnit XML files among its changes (`result.changes` and `ignored`,
+/// those left out of the result), read as the sandbox's user.
+pub fn add<H: Handle>(
+    sb: &H,
+    result: &mut ExecResult,
+    streams: Option<Findings>,
+    paths: Option<&Paths>,
+    ignored: &[Change],
+) {
+    let (Some(mut found), Some(paths)) = (streams, paths) else {
+        return;
+    };
     let reports = reports(result, ignored);
     if !reports.is_empty() {
+        let common = sb.common();
         let _ = sb.with_fs(|fs| {
             fsuser::as_user(&common.user, None, || {
-                read_reports(fs, &reports, &paths, &mut found);
+                read_reports(fs, &reports, paths, &mut found);
                 Ok(())
             })
         });
@@ -66,23 +75,16 @@ pub fn add<H: Handle>(sb: &H, result: &mut ExecResult, cwd: &str, ignored: &[Cha
     put(result, found);
 }
 
-/// Reads the findings of a one-shot run's `result` (its spill files named as they are on the
-/// host), its reports read from the run's upper layer `upper` when it had one.
+/// As [`add`] for a one-shot run, whose reports are read from the run's upper layer `upper`
+/// (when it had one).
 pub fn add_to_run(
     result: &mut ExecResult,
+    streams: Option<Findings>,
     paths: &Paths,
     upper: Option<&Path>,
     ignored: &[Change],
 ) {
-    if !enabled() {
-        return;
-    }
-    let mut found = read_streams(
-        &result.stdout,
-        &result.stderr,
-        &|shown| Some(PathBuf::from(shown)),
-        paths,
-    );
+    let Some(mut found) = streams else { return };
     let reports = reports(result, ignored);
     if let Some(upper) = upper
         && !reports.is_empty()
@@ -91,6 +93,17 @@ pub fn add_to_run(
         read_reports(&fs, &reports, paths, &mut found);
     }
     put(result, found);
+}
+
+/// The findings of two streams read apart, stdout's first.
+pub fn both(stdout: Option<Findings>, stderr: Option<Findings>) -> Option<Findings> {
+    match (stdout, stderr) {
+        (Some(mut a), Some(b)) => {
+            a.merge(b, false);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    }
 }
 
 /// The files of the exec that may be JUnit XML reports: added or modified `.xml` files, shown
@@ -112,43 +125,6 @@ fn read_reports(fs: &WorkspaceFs, reports: &[String], paths: &Paths, found: &mut
             found.merge_report(taskbox_findings::junit::read_junit(&xml, paths));
         }
     }
-}
-
-/// The host's path of a spill file shown at `shown` (under [`SPILL_MOUNT`]) in a sandbox whose
-/// spill files are in `dir`.
-fn in_spill(dir: &Path, shown: &str) -> Option<PathBuf> {
-    let name = Path::new(shown).strip_prefix(SPILL_MOUNT).ok()?.to_str()?;
-    (!name.is_empty() && !name.contains('/')).then(|| dir.join(name))
-}
-
-type SpillPath<'a> = &'a dyn Fn(&str) -> Option<PathBuf>;
-
-/// The findings of one exec's two streams: each read whole, from its text when it fit and
-/// from its spill file when it did not (`spill` gives the host's path of a spill file from the
-/// path the result shows).
-pub fn read_streams(
-    stdout: &Output,
-    stderr: &Output,
-    spill: SpillPath<'_>,
-    paths: &Paths,
-) -> Findings {
-    let mut found = read_output(stdout, spill, paths);
-    found.merge(read_output(stderr, spill, paths), false);
-    found
-}
-
-fn read_output(o: &Output, spill: SpillPath<'_>, paths: &Paths) -> Findings {
-    if o.bytes == 0 {
-        return Findings::default();
-    }
-    if o.truncated
-        && let Some(host) = o.spill_path.as_deref().and_then(spill)
-        && let Ok(f) = std::fs::File::open(host)
-    {
-        return taskbox_findings::read_stream(f, paths);
-    }
-    // Whole, or all that is left of it (a spill file that could not be kept).
-    taskbox_findings::read_bytes(o.text.as_bytes(), paths)
 }
 
 /// Puts `found` in `result`.

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 pub use fsuser::{FsLandlock, SandboxUser};
 pub use layers::{ExecChanges, Layers, SPILL_MOUNT, StagedLayers};
-pub use slots::{ExecSlot, ProcState, Slots, StdinSink};
+pub use slots::{Captured, ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
 pub use taskbox_contract::exec_plan::ExecPlan;
 

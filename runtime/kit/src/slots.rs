@@ -14,6 +14,7 @@ use crate::capture::Capture;
 use crate::layers::SPILL_MOUNT;
 use crate::lock;
 use crate::result::ExecResult;
+use taskbox_findings::{Findings, Paths};
 
 /// What a backend keeps of an exec's process in its slot.
 pub trait ProcState: Send + 'static {
@@ -34,6 +35,14 @@ impl StdinSink for std::fs::File {
     fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
         std::io::Write::write_all(self, data)
     }
+}
+
+/// An exec's two streams once it ended, and their findings (when they were read).
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub stdout: crate::result::Output,
+    pub stderr: crate::result::Output,
+    pub findings: Option<Findings>,
 }
 
 /// An exec's state, under its slot's lock.
@@ -63,20 +72,22 @@ impl<P: ProcState> SlotState<P> {
 pub struct ExecSlot<P> {
     pub id: u64,
     pub argv: Vec<String>,
-    /// Its working directory (absolute, inside the sandbox): the findings' files are relative
-    /// to it.
-    pub cwd: String,
+    /// Where its findings' files are located (its working directory and the workspace, inside
+    /// the sandbox); `None` when findings are not read.
+    pub findings: Option<Paths>,
     state: Mutex<SlotState<P>>,
     cond: Condvar,
 }
 
 impl<P: ProcState> ExecSlot<P> {
     /// A slot for exec `id` whose output is kept up to `limit` bytes a stream, spilling to
-    /// `spill/ID.stdout` and `spill/ID.stderr` (shown under [`SPILL_MOUNT`]).
+    /// `spill/ID.stdout` and `spill/ID.stderr` (shown under [`SPILL_MOUNT`]), and read for
+    /// findings as it arrives when `findings` says where their files are
+    /// ([`crate::findings::paths`]).
     pub fn new(
         id: u64,
         argv: Vec<String>,
-        cwd: String,
+        findings: Option<Paths>,
         limit: usize,
         spill: &Path,
         stdin: Option<Box<dyn StdinSink>>,
@@ -84,16 +95,21 @@ impl<P: ProcState> ExecSlot<P> {
     ) -> ExecSlot<P> {
         let capture = |stream: &str| {
             let name = format!("{id}.{stream}");
-            Capture::new(limit, spill.join(&name))
-                .with_shown_path(Path::new(SPILL_MOUNT).join(name))
+            let c = Capture::new(limit, spill.join(&name))
+                .with_shown_path(Path::new(SPILL_MOUNT).join(name));
+            match &findings {
+                Some(paths) => c.with_findings(paths.clone()),
+                None => c,
+            }
         };
+        let (stdout, stderr) = (capture("stdout"), capture("stderr"));
         ExecSlot {
             id,
             argv,
-            cwd,
+            findings,
             state: Mutex::new(SlotState {
-                stdout: Some(capture("stdout")),
-                stderr: Some(capture("stderr")),
+                stdout: Some(stdout),
+                stderr: Some(stderr),
                 result: None,
                 error: None,
                 stdin,
@@ -126,13 +142,25 @@ impl<P: ProcState> ExecSlot<P> {
         }
     }
 
-    /// Takes the captured streams once the exec has ended.
-    pub fn take_output(&self) -> (crate::result::Output, crate::result::Output) {
+    /// Takes the captured streams once the exec has ended, and what their readers found.
+    pub fn take_output(&self) -> Captured {
         let mut st = self.state();
-        (
-            st.stdout.take().map(Capture::finish).unwrap_or_default(),
-            st.stderr.take().map(Capture::finish).unwrap_or_default(),
-        )
+        let (stdout, out_found) = st
+            .stdout
+            .take()
+            .map(Capture::finish_with_findings)
+            .unwrap_or_default();
+        let (stderr, err_found) = st
+            .stderr
+            .take()
+            .map(Capture::finish_with_findings)
+            .unwrap_or_default();
+        let findings = crate::findings::both(out_found, err_found);
+        Captured {
+            stdout,
+            stderr,
+            findings,
+        }
     }
 
     /// Keeps a background exec's result (or why it has none) and closes its stdin.

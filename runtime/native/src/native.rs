@@ -1035,6 +1035,13 @@ pub fn run_with(
 
     let window = egress.as_ref().map(|e| e.log.open());
     let disk_channel = DiskChannel::new()?;
+    let findings_paths = crate::kit::findings::enabled().then(|| taskbox_findings::Paths {
+        roots: vec![
+            ws.inside.display().to_string(),
+            workspace.display().to_string(),
+        ],
+        cwd: cwd.display().to_string(),
+    });
     let outcome = supervise(
         req,
         &config,
@@ -1045,6 +1052,7 @@ pub fn run_with(
         cgroup.as_ref(),
         egress.as_mut(),
         run_dir.disk.as_mut().map(|d| (d, disk_channel)),
+        findings_paths.as_ref(),
     );
     if let Some(cg) = &cgroup {
         cg.kill_all(Duration::from_secs(5));
@@ -1061,6 +1069,7 @@ pub fn run_with(
             mut end,
             stdout,
             stderr,
+            findings,
             mut enforcement,
             exec_failed,
         } = sup;
@@ -1114,14 +1123,15 @@ pub fn run_with(
         }
         let mut result = end.into_result(stdout, stderr, changes, enforcement);
         result.ignored_changes = ignored.len() as u64;
-        let paths = taskbox_findings::Paths {
-            roots: vec![
-                ws.inside.display().to_string(),
-                workspace.display().to_string(),
-            ],
-            cwd: cwd.display().to_string(),
-        };
-        crate::kit::findings::add_to_run(&mut result, &paths, upper.as_deref(), &ignored);
+        if let Some(paths) = &findings_paths {
+            crate::kit::findings::add_to_run(
+                &mut result,
+                findings,
+                paths,
+                upper.as_deref(),
+                &ignored,
+            );
+        }
         Ok(RunOutcome {
             result,
             diff,
@@ -1205,6 +1215,8 @@ struct Supervised {
     end: ExecEnd,
     stdout: Output,
     stderr: Output,
+    /// What the streams' readers found (when they read).
+    findings: Option<taskbox_findings::Findings>,
     enforcement: Enforcement,
     exec_failed: Option<(i32, String)>,
 }
@@ -1220,6 +1232,7 @@ fn supervise(
     cgroup: Option<&Cgroup>,
     egress: Option<&mut EgressWiring>,
     disk: Option<(&mut Disk, DiskChannel)>,
+    findings: Option<&taskbox_findings::Paths>,
 ) -> Result<Supervised, NativeError> {
     let helper = helper_path()?;
     let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -1312,6 +1325,10 @@ fn supervise(
         Capture::new(limit, spill_dir.join(format!("{id}.stdout"))).with_spill_cap(spill_cap);
     let mut err =
         Capture::new(limit, spill_dir.join(format!("{id}.stderr"))).with_spill_cap(spill_cap);
+    if let Some(paths) = findings {
+        out = out.with_findings(paths.clone());
+        err = err.with_findings(paths.clone());
+    }
     let mut status_buf = Vec::new();
     let mut open = [true, true, true];
     let deadline = start + timeout;
@@ -1502,10 +1519,13 @@ fn supervise(
         limits: String::new(),
         disk: String::new(),
     };
+    let (stdout, out_found) = out.finish_with_findings();
+    let (stderr, err_found) = err.finish_with_findings();
     Ok(Supervised {
         end,
-        stdout: out.finish(),
-        stderr: err.finish(),
+        stdout,
+        stderr,
+        findings: crate::kit::findings::both(out_found, err_found),
         enforcement,
         exec_failed,
     })

@@ -1146,7 +1146,7 @@ impl Sandbox {
         let slot = Arc::new(ExecSlot::new(
             id,
             plan.argv.clone(),
-            plan.cwd.clone(),
+            kit::findings::paths(&self.common, &plan.cwd),
             plan.output_limit,
             &self.common.layers.spill,
             stdin_keep,
@@ -1449,7 +1449,8 @@ impl Sandbox {
                 ApiError::internal(format!("the command could not start: {err}"))
             });
         }
-        let (out, err) = slot.take_output();
+        let captured = slot.take_output();
+        let (out, err) = (captured.stdout, captured.stderr);
         let policy = &self.common.policy;
         let layers = &self.common.layers;
         let mut end = exited.end;
@@ -1481,7 +1482,13 @@ impl Sandbox {
             self.enforcement(&exited.landlock, exited.seccomp),
         );
         result.ignored_changes = changes.ignored.len() as u64;
-        kit::findings::add(self, &mut result, &slot.cwd, &changes.ignored);
+        kit::findings::add(
+            self,
+            &mut result,
+            captured.findings,
+            slot.findings.as_ref(),
+            &changes.ignored,
+        );
         lock(&self.common.info).enforcement = result.enforcement.clone();
         Ok(result)
     }

@@ -2,12 +2,17 @@
 //! the whole stream goes to a spill file once it outgrows the limit.
 //!
 //! Memory use is at most `limit` bytes per stream whatever the command writes; the spill file is
-//! created lazily, so a command with short output leaves no file behind.
+//! created lazily, so a command with short output leaves no file behind. With
+//! [`Capture::with_findings`], every byte of the stream also goes through the findings readers
+//! as it arrives (docs/findings.md): the whole stream is read, even past the spill file's cap,
+//! while the command still runs.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::PathBuf;
+
+use taskbox_findings::{Findings, Paths, Scanner};
 
 use crate::result::Output;
 
@@ -30,6 +35,8 @@ pub struct Capture {
     spill_cap: u64,
     spilled: u64,
     capped: bool,
+    /// The findings readers, reading the stream as it arrives.
+    scanner: Option<Box<Scanner>>,
 }
 
 impl Capture {
@@ -49,7 +56,14 @@ impl Capture {
             spill_cap: u64::MAX,
             spilled: 0,
             capped: false,
+            scanner: None,
         }
+    }
+
+    /// Also reads the stream's findings as it arrives, with files located against `paths`.
+    pub fn with_findings(mut self, paths: Paths) -> Self {
+        self.scanner = Some(Box::new(Scanner::new(paths)));
+        self
     }
 
     /// Keeps the spill file to at most `cap` bytes: past it the rest of the stream is counted
@@ -100,6 +114,9 @@ impl Capture {
     /// Adds a chunk of the stream.
     pub fn push(&mut self, data: &[u8]) {
         self.bytes += data.len() as u64;
+        if let Some(s) = self.scanner.as_mut() {
+            s.feed(data);
+        }
         let mut rest = data;
         if self.spill.is_none() && self.spill_error.is_none() {
             if self.head.len() + data.len() <= self.limit {
@@ -141,6 +158,13 @@ impl Capture {
         let overflow = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
         self.tail.drain(..overflow);
         self.tail.extend(data.iter().copied());
+    }
+
+    /// Ends the capture: the observation, and the stream's findings when it read them
+    /// ([`Capture::with_findings`]).
+    pub fn finish_with_findings(mut self) -> (Output, Option<Findings>) {
+        let found = self.scanner.take().map(|s| s.finish());
+        (self.finish(), found)
     }
 
     /// Ends the capture and renders the observation.
