@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk]...
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk|findings]...
 #                                                                          (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
@@ -61,6 +61,16 @@
 #            the ratio SDK/local (target: <= 1, no slower than local); then BENCH_SDK_CREATES (40)
 #            sandbox create + destroy through the SDK (p50/p99). Needs inspect-ai and pydantic
 #            under python3. Not part of `all`.
+#   findings what reading findings costs and what it saves the model. Cost: a 100 MB test log
+#            (BENCH_FINDINGS_MB) with one failing test in its middle, written by a generator
+#            (scripts/findings_log.py) and by `cat`,
+#            through two supervisors of this build, one started with TASKBOX_FINDINGS=off, in
+#            BENCH_FINDINGS_ROUNDS (5) alternating rounds: the exec's time through the API with
+#            findings over without (target: under 1.05). Text: the fixture projects of
+#            tests/fixtures/findings and a 1 MB log, each result rendered as the model reads it
+#            (the agent's and the MCP server's tool result, the agent's 8 KiB output limit) with
+#            its findings first and as head and tail alone: bytes, and whether the failing
+#            test's name and location are in it. Not part of `all`.
 #   all      startup profile diff memory api docker egress replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
@@ -121,7 +131,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
-want_house=0 want_sdk=0
+want_house=0 want_sdk=0 want_findings=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
@@ -136,6 +146,7 @@ for arg in "$@"; do
     replay) want_replay=1 ;;
     house) want_house=1 ;;
     sdk) want_sdk=1 ;;
+    findings) want_findings=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -1177,6 +1188,57 @@ if c:
 PY
 }
 
+# ---- findings --------------------------------------------------------------------------------
+# Issue 16's "Measured": what reading findings costs on a 100 MB test log, and the bytes the
+# model reads to learn what failed, with findings first and with head and tail alone.
+bench_findings() {
+  local ws=$SCRATCH/findings-ws mb=${BENCH_FINDINGS_MB:-100} on_sock on_pid
+  mkdir -p "$ws"
+  cp "$repo/scripts/findings_log.py" "$ws/"
+  python3 "$ws/findings_log.py" --mb "$mb" >"$ws/test.log"
+  python3 "$ws/findings_log.py" --mb 1 >"$ws/short.log"
+  serve_start findings-on
+  on_sock=$SERVE_SOCK on_pid=$SERVE_PID
+  TASKBOX_FINDINGS=off serve_start findings-off
+  log "findings: the cost of reading them on a ${mb} MB test log (${BENCH_FINDINGS_ROUNDS:-5} alternating rounds)"
+  "$BENCH_CLIENT" findings-cost --socket "$on_sock" --socket-off "$SERVE_SOCK" --workspace "$ws" \
+    --command "generator=python3 findings_log.py --mb $mb" --command "cat=cat test.log" \
+    --expect adds_two --rounds "${BENCH_FINDINGS_ROUNDS:-5}" >"$SCRATCH/findings-cost.json"
+  serve_stop
+  log "findings: what the model reads, findings first against head and tail alone"
+  local cases=("long log (1 MB, cargo test)|$ws|cat short.log|adds_two|src/calc.rs:12")
+  local f
+  while IFS= read -r f; do
+    [ -n "$f" ] && cases+=("$f")
+  done < <(findings_cases)
+  local args=()
+  for f in "${cases[@]}"; do args+=(--case "$f"); done
+  "$BENCH_CLIENT" findings-text --socket "$on_sock" "${args[@]}" >"$SCRATCH/findings-text.json"
+  kill -TERM "$on_pid" 2>/dev/null || true
+  wait "$on_pid" 2>/dev/null || true
+  python3 - "$SCRATCH/findings-cost.json" "$SCRATCH/findings-text.json" <<'PY' | tee -a "$ROWS"
+import json, sys
+cost, text = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+for c in cost["commands"]:
+    ok = "yes" if c["ratio"] < 1.05 else "no"
+    print(f"| exec of a 100 MB test log ({c['command']}: `{c['line']}`), findings read vs not, median of {c['rounds']} | {c['findings_on_ms']:.0f} ms | {c['findings_off_ms']:.0f} ms | {c['ratio']:.3f}x ({c['ratio_min']:.3f} to {c['ratio_max']:.3f}) | < 1.05x | {ok} |")
+for r in text["cases"]:
+    w, h = r["with_findings_has"], r["head_tail_has"]
+    def where(x):
+        return "name and location" if x["name"] and x["location"] else ("name only" if x["name"] else ("location only" if x["location"] else "neither"))
+    def upto(x):
+        return f", location after {x['bytes_to_location']} B" if x["bytes_to_location"] is not None else ""
+    print(f"| what the model reads: {r['case']} ({r['output_bytes']} B of output, {r['findings']} findings) | {r['with_findings_bytes']} B, {where(w)}{upto(w)} | head/tail alone: {r['head_tail_bytes']} B, {where(h)}{upto(h)} | | (reported) | |")
+PY
+}
+
+# The fixture projects of tests/fixtures/findings that bench_findings reads, as cases
+# NAME|WORKSPACE|LINE|TEST NAME|FILE:LINE (a copy of each in the scratch directory), for the
+# tools this machine has.
+findings_cases() {
+  :
+}
+
 # ---- house -----------------------------------------------------------------------------------
 # The old build against the new (issue 14's "Measured"): the same figures of both, interleaved
 # in rounds within one run, each build with its own state directory and supervisor.
@@ -1251,6 +1313,7 @@ bench_house() {
 [ $want_replay = 1 ] && bench_replay
 [ $want_house = 1 ] && bench_house
 [ $want_sdk = 1 ] && bench_sdk
+[ $want_findings = 1 ] && bench_findings
 
 log "results"
 : > "$SCRATCH/results.md"
