@@ -494,58 +494,63 @@ impl Scanner {
         self.sink.finish()
     }
 
-    /// Lines of `chunk` (each ending in a newline, but for the last when `single`: then the
-    /// chunk is one line without its end).
+    /// Lines of `chunk` (each ending in a newline, or, when `single`, the chunk is one line
+    /// without its end). While no reader is inside a block, the search jumps from one line
+    /// holding an anchor to the next, counting the lines between without looking at them.
     fn lines(&mut self, chunk: &[u8], single: bool) {
-        // Anchor hits, in order of position.
-        let mut hits: Vec<(usize, usize)> = Vec::new();
-        if let Some(ac) = &self.search {
-            hits.extend(
-                ac.find_overlapping_iter(chunk)
-                    .map(|m| (m.start(), m.pattern().as_usize())),
-            );
-        }
-        let mut h = 0;
-        let mut start = 0;
-        while start < chunk.len() || (single && start == 0) {
-            let end = if single {
-                chunk.len()
-            } else {
-                match memchr::memchr(b'\n', &chunk[start..]) {
-                    Some(i) => start + i,
-                    None => chunk.len(),
-                }
-            };
-            let line = &chunk[start..end.min(start + MAX_LINE)];
+        if single {
             self.number += 1;
-            let mut any = false;
-            while h < hits.len() && hits[h].0 < end {
-                if hits[h].0 < start + line.len() {
-                    for &r in &self.owners[hits[h].1] {
-                        self.hit[r] = true;
-                        any = true;
-                    }
-                }
-                h += 1;
-            }
-            let active = self.readers.iter().any(|r| r.wants_all());
-            if any || active {
-                clean_line(line, &mut self.text);
-                let l = Line {
-                    text: &self.text,
-                    number: self.number,
+            self.line(&chunk[..chunk.len().min(MAX_LINE)]);
+            return;
+        }
+        let mut pos = 0;
+        while pos < chunk.len() {
+            if !self.readers.iter().any(|r| r.wants_all()) {
+                let next = self
+                    .search
+                    .as_ref()
+                    .and_then(|ac| ac.find(&chunk[pos..]))
+                    .map(|m| pos + m.start());
+                let Some(at) = next else {
+                    self.number += memchr::memchr_iter(b'\n', &chunk[pos..]).count() as u64;
+                    return;
                 };
-                for (i, r) in self.readers.iter_mut().enumerate() {
-                    if self.hit[i] || r.wants_all() {
-                        r.line(l, &mut self.sink);
-                    }
-                    self.hit[i] = false;
+                let start = memchr::memrchr(b'\n', &chunk[pos..at]).map_or(pos, |i| pos + i + 1);
+                self.number += memchr::memchr_iter(b'\n', &chunk[pos..start]).count() as u64;
+                pos = start;
+            }
+            let end = memchr::memchr(b'\n', &chunk[pos..]).map_or(chunk.len(), |i| pos + i);
+            self.number += 1;
+            self.line(&chunk[pos..end.min(pos + MAX_LINE)]);
+            pos = end + 1;
+        }
+    }
+
+    /// One line (already cut to [`MAX_LINE`]): to the readers whose anchors it holds, and to
+    /// those inside a block.
+    fn line(&mut self, raw: &[u8]) {
+        let mut any = false;
+        if let Some(ac) = &self.search {
+            for m in ac.find_overlapping_iter(raw) {
+                for &r in &self.owners[m.pattern().as_usize()] {
+                    self.hit[r] = true;
+                    any = true;
                 }
             }
-            start = end + 1;
-            if single {
-                break;
+        }
+        if !any && !self.readers.iter().any(|r| r.wants_all()) {
+            return;
+        }
+        clean_line(raw, &mut self.text);
+        let l = Line {
+            text: &self.text,
+            number: self.number,
+        };
+        for (i, r) in self.readers.iter_mut().enumerate() {
+            if self.hit[i] || r.wants_all() {
+                r.line(l, &mut self.sink);
             }
+            self.hit[i] = false;
         }
     }
 }
