@@ -57,6 +57,9 @@ if ! "$rootless_py/bin/python" -c 'import pytest, httpx, httpx_sse, pydantic, in
   "$rootless_py/bin/python" -m pip install --quiet pytest httpx httpx-sse pydantic inspect-ai mini-swe-agent
 fi
 chmod -R a+rX "$rootless_py"
+# The findings suite's tools (tests/tests/findings.rs): go, gcc, pytest, ruff, mypy, jest, vitest,
+# tsc and eslint, where a host-view sandbox sees them; it prints what it installed.
+scripts/findings-tools.sh
 
 # The Docker backend's suites: a static busybox (their test image) and a running Docker Engine
 # (Debian's docker.io). A dockerd started here is stopped at the end.
