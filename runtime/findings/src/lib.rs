@@ -596,7 +596,13 @@ fn clean_line(raw: &[u8], out: &mut String) {
                     continue;
                 }
                 _ => {
-                    i += 2;
+                    // Any other: intermediates (0x20..=0x2f), then one final byte, as in
+                    // `ESC ( B` (the character set that `tput sgr0` selects).
+                    let mut j = i + 1;
+                    while j < raw.len() && (0x20..=0x2f).contains(&raw[j]) {
+                        j += 1;
+                    }
+                    i = j + 1;
                     continue;
                 }
             }
@@ -690,8 +696,12 @@ mod tests {
 
     #[test]
     fn escapes_and_overwrites_are_removed() {
-        let (seen, _) = scan(&[b"\x1b[31mFAIL\x1b[0m x\r\n", b"50%\r100% ok\n"]);
-        assert_eq!(seen, ["FAIL x", "100% ok"]);
+        let (seen, _) = scan(&[
+            b"\x1b[31mFAIL\x1b[0m x\r\n",
+            b"50%\r100% ok\n",
+            b"FAIL \x1b[31mred\x1b(B\x1b[m\n",
+        ]);
+        assert_eq!(seen, ["FAIL x", "100% ok", "FAIL red"]);
     }
 
     #[test]

@@ -1,0 +1,585 @@
+//! `go test`, in its default text (`--- FAIL: TestX (0.00s)` with the test's `x_test.go:12:
+//! message` lines indented under it, or above it with `-v`; `FAIL\tpkg\t0.01s`; panics with
+//! their goroutine's frames) and with `-json` (one event a line, a failed test's output lines
+//! reassembled). A package that does not build (`# pkg` then `./x.go:3:2: undefined: foo`,
+//! then `FAIL\tpkg [build failed]`) gives compile errors (tool `go`).
+//!
+//! Go prints a test's file relative to its package's directory, and the package by its import
+//! path, so the directory is found from the import paths: a panic's frame, when one is inside
+//! the workspace, says where the module's root is; else the packages of the run share the
+//! module's path as their prefix (one package alone is taken to be the working directory's).
+//! Findings are reported at the end, when every package is known.
+
+use serde::Deserialize;
+
+use super::{Excerpt, file_line, indent};
+use crate::{
+    Finding, FindingKind, Line, MAX_FINDINGS, MAX_NAME, Reader, Sink, TestCounts, one_line,
+};
+
+const TOOL: &str = "go-test";
+const BUILD_TOOL: &str = "go";
+/// Most tests with output kept at once (tests that run in parallel, failed tests).
+const MAX_TESTS: usize = 2 * MAX_FINDINGS;
+/// Most lines of a panic's trace read.
+const PANIC_LINES: usize = 120;
+/// Most continuation lines of one log line.
+const CONTINUATION: usize = 8;
+
+#[derive(Default)]
+pub struct GoTest {
+    tests: Vec<Test>,
+    /// Text output: the test whose output lines these are (`=== RUN`, or the `--- FAIL` block).
+    current: Option<String>,
+    /// The log line whose continuation lines may follow: (test, its indent, lines left).
+    cont: Option<(String, usize, usize)>,
+    panic: Option<Panic>,
+    /// Errors of a package that does not build, until `[build failed]` confirms them.
+    build: Vec<(String, u32, Option<u32>, String)>,
+    /// Inside a `# pkg` block: lines left.
+    build_lines: usize,
+    /// The module's import path and the absolute directory of its root, from a panic's frame.
+    module: Option<(String, String)>,
+    /// The longest import path prefix (by segment) shared by every package seen.
+    common: Option<String>,
+    packages: u32,
+    counts: TestCounts,
+    /// The output says what passed (`-v`, `-json`): the counts are whole.
+    counted: bool,
+}
+
+#[derive(Default)]
+struct Test {
+    name: String,
+    pkg: Option<String>,
+    failed: bool,
+    panicked: bool,
+    message: Option<String>,
+    /// The place as printed and whether it is absolute (a panic's frame) rather than relative
+    /// to the package's directory.
+    place: Option<(String, u32, bool)>,
+    excerpt: Excerpt,
+}
+
+struct Panic {
+    test: Option<String>,
+    pkg: Option<String>,
+    left: usize,
+    /// The function of the frame whose file line comes next.
+    func: Option<String>,
+    placed: bool,
+    frames: bool,
+}
+
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "Action", borrow)]
+    action: std::borrow::Cow<'a, str>,
+    #[serde(rename = "Package", alias = "ImportPath", default, borrow)]
+    package: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "Test", default, borrow)]
+    test: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "Output", default, borrow)]
+    output: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Reader for GoTest {
+    fn tool(&self) -> &'static str {
+        TOOL
+    }
+
+    fn anchors(&self) -> &'static [&'static str] {
+        &[
+            "\"Action\":\"",
+            "=== RUN",
+            "=== CONT",
+            "=== NAME",
+            "--- FAIL: ",
+            "--- PASS: ",
+            "--- SKIP: ",
+            ".go:",
+            "FAIL\t",
+            "ok  \t",
+            "panic: ",
+            "# ",
+            "[build failed]",
+            "[setup failed]",
+        ]
+    }
+
+    fn wants_all(&self) -> bool {
+        self.panic.is_some() || self.cont.is_some() || self.build_lines > 0
+    }
+
+    fn line(&mut self, line: Line<'_>, sink: &mut Sink) {
+        let t = line.text;
+        if t.starts_with('{') {
+            if t.contains("\"Action\":\"") {
+                self.event(t, sink);
+            }
+            return;
+        }
+        self.text(t, None, None, sink);
+    }
+
+    fn end(&mut self, sink: &mut Sink) {
+        self.panic = None;
+        let tests = std::mem::take(&mut self.tests);
+        for (i, t) in tests.iter().enumerate() {
+            if !t.failed {
+                continue;
+            }
+            let own = t.message.is_some() || t.place.is_some();
+            let prefix = format!("{}/", t.name);
+            if !own
+                && tests
+                    .iter()
+                    .enumerate()
+                    .any(|(j, c)| j != i && c.failed && c.name.starts_with(&prefix))
+            {
+                // A parent that failed because a subtest did.
+                continue;
+            }
+            let location = t.place.as_ref().map(|(f, n, abs)| {
+                let path = if *abs {
+                    f.clone()
+                } else {
+                    match self.dir(t.pkg.as_deref()) {
+                        Some(d) if !d.is_empty() => format!("{d}/{f}"),
+                        _ => f.clone(),
+                    }
+                };
+                sink.location(&path, Some(*n), None)
+            });
+            sink.push(Finding {
+                kind: if t.panicked {
+                    FindingKind::TestError
+                } else {
+                    FindingKind::TestFailed
+                },
+                tool: TOOL.into(),
+                name: Some(t.name.clone()),
+                location,
+                message: t.message.clone().unwrap_or_else(|| "failed".into()),
+                excerpt: t.excerpt.clone().take(),
+            });
+        }
+        if self.counted {
+            sink.counts(TOOL, self.counts);
+        }
+    }
+}
+
+impl GoTest {
+    /// One event of `go test -json`.
+    fn event(&mut self, t: &str, sink: &mut Sink) {
+        let Ok(e) = serde_json::from_str::<Event<'_>>(t) else {
+            return;
+        };
+        let pkg = e.package.as_deref();
+        let test = e.test.as_deref().filter(|n| n.len() <= MAX_NAME);
+        match (e.action.as_ref(), test) {
+            ("run", Some(_)) => self.counted = true,
+            ("output" | "build-output", _) => {
+                if let Some(out) = e.output.as_deref() {
+                    let out = out.strip_suffix('\n').unwrap_or(out);
+                    let out = out.strip_suffix('\r').unwrap_or(out);
+                    if test.is_some() {
+                        self.test_output(test, pkg, out, sink);
+                    } else {
+                        self.text(out, None, pkg, sink);
+                    }
+                }
+            }
+            ("pass", Some(n)) => self.status(n, pkg, Status::Pass),
+            ("skip", Some(n)) => self.status(n, pkg, Status::Skip),
+            ("fail", Some(n)) => self.status(n, pkg, Status::Fail),
+            ("pass" | "fail" | "skip", None) => {
+                if let Some(p) = pkg {
+                    self.package(p);
+                }
+            }
+            ("build-fail", _) => self.confirm_build(sink),
+            _ => {}
+        }
+    }
+
+    /// A line of the text output, or an event's output line outside a test (`pkg` known).
+    fn text(&mut self, t: &str, test: Option<&str>, pkg: Option<&str>, sink: &mut Sink) {
+        if self.build_lines > 0 {
+            self.build_lines -= 1;
+            if let Some((file, n, col, msg)) = file_line(t.trim_start_matches("./"))
+                && file.ends_with(".go")
+                && !t.starts_with(' ')
+            {
+                if self.build.len() < MAX_FINDINGS {
+                    self.build
+                        .push((file.to_string(), n, col, one_line(msg).to_string()));
+                }
+                return;
+            }
+            if !t.starts_with('\t') && !t.starts_with("  ") {
+                self.build_lines = 0;
+            } else {
+                return;
+            }
+        }
+        if let Some(rest) = t.strip_prefix("# ") {
+            // `# pkg` or `# pkg [pkg.test]`: the errors of a package that does not build.
+            let path = rest.split(' ').next().unwrap_or("");
+            if !path.is_empty()
+                && path
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"./_-~".contains(&c))
+            {
+                self.build_lines = 50;
+            }
+            return;
+        }
+        if t.ends_with("[build failed]") || t.ends_with("[setup failed]") {
+            self.confirm_build(sink);
+        }
+        if let Some(p) = package_line(t) {
+            self.package(p);
+            self.current = None;
+            self.cont = None;
+            self.panic = None;
+            return;
+        }
+        if t == "FAIL" || t == "PASS" {
+            self.current = None;
+            self.cont = None;
+            return;
+        }
+        if let Some(rest) = t
+            .strip_prefix("=== RUN")
+            .or_else(|| t.strip_prefix("=== CONT"))
+            .or_else(|| t.strip_prefix("=== NAME"))
+        {
+            let name = rest.trim();
+            self.counted = true;
+            self.cont = None;
+            self.current = (!name.is_empty() && name.len() <= MAX_NAME).then(|| name.to_string());
+            return;
+        }
+        let s = t.trim_start();
+        for (prefix, status) in [
+            ("--- FAIL: ", Status::Fail),
+            ("--- PASS: ", Status::Pass),
+            ("--- SKIP: ", Status::Skip),
+        ] {
+            if let Some(rest) = s.strip_prefix(prefix) {
+                let name = match rest.rsplit_once(" (") {
+                    Some((n, time)) if time.ends_with("s)") => n,
+                    _ => rest,
+                };
+                if name.is_empty() || name.len() > MAX_NAME || name.contains(' ') {
+                    return;
+                }
+                self.status(name, pkg, status);
+                if status == Status::Fail {
+                    // Without -v, its output lines follow, indented.
+                    self.current = Some(name.to_string());
+                }
+                self.cont = None;
+                return;
+            }
+        }
+        let test = test.map(str::to_string).or_else(|| self.current.clone());
+        self.output(test.as_deref(), pkg, t, sink);
+    }
+
+    /// An output line of a test (`-json`).
+    fn test_output(&mut self, test: Option<&str>, pkg: Option<&str>, t: &str, sink: &mut Sink) {
+        let s = t.trim_start();
+        if s.starts_with("=== ")
+            || s.starts_with("--- FAIL: ")
+            || s.starts_with("--- PASS: ")
+            || s.starts_with("--- SKIP: ")
+        {
+            self.cont = None;
+            return;
+        }
+        self.output(test, pkg, t, sink);
+    }
+
+    /// A line that may belong to a test: a log line, its continuation, a panic and its trace.
+    fn output(&mut self, test: Option<&str>, pkg: Option<&str>, t: &str, sink: &mut Sink) {
+        if t.starts_with("panic: ") {
+            self.cont = None;
+            let owner = test.map(str::to_string).or_else(|| {
+                self.tests
+                    .iter()
+                    .rev()
+                    .find(|x| x.failed)
+                    .map(|x| x.name.clone())
+            });
+            if self.panic.is_none() {
+                if let Some(name) = &owner
+                    && let Some(x) = self.test(name, pkg)
+                    && !x.panicked
+                {
+                    x.panicked = true;
+                    let msg = t.strip_suffix(" [recovered]").unwrap_or(t);
+                    x.message = Some(msg.to_string());
+                    x.excerpt.push(msg);
+                }
+                self.panic = Some(Panic {
+                    test: owner,
+                    pkg: pkg.map(str::to_string),
+                    left: PANIC_LINES,
+                    func: None,
+                    placed: false,
+                    frames: false,
+                });
+            }
+            return;
+        }
+        if self.panic.is_some() {
+            self.panic_line(t, sink);
+            return;
+        }
+        let Some(test) = test else {
+            return;
+        };
+        let s = t.trim_start();
+        if let Some((file, n, _, msg)) = file_line(s)
+            && file.ends_with(".go")
+            && !file.contains('/')
+            && t.starts_with(' ')
+        {
+            let ind = indent(t);
+            if let Some(x) = self.test(test, pkg) {
+                x.message = Some(msg.to_string());
+                x.place = Some((file.to_string(), n, false));
+                x.excerpt.push(s);
+            }
+            self.cont = Some((test.to_string(), ind, CONTINUATION));
+            return;
+        }
+        if let Some((owner, ind, left)) = self.cont.take()
+            && owner == test
+            && left > 0
+            && indent(t) > ind
+            && !s.is_empty()
+        {
+            if let Some(x) = self.test(test, pkg) {
+                x.excerpt.push(s);
+            }
+            self.cont = Some((owner, ind, left - 1));
+        }
+    }
+
+    fn panic_line(&mut self, t: &str, sink: &mut Sink) {
+        let Some(p) = &mut self.panic else {
+            return;
+        };
+        p.left = p.left.saturating_sub(1);
+        if p.left == 0 || (t.is_empty() && p.frames) || package_line(t).is_some() {
+            self.panic = None;
+            return;
+        }
+        let s = t.trim();
+        if s.starts_with("goroutine ") {
+            p.frames = true;
+            return;
+        }
+        if !t.starts_with('\t') {
+            p.func = (!s.starts_with("created by")).then(|| s.to_string());
+            return;
+        }
+        let Some((file, n, _, _)) = file_line(s) else {
+            return;
+        };
+        let located = sink.paths().locate(file);
+        if !file.starts_with('/') || !sink.paths().inside(&located) {
+            return;
+        }
+        let func = p.func.take();
+        if self.module.is_none()
+            && let Some(f) = &func
+        {
+            self.module = module_of(f, file);
+        }
+        let (owner, pkg, first) = (p.test.clone(), p.pkg.clone(), !p.placed);
+        p.placed = true;
+        if let Some(name) = owner
+            && let Some(x) = self.test(&name, pkg.as_deref())
+        {
+            if first {
+                x.place = Some((file.to_string(), n, true));
+            }
+            x.excerpt
+                .push(&format!("{} at {located}:{n}", func.unwrap_or_default()));
+        }
+    }
+
+    /// The test of this name (of this package when known), added when there is room.
+    fn test(&mut self, name: &str, pkg: Option<&str>) -> Option<&mut Test> {
+        let at = self.tests.iter().rposition(|t| {
+            t.name == name && (pkg.is_none() || t.pkg.is_none() || t.pkg.as_deref() == pkg)
+        });
+        let at = match at {
+            Some(i) => i,
+            None if self.tests.len() < MAX_TESTS => {
+                self.tests.push(Test {
+                    name: name.to_string(),
+                    pkg: pkg.map(str::to_string),
+                    ..Test::default()
+                });
+                self.tests.len() - 1
+            }
+            None => return None,
+        };
+        Some(&mut self.tests[at])
+    }
+
+    fn status(&mut self, name: &str, pkg: Option<&str>, status: Status) {
+        match status {
+            Status::Pass => self.counts.passed += 1,
+            Status::Skip => self.counts.skipped += 1,
+            Status::Fail => self.counts.failed += 1,
+        }
+        if status == Status::Fail {
+            if let Some(t) = self.test(name, pkg) {
+                t.failed = true;
+            }
+        } else if let Some(i) = self.tests.iter().rposition(|t| {
+            t.name == name && !t.failed && (pkg.is_none() || t.pkg.as_deref() == pkg)
+        }) {
+            self.tests.remove(i);
+        }
+    }
+
+    /// A package's run ended: its tests of unknown package are its own.
+    fn package(&mut self, pkg: &str) {
+        for t in &mut self.tests {
+            if t.pkg.is_none() {
+                t.pkg = Some(pkg.to_string());
+            }
+        }
+        self.tests.retain(|t| t.failed);
+        self.packages += 1;
+        self.common = Some(match self.common.take() {
+            None => pkg.to_string(),
+            Some(c) => common_prefix(&c, pkg),
+        });
+    }
+
+    fn confirm_build(&mut self, sink: &mut Sink) {
+        self.build_lines = 0;
+        for (file, n, col, msg) in std::mem::take(&mut self.build) {
+            let location = Some(sink.location(&file, Some(n), col));
+            sink.push(Finding {
+                kind: FindingKind::CompileError,
+                tool: BUILD_TOOL.into(),
+                name: None,
+                location,
+                message: msg,
+                excerpt: None,
+            });
+        }
+    }
+
+    /// The directory of a package (relative to the working directory, or absolute).
+    fn dir(&self, pkg: Option<&str>) -> Option<String> {
+        let pkg = pkg?;
+        if let Some((m, root)) = &self.module {
+            if pkg == m {
+                return Some(root.clone());
+            }
+            if let Some(rest) = pkg
+                .strip_prefix(m.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+            {
+                return Some(format!("{root}/{rest}"));
+            }
+        }
+        if self.packages > 1
+            && let Some(c) = &self.common
+        {
+            if pkg == c {
+                return Some(String::new());
+            }
+            if let Some(rest) = pkg
+                .strip_prefix(c.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+            {
+                return Some(rest.to_string());
+            }
+        }
+        Some(String::new())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Pass,
+    Skip,
+    Fail,
+}
+
+/// `FAIL\tpkg\t0.01s`, `ok  \tpkg\t0.01s`, `FAIL\tpkg [build failed]`: the package.
+fn package_line(t: &str) -> Option<&str> {
+    let rest = t
+        .strip_prefix("FAIL\t")
+        .or_else(|| t.strip_prefix("ok  \t"))?;
+    let pkg = rest.split(['\t', ' ']).next()?;
+    (!pkg.is_empty() && pkg.len() <= MAX_NAME).then_some(pkg)
+}
+
+/// The module's import path and root directory, from a frame's function
+/// (`example.com/m/pkg.TestX(...)`, `example.com/m/pkg.(*T).M(...)`) and its absolute file.
+fn module_of(func: &str, file: &str) -> Option<(String, String)> {
+    let head = &func[..func.find('(').unwrap_or(func.len())];
+    let slash = head.rfind('/').map_or(0, |i| i + 1);
+    let dot = head[slash..].find('.')? + slash;
+    let pkg = &head[..dot];
+    let dir = &file[..file.rfind('/')?];
+    // Strip the segments the package path and the directory end with alike.
+    let (mut p, mut d) = (pkg, dir);
+    while let (Some((p2, ps)), Some((d2, ds))) = (p.rsplit_once('/'), d.rsplit_once('/')) {
+        if ps != ds {
+            break;
+        }
+        p = p2;
+        d = d2;
+    }
+    Some((p.to_string(), d.to_string()))
+}
+
+fn common_prefix(a: &str, b: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for (x, y) in a.split('/').zip(b.split('/')) {
+        if x != y {
+            break;
+        }
+        out.push(x);
+    }
+    out.join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_gives_the_module_root() {
+        assert_eq!(
+            module_of(
+                "example.com/calc/panics.TestPanics(0x0?)",
+                "/workspace/panics/p_test.go"
+            ),
+            Some(("example.com/calc".into(), "/workspace".into()))
+        );
+        assert_eq!(
+            module_of("example.com/m/a/b.(*T).M(0x1)", "/ws/sub/a/b/x.go"),
+            Some(("example.com/m".into(), "/ws/sub".into()))
+        );
+        assert_eq!(common_prefix("a.com/m/x", "a.com/m/y"), "a.com/m");
+        assert_eq!(
+            package_line("FAIL\texample.com/m/b [build failed]"),
+            Some("example.com/m/b")
+        );
+    }
+}
