@@ -5,8 +5,9 @@
 //! counts are those of the test cases (nested `<testsuite>` totals would count twice). The
 //! test's place is its `file`/`line` attributes, else the first frame inside the workspace in
 //! the failure's text (a JavaScript `at f (file:line:col)`, a Python `File "x.py", line N` or
-//! pytest's `x.py:N: Error` (the last one: the innermost), a Java `at a.B.c(B.java:17)`, which
-//! names a file without its directory and is given as printed).
+//! pytest's `x.py:N: Error` (the last one: the innermost), a Java `at a.B.c(B.java:17)` of the
+//! test's class (else the first outside the JDK and the test frameworks), which names a file
+//! without its directory and is given as printed).
 //!
 //! The parser (quick-xml) expands no DTD entity, so a billion-laughs document stays small; the
 //! input, the events read and each text kept are bounded, and malformed XML ends the reading
@@ -156,6 +157,7 @@ fn ev_kind(e: &BytesStart<'_>) -> Kind {
 
 struct Case {
     name: String,
+    class: String,
     file: Option<String>,
     line: Option<u32>,
     outcome: Option<Kind>,
@@ -171,6 +173,7 @@ impl Case {
         let suite = suites.iter().rev().find(|s| !s.is_empty());
         Case {
             name: join(class.trim(), name.trim(), suite.map(String::as_str)),
+            class: class.trim().to_string(),
             file: attr(e, b"file").filter(|f| !f.is_empty()),
             line: attr(e, b"line").and_then(|l| l.trim().parse().ok()),
             outcome: None,
@@ -230,7 +233,7 @@ fn finish(c: Case, sink: &mut Sink, counts: &mut TestCounts) {
     };
     let location = match (&c.file, c.line) {
         (Some(f), line) => Some(sink.location(f, line, None)),
-        (None, _) => place_in(&c.text, sink),
+        (None, _) => place_in(&c.text, &c.class, sink),
     };
     let message = c
         .message
@@ -257,9 +260,11 @@ fn finish(c: Case, sink: &mut Sink, counts: &mut TestCounts) {
 }
 
 /// The failure's place from its text: see the module's doc.
-fn place_in(text: &str, sink: &Sink) -> Option<Location> {
+fn place_in(text: &str, class: &str, sink: &Sink) -> Option<Location> {
     let mut last_py: Option<(String, u32)> = None;
+    // A Java frame: of the test's class, else the first outside the JDK and test frameworks.
     let mut java: Option<(String, u32)> = None;
+    let mut java_other: Option<(String, u32)> = None;
     for l in text.lines() {
         let s = l.trim();
         if let Some(frame) = s.strip_prefix("at ") {
@@ -272,8 +277,17 @@ fn place_in(text: &str, sink: &Sink) -> Option<Location> {
                     if inside(sink, file) && !sink.paths().locate(file).contains("node_modules/") {
                         return Some(sink.location(file, Some(n), col));
                     }
-                } else if java.is_none() && !file.starts_with("node:") && file.contains('.') {
-                    java = Some((file.to_string(), n));
+                } else if !file.starts_with("node:") && file.contains('.') {
+                    let func = frame.split('(').next().unwrap_or("");
+                    let func = func.rsplit('/').next().unwrap_or(func);
+                    if java.is_none() && !class.is_empty() && func.starts_with(&format!("{class}."))
+                    {
+                        java = Some((file.to_string(), n));
+                    } else if java_other.is_none()
+                        && !JAVA_LIBRARIES.iter().any(|l| func.starts_with(l))
+                    {
+                        java_other = Some((file.to_string(), n));
+                    }
                 }
             }
             continue;
@@ -296,12 +310,31 @@ fn place_in(text: &str, sink: &Sink) -> Option<Location> {
         return Some(sink.location(&f, Some(n), None));
     }
     // A Java frame names the file without its directory: given as printed.
-    java.map(|(f, n)| Location {
+    java.or(java_other).map(|(f, n)| Location {
         file: bound(&f, MAX_NAME),
         line: Some(n),
         column: None,
     })
 }
+
+/// Packages of the JDK and of test frameworks, whose frames are not the test's place.
+const JAVA_LIBRARIES: &[&str] = &[
+    "java.",
+    "javax.",
+    "jdk.",
+    "sun.",
+    "kotlin.",
+    "scala.",
+    "org.junit.",
+    "junit.",
+    "org.opentest4j.",
+    "org.testng.",
+    "org.assertj.",
+    "org.hamcrest.",
+    "org.mockito.",
+    "org.apache.maven.",
+    "org.gradle.",
+];
 
 /// The failure's first lines, frames outside the workspace left out.
 fn excerpt_of(text: &str, sink: &Sink) -> Option<String> {
