@@ -440,6 +440,7 @@ mod tests {
                 "duration_ms",
                 "enforcement",
                 "exit_code",
+                "findings",
                 "resources",
                 "signal",
                 "stderr",
