@@ -54,6 +54,19 @@ pub struct Line<'a> {
     pub text: &'a str,
     /// 1-based line number in the stream.
     pub number: u64,
+    /// The line before, raw (its last [`MAX_PREVIOUS`] bytes): lines without an anchor are not
+    /// looked at, so a reader whose report starts with one (eslint's file line) asks for it.
+    previous: &'a [u8],
+}
+
+impl Line<'_> {
+    /// The line before this one, cleaned as [`Line::text`] is (empty for the first line; only
+    /// the end of one longer than [`MAX_PREVIOUS`]).
+    pub fn previous(&self) -> String {
+        let mut out = String::new();
+        clean_line(self.previous, &mut out);
+        out
+    }
 }
 
 /// A reader of one tool's reports in a stream.
@@ -349,6 +362,16 @@ pub fn bound_excerpt(s: &str) -> String {
     out.trim_end().to_string()
 }
 
+/// Most bytes of the line before kept for [`Line::previous`].
+pub const MAX_PREVIOUS: usize = 1024;
+
+/// The last line of `lines` (each ending in a newline), its last [`MAX_PREVIOUS`] bytes.
+fn last_line(lines: &[u8]) -> &[u8] {
+    let e = lines.len().saturating_sub(1);
+    let s = memchr::memrchr(b'\n', &lines[..e]).map_or(0, |i| i + 1);
+    &lines[s.max(e.saturating_sub(MAX_PREVIOUS))..e]
+}
+
 /// Reads one stream with every reader.
 pub struct Scanner {
     readers: Vec<Box<dyn Reader>>,
@@ -364,6 +387,8 @@ pub struct Scanner {
     /// Scratch: which readers an anchor of the current line names.
     hit: Vec<bool>,
     text: String,
+    /// The end of the last line of the previous chunk ([`Line::previous`]).
+    last: Vec<u8>,
 }
 
 impl std::fmt::Debug for Scanner {
@@ -408,6 +433,7 @@ impl Scanner {
             number: 0,
             hit: vec![false; n],
             text: String::new(),
+            last: Vec::new(),
         }
     }
 
@@ -498,11 +524,25 @@ impl Scanner {
     /// without its end). While no reader is inside a block, the search jumps from one line
     /// holding an anchor to the next, counting the lines between without looking at them.
     fn lines(&mut self, chunk: &[u8], single: bool) {
+        let before = std::mem::take(&mut self.last);
         if single {
             self.number += 1;
-            self.line(&chunk[..chunk.len().min(MAX_LINE)]);
+            let line = &chunk[..chunk.len().min(MAX_LINE)];
+            self.line(line, &before);
+            self.last = before;
+            self.last.clear();
+            self.last
+                .extend_from_slice(&line[line.len().saturating_sub(MAX_PREVIOUS)..]);
             return;
         }
+        self.lines_of(chunk, &before);
+        self.last = before;
+        self.last.clear();
+        self.last.extend_from_slice(last_line(chunk));
+    }
+
+    /// Whole lines of `chunk`, after the line `before`.
+    fn lines_of(&mut self, chunk: &[u8], before: &[u8]) {
         let mut pos = 0;
         while pos < chunk.len() {
             if !self.readers.iter().any(|r| r.wants_all()) {
@@ -521,14 +561,20 @@ impl Scanner {
             }
             let end = memchr::memchr(b'\n', &chunk[pos..]).map_or(chunk.len(), |i| pos + i);
             self.number += 1;
-            self.line(&chunk[pos..end.min(pos + MAX_LINE)]);
+            // The chunk starts at a line's start.
+            let previous = if pos == 0 {
+                before
+            } else {
+                last_line(&chunk[..pos])
+            };
+            self.line(&chunk[pos..end.min(pos + MAX_LINE)], previous);
             pos = end + 1;
         }
     }
 
     /// One line (already cut to [`MAX_LINE`]): to the readers whose anchors it holds, and to
     /// those inside a block.
-    fn line(&mut self, raw: &[u8]) {
+    fn line(&mut self, raw: &[u8], previous: &[u8]) {
         let mut any = false;
         if let Some(ac) = &self.search {
             for m in ac.find_overlapping_iter(raw) {
@@ -545,6 +591,7 @@ impl Scanner {
         let l = Line {
             text: &self.text,
             number: self.number,
+            previous,
         };
         for (i, r) in self.readers.iter_mut().enumerate() {
             if self.hit[i] || r.wants_all() {

@@ -312,19 +312,10 @@ fn eslint() {
         f.findings[3].excerpt.as_deref(),
         Some("3:1 warning Unexpected console statement (no-console)")
     );
-    // Without colour the first file's line holds no anchor: its problems come without a file.
-    let mut want: Vec<String> = a
-        .iter()
-        .map(|s| {
-            let mut p: Vec<&str> = s.splitn(4, ' ').collect();
-            let rest = p.pop().unwrap_or("");
-            let (_, msg) = rest.split_once(' ').unwrap_or(("", rest));
-            p.push("-");
-            format!("{} {msg}", p.join(" "))
-        })
-        .collect();
-    want.extend(rest.iter().map(|s| s.to_string()));
-    check("eslint-stylish.txt", &to_refs(&want));
+    // Without colour the first file's line holds no anchor: it is read as the line before
+    // its first problem.
+    check("eslint-stylish.txt", &want);
+    // In another chunk of the stream too (hostile_framing_changes_nothing: in chunks of 1).
 }
 
 #[test]

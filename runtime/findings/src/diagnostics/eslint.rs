@@ -84,14 +84,19 @@ impl Reader for Eslint {
 
     fn line(&mut self, line: Line<'_>, sink: &mut Sink) {
         let text = line.text;
-        let (in_problems, file) = match std::mem::take(&mut self.state) {
+        let (in_problems, mut file) = match std::mem::take(&mut self.state) {
             State::File(f) => (true, Some(f)),
             State::Problems(f) => (true, f),
             State::Idle | State::Between => (false, None),
         };
         if let Some((l, c, error, msg, rule)) = problem(text) {
-            // Without colour the first file's line is no anchor: its problems have no file
-            // (and must name a rule, or be a parsing error, to be taken for eslint's).
+            // Without colour the first file's line is no anchor: it is the line before its
+            // first problem, when at hand.
+            if file.is_none() && !in_problems {
+                file = file_line(&line.previous()).map(str::to_string);
+            }
+            // Problems without a file must name a rule, or be a parsing error, to be taken
+            // for eslint's.
             if file.is_none() && rule.is_none() && !msg.starts_with("Parsing error: ") {
                 return;
             }

@@ -100,6 +100,7 @@ impl Reader for GoTest {
             ".go:",
             "FAIL\t",
             "ok  \t",
+            "[no test files]",
             "panic: ",
             "# ",
             "[build failed]",
@@ -519,11 +520,13 @@ enum Status {
     Fail,
 }
 
-/// `FAIL\tpkg\t0.01s`, `ok  \tpkg\t0.01s`, `FAIL\tpkg [build failed]`: the package.
+/// `FAIL\tpkg\t0.01s`, `ok  \tpkg\t0.01s`, `FAIL\tpkg [build failed]`, `?   \tpkg\t[no test
+/// files]`: the package (one without tests counts for the module's common prefix).
 fn package_line(t: &str) -> Option<&str> {
     let rest = t
         .strip_prefix("FAIL\t")
-        .or_else(|| t.strip_prefix("ok  \t"))?;
+        .or_else(|| t.strip_prefix("ok  \t"))
+        .or_else(|| t.strip_prefix("?   \t"))?;
     let pkg = rest.split(['\t', ' ']).next()?;
     (!pkg.is_empty() && pkg.len() <= MAX_NAME).then_some(pkg)
 }
@@ -580,6 +583,10 @@ mod tests {
         assert_eq!(
             package_line("FAIL\texample.com/m/b [build failed]"),
             Some("example.com/m/b")
+        );
+        assert_eq!(
+            package_line("?   \texample.com/m\t[no test files]"),
+            Some("example.com/m")
         );
     }
 }
