@@ -354,6 +354,70 @@ fn verification_failed_when_the_gate_keeps_failing() {
 }
 
 #[test]
+fn a_failed_verification_shows_its_findings_first_and_the_report_lists_them() {
+    let fx = Fx::new();
+    // A verification whose test runner reports one failing test in the middle of a long log:
+    // the tail the model gets cannot show it, the findings do.
+    let mut log = String::new();
+    for i in 0..3000 {
+        log.push_str(&format!("test calc::tests::case_{i:04} ... ok\n"));
+    }
+    log.push_str(
+        "test calc::tests::adds_two ... FAILED\n\nfailures:\n\n\
+         ---- calc::tests::adds_two stdout ----\n\n\
+         thread 'calc::tests::adds_two' panicked at src/calc.rs:12:9:\n\
+         assertion `left == right` failed\n  left: 3\n right: 4\n\n\
+         failures:\n    calc::tests::adds_two\n\n\
+         test result: FAILED. 3000 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; \
+         finished in 0.02s\n",
+    );
+    for i in 0..3000 {
+        log.push_str(&format!("test other::tests::case_{i:04} ... ok\n"));
+    }
+    log.push_str(
+        "\ntest result: ok. 3000 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; \
+         finished in 0.02s\n",
+    );
+    fx.env.write("test.log", &log);
+    let mut contract = fx.contract();
+    contract.verify = vec!["cat test.log; exit 101".into()];
+    contract.budget.max_verify_attempts = 2;
+    let steps = vec![
+        Step::call("finish", json!({"summary": "done"})),
+        Step::call("finish", json!({"summary": "done again"})),
+        Step::text("giving up"),
+    ];
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let report = fx.run(&mock, Provider::Openai, contract);
+    assert_eq!(report.termination, Termination::VerificationFailed);
+    let v = &report.verification[0];
+    assert_eq!(v.findings.len(), 1, "{v:#?}");
+    assert_eq!(v.findings[0].name.as_deref(), Some("calc::tests::adds_two"));
+    let loc = v.findings[0].location.as_ref().unwrap();
+    assert_eq!((loc.file.as_str(), loc.line), ("src/calc.rs", Some(12)));
+    assert_eq!(v.tests.map(|t| (t.passed, t.failed)), Some((6000, 1)));
+    assert!(
+        !v.output_tail.contains("adds_two"),
+        "the tail alone misses it"
+    );
+    // The model saw it first, with its location.
+    let obs = last_content(&mock.received()[1].body);
+    let at = obs
+        .find("src/calc.rs:12")
+        .unwrap_or_else(|| panic!("{obs}"));
+    assert!(
+        at < obs.find("test other::tests").unwrap_or(usize::MAX),
+        "{obs}"
+    );
+    // The report lists it under its verification command.
+    let md = report.to_markdown();
+    assert!(
+        md.contains("src/calc.rs:12:9 calc::tests::adds_two"),
+        "{md}"
+    );
+}
+
+#[test]
 fn max_turns_ends_the_task() {
     let fx = Fx::new();
     let mut contract = fx.contract();

@@ -237,3 +237,21 @@ def test_binary_and_large_stdin_and_merged_output(sandbox: taskbox.Sandbox) -> N
     import hashlib
 
     assert p.wait(timeout=60).result.stdout.text.strip() == hashlib.sha256(big).hexdigest()  # type: ignore[union-attr]
+
+
+def test_a_failing_test_run_has_its_findings(sandbox: taskbox.Sandbox) -> None:
+    # The workspace's src/calc.py subtracts: its one test fails. pytest under the system
+    # interpreter (the one a host-view sandbox sees), without its cache (no stray changes).
+    r = sandbox.exec("PYTHONPATH=src /usr/bin/python3 -m pytest -q -p no:cacheprovider tests", timeout=120)
+    assert r.exit_code == 1, r.stdout.text + r.stderr.text
+    assert r.tests == m.TestCounts(passed=0, failed=1, errored=0, skipped=0)
+    assert len(r.findings) == 1, r.findings
+    f = r.findings[0]
+    assert isinstance(f, m.Finding)
+    assert (f.kind, f.tool, f.name) == ("test_failed", "pytest", "tests/test_calc.py::test_add")
+    assert f.location == m.Location(file="tests/test_calc.py", line=5)
+    assert "assert -1 == 5" in f.message
+    # A passing run has none.
+    sandbox.write("src/calc.py", "def add(a, b):\n    return a + b\n")
+    ok = sandbox.exec("PYTHONPATH=src /usr/bin/python3 -m pytest -q -p no:cacheprovider tests", timeout=120)
+    assert ok.ok and ok.findings == [] and ok.tests == m.TestCounts(passed=1, failed=0, errored=0, skipped=0)

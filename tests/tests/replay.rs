@@ -41,6 +41,28 @@ fn repo(env: &Env) -> String {
     first
 }
 
+/// `cargo test`'s report of one failing test (`calc::tests::adds_two`, at src/calc.rs:12:9).
+const FAILING_TEST_LOG: &str = "running 2 tests
+test calc::tests::adds_one ... ok
+test calc::tests::adds_two ... FAILED
+
+failures:
+
+---- calc::tests::adds_two stdout ----
+
+thread 'calc::tests::adds_two' panicked at src/calc.rs:12:9:
+assertion `left == right` failed
+  left: 3
+ right: 4
+note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
+
+
+failures:
+    calc::tests::adds_two
+
+test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+";
+
 /// Records the session; returns the trace path and the number of ops.
 fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
     let sup = Supervisor::start(
@@ -145,6 +167,16 @@ fn record(env: &Env, backend: &str, image: Option<&str>) -> (PathBuf, usize) {
     );
     // #29: what the root file system is (the host's, or the image's).
     exec(json!({"argv": ["head", "-n1", "/etc/os-release"]}));
+    // #30, #31: a test log with a failing test: its finding is compared on replay.
+    ok(
+        &sup,
+        "POST",
+        &p("write"),
+        json!({"path": "test.log", "content": FAILING_TEST_LOG}),
+    );
+    let r = exec(json!({"argv": ["cat", "test.log"]}));
+    assert_eq!(r["findings"][0]["name"], "calc::tests::adds_two", "{r}");
+    assert_eq!(r["findings"][0]["location"]["line"], 12, "{r}");
     let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{id}"), None);
     assert_eq!(status, 204);
     drop(sup);
@@ -253,7 +285,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     let env = Env::new();
     let first_commit = repo(&env);
     let (trace, ops) = record(&env, "native", None);
-    assert_eq!(ops, 30);
+    assert_eq!(ops, 32);
 
     // Same backend: everything matches.
     let (code, report) = replay_json(&env, &trace, &[]);
@@ -264,7 +296,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("30 ops: 30 match, 0 diverged, 0 skipped"),
+        text.contains("32 ops: 32 match, 0 diverged, 0 skipped"),
         "{text}"
     );
 
@@ -280,6 +312,25 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     assert!(text.contains("first divergence at #10 exec"), "{text}");
     assert!(text.contains("-oops!\n  +oops\n"), "{text}");
     assert!(text.contains("1 diverged"), "{text}");
+
+    // A tampered finding (its line): the exec that reported it diverges, on its findings
+    // alone (the output is the same).
+    let t = env.dir.path().join("finding.jsonl");
+    tamper(&trace, &t, 31, |v| {
+        assert_eq!(v["outcome"]["ok"]["findings"][0]["location"]["line"], 12);
+        v["outcome"]["ok"]["findings"][0]["location"]["line"] = json!(13);
+    });
+    let (code, report) = replay_json(&env, &t, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let first = first_divergence(&report);
+    assert_eq!(first["seq"], 31, "{first:#}");
+    let fields: Vec<&str> = first["mismatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["findings"], "{first:#}");
 
     // A tampered workspace base: the first op that sees the workspace diverges.
     let t = env.dir.path().join("base.jsonl");
@@ -300,7 +351,7 @@ fn a_native_session_replays_and_tampering_is_found_at_the_right_operation() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert!(text.contains("incomplete line"), "{text}");
-    assert!(text.contains("29 ops: 29 match"), "{text}");
+    assert!(text.contains("31 ops: 31 match"), "{text}");
 
     // No repository with the commit: a clear error naming what is missing and the flag.
     let empty = env.dir.path().join("empty-repo");

@@ -121,6 +121,22 @@ async fn tool_errors_are_results_and_the_sandbox_ends_with_the_session() {
     assert!(text(&r).contains("one\ntwo\n"), "{r}");
     let r = c.call("search", json!({"pattern": "t.o"})).await;
     assert!(text(&r).starts_with("b.txt:1: two\n"), "{r}");
+    // A failing test's report: its finding in the text, before the output, and in the JSON.
+    let log = "test calc::add ... FAILED\n\nfailures:\n\n---- calc::add stdout ----\n\n\
+               thread 'calc::add' panicked at src/calc.rs:7:5:\nassertion failed: false\n\n\
+               failures:\n    calc::add\n\n\
+               test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; \
+               finished in 0.00s\n";
+    c.call("write_file", json!({"path": "test.log", "content": log}))
+        .await;
+    let r = c.call("exec", json!({"argv": ["cat", "test.log"]})).await;
+    let f = &r["structuredContent"]["findings"][0];
+    assert_eq!(f["name"], "calc::add", "{r}");
+    assert_eq!(f["location"]["file"], "src/calc.rs", "{r}");
+    assert_eq!(f["location"]["line"], 7, "{r}");
+    let t = text(&r);
+    let listed = t.find("src/calc.rs:7").unwrap_or(usize::MAX);
+    assert!(listed < t.find("stdout:").unwrap_or(0), "{t}");
     // An unknown tool is a protocol error (the client asked for something not listed).
     let r = c
         .request("tools/call", json!({"name": "nope", "arguments": {}}))
