@@ -1236,7 +1236,33 @@ PY
 # NAME|WORKSPACE|LINE|TEST NAME|FILE:LINE (a copy of each in the scratch directory), for the
 # tools this machine has.
 findings_cases() {
-  :
+  local tools=${TASKBOX_FINDINGS_TOOLS:-/opt/taskbox-findings-tools} fx=$SCRATCH/findings-fx
+  local cargo_dir path name fixture needs line test at env
+  cargo_dir=$(dirname "$(command -v cargo 2>/dev/null || echo /usr/bin/cargo)")
+  path="$tools/py/bin:$tools/node/node_modules/.bin:$cargo_dir:/usr/local/bin:/usr/bin:/bin"
+  env="export PATH='$path' GOCACHE=/tmp/go-build GOPATH=/tmp/go NO_COLOR=1 RUST_BACKTRACE=0;"
+  # NAME|FIXTURE|NEEDS|LINE|TEST NAME|FILE:LINE, as tests/tests/findings.rs plants them.
+  while IFS='|' read -r name fixture needs line test at; do
+    [ -n "$name" ] || continue
+    [ -x "$needs" ] || command -v "$needs" >/dev/null 2>&1 || continue
+    rm -rf "${fx:?}/$name"
+    mkdir -p "$fx"
+    cp -r "$repo/tests/fixtures/findings/$fixture" "$fx/$name"
+    echo "$name|$fx/$name|$env $line|$test|$at"
+  done <<CASES
+pytest|pytest|/usr/bin/python3|/usr/bin/python3 -m pytest -p no:cacheprovider|test_add_negative|tests/test_calc.py:18
+unittest|unittest|/usr/bin/python3|/usr/bin/python3 -m unittest discover -s . -p 'test_*.py'|test_title|tests/test_strings.py:9
+cargo-test|cargo|cargo|cargo test --offline|adds_negative|src/lib.rs:21
+cargo-build|cargo|cargo|cargo build --offline --features broken|E0308|src/lib.rs:7
+go-test|go|go|go test ./...|TestAbs/negative|calc/calc_test.go:13
+jest|jest|$tools/node/node_modules/.bin/jest|jest --ci|doubles two|math.test.js:8
+vitest|vitest|$tools/node/node_modules/.bin/vitest|ln -s $tools/node/node_modules node_modules && vitest run|halves six|math.test.js:9
+gcc|gcc|gcc|gcc -Wall -c main.c util.c|undeclared|main.c:7
+tsc|tsc|$tools/node/node_modules/.bin/tsc|tsc -p .|TS2322|src/count.ts:5
+mypy|mypy|$tools/py/bin/mypy|mypy .|assignment|app.py:5
+ruff|ruff|$tools/py/bin/ruff|ruff check .|F401|app.py:2
+eslint|eslint|$tools/node/node_modules/.bin/eslint|eslint .|no-unused-vars|app.js:2
+CASES
 }
 
 # ---- house -----------------------------------------------------------------------------------
