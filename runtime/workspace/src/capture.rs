@@ -5,12 +5,15 @@
 //! created lazily, so a command with short output leaves no file behind. With
 //! [`Capture::with_findings`], every byte of the stream also goes through the findings readers
 //! as it arrives (docs/findings.md): the whole stream is read, even past the spill file's cap,
-//! while the command still runs.
+//! while the command still runs. The first [`INLINE_READ`] bytes are read in the capture's own
+//! thread; a longer stream is handed to a thread of its own, so a long log is read beside the
+//! command's run, not in the way of its output.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::PathBuf;
+use std::sync::mpsc;
 
 use taskbox_findings::{Findings, Paths, Scanner};
 
@@ -36,7 +39,112 @@ pub struct Capture {
     spilled: u64,
     capped: bool,
     /// The findings readers, reading the stream as it arrives.
-    scanner: Option<Box<Scanner>>,
+    scanner: Option<Reading>,
+}
+
+/// Bytes of a stream its findings readers read in the capture's thread; past them, in a thread
+/// of their own.
+pub const INLINE_READ: u64 = 1 << 20;
+/// The size of the chunks handed to the reading thread.
+const HANDOFF_CHUNK: usize = 256 * 1024;
+/// Chunks in flight to the reading thread: when it falls behind, the capture waits (the memory
+/// a stream's reading holds is bounded by these).
+const HANDOFF_DEPTH: usize = 8;
+
+/// Where a stream's findings are read.
+#[derive(Debug)]
+enum Reading {
+    Inline(Box<Scanner>),
+    /// Only while the readers move to their thread.
+    Moving,
+    Thread {
+        /// Bytes gathered for the next chunk.
+        batch: Vec<u8>,
+        to: mpsc::SyncSender<Vec<u8>>,
+        /// Chunks the thread has read, for reuse.
+        back: mpsc::Receiver<Vec<u8>>,
+        done: std::thread::JoinHandle<Findings>,
+    },
+}
+
+impl Reading {
+    fn feed(&mut self, data: &[u8], seen: u64) {
+        if let Reading::Inline(s) = self {
+            s.feed(data);
+            if seen >= INLINE_READ {
+                self.hand_off();
+            }
+            return;
+        }
+        let Reading::Thread {
+            batch, to, back, ..
+        } = self
+        else {
+            return;
+        };
+        batch.extend_from_slice(data);
+        if batch.len() >= HANDOFF_CHUNK {
+            let next = back
+                .try_recv()
+                .unwrap_or_else(|_| Vec::with_capacity(HANDOFF_CHUNK * 2));
+            let full = std::mem::replace(batch, next);
+            // A thread that is gone (it panicked) gives what it read at the end.
+            let _ = to.send(full);
+        }
+    }
+
+    /// Moves the readers to a thread of their own (they stay here when none can be started).
+    fn hand_off(&mut self) {
+        let Reading::Inline(_) = self else { return };
+        let Reading::Inline(scanner) = std::mem::replace(self, Reading::Moving) else {
+            return;
+        };
+        let (to, from) = mpsc::sync_channel::<Vec<u8>>(HANDOFF_DEPTH);
+        let (give_back, back) = mpsc::channel::<Vec<u8>>();
+        // The readers go over once the thread runs: a thread that cannot start leaves them here.
+        let (give, take) = mpsc::channel::<Box<Scanner>>();
+        let spawned = std::thread::Builder::new()
+            .name("findings".into())
+            .spawn(move || {
+                let Ok(mut s) = take.recv() else {
+                    return Findings::default();
+                };
+                for mut chunk in from {
+                    s.feed(&chunk);
+                    chunk.clear();
+                    let _ = give_back.send(chunk);
+                }
+                s.finish()
+            });
+        *self = match spawned {
+            Ok(done) => match give.send(scanner) {
+                Ok(()) => Reading::Thread {
+                    batch: Vec::with_capacity(HANDOFF_CHUNK * 2),
+                    to,
+                    back,
+                    done,
+                },
+                Err(mpsc::SendError(scanner)) => Reading::Inline(scanner),
+            },
+            Err(_) => Reading::Inline(scanner),
+        };
+    }
+
+    fn finish(self) -> Findings {
+        match self {
+            Reading::Inline(s) => s.finish(),
+            Reading::Moving => Findings::default(),
+            Reading::Thread {
+                batch, to, done, ..
+            } => {
+                if !batch.is_empty() {
+                    let _ = to.send(batch);
+                }
+                drop(to);
+                done.join().unwrap_or_default()
+            }
+        }
+    }
 }
 
 impl Capture {
@@ -62,7 +170,7 @@ impl Capture {
 
     /// Also reads the stream's findings as it arrives, with files located against `paths`.
     pub fn with_findings(mut self, paths: Paths) -> Self {
-        self.scanner = Some(Box::new(Scanner::new(paths)));
+        self.scanner = Some(Reading::Inline(Box::new(Scanner::new(paths))));
         self
     }
 
@@ -115,7 +223,7 @@ impl Capture {
     pub fn push(&mut self, data: &[u8]) {
         self.bytes += data.len() as u64;
         if let Some(s) = self.scanner.as_mut() {
-            s.feed(data);
+            s.feed(data, self.bytes);
         }
         let mut rest = data;
         if self.spill.is_none() && self.spill_error.is_none() {
@@ -163,7 +271,7 @@ impl Capture {
     /// Ends the capture: the observation, and the stream's findings when it read them
     /// ([`Capture::with_findings`]).
     pub fn finish_with_findings(mut self) -> (Output, Option<Findings>) {
-        let found = self.scanner.take().map(|s| s.finish());
+        let found = self.scanner.take().map(Reading::finish);
         (self.finish(), found)
     }
 

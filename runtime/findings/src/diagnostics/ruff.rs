@@ -154,8 +154,26 @@ impl Reader for Ruff {
             "\x1b[1m\x1b[91m",
             "invalid-syntax: ",
             "SyntaxError: ",
-            ".py:",
-            ".pyi:",
+            // The concise format's `file.py:LINE:`: a digit after the colon, so a pytest
+            // node id (`file.py::test`) on every line of a verbose run is not one.
+            ".py:1",
+            ".py:2",
+            ".py:3",
+            ".py:4",
+            ".py:5",
+            ".py:6",
+            ".py:7",
+            ".py:8",
+            ".py:9",
+            ".pyi:1",
+            ".pyi:2",
+            ".pyi:3",
+            ".pyi:4",
+            ".pyi:5",
+            ".pyi:6",
+            ".pyi:7",
+            ".pyi:8",
+            ".pyi:9",
         ]
     }
 

@@ -37,10 +37,10 @@ impl Reader for CargoTest {
             // Colour codes may stand between a word and the next: one word each.
             "FAILED",
             "---- ",
-            "test result: ",
+            "result: ",
             "failures:",
             "Nextest run",
-            "tests across",
+            " across ",
             "Summary",
             "Running ",
         ]

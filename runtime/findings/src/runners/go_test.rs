@@ -102,7 +102,6 @@ impl Reader for GoTest {
             "ok  \t",
             "[no test files]",
             "panic: ",
-            "# ",
             "[build failed]",
             "[setup failed]",
         ]
@@ -119,6 +118,14 @@ impl Reader for GoTest {
                 self.event(t, sink);
             }
             return;
+        }
+        // `# pkg` holds no anchor (two bytes that would slow the search of every log): it is
+        // the line before the first error of a package that does not build.
+        if self.build_lines == 0 && t.contains(".go:") {
+            let before = line.previous();
+            if before.starts_with("# ") {
+                self.text(&before, None, None, sink);
+            }
         }
         self.text(t, None, None, sink);
     }

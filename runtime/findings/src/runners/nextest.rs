@@ -34,17 +34,8 @@ impl Reader for Nextest {
     fn anchors(&self) -> &'static [&'static str] {
         &[
             // Colour codes stand between the status and its time: the words alone.
-            "FAIL",
-            "TIMEOUT",
-            "SIGSEGV",
-            "SIGABRT",
-            "SIGBUS",
-            "SIGILL",
-            "SIGKILL",
-            "SIGTERM",
-            "ABORT",
-            "Summary",
-            "tests across",
+            "FAIL", "TIMEOUT", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGKILL", "SIGTERM",
+            "ABORT", "Summary", " across ",
         ]
     }
 
