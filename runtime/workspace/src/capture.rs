@@ -371,6 +371,47 @@ fn utf8_suffix(b: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
+    /// Failures before the hand-off to the reading thread, across it (a line cut by it) and far
+    /// past it are all found, in order, whatever the sizes of the chunks pushed.
+    #[test]
+    fn findings_before_across_and_after_the_hand_off_are_all_read() {
+        let fail = |n: u32| {
+            format!(
+                "test m::t{n} ... FAILED\n\nfailures:\n\n---- m::t{n} stdout ----\n\n\
+                 thread 'm::t{n}' panicked at src/m.rs:{n}:5:\nboom\n\n"
+            )
+        };
+        let mut log = String::new();
+        log.push_str(&fail(1));
+        while log.len() < INLINE_READ as usize - 40 {
+            log.push_str("test m::ok ... ok\n");
+        }
+        log.push_str(&fail(2));
+        while log.len() < 6 << 20 {
+            log.push_str("test m::ok ... ok\n");
+        }
+        log.push_str(&fail(3));
+        log.push_str("test result: FAILED. 1 passed; 3 failed; 0 ignored; 0 measured\n");
+        for chunk in [7usize, 4093, 65536, 1 << 20] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c =
+                Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
+            for part in log.as_bytes().chunks(chunk) {
+                c.push(part);
+            }
+            let (out, found) = c.finish_with_findings();
+            assert_eq!(out.bytes, log.len() as u64);
+            let found = found.unwrap();
+            let lines: Vec<_> = found
+                .findings
+                .iter()
+                .map(|f| f.location.as_ref().and_then(|l| l.line))
+                .collect();
+            assert_eq!(lines, [Some(1), Some(2), Some(3)], "chunks of {chunk}");
+            assert_eq!(found.tests.map(|t| t.failed), Some(3));
+        }
+    }
+
     #[test]
     fn the_spill_file_stops_at_its_cap() {
         let dir = tempfile::tempdir().unwrap();
