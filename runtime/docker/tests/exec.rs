@@ -358,3 +358,55 @@ fn execs_of_every_size_run_or_are_refused_naming_the_limit() {
     assert_eq!(h.backend.info(&id).unwrap().state, "running");
     h.backend.destroy(&id).unwrap();
 }
+
+/// Findings on the Docker backend: a failing test in the middle of a log longer than the
+/// output limit (found though the text shows only its head and tail), and a JUnit XML file
+/// the exec wrote in the workspace, at their files and lines relative to the workspace.
+#[test]
+fn findings_come_from_the_whole_stream_and_the_junit_files_the_exec_wrote() {
+    let Some(h) = Harness::new() else { return };
+    let id = h.create();
+    let script = r#"
+i=0; while [ $i -lt 3000 ]; do echo "test calc::tests::case_$i ... ok"; i=$((i+1)); done
+printf 'test calc::tests::adds_two ... FAILED\n\nfailures:\n\n---- calc::tests::adds_two stdout ----\n\n'
+printf "thread 'calc::tests::adds_two' panicked at src/calc.rs:12:9:\nassertion failed\n\n"
+i=0; while [ $i -lt 3000 ]; do echo "test other::tests::case_$i ... ok"; i=$((i+1)); done
+echo 'test result: FAILED. 6000 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out'
+mkdir -p reports
+printf '<testsuite name="s"><testcase classname="a.B" name="c" file="tests/b.py" line="4"><failure message="boom">x</failure></testcase></testsuite>' > reports/junit.xml
+exit 101
+"#;
+    let r = h.exec(
+        &id,
+        ExecRequest {
+            shell: Some(script.into()),
+            output_limit: Some(4096),
+            ..Default::default()
+        },
+    );
+    assert_eq!(r.exit_code, Some(101), "the findings change no outcome");
+    assert!(r.stdout.truncated && !r.stdout.text.contains("adds_two"));
+    let got: Vec<_> = r
+        .findings
+        .iter()
+        .map(|f| {
+            let l = f.location.as_ref().unwrap();
+            (f.tool.as_str(), f.name.as_deref(), l.file.as_str(), l.line)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "cargo-test",
+                Some("calc::tests::adds_two"),
+                "src/calc.rs",
+                Some(12)
+            ),
+            ("junit", Some("a.B.c"), "tests/b.py", Some(4)),
+        ],
+        "{:#?}",
+        r.findings
+    );
+    assert_eq!(r.tests.map(|t| (t.passed, t.failed)), Some((6000, 1)));
+}
