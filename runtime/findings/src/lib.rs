@@ -550,20 +550,19 @@ impl Scanner {
     /// holding an anchor to the next, counting the lines between without looking at them.
     fn lines(&mut self, chunk: &[u8], single: bool) {
         let before = std::mem::take(&mut self.last);
-        if single {
+        let last = if single {
             self.number += 1;
             let line = &chunk[..chunk.len().min(MAX_LINE)];
             self.line(line, &before);
-            self.last = before;
-            self.last.clear();
-            self.last
-                .extend_from_slice(&line[line.len().saturating_sub(MAX_PREVIOUS)..]);
-            return;
-        }
-        self.lines_of(chunk, &before);
+            &line[line.len().saturating_sub(MAX_PREVIOUS)..]
+        } else {
+            self.lines_of(chunk, &before);
+            last_line(chunk)
+        };
+        // The buffer is reused for the next chunk's line before.
         self.last = before;
         self.last.clear();
-        self.last.extend_from_slice(last_line(chunk));
+        self.last.extend_from_slice(last);
     }
 
     /// Whole lines of `chunk`, after the line `before`.

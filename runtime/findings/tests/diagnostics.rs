@@ -516,12 +516,10 @@ fn files_are_made_relative_to_the_workspace() {
     assert_eq!(files, ["demo/src/main.rs", "demo/src/main.rs"]);
 }
 
-/// Prints the rate of every reader on a 100 MB log of ordinary lines (some holding an anchor)
-/// with one diagnostic in the middle: `cargo test --release -p taskbox-findings --test
-/// diagnostics -- --ignored --nocapture`.
+/// A log of 8 MB of ordinary lines, many holding an anchor (`error:`, `warning:`, `.py:`),
+/// with one build's diagnostics in its middle: those are found, and nothing else is.
 #[test]
-#[ignore]
-fn rate_on_a_100_mb_log() {
+fn diagnostics_in_the_middle_of_a_long_log_of_near_misses() {
     let lines = [
         "2024-01-01T12:00:00Z INFO request handled path=/api/v1/items status=200 ms=12\n",
         "2024-01-01T12:00:01Z WARN slow query table=items ms=830\n",
@@ -531,24 +529,15 @@ fn rate_on_a_100_mb_log() {
         "warning: use of deprecated config key, see the docs\n",
         "src/app.py:120 DEBUG cache hit key=user:42\n",
     ];
-    let mut log = Vec::with_capacity(101 << 20);
+    let mut log = Vec::with_capacity(9 << 20);
     let mut i = 0;
-    while log.len() < 100 << 20 {
-        if i == 600_000 {
+    while log.len() < 8 << 20 {
+        if i == 50_000 {
             log.extend_from_slice(&sample("rustc-build-errors.txt"));
         }
         log.extend_from_slice(lines[i % lines.len()].as_bytes());
         i += 1;
     }
-    let start = std::time::Instant::now();
     let f = read_bytes(&log, &Paths::new("/workspace/demo", "/workspace/demo"));
-    let took = start.elapsed();
-    let mb = log.len() as f64 / (1 << 20) as f64;
-    println!(
-        "{mb:.0} MB in {:.3} s: {:.0} MB/s, {} findings",
-        took.as_secs_f64(),
-        mb / took.as_secs_f64(),
-        f.findings.len()
-    );
     assert_eq!(shown(&f), RUSTC_ERRORS);
 }

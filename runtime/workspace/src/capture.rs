@@ -71,8 +71,10 @@ impl Reading {
     fn feed(&mut self, data: &[u8], seen: u64) {
         if let Reading::Inline(s) = self {
             s.feed(data);
-            if seen >= INLINE_READ {
-                self.hand_off();
+            if seen >= INLINE_READ
+                && let Reading::Inline(s) = std::mem::replace(self, Reading::Moving)
+            {
+                *self = Reading::hand_off(s);
             }
             return;
         }
@@ -93,12 +95,8 @@ impl Reading {
         }
     }
 
-    /// Moves the readers to a thread of their own (they stay here when none can be started).
-    fn hand_off(&mut self) {
-        let Reading::Inline(_) = self else { return };
-        let Reading::Inline(scanner) = std::mem::replace(self, Reading::Moving) else {
-            return;
-        };
+    /// The readers in a thread of their own (still inline when none can be started).
+    fn hand_off(scanner: Box<Scanner>) -> Reading {
         let (to, from) = mpsc::sync_channel::<Vec<u8>>(HANDOFF_DEPTH);
         let (give_back, back) = mpsc::channel::<Vec<u8>>();
         // The readers go over once the thread runs: a thread that cannot start leaves them here.
@@ -116,7 +114,7 @@ impl Reading {
                 }
                 s.finish()
             });
-        *self = match spawned {
+        match spawned {
             Ok(done) => match give.send(scanner) {
                 Ok(()) => Reading::Thread {
                     batch: Vec::with_capacity(HANDOFF_CHUNK * 2),
@@ -127,7 +125,7 @@ impl Reading {
                 Err(mpsc::SendError(scanner)) => Reading::Inline(scanner),
             },
             Err(_) => Reading::Inline(scanner),
-        };
+        }
     }
 
     fn finish(self) -> Findings {
