@@ -26,7 +26,7 @@ macro_rules! api_conformance {
     ($subject:expr) => {
         $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_sandbox_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output, exec_as_another_user_of_the_sandbox, a_writable_root_lets_root_add_a_user);
         $crate::api_conformance!(@checks $subject; changes_and_diffs_leave_out_what_git_ignores, files_that_run_on_their_own_are_flagged_and_applied_only_when_allowed, a_same_second_edit_after_a_test_run_is_never_stale);
-        $crate::api_conformance!(@checks $subject; absolute_paths_reach_the_sandbox_as_its_user, the_file_api_may_write_where_commands_may, permissions_bind_the_file_api_as_they_bind_commands, hostile_absolute_paths_stay_inside, error_codes_on_real_errors, large_files_stream_both_ways);
+        $crate::api_conformance!(@checks $subject; absolute_paths_reach_the_sandbox_as_its_user, the_file_api_may_write_where_commands_may, permissions_bind_the_file_api_as_they_bind_commands, hostile_absolute_paths_stay_inside, error_codes_on_real_errors, large_files_stream_both_ways, spill_files_of_old_execs_make_room_and_a_running_execs_stay);
     };
     (@checks $subject:expr; $($name:ident),*) => {
         $(
@@ -678,6 +678,73 @@ pub fn exec_timeout_and_output_limit(s: &Subject) {
         (r.stdout.truncated, r.stdout.spill_path.as_deref()),
         (false, None)
     );
+}
+
+/// A long-lived sandbox keeps the spill files of its latest execs only (they live on its disk
+/// quota): an older one's path gets an error that says so, and a background exec's file is
+/// never removed while it writes.
+pub fn spill_files_of_old_execs_make_room_and_a_running_execs_stay(s: &Subject) {
+    use taskbox_core::kit::slots::SPILL_KEEP_EXECS;
+    let id = s.create();
+    let spilled = |s: &Subject, n: usize| -> String {
+        let r = s.run(
+            &id,
+            ExecRequest {
+                output_limit: Some(100),
+                ..shell(&format!("seq 1 {}", 1000 + n))
+            },
+        );
+        r.stdout.spill_path.clone().expect("a spill file")
+    };
+    // A background exec that spills, still running past every later exec.
+    let bg = s.background(
+        &id,
+        ExecRequest {
+            output_limit: Some(100),
+            ..shell("seq 1 5000; while :; do sleep 0.05; done")
+        },
+    );
+    let exec_id = bg.exec_id;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.api.process(&id, exec_id).unwrap().stdout.bytes < 23893 {
+        assert!(
+            Instant::now() < deadline,
+            "the background exec wrote nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let paths: Vec<String> = (0..SPILL_KEEP_EXECS + 4).map(|n| spilled(s, n)).collect();
+    let listing = s.sh(&id, "ls /tmp/.taskbox/out | sort -n").stdout.text;
+    let files: Vec<&str> = listing.lines().collect();
+    // The latest SPILL_KEEP_EXECS ended execs, and the running one.
+    assert_eq!(files.len(), SPILL_KEEP_EXECS + 1, "{listing}");
+    let bg_file = format!("{exec_id}.stdout");
+    assert!(files.contains(&bg_file.as_str()), "{listing}");
+    for (n, p) in paths.iter().enumerate() {
+        let r = s.api.read(
+            &id,
+            ReadRequest {
+                path: p.clone(),
+                ..ReadRequest::default()
+            },
+        );
+        if n < 4 {
+            let e = r.expect_err("an old exec's spill file is gone");
+            assert!(
+                matches!(e, ApiError::NotFound(_)) && e.to_string().contains("latest"),
+                "{e}"
+            );
+        } else {
+            let r = r.unwrap_or_else(|e| panic!("{p}: {e}"));
+            assert_eq!(
+                r.total_bytes,
+                (1..=1000 + n)
+                    .map(|i| i.to_string().len() as u64 + 1)
+                    .sum::<u64>()
+            );
+        }
+    }
+    s.api.kill(&id, exec_id, 9).unwrap();
 }
 
 pub fn exec_events_stream_in_order(s: &Subject) {

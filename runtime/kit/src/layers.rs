@@ -497,6 +497,15 @@ pub fn read_spill(dir: &Path, req: &ReadRequest) -> Option<Result<ReadResult, Ap
             req.path
         ))));
     }
+    if !dir.join(name).exists() {
+        return Some(Err(ApiError::not_found(format!(
+            "{} does not exist: a sandbox keeps the spill files of its latest {} ended execs \
+             (at most {} MiB of them)",
+            req.path,
+            crate::slots::SPILL_KEEP_EXECS,
+            crate::slots::SPILL_KEEP_BYTES >> 20
+        ))));
+    }
     Some(WorkspaceFs::open(dir).and_then(|fs| {
         let mut r = fs.read(&ReadRequest {
             path: name.to_string(),

@@ -2,7 +2,8 @@
 //!
 //! A device is configured with `LO_FLAGS_AUTOCLEAR`: the kernel detaches it when its last user
 //! goes (the file system mounted on it, and the descriptor held while mounting), so no device
-//! outlives its sandbox, even when taskbox itself is killed.
+//! outlives its sandbox, even when taskbox itself is killed; and with `LO_FLAGS_DIRECT_IO` when
+//! the backing file system allows it (see [`attach`]).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -14,6 +15,7 @@ const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LO_FLAGS_DIRECT_IO: u32 = 16;
 const LO_NAME_SIZE: usize = 64;
 const LO_KEY_SIZE: usize = 32;
 
@@ -80,23 +82,33 @@ pub fn attach(backing: &File) -> io::Result<LoopDevice> {
                 continue;
             }
         };
-        // SAFETY: LoopConfig is plain old data; all-zero is its documented "no options" value.
-        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
-        config.fd = backing.as_raw_fd() as u32;
-        config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-        // SAFETY: `config` is a valid loop_config that lives across the call; the kernel only
-        // reads it. `backing` stays open for the duration of the call.
-        let rc = unsafe {
-            libc::ioctl(
-                dev.as_raw_fd(),
-                LOOP_CONFIGURE,
-                &config as *const LoopConfig,
-            )
-        };
-        if rc == 0 {
-            return Ok(LoopDevice { path, _dev: dev });
+        // Direct I/O first: the device then writes to the image without a second page cache
+        // of it (the file system's own is the only one) and without a copy in the loop's
+        // worker; a backing file system that cannot (no O_DIRECT, an odd alignment) is
+        // attached buffered.
+        for flags in [LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO, LO_FLAGS_AUTOCLEAR] {
+            // SAFETY: LoopConfig is plain old data; all-zero is its documented "no options"
+            // value.
+            let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+            config.fd = backing.as_raw_fd() as u32;
+            config.info.lo_flags = flags;
+            // SAFETY: `config` is a valid loop_config that lives across the call; the kernel
+            // only reads it. `backing` stays open for the duration of the call.
+            let rc = unsafe {
+                libc::ioctl(
+                    dev.as_raw_fd(),
+                    LOOP_CONFIGURE,
+                    &config as *const LoopConfig,
+                )
+            };
+            if rc == 0 {
+                return Ok(LoopDevice { path, _dev: dev });
+            }
+            last = io::Error::last_os_error();
+            if last.raw_os_error() != Some(libc::EINVAL) {
+                break;
+            }
         }
-        last = io::Error::last_os_error();
         if last.raw_os_error() != Some(libc::EBUSY) {
             return Err(last);
         }

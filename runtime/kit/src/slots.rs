@@ -3,8 +3,8 @@
 //! of the process (`P`). Waiting, writing to stdin and reading a background process's state are
 //! the same on every backend; only signalling it is the backend's ([`crate::Handle::signal`]).
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,6 +15,12 @@ use crate::layers::SPILL_MOUNT;
 use crate::lock;
 use crate::result::ExecResult;
 use taskbox_findings::{Findings, Paths};
+
+/// A sandbox keeps the spill files of at most this many of its latest ended execs...
+pub const SPILL_KEEP_EXECS: usize = 16;
+/// ...and of at most this many bytes (the latest ended exec's are kept whatever their size):
+/// they live on the sandbox's disk quota, which the workspace needs.
+pub const SPILL_KEEP_BYTES: u64 = 1 << 30;
 
 /// What a backend keeps of an exec's process in its slot.
 pub trait ProcState: Send + 'static {
@@ -75,6 +81,8 @@ pub struct ExecSlot<P> {
     /// Where its findings' files are located (its working directory and the workspace, inside
     /// the sandbox); `None` when findings are not read.
     pub findings: Option<Paths>,
+    /// The directory of its spill files.
+    spill: PathBuf,
     state: Mutex<SlotState<P>>,
     cond: Condvar,
 }
@@ -107,6 +115,7 @@ impl<P: ProcState> ExecSlot<P> {
             id,
             argv,
             findings,
+            spill: spill.to_path_buf(),
             state: Mutex::new(SlotState {
                 stdout: Some(stdout),
                 stderr: Some(stderr),
@@ -246,6 +255,45 @@ impl<P: ProcState> ExecSlot<P> {
     }
 }
 
+/// Removes the spill files in `dir` of ended execs (those not `running`) beyond the latest
+/// [`SPILL_KEEP_EXECS`], and the oldest while they hold more than [`SPILL_KEEP_BYTES`].
+fn prune_spill(dir: &Path, running: &[u64]) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    // Exec id -> its files and their bytes.
+    let mut ended: BTreeMap<u64, (Vec<PathBuf>, u64)> = BTreeMap::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(id) = name
+            .to_str()
+            .and_then(|n| n.split_once('.'))
+            .and_then(|(n, _)| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if running.contains(&id) {
+            continue;
+        }
+        let bytes = e.metadata().map(|m| m.len()).unwrap_or(0);
+        let entry = ended.entry(id).or_default();
+        entry.0.push(e.path());
+        entry.1 += bytes;
+    }
+    let mut total: u64 = ended.values().map(|(_, b)| b).sum();
+    let mut left = ended.len();
+    for (files, bytes) in ended.into_values() {
+        if left <= 1 || (left <= SPILL_KEEP_EXECS && total <= SPILL_KEEP_BYTES) {
+            break;
+        }
+        for f in files {
+            let _ = std::fs::remove_file(f);
+        }
+        total -= bytes;
+        left -= 1;
+    }
+}
+
 /// The execs of one sandbox, by id.
 pub struct Slots<P> {
     map: Mutex<HashMap<u64, Arc<ExecSlot<P>>>>,
@@ -267,8 +315,18 @@ impl<P: ProcState> Slots<P> {
         self.next.fetch_add(1, Ordering::SeqCst)
     }
 
+    /// Adds an exec's slot, and removes the spill files of ended execs past what a sandbox
+    /// keeps ([`SPILL_KEEP_EXECS`], [`SPILL_KEEP_BYTES`]).
     pub fn insert(&self, slot: Arc<ExecSlot<P>>) {
+        let dir = slot.spill.clone();
         lock(&self.map).insert(slot.id, slot);
+        let running: Vec<u64> = self
+            .all()
+            .iter()
+            .filter(|s| !s.state().settled())
+            .map(|s| s.id)
+            .collect();
+        prune_spill(&dir, &running);
     }
 
     pub fn remove(&self, id: u64) {
@@ -304,5 +362,64 @@ impl<P: ProcState> Slots<P> {
         for slot in self.all() {
             drop(slot.wait_until(deadline, SlotState::settled));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Exec id -> its spill files of `bytes` (sparse), in a new directory.
+    fn spills(ids: &[(u64, u64)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for &(id, bytes) in ids {
+            let f = std::fs::File::create(dir.path().join(format!("{id}.stdout"))).unwrap();
+            f.set_len(bytes).unwrap();
+            std::fs::write(dir.path().join(format!("{id}.stderr")), b"e").unwrap();
+        }
+        dir
+    }
+
+    fn left(dir: &Path) -> Vec<u64> {
+        let mut ids: Vec<u64> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().unwrap();
+                name.strip_suffix(".stdout").map(|n| n.parse().unwrap())
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn the_latest_execs_files_are_kept_by_count() {
+        let ids: Vec<(u64, u64)> = (1..=20).map(|i| (i, 10)).collect();
+        let dir = spills(&ids);
+        prune_spill(dir.path(), &[2]);
+        let mut want = vec![2];
+        want.extend(5..=20);
+        assert_eq!(left(dir.path()), want);
+        // Both streams of a removed exec go.
+        assert!(!dir.path().join("1.stderr").exists());
+        assert!(dir.path().join("5.stderr").exists());
+    }
+
+    #[test]
+    fn the_oldest_go_while_the_files_pass_the_byte_bound_but_never_the_latest() {
+        let big = SPILL_KEEP_BYTES / 2 + 1;
+        let dir = spills(&[(1, big), (2, big), (3, big), (4, 5)]);
+        prune_spill(dir.path(), &[1]);
+        // 1 runs (kept, not counted); 2 goes; 3 and 4 fit.
+        assert_eq!(left(dir.path()), [1, 3, 4]);
+        let dir = spills(&[(7, 3 * SPILL_KEEP_BYTES)]);
+        prune_spill(dir.path(), &[]);
+        assert_eq!(left(dir.path()), [7]);
+        // Files of other names are left alone.
+        std::fs::write(dir.path().join("notes"), b"x").unwrap();
+        prune_spill(dir.path(), &[]);
+        assert!(dir.path().join("notes").exists());
     }
 }
