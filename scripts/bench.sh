@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk|findings]...
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk|findings|peers]...
 #                                                                          (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
@@ -77,6 +77,13 @@
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
 # the commands of a figure alternating between rounds), so a burst of noise on a shared machine
 # lands on both sides of a ratio. Ratios are the ones to compare across machines.
+#   peers    what agents run, under taskbox and the peers from npm (`@openai/codex`: `codex sandbox --
+#            CMD`; `@anthropic-ai/sandbox-runtime`: `srt CMD`), installed in BENCH_PEERS_DIR when
+#            missing, interleaved round by round (scripts/bench_peers.py, BENCH_PEERS_ROUNDS (20)
+#            rounds): `true` against bwrap, `python3 -c 'import json'` and `git status` in a
+#            20,000-file repository against the same command bare; `git status` and `true` as an
+#            exec in a live sandbox (over the supervisor's Unix socket) against bare. Medians,
+#            ratios to the baseline, targets of issue 17. Not part of `all`.
 #
 # Environment:
 #   BENCH_TARGET_DIR  cargo target dir for the release build (default: target/bench, separate from
@@ -115,6 +122,8 @@
 #   BENCH_SDK_ROUNDS  sdk: rounds (default 5)
 #   BENCH_SDK_EXECS   sdk: measured execs per side per round (default 200)
 #   BENCH_SDK_CREATES sdk: measured sandbox create + destroy (default 40)
+#   BENCH_PEERS_DIR   peers: where the npm peers are installed (default ~/.cache/taskbox-bench/peers)
+#   BENCH_PEERS_ROUNDS  peers: measured rounds (default 20)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -131,7 +140,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
-want_house=0 want_sdk=0 want_findings=0
+want_house=0 want_sdk=0 want_findings=0 want_peers=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
@@ -147,6 +156,7 @@ for arg in "$@"; do
     house) want_house=1 ;;
     sdk) want_sdk=1 ;;
     findings) want_findings=1 ;;
+    peers) want_peers=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -908,11 +918,13 @@ bench_profile() {
 # ---- diff ------------------------------------------------------------------------------------
 # The FILES-file git workspace $SCRATCH/repo (d0/f0.txt ... d999/f99.txt, committed), with one
 # change in the tree itself: d0/f0.txt has one more line. Made once, for diff and api.
+# `make_repo DIR N clean`: the same of N files in DIR, without the change.
 make_repo() {
-  local ws=$SCRATCH/repo dirs=$((FILES / 100))
+  local ws=${1:-$SCRATCH/repo} files=${2:-$FILES}
+  local dirs=$((files / 100))
   [ -d "$ws" ] && return 0
-  log "building a $FILES-file git workspace ($dirs directories)"
-  python3 - "$ws" "$dirs" "$FILES" <<'PY'
+  log "building a $files-file git workspace ($dirs directories)"
+  python3 - "$ws" "$dirs" "$files" <<'PY'
 import os, sys
 root, dirs, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 per = files // dirs
@@ -930,6 +942,7 @@ PY
   git -C "$ws" config maintenance.auto false
   git -C "$ws" add -A
   git -C "$ws" -c user.name=bench -c user.email=bench@example.invalid commit -qm workspace
+  [ "${3:-}" != clean ] || return 0
   # The same one-file change, applied to the tree itself so that git has something to find;
   # taskbox's command then changes the same file again inside its overlay.
   echo x >> "$ws/d0/f0.txt"
@@ -1188,6 +1201,92 @@ if c:
 PY
 }
 
+# ---- peers -----------------------------------------------------------------------------------
+# Issue 17's table: what agents run, under taskbox, the Codex sandbox and sandbox-runtime.
+bench_peers() {
+  local dir=${BENCH_PEERS_DIR:-${HOME:-/root}/.cache/taskbox-bench/peers} repo20k=$SCRATCH/peers-repo
+  local codex srt ws=$SCRATCH/ws
+  if [ ! -x "$dir/node_modules/.bin/codex" ] || [ ! -x "$dir/node_modules/.bin/srt" ]; then
+    command -v npm >/dev/null || apt_install npm || die "npm not found (needed to install the peers)"
+    log "peers: installing @openai/codex and @anthropic-ai/sandbox-runtime in $dir"
+    mkdir -p "$dir"
+    npm install --prefix "$dir" --no-audit --no-fund --silent \
+      @openai/codex @anthropic-ai/sandbox-runtime >&2 || die "npm install of the peers failed"
+  fi
+  # sandbox-runtime's Linux sandbox is bubblewrap with socat (its proxies) and ripgrep.
+  for t in rg:ripgrep socat:socat; do
+    command -v "${t%%:*}" >/dev/null || apt_install "${t#*:}" || die "sandbox-runtime needs ${t#*:}"
+  done
+  codex=$dir/node_modules/.bin/codex srt=$dir/node_modules/.bin/srt
+  "$codex" sandbox -- true || die "codex sandbox -- true failed"
+  "$srt" true || die "srt true failed"
+  make_repo "$repo20k" 20000 clean
+  serve_start peers
+  local sb
+  sb=$("$TASKBOX" --socket "$SERVE_SOCK" create --workspace "$repo20k")
+  log "peers: ${BENCH_PEERS_ROUNDS:-20} interleaved rounds of each row"
+  python3 - "$TASKBOX" "$codex" "$srt" "$ws" "$repo20k" "$SERVE_SOCK" "$sb" >"$SCRATCH/peers-rows.json" <<'PY'
+import json, sys
+tb, codex, srt, ws, repo, sock, sb = sys.argv[1:]
+def peers(argv, shell):
+    return [
+        {"label": "taskbox", "argv": [tb, "run", "--"] + argv},
+        {"label": "codex", "argv": [codex, "sandbox", "--"] + argv},
+        {"label": "srt", "argv": [srt, "-c", shell]},
+    ]
+bwrap = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]
+py = ["python3", "-c", "import json"]
+rows = [
+    {"row": "true", "cwd": ws, "sides": [{"label": "bwrap", "argv": bwrap}] + peers(["true"], "true")},
+    {"row": "python3 -c 'import json'", "cwd": ws,
+     "sides": [{"label": "bare", "argv": py}] + peers(py, "python3 -c 'import json'")},
+    {"row": "git status, 20,000 files, one-shot", "cwd": repo,
+     "sides": [{"label": "bare", "argv": ["git", "status"]}] + peers(["git", "status"], "git status")},
+    {"row": "git status, 20,000 files, live sandbox", "cwd": repo,
+     "sides": [{"label": "bare", "argv": ["git", "status"]},
+               {"label": "taskbox", "socket": sock, "sandbox": sb, "argv": ["git", "status"]}]},
+    {"row": "exec true, live sandbox", "cwd": ws,
+     "sides": [{"label": "bare", "argv": ["true"]},
+               {"label": "taskbox", "socket": sock, "sandbox": sb, "argv": ["true"]}]},
+]
+json.dump(rows, sys.stdout)
+PY
+  ROUNDS=${BENCH_PEERS_ROUNDS:-20} python3 "$repo/scripts/bench_peers.py" \
+    <"$SCRATCH/peers-rows.json" >"$SCRATCH/peers.json"
+  serve_stop
+  python3 - "$SCRATCH/peers.json" >"$SCRATCH/peers.md" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+# Issue 17's targets: (row, the side's ratio to the row's baseline at most, and ahead of codex?)
+targets = {
+    "true": (1.2, False),
+    "python3 -c 'import json'": (1.1, False),
+    "git status, 20,000 files, one-shot": (1.5, True),
+    "git status, 20,000 files, live sandbox": (1.1, False),
+}
+print("| workload (medians of %d interleaved rounds) | baseline | taskbox | Codex sandbox | sandbox-runtime | target | met |" % rows[0]["rounds"])
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    s = {x["label"]: x for x in r["sides"]}
+    base = r["sides"][0]
+    def cell(label):
+        x = s.get(label)
+        if x is None:
+            return ""
+        return f"{x['median_ms']:.1f} ms, {x['ratio']:.2f}x ({x['ratio_min']:.2f} to {x['ratio_max']:.2f})"
+    t = s["taskbox"]
+    if r["row"] == "exec true, live sandbox":
+        target, met = "p50 <= 1 ms", "yes" if t["median_ms"] <= 1.0 else "no"
+    else:
+        at_most, ahead = targets[r["row"]]
+        ok = t["ratio"] <= at_most and (not ahead or t["ratio"] < s["codex"]["ratio"])
+        target = f"<= {at_most}x" + (", ahead of Codex" if ahead else "")
+        met = "yes" if ok else "no"
+    print(f"| {r['row']} | {base['label']}: {base['median_ms']:.1f} ms | {cell('taskbox')} | {cell('codex')} | {cell('srt')} | {target} | {met} |")
+PY
+  cat "$SCRATCH/peers.md" >&2
+}
+
 # ---- findings --------------------------------------------------------------------------------
 # Issue 16's "Measured": what reading findings costs on a 100 MB test log, and the bytes the
 # model reads to learn what failed, with findings first and with head and tail alone.
@@ -1340,15 +1439,20 @@ bench_house() {
 [ $want_house = 1 ] && bench_house
 [ $want_sdk = 1 ] && bench_sdk
 [ $want_findings = 1 ] && bench_findings
+[ $want_peers = 1 ] && bench_peers
 
 log "results"
 : > "$SCRATCH/results.md"
-if [ -s "$ROWS" ] || [ $want_house = 0 ]; then
+if [ -s "$ROWS" ] || { [ $want_house = 0 ] && [ $want_peers = 0 ]; }; then
   {
     echo "| figure | taskbox | baseline | ratio | target | met |"
     echo "|---|---|---|---|---|---|"
     cat "$ROWS"
   } >> "$SCRATCH/results.md"
+fi
+if [ -f "$SCRATCH/peers.md" ]; then
+  [ ! -s "$SCRATCH/results.md" ] || echo >> "$SCRATCH/results.md"
+  cat "$SCRATCH/peers.md" >> "$SCRATCH/results.md"
 fi
 if [ -f "$SCRATCH/house.md" ]; then
   [ ! -s "$SCRATCH/results.md" ] || echo >> "$SCRATCH/results.md"
