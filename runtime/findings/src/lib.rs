@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
+use std::sync::Arc;
 
 use aho_corasick::AhoCorasick;
 
@@ -378,14 +379,8 @@ fn last_line(lines: &[u8]) -> &[u8] {
 /// Reads one stream with every reader.
 pub struct Scanner {
     readers: Vec<Box<dyn Reader>>,
-    /// Anchor pattern id -> the readers that gave it.
-    owners: Vec<Vec<usize>>,
-    search: Option<AhoCorasick>,
-    /// The same patterns in groups of at most [`JUMP_GROUP`], for the jump to the next line
-    /// holding one: a group that small is searched with a vectorised prefilter (Teddy), where
-    /// all of them at once fall back to a byte-at-a-time automaton (1.5x slower on a cargo test
-    /// log, docs/findings.md).
-    jump: Vec<AhoCorasick>,
+    /// The searches for the readers' anchors (built once for the default readers).
+    anchors: Arc<Anchors>,
     /// Per group: where its last search started, and the match it found (`None`: none to the
     /// chunk's end), reused while the jump has not passed it.
     jump_cache: Vec<(usize, Option<usize>)>,
@@ -411,14 +406,21 @@ impl std::fmt::Debug for Scanner {
     }
 }
 
-impl Scanner {
-    /// A scanner with every reader, locating files against `paths`.
-    pub fn new(paths: Paths) -> Scanner {
-        Scanner::with_readers(paths, readers())
-    }
+/// The searches for a set of readers' anchors.
+#[derive(Debug)]
+struct Anchors {
+    /// Anchor pattern id -> the readers (by index) that gave it.
+    owners: Vec<Vec<usize>>,
+    search: Option<AhoCorasick>,
+    /// The same patterns in groups of at most [`JUMP_GROUP`], for the jump to the next line
+    /// holding one: a group that small is searched with a vectorised prefilter (Teddy), where
+    /// all of them at once fall back to a byte-at-a-time automaton (1.5x slower on a cargo test
+    /// log, docs/findings.md).
+    jump: Vec<AhoCorasick>,
+}
 
-    /// A scanner with these readers.
-    pub fn with_readers(paths: Paths, readers: Vec<Box<dyn Reader>>) -> Scanner {
+impl Anchors {
+    fn new(readers: &[Box<dyn Reader>]) -> Anchors {
         let mut patterns: Vec<&'static str> = Vec::new();
         let mut owners: Vec<Vec<usize>> = Vec::new();
         for (i, r) in readers.iter().enumerate() {
@@ -433,7 +435,7 @@ impl Scanner {
             }
         }
         let search = AhoCorasick::new(&patterns).ok();
-        let jump: Vec<AhoCorasick> = patterns
+        let jump = patterns
             .chunks(JUMP_GROUP)
             .filter_map(|g| {
                 // Leftmost-first: the leftmost match's start is all the jump needs, and only
@@ -444,13 +446,37 @@ impl Scanner {
                     .ok()
             })
             .collect();
-        let jump_cache = vec![(usize::MAX, None); jump.len()];
-        let n = readers.len();
-        Scanner {
-            readers,
+        Anchors {
             owners,
             search,
             jump,
+        }
+    }
+}
+
+impl Scanner {
+    /// A scanner with every reader, locating files against `paths`.
+    pub fn new(paths: Paths) -> Scanner {
+        // Building the automata takes about a millisecond: once per process, not per stream.
+        static DEFAULT: std::sync::LazyLock<Arc<Anchors>> =
+            std::sync::LazyLock::new(|| Arc::new(Anchors::new(&readers())));
+        Scanner::with_anchors(paths, readers(), DEFAULT.clone())
+    }
+
+    /// A scanner with these readers.
+    pub fn with_readers(paths: Paths, readers: Vec<Box<dyn Reader>>) -> Scanner {
+        let anchors = Arc::new(Anchors::new(&readers));
+        Scanner::with_anchors(paths, readers, anchors)
+    }
+
+    /// `readers` with the searches for their anchors (made by [`Anchors::new`] of the same).
+    fn with_anchors(paths: Paths, readers: Vec<Box<dyn Reader>>, anchors: Arc<Anchors>) -> Scanner {
+        let jump = anchors.jump.len();
+        let jump_cache = vec![(usize::MAX, None); jump];
+        let n = readers.len();
+        Scanner {
+            readers,
+            anchors,
             jump_cache,
             sink: Sink::new(paths),
             pending: Vec::new(),
@@ -597,7 +623,7 @@ impl Scanner {
     /// each group searched again only once the jump has passed the match it last found.
     fn next_anchor(&mut self, chunk: &[u8], pos: usize) -> Option<usize> {
         let mut best: Option<usize> = None;
-        for (ac, cache) in self.jump.iter().zip(self.jump_cache.iter_mut()) {
+        for (ac, cache) in self.anchors.jump.iter().zip(self.jump_cache.iter_mut()) {
             let (from, found) = *cache;
             let hit = if from <= pos && found.is_none_or(|f| f >= pos) {
                 found
@@ -617,9 +643,9 @@ impl Scanner {
     /// those inside a block.
     fn line(&mut self, raw: &[u8], previous: &[u8]) {
         let mut any = false;
-        if let Some(ac) = &self.search {
+        if let Some(ac) = &self.anchors.search {
             for m in ac.find_overlapping_iter(raw) {
-                for &r in &self.owners[m.pattern().as_usize()] {
+                for &r in &self.anchors.owners[m.pattern().as_usize()] {
                     self.hit[r] = true;
                     any = true;
                 }
@@ -718,6 +744,18 @@ pub fn read_stream(r: impl Read, paths: &Paths) -> Findings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every stream of every exec has a scanner: the default one's automata are built once per
+    /// process (building them took 1 ms, twice an exec).
+    #[test]
+    fn default_scanners_share_their_automata() {
+        let paths = || Paths::new("/w", "/w");
+        let (a, b) = (Scanner::new(paths()), Scanner::new(paths()));
+        assert!(Arc::ptr_eq(&a.anchors, &b.anchors));
+        assert!(a.anchors.search.is_some() && !a.anchors.jump.is_empty());
+        let c = Scanner::with_readers(paths(), readers());
+        assert!(!Arc::ptr_eq(&a.anchors, &c.anchors));
+    }
 
     /// Records the lines it is given.
     struct Echo {
