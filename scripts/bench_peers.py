@@ -3,7 +3,7 @@
 
 Reads a JSON list of rows on stdin. A row is
 
-    {"row": NAME, "cwd": DIR, "sides": [SIDE, ...]}
+    {"row": NAME, "cwd": DIR, "sides": [SIDE, ...], "rounds": N (optional)}
 
 and its first side is the baseline the others are divided by. A side is one of
 
@@ -91,11 +91,12 @@ class Exec:
 
 
 def main():
-    rounds = int(os.environ.get("ROUNDS", "20"))
+    all_rounds = int(os.environ.get("ROUNDS", "20"))
     warmup = int(os.environ.get("WARMUP", "3"))
     rows = json.load(sys.stdin)
     out = []
     for row in rows:
+        rounds = min(all_rounds, row.get("rounds", all_rounds))
         sides = row["sides"]
         runners = []
         for s in sides:

@@ -54,6 +54,9 @@ const HANDOFF_DEPTH: usize = 8;
 /// Where a stream's findings are read.
 #[derive(Debug)]
 enum Reading {
+    /// Nothing arrived yet: the readers are made with the first bytes (a stream that stays
+    /// empty never makes them).
+    Pending(Paths),
     Inline(Box<Scanner>),
     /// Only while the readers move to their thread.
     Moving,
@@ -69,6 +72,9 @@ enum Reading {
 
 impl Reading {
     fn feed(&mut self, data: &[u8], seen: u64) {
+        if let Reading::Pending(paths) = self {
+            *self = Reading::Inline(Box::new(Scanner::new(paths.clone())));
+        }
         if let Reading::Inline(s) = self {
             s.feed(data);
             if seen >= INLINE_READ
@@ -131,6 +137,8 @@ impl Reading {
     fn finish(self) -> Findings {
         match self {
             Reading::Inline(s) => s.finish(),
+            // The readers find nothing in no bytes.
+            Reading::Pending(_) => Findings::default(),
             Reading::Moving => Findings::default(),
             Reading::Thread {
                 batch, to, done, ..
@@ -168,7 +176,7 @@ impl Capture {
 
     /// Also reads the stream's findings as it arrives, with files located against `paths`.
     pub fn with_findings(mut self, paths: Paths) -> Self {
-        self.scanner = Some(Reading::Inline(Box::new(Scanner::new(paths))));
+        self.scanner = Some(Reading::Pending(paths));
         self
     }
 
@@ -371,6 +379,22 @@ mod tests {
 
     /// Failures before the hand-off to the reading thread, across it (a line cut by it) and far
     /// past it are all found, in order, whatever the sizes of the chunks pushed.
+    #[test]
+    fn an_empty_stream_makes_no_readers_and_finds_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
+        assert!(matches!(c.scanner, Some(Reading::Pending(_))));
+        let (_, found) = c.finish_with_findings();
+        let found = found.unwrap();
+        assert!(found.findings.is_empty() && found.tests.is_none() && found.omitted == 0);
+        // The same as the readers give for no bytes.
+        let empty = Scanner::new(Paths::new("/w", "/w")).finish();
+        assert_eq!(
+            (empty.findings.len(), empty.tests, empty.omitted),
+            (0, None, 0)
+        );
+    }
+
     #[test]
     fn findings_before_across_and_after_the_hand_off_are_all_read() {
         let fail = |n: u32| {
