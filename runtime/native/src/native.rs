@@ -356,19 +356,45 @@ impl WorkspacePaths {
     /// The workspace `host` seen at `inside`, for a backend whose state directory is
     /// `state_dir`; `extra` are more paths to hide (the supervisor's socket and tokens file).
     /// Refuses a workspace that is, lies inside or holds taskbox's own state, unless it is one
-    /// the backend made itself beneath its state directory (a replay's or an upload's).
-    pub(crate) fn new(
+    /// the backend made itself beneath its state directory (a replay's or an upload's). The
+    /// scan of the host's sockets is left running on a thread of its own
+    /// ([`SocketScan`](crate::hostdirs::SocketScan)) while the set-up goes on, and
+    /// [`PendingWorkspace::finish`] gives the paths once the mount plan needs them.
+    pub(crate) fn start(
         host: PathBuf,
         inside: PathBuf,
         state_dir: &Path,
         extra: &[PathBuf],
-    ) -> Result<WorkspacePaths, String> {
-        let hidden = crate::hostdirs::for_workspace(&host, state_dir, extra)?;
-        Ok(WorkspacePaths {
-            host,
-            inside,
-            hidden,
+    ) -> Result<PendingWorkspace, String> {
+        let own = crate::hostdirs::own_for_workspace(&host, state_dir, extra)?;
+        let scan = crate::hostdirs::SocketScan::start();
+        Ok(PendingWorkspace {
+            paths: WorkspacePaths {
+                host,
+                inside,
+                hidden: own,
+            },
+            scan,
         })
+    }
+}
+
+/// A sandbox's workspace paths whose hidden list still lacks the host's sockets: no mount plan
+/// takes one ([`plan_mounts`] takes [`WorkspacePaths`]), so none is made without them.
+#[derive(Debug)]
+pub(crate) struct PendingWorkspace {
+    paths: WorkspacePaths,
+    scan: crate::hostdirs::SocketScan,
+}
+
+impl PendingWorkspace {
+    /// The paths, with the sockets the scan found among the hidden ones.
+    pub(crate) fn finish(self) -> WorkspacePaths {
+        let mut paths = self.paths;
+        paths.hidden.extend(self.scan.finish());
+        paths.hidden.sort();
+        paths.hidden.dedup();
+        paths
     }
 }
 
@@ -878,7 +904,7 @@ pub fn run_with(
             "build mode (root_upper) needs an image to build on".into(),
         ));
     }
-    let ws = WorkspacePaths::new(
+    let ws = WorkspacePaths::start(
         workspace.clone(),
         view.as_ref()
             .map_or_else(|| workspace.clone(), |v| v.workdir.clone()),
@@ -967,6 +993,7 @@ pub fn run_with(
     )?;
     let rlimits = rlimits_for(&req.policy, cgroup.is_some());
 
+    let ws = ws.finish();
     let (mounts, write_paths) = plan_mounts(
         &req.policy,
         &ws,

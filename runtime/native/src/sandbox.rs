@@ -567,7 +567,7 @@ impl Native {
         .check(exec_limits::own_argument_space())?;
         let workspace = overlay_workspace(&req.workspace)?;
 
-        let ws = native::WorkspacePaths::new(
+        let ws = native::WorkspacePaths::start(
             workspace.clone(),
             view.as_ref()
                 .map_or_else(|| workspace.clone(), |v| v.workdir.clone()),
@@ -656,6 +656,7 @@ impl Native {
             .map_err(|e| ApiError::internal(e.to_string()))?,
         );
         let rlimits = native::rlimits_for(&policy, cgroup.0.is_some());
+        let ws = ws.finish();
         let (mut mounts, write_paths) = native::plan_mounts(
             &policy,
             &ws,
