@@ -152,7 +152,9 @@ pub fn own_for_workspace(
 /// `readlink`s with a hundred processes, 0.66 ms of a one-shot run's 12 on a 2-core VM), which
 /// would otherwise hold up the run directory, the disk and the cgroup that need none of it.
 /// The host is scanned a few milliseconds earlier than the mounts are made; a socket bound in
-/// between is not masked, as one bound after the mounts never was.
+/// between is not masked, as one bound after the mounts never was. Dropped unfinished (a set-up
+/// that failed), it waits for its thread: a one-shot run forks later, which is only safe in a
+/// single-threaded process.
 #[derive(Debug)]
 pub struct SocketScan(Option<std::thread::JoinHandle<Vec<PathBuf>>>);
 
@@ -169,10 +171,18 @@ impl SocketScan {
 
     /// The sockets found; a scan that could not run on its own thread (or whose thread
     /// panicked) runs here.
-    pub fn finish(self) -> Vec<PathBuf> {
-        match self.0.map(std::thread::JoinHandle::join) {
+    pub fn finish(mut self) -> Vec<PathBuf> {
+        match self.0.take().map(std::thread::JoinHandle::join) {
             Some(Ok(found)) => found,
             _ => bound_unix_sockets(),
+        }
+    }
+}
+
+impl Drop for SocketScan {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -340,6 +350,29 @@ mod tests {
             found.contains(&fs::canonicalize(&path).unwrap()),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_scan_dropped_unfinished_leaves_no_thread_behind() {
+        // The scan's threads of this process, by name (nextest runs each test in a process of
+        // its own; under `cargo test` only the test above makes one too).
+        fn scans() -> usize {
+            fs::read_dir("/proc/self/task")
+                .unwrap()
+                .flatten()
+                .filter(|t| {
+                    fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "taskbox-sockets")
+                })
+                .count()
+        }
+        // Dropped while its thread runs: seen by name first (the thread names itself when it
+        // starts; a scan can take a millisecond or so).
+        let scan = SocketScan::start();
+        let since = std::time::Instant::now();
+        while scans() == 0 && since.elapsed() < std::time::Duration::from_secs(1) {}
+        drop(scan);
+        assert_eq!(scans(), 0, "a scan's thread outlived its SocketScan");
     }
 
     #[test]
