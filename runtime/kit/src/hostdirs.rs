@@ -340,8 +340,13 @@ mod tests {
         );
     }
 
+    /// The tests that start scans, one at a time (under `cargo test` they share a process, and
+    /// one counts the scans' threads).
+    static SCANS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_scan_on_its_own_thread_finds_a_listening_socket() {
+        let _one = SCANS.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
@@ -354,8 +359,8 @@ mod tests {
 
     #[test]
     fn a_scan_dropped_unfinished_leaves_no_thread_behind() {
-        // The scan's threads of this process, by name (nextest runs each test in a process of
-        // its own; under `cargo test` only the test above makes one too).
+        let _one = SCANS.lock().unwrap_or_else(|e| e.into_inner());
+        // The scan's threads of this process, by name.
         fn scans() -> usize {
             fs::read_dir("/proc/self/task")
                 .unwrap()
