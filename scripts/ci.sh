@@ -13,7 +13,8 @@ export CARGO_INCREMENTAL=0
 # busybox image and test root filesystems) and chromium (the trace report's browser test, whose
 # screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA),
 # git and pytest under /usr/bin/python3 (the review checks run a test suite in host-view sandboxes,
-# where only the system interpreter is seen).
+# where only the system interpreter is seen), nats-server (the task queue's suites start real
+# JetStream servers of their own, on loopback).
 missing=()
 [ -x /usr/bin/python3 ] || missing+=(python3)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || missing+=(python3-pytest)
@@ -27,6 +28,7 @@ command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
   || missing+=(busybox-static)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 command -v openssl >/dev/null || missing+=(openssl)
+[ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null || missing+=(nats-server)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

@@ -1,0 +1,251 @@
+//! The queue against real nats-server processes (JetStream on, loopback, a store directory of
+//! their own), started and killed by each test.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use taskbox_queue::{Queue, QueueError, TaskSpec, TaskState, WorkspaceSource, key_entry};
+use taskbox_workspace::testutil::skip;
+
+/// A nats-server with JetStream, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    _store: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nats_server() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+/// Starts a server, or says why it cannot (and the test returns).
+fn server() -> Option<Server> {
+    let Some(bin) = nats_server() else {
+        skip("nats-server is not installed (scripts/ci.sh installs Debian's)");
+        return None;
+    };
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = tempfile::tempdir().unwrap();
+    let child = Command::new(bin)
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(store.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server {
+        child,
+        url: format!("nats://127.0.0.1:{port}"),
+        _store: store,
+    };
+    let since = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "nats-server did not listen on {port} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(server)
+}
+
+fn spec(commit: &str) -> TaskSpec {
+    TaskSpec {
+        contract: "goal = \"make the tests pass\"\n".into(),
+        workspace: WorkspaceSource::Git {
+            url: "https://example.invalid/repo.git".into(),
+            commit: commit.into(),
+        },
+        tenant: Some("team-a".into()),
+        max_attempts: 3,
+    }
+}
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+#[tokio::test]
+async fn a_retried_submit_is_the_same_task() {
+    let Some(s) = server() else { return };
+    let q = Queue::connect(&s.url).await.unwrap();
+    let first = q.submit(spec(COMMIT), Some("pr-12")).await.unwrap();
+    let again = q.submit(spec(COMMIT), Some("pr-12")).await.unwrap();
+    assert!(first.new);
+    assert!(!again.new);
+    assert_eq!(first.task.id, again.task.id);
+    assert_eq!(again.task.state, TaskState::Queued);
+    // The retry published again (its first submit might have died before its message): the
+    // stream kept one, by the message id.
+    assert_eq!(q.depth().await.unwrap(), 1);
+    let other = q.submit(spec(COMMIT), Some("pr-13")).await.unwrap();
+    assert!(other.new);
+    assert_ne!(other.task.id, first.task.id);
+    let unkeyed = q.submit(spec(COMMIT), None).await.unwrap();
+    assert!(unkeyed.new);
+    let all = q.tasks().await.unwrap();
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(q.depth().await.unwrap(), 3);
+    assert_eq!(q.task(&first.task.id).await.unwrap(), first.task);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn submits_racing_with_one_key_make_one_task() {
+    let Some(s) = server() else { return };
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(Queue::connect(&s.url).await.unwrap());
+    }
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|q| tokio::spawn(async move { q.submit(spec(COMMIT), Some("nightly-1")).await }))
+        .collect();
+    let mut ids = Vec::new();
+    let mut fresh = 0;
+    for h in handles {
+        let done = h.await.unwrap().unwrap();
+        fresh += usize::from(done.new);
+        ids.push(done.task.id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(fresh, 1, "exactly one submit made the task");
+    let q = Queue::connect(&s.url).await.unwrap();
+    assert_eq!(q.tasks().await.unwrap().len(), 1);
+    assert_eq!(q.depth().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_spec_is_refused() {
+    let Some(s) = server() else { return };
+    let q = Queue::connect(&s.url).await.unwrap();
+    let first = q.submit(spec(COMMIT), Some("k")).await.unwrap();
+    let e = q
+        .submit(spec("89abcdef0123456789abcdef0123456789abcdef"), Some("k"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, QueueError::Invalid { .. }), "{e}");
+    assert!(e.to_string().contains(&first.task.id), "{e}");
+    assert_eq!(q.tasks().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_submit_that_died_after_taking_its_key_is_finished_by_the_next() {
+    let Some(s) = server() else { return };
+    let q = Queue::connect(&s.url).await.unwrap();
+    // What a submit leaves when it dies right after its key: the key names an id that has no
+    // record and no message.
+    let client = async_nats::connect(&s.url).await.unwrap();
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value(taskbox_queue::RECORDS)
+        .await
+        .unwrap();
+    kv.create(key_entry("half-done"), "task-00000000000000ab".into())
+        .await
+        .unwrap();
+    let done = q.submit(spec(COMMIT), Some("half-done")).await.unwrap();
+    assert_eq!(done.task.id, "task-00000000000000ab");
+    assert_eq!(done.task.state, TaskState::Queued);
+    assert_eq!(q.depth().await.unwrap(), 1);
+    let again = q.submit(spec(COMMIT), Some("half-done")).await.unwrap();
+    assert!(!again.new);
+    assert_eq!(q.depth().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn cancel_ends_a_queued_task_and_refuses_an_ended_one() {
+    let Some(s) = server() else { return };
+    let q = Queue::connect(&s.url).await.unwrap();
+    let t = q.submit(spec(COMMIT), None).await.unwrap().task;
+    let cancelled = q.cancel(&t.id, "superseded").await.unwrap();
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    assert_eq!(cancelled.reasons, vec!["cancelled: superseded".to_string()]);
+    assert_eq!(q.task(&t.id).await.unwrap().state, TaskState::Cancelled);
+    let e = q.cancel(&t.id, "again").await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QueueError::Ended {
+                state: TaskState::Cancelled,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("cancelled"), "{e}");
+    let e = q.cancel("task-ffffffffffffffff", "x").await.unwrap_err();
+    assert!(matches!(e, QueueError::NotFound(_)), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_changes_of_one_record_all_land() {
+    let Some(s) = server() else { return };
+    let q = Queue::connect(&s.url).await.unwrap();
+    let id = q.submit(spec(COMMIT), None).await.unwrap().task.id;
+    // Sixteen writers each count one attempt: compare-and-set loses none of them.
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let q = q.clone();
+            let id = id.clone();
+            tokio::spawn(async move {
+                q.update(&id, |t| {
+                    t.attempts += 1;
+                    t.reasons.push(format!("writer {i}"));
+                    Ok(())
+                })
+                .await
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    let t = q.task(&id).await.unwrap();
+    assert_eq!(t.attempts, 16);
+    assert_eq!(t.reasons.len(), 16);
+}
+
+#[tokio::test]
+async fn a_second_worker_shares_the_queue_and_a_bad_spec_is_refused() {
+    let Some(s) = server() else { return };
+    let a = Queue::connect(&s.url).await.unwrap();
+    let b = Queue::connect(&s.url).await.unwrap();
+    let t = a.submit(spec(COMMIT), Some("shared")).await.unwrap().task;
+    assert_eq!(b.task(&t.id).await.unwrap(), t);
+    let e = b.submit(spec("main"), None).await.unwrap_err();
+    assert!(e.to_string().contains("commit id"), "{e}");
+    let e = b.submit(spec(COMMIT), Some("")).await.unwrap_err();
+    assert!(e.to_string().contains("idempotency key"), "{e}");
+    assert_eq!(a.tasks().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let since = Instant::now();
+    let e = Queue::connect(&url).await.unwrap_err();
+    assert!(since.elapsed() < Duration::from_secs(10));
+    let text = e.to_string();
+    assert!(text.contains(&url) && text.contains("-js"), "{text}");
+}
