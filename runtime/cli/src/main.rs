@@ -15,6 +15,7 @@ mod agent;
 mod client;
 mod docker;
 mod image;
+mod queue;
 mod replay;
 mod verbs;
 use taskbox_core::approvals::{Refusal, refusal_detail};
@@ -71,6 +72,12 @@ enum Command {
     /// Run an AI coding agent in a sandbox under a work contract (run, resume, replay, eval).
     #[command(subcommand)]
     Agent(agent::AgentCommand),
+    /// Queue a task (a work contract and its workspace) on the shared queue (NATS JetStream),
+    /// for a worker on any machine; prints its id. Exit status 1 for a bad contract or spec.
+    Submit(queue::SubmitArgs),
+    /// Tasks on the shared queue: list, status, cancel.
+    #[command(subcommand)]
+    Tasks(queue::TasksCommand),
     #[command(flatten)]
     Verb(verbs::Verb),
 }
@@ -299,6 +306,8 @@ fn dispatch(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Verb(v) => verbs::run(v, &cli.conn),
         Command::Agent(cmd) => agent::run(cmd, &cli.conn),
+        Command::Submit(args) => queue::submit(args),
+        Command::Tasks(cmd) => queue::tasks(cmd),
         Command::Serve(args) => serve(args, &cli.conn),
         Command::Mcp(args) => mcp(args, &cli.conn),
         Command::Replay(args) => {

@@ -22,6 +22,9 @@ use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+#[cfg(feature = "testutil")]
+pub mod testserver;
+
 /// The work queue's stream.
 pub const STREAM: &str = "TASKBOX_TASKS";
 /// The subject a task's message is published on.

@@ -2,69 +2,15 @@
 //! their own), started and killed by each test.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use taskbox_queue::testserver::{NatsServer, free_port};
 use taskbox_queue::{Queue, QueueError, TaskSpec, TaskState, WorkspaceSource, key_entry};
 use taskbox_workspace::testutil::skip;
 
-/// A nats-server with JetStream, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    _store: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn nats_server() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
-        .map(|d| d.join("nats-server"))
-        .find(|p| p.is_file())
-}
-
 /// Starts a server, or says why it cannot (and the test returns).
-fn server() -> Option<Server> {
-    let Some(bin) = nats_server() else {
-        skip("nats-server is not installed (scripts/ci.sh installs Debian's)");
-        return None;
-    };
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let store = tempfile::tempdir().unwrap();
-    let child = Command::new(bin)
-        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-        .arg(store.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server {
-        child,
-        url: format!("nats://127.0.0.1:{port}"),
-        _store: store,
-    };
-    let since = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "nats-server did not listen on {port} within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(server)
+fn server() -> Option<NatsServer> {
+    NatsServer::start().map_err(|why| skip(&why)).ok()
 }
 
 fn spec(commit: &str) -> TaskSpec {
@@ -237,12 +183,7 @@ async fn a_second_worker_shares_the_queue_and_a_bad_spec_is_refused() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_clear_error() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("nats://127.0.0.1:{port}");
+    let url = format!("nats://127.0.0.1:{}", free_port());
     let since = Instant::now();
     let e = Queue::connect(&url).await.unwrap_err();
     assert!(since.elapsed() < Duration::from_secs(10));
