@@ -36,6 +36,16 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `o` ended with `code` and said `said` on stderr.
+fn refused(o: &Output, code: i32, said: &str) {
+    assert_eq!(o.status.code(), Some(code), "{}", text(o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(said),
+        "{}",
+        text(o)
+    );
+}
+
 fn contract(dir: &Path, body: &str) -> String {
     let p = dir.join("contract.toml");
     std::fs::write(&p, body).unwrap();
@@ -99,21 +109,21 @@ fn submit_is_idempotent_and_tasks_lists_shows_and_cancels() {
     );
     assert_eq!(cancel.status.code(), Some(0), "{}", text(&cancel));
     assert!(String::from_utf8_lossy(&cancel.stdout).contains("cancelled"));
-    let again = tb(&s.url, &["tasks", "cancel", &id]);
-    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
-    assert!(
-        String::from_utf8_lossy(&again.stderr).contains("has ended (cancelled)"),
-        "{}",
-        text(&again)
+    refused(
+        &tb(&s.url, &["tasks", "cancel", &id]),
+        1,
+        "has ended (cancelled)",
     );
     let status = tb(&s.url, &["tasks", "status", &id, "--json"]);
     let t: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(t["state"], "cancelled");
     assert_eq!(t["reasons"][0], "cancelled: superseded by pr-8");
 
-    let missing = tb(&s.url, &["tasks", "status", "task-ffffffffffffffff"]);
-    assert_eq!(missing.status.code(), Some(1), "{}", text(&missing));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("no task task-ffffffffffffffff"));
+    refused(
+        &tb(&s.url, &["tasks", "status", "task-ffffffffffffffff"]),
+        1,
+        "no task task-ffffffffffffffff",
+    );
 }
 
 #[test]
@@ -133,12 +143,7 @@ fn bad_submits_are_refused_with_the_reason_and_queue_nothing() {
             COMMIT,
         ],
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("contract.toml"),
-        "{}",
-        text(&o)
-    );
+    refused(&o, 1, "contract.toml");
 
     let good = contract(dir.path(), CONTRACT);
     let o = tb(
@@ -153,19 +158,12 @@ fn bad_submits_are_refused_with_the_reason_and_queue_nothing() {
             "main",
         ],
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("commit id"),
-        "{}",
-        text(&o)
-    );
+    refused(&o, 1, "commit id");
 
-    let o = tb(&s.url, &["submit", "--contract", &good]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("--workspace-object"),
-        "{}",
-        text(&o)
+    refused(
+        &tb(&s.url, &["submit", "--contract", &good]),
+        2,
+        "--workspace-object",
     );
 
     let list = tb(&s.url, &["tasks", "list", "--json"]);

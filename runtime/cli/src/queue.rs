@@ -162,10 +162,10 @@ pub fn submit(args: SubmitArgs) -> Result<u8> {
             Ok(done) => {
                 if args.json {
                     print_task(&done.task, true)?;
-                } else if done.new {
-                    println!("{}", done.task.id);
                 } else {
                     println!("{}", done.task.id);
+                }
+                if !done.new {
                     eprintln!(
                         "taskbox: the idempotency key already names this task ({}); nothing new was queued",
                         done.task.state

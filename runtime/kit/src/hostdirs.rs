@@ -121,11 +121,7 @@ pub fn for_workspace(
     state_dir: &Path,
     extra: &[PathBuf],
 ) -> Result<Vec<PathBuf>, String> {
-    let mut hidden = own_for_workspace(ws, state_dir, extra)?;
-    hidden.extend(bound_unix_sockets());
-    hidden.sort();
-    hidden.dedup();
-    Ok(hidden)
+    Ok(SocketScan(None).add_to(own_for_workspace(ws, state_dir, extra)?))
 }
 
 /// [`for_workspace`] without the host's sockets: taskbox's own state alone, after the same
@@ -169,13 +165,16 @@ impl SocketScan {
         )
     }
 
-    /// The sockets found; a scan that could not run on its own thread (or whose thread
-    /// panicked) runs here.
-    pub fn finish(mut self) -> Vec<PathBuf> {
-        match self.0.take().map(std::thread::JoinHandle::join) {
+    /// `hidden` with the sockets found, sorted and without repeats; a scan that could not run
+    /// on its own thread (or whose thread panicked) runs here.
+    pub fn add_to(mut self, mut hidden: Vec<PathBuf>) -> Vec<PathBuf> {
+        hidden.extend(match self.0.take().map(std::thread::JoinHandle::join) {
             Some(Ok(found)) => found,
             _ => bound_unix_sockets(),
-        }
+        });
+        hidden.sort();
+        hidden.dedup();
+        hidden
     }
 }
 
@@ -350,7 +349,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let found = SocketScan::start().finish();
+        let found = SocketScan::start().add_to(Vec::new());
         assert!(
             found.contains(&fs::canonicalize(&path).unwrap()),
             "{found:?}"

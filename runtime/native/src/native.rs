@@ -390,11 +390,10 @@ pub(crate) struct PendingWorkspace {
 impl PendingWorkspace {
     /// The paths, with the sockets the scan found among the hidden ones.
     pub(crate) fn finish(self) -> WorkspacePaths {
-        let mut paths = self.paths;
-        paths.hidden.extend(self.scan.finish());
-        paths.hidden.sort();
-        paths.hidden.dedup();
-        paths
+        WorkspacePaths {
+            hidden: self.scan.add_to(self.paths.hidden),
+            ..self.paths
+        }
     }
 }
 

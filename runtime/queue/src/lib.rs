@@ -188,8 +188,8 @@ pub enum QueueError {
     Contended(String),
 }
 
-fn js_err(context: &str) -> impl Fn(&dyn std::fmt::Display) -> QueueError + '_ {
-    move |e| QueueError::JetStream(format!("{context}: {e}"))
+fn js_err(context: &str, e: impl std::fmt::Display) -> QueueError {
+    QueueError::JetStream(format!("{context}: {e}"))
 }
 
 /// A connection to the queue.
@@ -232,7 +232,7 @@ impl Queue {
             ..Default::default()
         })
         .await
-        .map_err(|e| js_err("the task stream")(&e))?;
+        .map_err(|e| js_err("the task stream", e))?;
         // The bucket's stream is made here with the key-value layout (what the library's
         // `create_key_value` makes), because that call first reads the account's info and
         // cannot parse what a 2.9 server (Debian's) sends; binding to it then needs no account
@@ -251,11 +251,11 @@ impl Queue {
             ..Default::default()
         })
         .await
-        .map_err(|e| js_err("the task records")(&e))?;
+        .map_err(|e| js_err("the task records", e))?;
         let records = js
             .get_key_value(RECORDS)
             .await
-            .map_err(|e| js_err("the task records")(&e))?;
+            .map_err(|e| js_err("the task records", e))?;
         let artifacts = match js.get_object_store(ARTIFACTS).await {
             Ok(os) => os,
             Err(_) => js
@@ -266,7 +266,7 @@ impl Queue {
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| js_err("the artifact store")(&e))?,
+                .map_err(|e| js_err("the artifact store", e))?,
         };
         Ok(Queue {
             js,
@@ -294,18 +294,19 @@ impl Queue {
                     why: format!("it must be 1 to {MAX_KEY_BYTES} bytes"),
                 });
             }
+            let entry = key_entry(key);
             match self
                 .records
-                .create(key_entry(key), bytes::Bytes::from(id.clone()))
+                .create(&entry, bytes::Bytes::from(id.clone()))
                 .await
             {
                 Ok(_) => {}
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                     let named = self
                         .records
-                        .get(key_entry(key))
+                        .get(entry)
                         .await
-                        .map_err(|e| js_err("an idempotency key")(&e))?
+                        .map_err(|e| js_err("an idempotency key", e))?
                         .ok_or_else(|| {
                             QueueError::JetStream(
                                 "an idempotency key vanished while it was read".into(),
@@ -327,7 +328,7 @@ impl Queue {
                     }
                     // The first submit died between its key and its record: finish it.
                 }
-                Err(e) => return Err(js_err("an idempotency key")(&e)),
+                Err(e) => return Err(js_err("an idempotency key", e)),
             }
         }
         let task = TaskRecord {
@@ -349,7 +350,7 @@ impl Queue {
                     .ok_or_else(|| QueueError::NotFound(id.clone()))?;
                 return Ok(Submitted { task, new: false });
             }
-            Err(e) => return Err(js_err("a task record")(&e)),
+            Err(e) => return Err(js_err("a task record", e)),
         }
         self.publish(&id).await?;
         Ok(Submitted { task, new: true })
@@ -364,9 +365,9 @@ impl Queue {
         self.js
             .publish_with_headers(SUBJECT, headers, payload.into())
             .await
-            .map_err(|e| js_err("publishing a task")(&e))?
+            .map_err(|e| js_err("publishing a task", e))?
             .await
-            .map_err(|e| js_err("the stream's ack of a task")(&e))?;
+            .map_err(|e| js_err("the stream's ack of a task", e))?;
         Ok(())
     }
 
@@ -376,7 +377,7 @@ impl Queue {
             .records
             .entry(task_entry(id))
             .await
-            .map_err(|e| js_err("a task record")(&e))?;
+            .map_err(|e| js_err("a task record", e))?;
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
             return Ok(None);
         };
@@ -395,13 +396,14 @@ impl Queue {
 
     /// Every task, oldest first.
     pub async fn tasks(&self) -> Result<Vec<TaskRecord>, QueueError> {
-        let keys: Vec<String> = match self.records.keys().await {
-            Ok(keys) => keys
-                .try_collect()
-                .await
-                .map_err(|e| js_err("the task records' keys")(&e))?,
-            Err(e) => return Err(js_err("the task records' keys")(&e)),
-        };
+        let keys: Vec<String> = self
+            .records
+            .keys()
+            .await
+            .map_err(|e| js_err("the task records' keys", e))?
+            .try_collect()
+            .await
+            .map_err(|e| js_err("the task records' keys", e))?;
         let mut out = Vec::new();
         for key in keys {
             if let Some(id) = key.strip_prefix("task.")
@@ -434,7 +436,7 @@ impl Queue {
             {
                 Ok(_) => return Ok(task),
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
-                Err(e) => return Err(js_err("a task record")(&e)),
+                Err(e) => return Err(js_err("a task record", e)),
             }
         }
         Err(QueueError::Contended(id.to_string()))
@@ -464,8 +466,8 @@ impl Queue {
             .js
             .get_stream(STREAM)
             .await
-            .map_err(|e| js_err("the task stream")(&e))?;
-        let info = s.info().await.map_err(|e| js_err("the task stream")(&e))?;
+            .map_err(|e| js_err("the task stream", e))?;
+        let info = s.info().await.map_err(|e| js_err("the task stream", e))?;
         Ok(info.state.messages)
     }
 }
@@ -495,18 +497,10 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// A fresh task id: `task-` and 16 hex digits.
+/// A fresh task id: `task-` and 16 hex digits (the random part of a sandbox id).
 pub fn new_task_id() -> String {
-    let mut bytes = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut bytes);
-    }
-    let n = u64::from_le_bytes(bytes)
-        ^ SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-    format!("task-{n:016x}")
+    let raw = taskbox_contract::api::SandboxId::generate();
+    format!("task-{}", raw.as_str().trim_start_matches("sb-"))
 }
 
 #[cfg(test)]
