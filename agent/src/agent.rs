@@ -97,6 +97,13 @@ impl Approver for ThroughTheApi {
     }
 }
 
+/// Told of every completed turn, once its `state.json` and trace lines are written: a queue
+/// worker copies them to shared storage there, so that another machine can resume the task
+/// from that turn. It runs on the loop's thread; to end the task it sets [`Options::cancel`].
+pub trait TurnObserver: Send + Sync {
+    fn turn_ended(&self, task_dir: &Path, turn: u32);
+}
+
 /// How a task runs.
 #[derive(Clone)]
 pub struct Options {
@@ -107,6 +114,8 @@ pub struct Options {
     pub plan_reviewer: Option<Arc<dyn PlanReviewer>>,
     /// Set to end the task at the next step (`cancelled`).
     pub cancel: Arc<AtomicBool>,
+    /// Told of every completed turn.
+    pub on_turn: Option<Arc<dyn TurnObserver>>,
 }
 
 impl std::fmt::Debug for Options {
@@ -124,6 +133,7 @@ impl Options {
             approver: Arc::new(NoOneToAsk),
             plan_reviewer: None,
             cancel: Arc::new(AtomicBool::new(false)),
+            on_turn: None,
         }
     }
 }
@@ -1127,6 +1137,9 @@ impl Runner {
         })?;
         let overhead = turn_started.elapsed().saturating_sub(self.external);
         self.overheads_us.push(overhead.as_micros() as u64);
+        if let Some(o) = &self.opts.on_turn {
+            o.turn_ended(&self.opts.task_dir, self.st.turn);
+        }
         Ok(())
     }
 

@@ -17,6 +17,15 @@
 //! context_tokens = 60000                  # per request; older turns are compacted beyond it
 //! max_verify_attempts = 3                 # finish calls whose gate fails before giving up
 //!
+//! [[actions]]                             # side effects once the gate passed (taskbox worker:
+//! kind = "git_push"                       # at most once per task, guarded in the queue)
+//! branch = "taskbox/fix-math"             # the change as one commit on this branch
+//! # remote = "https://git.example/repo.git"  (default: the task's git workspace)
+//!
+//! [[actions]]
+//! kind = "webhook"                        # POST the task's outcome as JSON
+//! url = "https://hooks.example/taskbox"   # with an Idempotency-Key header
+//!
 //! [model]                                 # optional; else flags or the environment
 //! provider = "openai"
 //! base_url = "http://127.0.0.1:8000/v1"
@@ -131,6 +140,139 @@ pub struct Contract {
     pub budget: Budget,
     #[serde(default)]
     pub model: Option<ModelConfig>,
+    /// Side effects to run once the verification gate has passed: by `taskbox worker`, at most
+    /// once per task whatever the redeliveries (`docs/worker.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<ActionSpec>,
+}
+
+/// A side effect of a completed task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ActionSpec {
+    /// Push the task's change as one commit (on the workspace's commit) to a branch.
+    GitPush {
+        /// Unique among the contract's actions (default: the kind, then `-2`, `-3`, ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// Where to push (`https://`, `ssh://`, `git@host:path`, `file://` or an absolute
+        /// path); default: the task's git workspace URL.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remote: Option<String>,
+        /// The branch (a plain name, such as `taskbox/fix-math`); never forced.
+        branch: String,
+        /// The commit message (default: the goal).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// POST the task's outcome (id, termination, summary, files changed, diff) as JSON.
+    Webhook {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// `http://` or `https://`.
+        url: String,
+    },
+}
+
+impl ActionSpec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ActionSpec::GitPush { .. } => "git_push",
+            ActionSpec::Webhook { .. } => "webhook",
+        }
+    }
+
+    fn given_name(&self) -> Option<&str> {
+        match self {
+            ActionSpec::GitPush { name, .. } | ActionSpec::Webhook { name, .. } => name.as_deref(),
+        }
+    }
+
+    /// Why this action cannot work, if it cannot.
+    fn check(&self) -> Result<(), String> {
+        if let Some(n) = self.given_name()
+            && (n.is_empty()
+                || n.len() > 64
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        {
+            return Err(format!(
+                "name {n:?}: use 1 to 64 letters, digits, `-` or `_`"
+            ));
+        }
+        match self {
+            ActionSpec::GitPush { remote, branch, .. } => {
+                check_branch(branch)?;
+                if let Some(r) = remote {
+                    check_git_url(r).map_err(|e| format!("remote: {e}"))?;
+                }
+            }
+            ActionSpec::Webhook { url, .. } => {
+                let u = url::Url::parse(url).map_err(|e| format!("url {url:?}: {e}"))?;
+                if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+                    return Err(format!("url {url:?}: give an http:// or https:// URL"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a branch name against git's rules for a ref (`git check-ref-format`), kept to what a
+/// push of `HEAD:refs/heads/BRANCH` needs.
+pub fn check_branch(b: &str) -> Result<(), String> {
+    let bad = b.is_empty()
+        || b.len() > 200
+        || b.starts_with(['-', '/', '.'])
+        || b.ends_with(['/', '.'])
+        || b.ends_with(".lock")
+        || b.contains("..")
+        || b.contains("//")
+        || b.contains("@{")
+        || b.split('/')
+            .any(|c| c.starts_with('.') || c.ends_with(".lock"))
+        || b.bytes().any(|c| {
+            c.is_ascii_control() || b" ~^:?*[\\".contains(&c) || c == 0x7f || !c.is_ascii()
+        });
+    if bad {
+        return Err(format!(
+            "branch {b:?} is not a valid branch name (see git check-ref-format)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a git URL a worker may fetch from or push to: the transports `https`, `http`,
+/// `ssh`, `git`, `file`, scp-like `user@host:path`, or an absolute path. Never an option
+/// (`-...`) or a helper transport (`ext::`, `fd::`), which would run commands on the worker.
+pub fn check_git_url(u: &str) -> Result<(), String> {
+    if u.is_empty() || u.starts_with('-') || u.bytes().any(|c| c.is_ascii_control()) {
+        return Err(format!("{u:?} is not a git URL"));
+    }
+    if u.contains("::") {
+        return Err(format!(
+            "{u:?}: helper transports (`ext::`, `fd::`, ...) are refused: they run commands"
+        ));
+    }
+    if let Some((scheme, _)) = u.split_once("://") {
+        return match scheme {
+            "https" | "http" | "ssh" | "git" | "file" => Ok(()),
+            other => Err(format!(
+                "{u:?}: transport {other:?} is refused (use https, http, ssh, git or file)"
+            )),
+        };
+    }
+    if u.starts_with('/') {
+        return Ok(());
+    }
+    // scp-like: [user@]host:path, with a host before the first colon and no slash before it.
+    match u.split_once(':') {
+        Some((host, path)) if !host.is_empty() && !host.contains('/') && !path.is_empty() => Ok(()),
+        _ => Err(format!(
+            "{u:?}: give a URL (https://, ssh://, file://), user@host:path or an absolute path"
+        )),
+    }
 }
 
 impl Contract {
@@ -145,6 +287,7 @@ impl Contract {
             plan_first: false,
             budget: Budget::default(),
             model: None,
+            actions: Vec::new(),
         }
     }
 
@@ -204,7 +347,40 @@ impl Contract {
                 "must be a non-negative number".into(),
             ));
         }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, a) in self.actions.iter().enumerate() {
+            let key = format!("actions[{i}]");
+            a.check().map_err(|e| field(&key, e))?;
+            if !names.insert(self.action_name(i)) {
+                return Err(field(
+                    &key,
+                    format!(
+                        "name {:?} is used twice; give each action its own `name`",
+                        self.action_name(i)
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The name of action `i`: its own, or its kind with `-2`, `-3`, ... for the second and
+    /// later of the same kind.
+    pub fn action_name(&self, i: usize) -> String {
+        let Some(a) = self.actions.get(i) else {
+            return String::new();
+        };
+        if let Some(n) = a.given_name() {
+            return n.to_owned();
+        }
+        let same = self.actions[..i]
+            .iter()
+            .filter(|b| b.kind() == a.kind() && b.given_name().is_none())
+            .count();
+        match same {
+            0 => a.kind().to_owned(),
+            n => format!("{}-{}", a.kind(), n + 1),
+        }
     }
 
     /// The scope as a matcher.
@@ -324,5 +500,65 @@ mod tests {
         let e = Contract::parse("goal = \" \"\n", "c.toml").unwrap_err();
         assert!(e.to_string().contains("goal"), "{e}");
         assert!(Scope::new(&[]).unwrap().allows("anything/at/all"));
+    }
+
+    #[test]
+    fn actions_parse_get_names_and_refuse_what_cannot_work() {
+        let c = Contract::parse(
+            "goal = \"x\"\n[[actions]]\nkind = \"git_push\"\nbranch = \"taskbox/fix\"\n\
+             [[actions]]\nkind = \"webhook\"\nurl = \"https://hooks.example/t\"\n\
+             [[actions]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/x\"\n",
+            "c.toml",
+        )
+        .unwrap();
+        assert_eq!(c.actions.len(), 3);
+        let names: Vec<String> = (0..3).map(|i| c.action_name(i)).collect();
+        assert_eq!(names, ["git_push", "webhook", "webhook-2"]);
+        // It round-trips through the task state's JSON.
+        let back: Contract = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+
+        for (text, says) in [
+            ("kind = \"git_push\"\nbranch = \"a..b\"", "branch"),
+            ("kind = \"git_push\"\nbranch = \"-f\"", "branch"),
+            (
+                "kind = \"git_push\"\nbranch = \"ok\"\nremote = \"ext::sh -c x\"",
+                "helper transports",
+            ),
+            (
+                "kind = \"git_push\"\nbranch = \"ok\"\nremote = \"--upload-pack=x\"",
+                "not a git URL",
+            ),
+            (
+                "kind = \"webhook\"\nurl = \"file:///etc/passwd\"",
+                "http://",
+            ),
+            (
+                "kind = \"webhook\"\nurl = \"https://h/x\"\nname = \"a b\"",
+                "name",
+            ),
+            (
+                "kind = \"webhook\"\nurl = \"https://h/x\"\nmethod = \"PUT\"",
+                "method",
+            ),
+            ("kind = \"email\"\nto = \"x\"", "email"),
+        ] {
+            let e = Contract::parse(&format!("goal = \"x\"\n[[actions]]\n{text}\n"), "c.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        let e = Contract::parse(
+            "goal = \"x\"\n[[actions]]\nkind = \"webhook\"\nurl = \"https://h/x\"\nname = \"n\"\n\
+             [[actions]]\nkind = \"webhook\"\nurl = \"https://h/y\"\nname = \"n\"\n",
+            "c.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("actions[1]") && e.contains("twice"), "{e}");
+        assert!(check_git_url("git@host.example:org/repo.git").is_ok());
+        assert!(check_git_url("/srv/repo.git").is_ok());
+        assert!(check_git_url("file:///srv/repo.git").is_ok());
+        assert!(check_git_url("relative/path").is_err());
     }
 }

@@ -27,7 +27,9 @@ pub mod state;
 pub mod tools;
 pub mod trajectory;
 
-pub use agent::{Approver, Decision, NoOneToAsk, Options, PlanReviewer, TaskSpec, resume, start};
+pub use agent::{
+    Approver, Decision, NoOneToAsk, Options, PlanReviewer, TaskSpec, TurnObserver, resume, start,
+};
 pub use contract::Contract;
 pub use report::Report;
 pub use state::Termination;

@@ -6,6 +6,11 @@
 //! Several scripts can share one server: each has a key, and a request goes to the first script
 //! whose key occurs in the request body (e.g. a word of the task's goal), so parallel tasks each
 //! follow their own script.
+//!
+//! A script *by turn* ([`MockServer::by_turn`]) answers with the step of the request's turn (the
+//! number of assistant messages in its conversation) instead of the next one, so a task resumed
+//! after its process died, which asks again for the turn it had begun, gets the same answer; a
+//! [`Step::Delay`] there waits only the first time its turn is asked.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -179,6 +184,8 @@ struct Script {
     key: String,
     steps: Vec<Step>,
     next: usize,
+    /// The turns already answered (by-turn scripts).
+    served: std::collections::BTreeSet<usize>,
 }
 
 struct Shared {
@@ -187,6 +194,7 @@ struct Shared {
     scripts: Mutex<Vec<Script>>,
     received: Mutex<Vec<Received>>,
     stop: AtomicBool,
+    by_turn: bool,
 }
 
 /// A running mock model server; stopped when dropped.
@@ -215,7 +223,17 @@ impl MockServer {
         provider: Provider,
         scripts: Vec<(String, Vec<Step>)>,
     ) -> std::io::Result<MockServer> {
-        MockServer::serve(provider, scripts, None)
+        MockServer::serve("127.0.0.1:0", provider, scripts, None, false)
+    }
+
+    /// A server with several scripts answered by turn (see the module docs), listening on
+    /// `addr` (`127.0.0.1:0`, or an address of a test's own network namespace link).
+    pub fn by_turn(
+        addr: &str,
+        provider: Provider,
+        scripts: Vec<(String, Vec<Step>)>,
+    ) -> std::io::Result<MockServer> {
+        MockServer::serve(addr, provider, scripts, None, true)
     }
 
     /// A server with one script that speaks HTTPS with the certificate of `tls`.
@@ -224,15 +242,23 @@ impl MockServer {
         steps: Vec<Step>,
         tls: MockTls,
     ) -> std::io::Result<MockServer> {
-        MockServer::serve(provider, vec![(String::new(), steps)], Some(tls))
+        MockServer::serve(
+            "127.0.0.1:0",
+            provider,
+            vec![(String::new(), steps)],
+            Some(tls),
+            false,
+        )
     }
 
     fn serve(
+        addr: &str,
         provider: Provider,
         scripts: Vec<(String, Vec<Step>)>,
         tls: Option<MockTls>,
+        by_turn: bool,
     ) -> std::io::Result<MockServer> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             provider,
@@ -244,11 +270,13 @@ impl MockServer {
                         key,
                         steps,
                         next: 0,
+                        served: Default::default(),
                     })
                     .collect(),
             ),
             received: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            by_turn,
         });
         let s = shared.clone();
         let thread = std::thread::spawn(move || {
@@ -275,11 +303,10 @@ impl MockServer {
     /// host is `localhost` (`https://localhost:PORT/v1`), the name a test certificate is
     /// usually made for.
     pub fn base_url(&self) -> String {
-        let host = match self.shared.tls {
-            Some(_) => "localhost",
-            None => "127.0.0.1",
-        };
-        self.base_url_for(host)
+        match self.shared.tls {
+            Some(_) => self.base_url_for("localhost"),
+            None => self.base_url_for(&self.addr.ip().to_string()),
+        }
     }
 
     /// The base URL with another host name for this server's address (which must resolve to
@@ -390,6 +417,21 @@ fn serve<S: Read + Write>(s: &Shared, conn: S) -> std::io::Result<()> {
             .position(|sc| !sc.key.is_empty() && text.contains(&sc.key))
             .or_else(|| scripts.iter().position(|sc| sc.key.is_empty()));
         match found {
+            Some(i) if s.by_turn => {
+                let sc = &mut scripts[i];
+                let turn = body["messages"]
+                    .as_array()
+                    .map(|m| m.iter().filter(|m| m["role"] == "assistant").count())
+                    .unwrap_or(0);
+                let mut step = sc.steps.get(turn).cloned();
+                if !sc.served.insert(turn) {
+                    while let Some(Step::Delay(_, inner)) = step {
+                        step = Some(*inner);
+                    }
+                }
+                sc.next = sc.next.max(turn + 1);
+                (i, step)
+            }
             Some(i) => {
                 let sc = &mut scripts[i];
                 let step = sc.steps.get(sc.next).cloned();
@@ -585,4 +627,79 @@ fn respond(
     out.write_all(head.as_bytes())?;
     out.write_all(payload.as_bytes())?;
     out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Posts a chat request with `assistant` earlier answers; returns the answer's body and
+    /// how long it took.
+    fn ask(server: &MockServer, key: &str, assistant: usize) -> (Value, Duration) {
+        let mut messages = vec![json!({"role": "user", "content": key})];
+        for _ in 0..assistant {
+            messages.push(json!({"role": "assistant", "content": "ok"}));
+            messages.push(json!({"role": "user", "content": "go on"}));
+        }
+        let body = json!({"model": "m", "messages": messages}).to_string();
+        let started = std::time::Instant::now();
+        let mut c = TcpStream::connect(server.addr).unwrap();
+        write!(
+            c,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let json = out.split_once("\r\n\r\n").unwrap().1;
+        (serde_json::from_str(json).unwrap(), started.elapsed())
+    }
+
+    fn said(answer: &Value) -> String {
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    #[test]
+    fn a_by_turn_script_answers_the_turn_asked_and_delays_only_once() {
+        let server = MockServer::by_turn(
+            "127.0.0.1:0",
+            Provider::Openai,
+            vec![
+                (
+                    "alpha".into(),
+                    vec![
+                        Step::text("a0"),
+                        Step::text("a1").delayed(Duration::from_millis(400)),
+                    ],
+                ),
+                ("beta".into(), vec![Step::text("b0")]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(said(&ask(&server, "alpha", 0).0), "a0");
+        let (first, took) = ask(&server, "alpha", 1);
+        assert_eq!(said(&first), "a1");
+        assert!(took >= Duration::from_millis(400), "{took:?}");
+        // Asked again (a resumed task): the same answer, at once.
+        let (again, took) = ask(&server, "alpha", 1);
+        assert_eq!(said(&again), "a1");
+        assert!(took < Duration::from_millis(300), "{took:?}");
+        assert_eq!(said(&ask(&server, "alpha", 0).0), "a0");
+        assert_eq!(said(&ask(&server, "beta", 0).0), "b0");
+        // Past the script: the exhausted error.
+        let (past, _) = ask(&server, "alpha", 2);
+        assert!(
+            past["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("exhausted")
+        );
+        assert_eq!(server.used(), [3, 1]);
+    }
 }
