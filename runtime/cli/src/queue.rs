@@ -51,6 +51,10 @@ pub struct SubmitArgs {
     /// Attempts before the task is dead.
     #[arg(long, value_name = "N", default_value_t = taskbox_queue::DEFAULT_ATTEMPTS)]
     attempts: u32,
+    /// The longest the task may run over all its attempts (e.g. 30m); past it the worker stops
+    /// it and the task fails saying so.
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
+    max_duration: Option<std::time::Duration>,
     /// Print the task record as JSON.
     #[arg(long)]
     json: bool,
@@ -155,6 +159,9 @@ pub fn submit(args: SubmitArgs) -> Result<u8> {
         workspace,
         tenant: args.tenant,
         max_attempts: args.attempts,
+        max_duration_ms: args.max_duration.map(|d| d.as_millis() as u64),
+        after: None,
+        schedule: None,
     };
     block_on(async move {
         let q = Queue::connect(&args.nats.nats).await?;

@@ -19,11 +19,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, kv, object_store, stream};
 use futures_util::TryStreamExt;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+mod record;
+pub mod schedule;
 #[cfg(feature = "testutil")]
 pub mod testserver;
+
+pub use record::{
+    ActionRecord, ActionState, Checkpoint, Claim, ClaimDecision, DEFAULT_ATTEMPTS, TaskRecord,
+    TaskResult, TaskSpec, TaskState, WorkspaceSource,
+};
+pub use schedule::{Overlap, Schedule, ScheduleTiming};
 
 /// The work queue's stream.
 pub const STREAM: &str = "TASKBOX_TASKS";
@@ -33,135 +40,18 @@ pub const SUBJECT: &str = "taskbox.tasks.run";
 pub const RECORDS: &str = "taskbox_tasks";
 /// The object store of workspaces, reports, diffs and traces.
 pub const ARTIFACTS: &str = "taskbox_artifacts";
+/// The workers' shared durable consumer of the work queue.
+pub const CONSUMER: &str = "taskbox-workers";
 /// How long the stream remembers a message id: a submit retried within it publishes once.
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(10 * 60);
-/// Attempts of a task before it is dead, unless its spec says otherwise.
-pub const DEFAULT_ATTEMPTS: u32 = 3;
 /// The longest idempotency key taken, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Compare-and-set tries of one change before it gives up (each lost race is another writer's
 /// change landing first).
 const CAS_TRIES: usize = 32;
 
-/// Where a task's workspace comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum WorkspaceSource {
-    /// A git repository at one commit.
-    Git { url: String, commit: String },
-    /// A tar in the object store [`ARTIFACTS`], by name.
-    Object { name: String },
-}
-
-/// What a task is: a work contract (the agent's TOML, checked by the worker that runs it) and
-/// its workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskSpec {
-    pub contract: String,
-    pub workspace: WorkspaceSource,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tenant: Option<String>,
-    /// Attempts before the task is dead ([`TaskState::Dead`]).
-    #[serde(default = "default_attempts")]
-    pub max_attempts: u32,
-}
-
-fn default_attempts() -> u32 {
-    DEFAULT_ATTEMPTS
-}
-
-impl TaskSpec {
-    /// Why this spec cannot be queued, if it cannot.
-    pub fn check(&self) -> Result<(), QueueError> {
-        let invalid = |why: &str| {
-            Err(QueueError::Invalid {
-                what: "task",
-                why: why.to_string(),
-            })
-        };
-        if self.contract.trim().is_empty() {
-            return invalid("the contract is empty");
-        }
-        if self.max_attempts == 0 {
-            return invalid("max_attempts must be at least 1");
-        }
-        match &self.workspace {
-            WorkspaceSource::Git { url, commit } => {
-                if url.trim().is_empty() {
-                    return invalid("the workspace's git url is empty");
-                }
-                let hex = commit.bytes().all(|b| b.is_ascii_hexdigit());
-                if !(7..=64).contains(&commit.len()) || !hex {
-                    return invalid(
-                        "the workspace's commit must be a commit id (7 to 64 hex digits), not a \
-                         branch or tag: a task runs on exactly one tree",
-                    );
-                }
-            }
-            WorkspaceSource::Object { name } => {
-                if name.trim().is_empty() {
-                    return invalid("the workspace's object name is empty");
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Where a task is in its life. Only [`TaskState::Queued`] and [`TaskState::Running`] change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
-    Queued,
-    Running,
-    Completed,
-    Failed,
-    /// Out of attempts: its reasons say why each failed.
-    Dead,
-    Cancelled,
-}
-
-impl TaskState {
-    /// Whether the task has ended.
-    pub fn is_final(self) -> bool {
-        !matches!(self, TaskState::Queued | TaskState::Running)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Queued => "queued",
-            TaskState::Running => "running",
-            TaskState::Completed => "completed",
-            TaskState::Failed => "failed",
-            TaskState::Dead => "dead",
-            TaskState::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl std::fmt::Display for TaskState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A task as the key-value store holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskRecord {
-    pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-    pub spec: TaskSpec,
-    pub state: TaskState,
-    pub attempts: u32,
-    /// What happened to it, oldest first (a failed attempt's cause, a cancel).
-    #[serde(default)]
-    pub reasons: Vec<String>,
-    pub submitted_unix_ms: u64,
-}
-
 /// What a submit did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Submitted {
     pub task: TaskRecord,
     /// False when the idempotency key already named this task (a retried submit).
@@ -186,6 +76,39 @@ pub enum QueueError {
     Invalid { what: &'static str, why: String },
     #[error("task {0} changed under {CAS_TRIES} tries in a row; try again")]
     Contended(String),
+    /// A change that decided to change nothing (internal to compare-and-set loops).
+    #[error("unchanged")]
+    Unchanged,
+    #[error("task {id}: attempt {attempt} lost its claim (the task is with {now} now)")]
+    ClaimLost {
+        id: String,
+        attempt: u32,
+        now: String,
+    },
+}
+
+impl QueueError {
+    /// Whether trying again later may succeed (the server or the network, not the request).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            QueueError::Connect { .. } | QueueError::JetStream(_) | QueueError::Contended(_)
+        )
+    }
+}
+
+/// How the queue's parts are made when they are missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Copies of each stream kept by a NATS cluster (1 on a single server; 3 in a cluster of
+    /// three survives one server's loss).
+    pub replicas: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { replicas: 1 }
+    }
 }
 
 fn js_err(context: &str, e: impl std::fmt::Display) -> QueueError {
@@ -214,6 +137,11 @@ impl Queue {
     /// Connects to `url` (`nats://HOST:PORT`, several comma-separated for a cluster) and makes
     /// the stream, the bucket and the object store if they are missing.
     pub async fn connect(url: &str) -> Result<Queue, QueueError> {
+        Queue::connect_with(url, Settings::default()).await
+    }
+
+    /// [`Queue::connect`] with the settings of the parts it makes.
+    pub async fn connect_with(url: &str, settings: Settings) -> Result<Queue, QueueError> {
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(5))
             .connect(url)
@@ -229,6 +157,7 @@ impl Queue {
             retention: stream::RetentionPolicy::WorkQueue,
             storage: stream::StorageType::File,
             duplicate_window: DEDUP_WINDOW,
+            num_replicas: settings.replicas,
             ..Default::default()
         })
         .await
@@ -247,7 +176,7 @@ impl Queue {
             deny_delete: true,
             allow_direct: true,
             discard: stream::DiscardPolicy::New,
-            num_replicas: 1,
+            num_replicas: settings.replicas,
             ..Default::default()
         })
         .await
@@ -263,6 +192,7 @@ impl Queue {
                     bucket: ARTIFACTS.to_string(),
                     description: Some("taskbox: workspaces, reports, diffs, traces".to_string()),
                     storage: stream::StorageType::File,
+                    num_replicas: settings.replicas,
                     ..Default::default()
                 })
                 .await
@@ -339,6 +269,12 @@ impl Queue {
             attempts: 0,
             reasons: Vec::new(),
             submitted_unix_ms: now_ms(),
+            claim: None,
+            checkpoint: None,
+            actions: Vec::new(),
+            result: None,
+            started_unix_ms: None,
+            ended_unix_ms: None,
         };
         match self.records.create(task_entry(&id), encode(&task)?).await {
             Ok(_) => {}
@@ -358,8 +294,18 @@ impl Queue {
 
     /// Publishes task `id`'s message and waits for the stream to store it.
     async fn publish(&self, id: &str) -> Result<(), QueueError> {
+        self.publish_as(id, id).await
+    }
+
+    /// Publishes task `id`'s message again (a wake-up for a task whose message was lost with
+    /// a server): another message id than the first, so the stream does not drop it.
+    pub async fn republish(&self, id: &str) -> Result<(), QueueError> {
+        self.publish_as(id, &format!("{id}.{}", now_ms())).await
+    }
+
+    async fn publish_as(&self, id: &str, msg_id: &str) -> Result<(), QueueError> {
         let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", id);
+        headers.insert("Nats-Msg-Id", msg_id);
         let payload = serde_json::to_vec(&serde_json::json!({ "id": id }))
             .map_err(|e| QueueError::JetStream(e.to_string()))?;
         self.js
@@ -372,7 +318,7 @@ impl Queue {
     }
 
     /// Task `id` with its entry's revision, or `None`.
-    async fn load(&self, id: &str) -> Result<Option<(TaskRecord, u64)>, QueueError> {
+    pub async fn load(&self, id: &str) -> Result<Option<(TaskRecord, u64)>, QueueError> {
         let entry = self
             .records
             .entry(task_entry(id))
@@ -453,11 +399,202 @@ impl Queue {
                     what: "cancelled",
                 });
             }
+            if task.state == TaskState::Queued {
+                task.ended_unix_ms = Some(now_ms());
+            }
             task.state = TaskState::Cancelled;
             task.reasons.push(format!("cancelled: {why}"));
             Ok(())
         })
         .await
+    }
+
+    /// The workers' shared pull consumer of the work queue. A message a worker took and then
+    /// stopped answering for (no ack, no progress) for `claim_timeout` goes to another worker.
+    /// The first worker makes it; later ones use it as it is (its claim timeout included).
+    pub async fn consumer(
+        &self,
+        claim_timeout: Duration,
+    ) -> Result<jetstream::consumer::PullConsumer, QueueError> {
+        let s = self
+            .js
+            .get_stream(STREAM)
+            .await
+            .map_err(|e| js_err("the task stream", e))?;
+        if let Ok(c) = s
+            .get_consumer::<jetstream::consumer::pull::Config>(CONSUMER)
+            .await
+        {
+            return Ok(c);
+        }
+        let made = s
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(CONSUMER.to_string()),
+                description: Some("taskbox workers".to_string()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: claim_timeout,
+                max_deliver: -1,
+                max_ack_pending: 100_000,
+                ..Default::default()
+            })
+            .await;
+        match made {
+            Ok(c) => Ok(c),
+            // Another worker made it first.
+            Err(_) => s
+                .get_consumer(CONSUMER)
+                .await
+                .map_err(|e| js_err("the workers' consumer", e)),
+        }
+    }
+
+    /// Decides (and records) what `worker` does with task `id`'s message: see
+    /// [`TaskRecord::claim`].
+    pub async fn claim(
+        &self,
+        id: &str,
+        worker: &str,
+        claim_timeout: Duration,
+    ) -> Result<(ClaimDecision, TaskRecord), QueueError> {
+        let (first, _) = self
+            .load(id)
+            .await?
+            .ok_or_else(|| QueueError::NotFound(id.to_string()))?;
+        let after = match &first.spec.after {
+            Some(a) => Some(match self.load(a).await? {
+                Some((t, _)) => t.state,
+                // A task it waits for that does not exist holds nothing up.
+                None => TaskState::Cancelled,
+            }),
+            None => None,
+        };
+        let mut decision = ClaimDecision::Ended;
+        let task = self
+            .update(id, |t| {
+                decision = t.claim(worker, now_ms(), claim_timeout, after);
+                match decision {
+                    ClaimDecision::Wait { .. } | ClaimDecision::Ended => Err(QueueError::Unchanged),
+                    _ => Ok(()),
+                }
+            })
+            .await;
+        match task {
+            Ok(t) => Ok((decision, t)),
+            Err(QueueError::Unchanged) => Ok((decision, self.task(id).await?)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Changes task `id` as the holder of attempt `attempt` (refused with
+    /// [`QueueError::ClaimLost`] when `worker` no longer holds it).
+    pub async fn update_claimed(
+        &self,
+        id: &str,
+        worker: &str,
+        attempt: u32,
+        mut change: impl FnMut(&mut TaskRecord) -> Result<(), QueueError>,
+    ) -> Result<TaskRecord, QueueError> {
+        self.update(id, |t| {
+            t.fence(worker, attempt)?;
+            change(t)
+        })
+        .await
+    }
+
+    /// The worker is alive: its claim's heartbeat. Returns the record (a cancel shows in its
+    /// state).
+    pub async fn heartbeat(
+        &self,
+        id: &str,
+        worker: &str,
+        attempt: u32,
+    ) -> Result<TaskRecord, QueueError> {
+        self.update_claimed(id, worker, attempt, |t| {
+            if let Some(c) = t.claim.as_mut() {
+                c.heartbeat_unix_ms = now_ms();
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Marks undecodable record `id` failed (its spec is gone: an empty one takes its place),
+    /// keeping the start of what it held in the reasons. Nothing happens when it can be read
+    /// (another worker fixed it first).
+    pub async fn fail_undecodable(&self, id: &str) -> Result<(), QueueError> {
+        let entry = self
+            .records
+            .entry(task_entry(id))
+            .await
+            .map_err(|e| js_err("a task record", e))?;
+        let Some(entry) = entry else {
+            return Err(QueueError::NotFound(id.to_string()));
+        };
+        let why = match serde_json::from_slice::<TaskRecord>(&entry.value) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let held: String = String::from_utf8_lossy(&entry.value)
+            .chars()
+            .take(200)
+            .collect();
+        let task = TaskRecord {
+            id: id.to_string(),
+            idempotency_key: None,
+            spec: TaskSpec::new(
+                "",
+                WorkspaceSource::Object {
+                    name: String::new(),
+                },
+            ),
+            state: TaskState::Failed,
+            attempts: 0,
+            reasons: vec![format!(
+                "failed: the task record cannot be decoded ({why}); it held: {held:?}"
+            )],
+            submitted_unix_ms: 0,
+            claim: None,
+            checkpoint: None,
+            actions: Vec::new(),
+            result: None,
+            started_unix_ms: None,
+            ended_unix_ms: Some(now_ms()),
+        };
+        match self
+            .records
+            .update(task_entry(id), encode(&task)?, entry.revision)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
+            Err(e) => Err(js_err("a task record", e)),
+        }
+    }
+
+    /// Writes `data` as object `name` of the artifact store (replacing one of that name).
+    pub async fn put_artifact(&self, name: &str, data: &[u8]) -> Result<(), QueueError> {
+        let mut reader = data;
+        self.artifacts
+            .put(name, &mut reader)
+            .await
+            .map_err(|e| js_err(&format!("storing {name}"), e))?;
+        Ok(())
+    }
+
+    /// Object `name` of the artifact store, or `None` when there is none.
+    pub async fn get_artifact(&self, name: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        use tokio::io::AsyncReadExt;
+        let mut object = match self.artifacts.get(name).await {
+            Ok(o) => o,
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(js_err(&format!("reading {name}"), e)),
+        };
+        let mut out = Vec::new();
+        object
+            .read_to_end(&mut out)
+            .await
+            .map_err(|e| js_err(&format!("reading {name}"), e))?;
+        Ok(Some(out))
     }
 
     /// Messages waiting in the work queue (not yet taken by a worker).
@@ -486,11 +623,18 @@ pub fn key_entry(key: &str) -> String {
     format!("key.{hex}")
 }
 
+/// The object name of artifact `file` of task `id`'s attempt `attempt`: each attempt writes
+/// under names of its own, so a worker that lost its claim cannot overwrite the next one's.
+pub fn artifact_name(id: &str, attempt: u32, file: &str) -> String {
+    format!("tasks/{id}/a{attempt}/{file}")
+}
+
 fn task_entry(id: &str) -> String {
     format!("task.{id}")
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the epoch (the records' clock).
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -508,15 +652,13 @@ mod tests {
     use super::*;
 
     fn git_spec() -> TaskSpec {
-        TaskSpec {
-            contract: "goal = \"fix the test\"\n".into(),
-            workspace: WorkspaceSource::Git {
+        TaskSpec::new(
+            "goal = \"fix the test\"\n",
+            WorkspaceSource::Git {
                 url: "https://example.invalid/repo.git".into(),
                 commit: "0123456789abcdef0123456789abcdef01234567".into(),
             },
-            tenant: None,
-            max_attempts: 3,
-        }
+        )
     }
 
     #[test]
@@ -561,6 +703,15 @@ mod tests {
             attempts: 1,
             reasons: vec![],
             submitted_unix_ms: 1,
+            claim: None,
+            checkpoint: Some(Checkpoint {
+                attempt: 1,
+                turn: 3,
+            }),
+            actions: vec![],
+            result: None,
+            started_unix_ms: Some(2),
+            ended_unix_ms: None,
         };
         let back: TaskRecord = serde_json::from_slice(&encode(&t).unwrap()).unwrap();
         assert_eq!(back, t);
