@@ -146,6 +146,9 @@ pub struct TaskSpec {
     pub workspace: String,
     /// Policy name or file (default: the default policy).
     pub policy: Option<String>,
+    /// The sandbox's image (default: the host view) and backend (default: the API's).
+    pub image: Option<String>,
+    pub backend: Option<String>,
 }
 
 /// The system prompt for a contract and the repository's rules.
@@ -231,6 +234,8 @@ pub fn start(
     let info = api.create(CreateRequest {
         workspace: spec.workspace.clone(),
         policy: spec.policy.clone(),
+        image: spec.image.clone(),
+        backend: spec.backend.clone(),
         labels: [("agent.task".to_owned(), task_label(&opts.task_dir))].into(),
         ..CreateRequest::default()
     })?;
@@ -245,6 +250,8 @@ pub fn start(
         messages: vec![Message::user(task_message(&spec.contract))],
         workspace: spec.workspace.clone(),
         policy: info.policy.clone(),
+        image: spec.image.clone(),
+        backend: spec.backend.clone(),
         model: model.describe(),
         system_prompt: system.clone(),
         sandbox: info.id.to_string(),
@@ -260,6 +267,8 @@ pub fn start(
             model: st.model.clone(),
             workspace: st.workspace.clone(),
             policy: spec.policy.clone().unwrap_or_else(|| info.policy.clone()),
+            image: spec.image.clone(),
+            backend: spec.backend.clone(),
             sandbox: st.sandbox.clone(),
             contract: serde_json::to_value(&st.contract).unwrap_or_default(),
             system_prompt: system,
@@ -302,6 +311,8 @@ pub fn resume(
             let info = api.create(CreateRequest {
                 workspace: st.workspace.clone(),
                 policy: Some(st.policy.clone()),
+                image: st.image.clone(),
+                backend: st.backend.clone(),
                 labels: [("agent.task".to_owned(), task_label(&opts.task_dir))].into(),
                 ..CreateRequest::default()
             })?;

@@ -198,6 +198,8 @@ fn run_one(
         contract: task.contract.clone(),
         workspace: workspace.display().to_string(),
         policy: None,
+        image: None,
+        backend: None,
     };
     match agent::start(api.clone(), built, spec, Options::new(out.join(&task.name))) {
         Ok(r) => {

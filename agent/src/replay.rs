@@ -149,6 +149,8 @@ fn load(trace: &Path) -> Result<Recording, AgentError> {
                 contract,
                 workspace,
                 policy,
+                image,
+                backend,
                 ..
             } => {
                 let contract: Contract = serde_json::from_value(contract).map_err(|e| {
@@ -158,6 +160,8 @@ fn load(trace: &Path) -> Result<Recording, AgentError> {
                     contract,
                     workspace,
                     policy: Some(policy),
+                    image,
+                    backend,
                 });
             }
             Record::ModelResponse { turn, response } => responses.push((turn, response)),

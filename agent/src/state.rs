@@ -104,6 +104,11 @@ pub struct TaskState {
     pub contract: Contract,
     pub workspace: String,
     pub policy: String,
+    /// The sandbox's image and backend, as the task asked (none: the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
     pub model: String,
     pub system_prompt: String,
     /// The sandbox the task last ran in.
@@ -153,6 +158,8 @@ impl TaskState {
             contract,
             workspace: String::new(),
             policy: String::new(),
+            image: None,
+            backend: None,
             model: String::new(),
             system_prompt: String::new(),
             sandbox: String::new(),

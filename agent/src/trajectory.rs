@@ -48,6 +48,11 @@ pub enum Record {
         model: String,
         workspace: String,
         policy: String,
+        /// The sandbox's image and backend when the task named them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<String>,
         sandbox: String,
         contract: Value,
         system_prompt: String,

@@ -56,6 +56,8 @@ impl Fx {
             contract,
             workspace: self.env.ws().display().to_string(),
             policy: None,
+            image: None,
+            backend: None,
         }
     }
 

@@ -472,6 +472,8 @@ fn run_task(a: RunArgs, conn: &Conn) -> Result<u8> {
         contract,
         workspace: workspace.display().to_string(),
         policy,
+        image: None,
+        backend: None,
     };
     let report = taskbox_agent::start(b.api.clone(), model, spec, opts)?;
     finish_sandbox(&b, &report, a.apply, a.allow_autorun)?;

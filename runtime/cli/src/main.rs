@@ -18,6 +18,7 @@ mod image;
 mod queue;
 mod replay;
 mod verbs;
+mod worker;
 use taskbox_core::approvals::{Refusal, refusal_detail};
 use taskbox_core::commands::{Check, Verdict};
 use taskbox_core::native::{self, RunRequest, StdinSource};
@@ -75,9 +76,17 @@ enum Command {
     /// Queue a task (a work contract and its workspace) on the shared queue (NATS JetStream),
     /// for a worker on any machine; prints its id. Exit status 1 for a bad contract or spec.
     Submit(queue::SubmitArgs),
-    /// Tasks on the shared queue: list, status, cancel.
+    /// Tasks on the shared queue: list, status, cancel, results.
     #[command(subcommand)]
     Tasks(queue::TasksCommand),
+    /// Take tasks from the shared queue and run each with the agent in a fresh sandbox; any
+    /// number of workers on any machines share one queue. A worker that dies loses its tasks
+    /// to another, which resumes each from its last turn. SIGTERM: no new tasks, the running
+    /// ones handed back at their next step.
+    Worker(worker::WorkerArgs),
+    /// Recurring tasks on the shared queue: add, list, remove.
+    #[command(subcommand)]
+    Schedule(queue::ScheduleCommand),
     #[command(flatten)]
     Verb(verbs::Verb),
 }
@@ -308,6 +317,8 @@ fn dispatch(cli: Cli) -> Result<u8> {
         Command::Agent(cmd) => agent::run(cmd, &cli.conn),
         Command::Submit(args) => queue::submit(args),
         Command::Tasks(cmd) => queue::tasks(cmd),
+        Command::Worker(args) => worker::run(args, &cli.conn),
+        Command::Schedule(cmd) => queue::schedule(cmd),
         Command::Serve(args) => serve(args, &cli.conn),
         Command::Mcp(args) => mcp(args, &cli.conn),
         Command::Replay(args) => {

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use taskbox_queue::{Queue, QueueError, TaskRecord, TaskSpec, WorkspaceSource};
+use taskbox_queue::{
+    Overlap, Queue, QueueError, Schedule, ScheduleTiming, TaskRecord, TaskSpec, WorkspaceSource,
+};
 
 /// Where the queue is.
 #[derive(Args, Clone)]
@@ -20,37 +22,21 @@ pub struct NatsArgs {
     nats: String,
 }
 
+impl NatsArgs {
+    pub fn url(&self) -> &str {
+        &self.nats
+    }
+}
+
 #[derive(Args)]
 pub struct SubmitArgs {
     #[command(flatten)]
     nats: NatsArgs,
-    /// The work contract (TOML, as for `taskbox agent run --contract`); checked before it is
-    /// queued.
-    #[arg(long, value_name = "FILE")]
-    contract: PathBuf,
-    /// The workspace: a git repository (with --commit).
-    #[arg(
-        long,
-        value_name = "URL",
-        requires = "commit",
-        conflicts_with = "workspace_object"
-    )]
-    git: Option<String>,
-    /// The commit of --git to work on (a commit id: a task runs on exactly one tree).
-    #[arg(long, value_name = "SHA")]
-    commit: Option<String>,
-    /// The workspace: a tar already in the queue's object store, by name.
-    #[arg(long, value_name = "NAME")]
-    workspace_object: Option<String>,
+    #[command(flatten)]
+    task: TaskArgs,
     /// A submit retried with the same key is the same task (it prints that task).
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
-    /// The tenant the task counts against.
-    #[arg(long, value_name = "NAME")]
-    tenant: Option<String>,
-    /// Attempts before the task is dead.
-    #[arg(long, value_name = "N", default_value_t = taskbox_queue::DEFAULT_ATTEMPTS)]
-    attempts: u32,
     /// The longest the task may run over all its attempts (e.g. 30m); past it the worker stops
     /// it and the task fails saying so.
     #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
@@ -86,6 +72,121 @@ pub enum TasksCommand {
         #[arg(long, value_name = "TEXT", default_value = "by request")]
         reason: String,
     },
+    /// An ended task's results: prints its report (Markdown, or JSON with --json) and, with
+    /// --out DIR, writes report.md, report.json, diff.patch, trace.jsonl and state.json there.
+    Results {
+        #[command(flatten)]
+        nats: NatsArgs,
+        id: String,
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ScheduleCommand {
+    /// Add a recurring task: one task per window (--every DUR: windows start at multiples of
+    /// DUR since the epoch; --cron EXPR: at each time the expression matches, in UTC; 5
+    /// fields, or 6 with seconds first), fired by whichever worker sees the window first,
+    /// exactly once.
+    Add(Box<ScheduleAddArgs>),
+    /// Every schedule: name, timing, overlap rule, last window.
+    #[command(alias = "ls")]
+    List {
+        #[command(flatten)]
+        nats: NatsArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a schedule (its tasks stay).
+    #[command(alias = "rm")]
+    Remove {
+        #[command(flatten)]
+        nats: NatsArgs,
+        name: String,
+    },
+}
+
+#[derive(Args)]
+pub struct ScheduleAddArgs {
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// The schedule's name (default: the contract file's name without its extension).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// A window every DUR (at least 1s), e.g. 1h.
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, conflicts_with = "cron", required_unless_present = "cron")]
+    every: Option<std::time::Duration>,
+    /// A window at each time the cron expression matches, in UTC.
+    #[arg(long, value_name = "EXPR")]
+    cron: Option<String>,
+    /// What a window gets while the previous window's task still runs: skip (no task) or
+    /// queue (a task that starts once that one has ended).
+    #[arg(long, value_name = "skip|queue", default_value = "skip")]
+    overlap: String,
+    /// The longest each window's task may run; past it the worker stops it and reports it.
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
+    max_duration: Option<std::time::Duration>,
+    #[command(flatten)]
+    task: TaskArgs,
+}
+
+/// What a task is: its contract and workspace (shared by submit and schedule add).
+#[derive(Args)]
+pub struct TaskArgs {
+    /// The work contract (TOML, as for `taskbox agent run --contract`); checked first.
+    #[arg(long, value_name = "FILE")]
+    contract: PathBuf,
+    /// The workspace: a git repository (with --commit).
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "commit",
+        conflicts_with = "workspace_object"
+    )]
+    git: Option<String>,
+    /// The commit of --git to work on (a commit id: a task runs on exactly one tree).
+    #[arg(long, value_name = "SHA")]
+    commit: Option<String>,
+    /// The workspace: a tar already in the queue's object store, by name.
+    #[arg(long, value_name = "NAME")]
+    workspace_object: Option<String>,
+    /// The tenant the task counts against.
+    #[arg(long, value_name = "NAME")]
+    tenant: Option<String>,
+    /// Attempts before the task is dead.
+    #[arg(long, value_name = "N", default_value_t = taskbox_queue::DEFAULT_ATTEMPTS)]
+    attempts: u32,
+}
+
+impl TaskArgs {
+    /// The spec, or the exit status of why there is none (the reason printed).
+    fn spec(self) -> Result<std::result::Result<TaskSpec, u8>> {
+        let text = std::fs::read_to_string(&self.contract)
+            .with_context(|| format!("cannot read the contract {}", self.contract.display()))?;
+        if let Err(e) =
+            taskbox_agent::contract::Contract::parse(&text, &self.contract.display().to_string())
+        {
+            eprintln!("taskbox: {e}");
+            return Ok(Err(1));
+        }
+        let workspace = match (self.git, self.commit, self.workspace_object) {
+            (Some(url), Some(commit), None) => WorkspaceSource::Git { url, commit },
+            (None, None, Some(name)) => WorkspaceSource::Object { name },
+            _ => {
+                eprintln!(
+                    "taskbox: name the workspace: --git URL --commit SHA, or --workspace-object NAME"
+                );
+                return Ok(Err(2));
+            }
+        };
+        let mut spec = TaskSpec::new(text, workspace);
+        spec.tenant = self.tenant;
+        spec.max_attempts = self.attempts;
+        Ok(Ok(spec))
+    }
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
@@ -106,6 +207,11 @@ fn report(e: QueueError) -> Result<u8> {
         }
         e => Err(e.into()),
     }
+}
+
+fn unix_ms_text(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
 }
 
 fn workspace_text(w: &WorkspaceSource) -> String {
@@ -129,6 +235,33 @@ fn print_task(t: &TaskRecord, json: bool) -> Result<()> {
     if let Some(tenant) = &t.spec.tenant {
         println!("tenant:    {tenant}");
     }
+    if let Some((name, window)) = &t.spec.schedule {
+        println!("schedule:  {name} (window {})", unix_ms_text(*window));
+    }
+    if let Some(c) = &t.claim {
+        println!("worker:    {} (attempt {})", c.worker, c.attempt);
+    }
+    if let Some(cp) = &t.checkpoint {
+        println!("turn:      {} (saved by attempt {})", cp.turn, cp.attempt);
+    }
+    if let Some(r) = &t.result {
+        println!(
+            "result:    {} after {} turns, {} tokens, ${:.4} (attempt {} on {}; taskbox tasks results {})",
+            r.termination,
+            r.turns,
+            r.tokens_in + r.tokens_out,
+            r.cost_usd,
+            r.attempt,
+            r.worker,
+            t.id
+        );
+    }
+    for a in &t.actions {
+        println!(
+            "action:    {} ({}): {:?}: {}",
+            a.name, a.kind, a.state, a.detail
+        );
+    }
     for r in &t.reasons {
         println!("reason:    {r}");
     }
@@ -136,33 +269,11 @@ fn print_task(t: &TaskRecord, json: bool) -> Result<()> {
 }
 
 pub fn submit(args: SubmitArgs) -> Result<u8> {
-    let text = std::fs::read_to_string(&args.contract)
-        .with_context(|| format!("cannot read the contract {}", args.contract.display()))?;
-    if let Err(e) =
-        taskbox_agent::contract::Contract::parse(&text, &args.contract.display().to_string())
-    {
-        eprintln!("taskbox: {e}");
-        return Ok(1);
-    }
-    let workspace = match (args.git, args.commit, args.workspace_object) {
-        (Some(url), Some(commit), None) => WorkspaceSource::Git { url, commit },
-        (None, None, Some(name)) => WorkspaceSource::Object { name },
-        _ => {
-            eprintln!(
-                "taskbox: name the workspace: --git URL --commit SHA, or --workspace-object NAME"
-            );
-            return Ok(2);
-        }
+    let mut spec = match args.task.spec()? {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
     };
-    let spec = TaskSpec {
-        contract: text,
-        workspace,
-        tenant: args.tenant,
-        max_attempts: args.attempts,
-        max_duration_ms: args.max_duration.map(|d| d.as_millis() as u64),
-        after: None,
-        schedule: None,
-    };
+    spec.max_duration_ms = args.max_duration.map(|d| d.as_millis() as u64);
     block_on(async move {
         let q = Queue::connect(&args.nats.nats).await?;
         match q.submit(spec, args.idempotency_key.as_deref()).await {
@@ -225,6 +336,64 @@ pub fn tasks(cmd: TasksCommand) -> Result<u8> {
                     Err(e) => report(e),
                 }
             }
+            TasksCommand::Results {
+                nats,
+                id,
+                out,
+                json,
+            } => {
+                let q = Queue::connect(&nats.nats).await?;
+                let t = match q.task(&id).await {
+                    Ok(t) => t,
+                    Err(e) => return report(e),
+                };
+                let Some(result) = &t.result else {
+                    eprintln!(
+                        "taskbox: task {id} has no results ({}{})",
+                        t.state,
+                        if t.state.is_final() {
+                            ""
+                        } else {
+                            ": it has not ended"
+                        }
+                    );
+                    return Ok(1);
+                };
+                let files = [
+                    "report.md",
+                    "report.json",
+                    "diff.patch",
+                    "trace.jsonl",
+                    "state.json",
+                ];
+                let mut got = std::collections::BTreeMap::new();
+                for f in files {
+                    let name = taskbox_queue::artifact_name(&id, result.attempt, f);
+                    if let Some(data) = q.get_artifact(&name).await? {
+                        got.insert(f, data);
+                    }
+                }
+                if let Some(dir) = &out {
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("cannot create {}", dir.display()))?;
+                    for (f, data) in &got {
+                        std::fs::write(dir.join(f), data)
+                            .with_context(|| format!("cannot write {}", dir.join(f).display()))?;
+                    }
+                    eprintln!("taskbox: wrote {} files to {}", got.len(), dir.display());
+                }
+                let shown = if json { "report.json" } else { "report.md" };
+                match got.get(shown) {
+                    Some(data) => print!("{}", String::from_utf8_lossy(data)),
+                    None => {
+                        eprintln!(
+                            "taskbox: task {id}'s {shown} is missing from the artifact store"
+                        );
+                        return Ok(1);
+                    }
+                }
+                Ok(0)
+            }
             TasksCommand::Cancel { nats, id, reason } => {
                 let q = Queue::connect(&nats.nats).await?;
                 match q.cancel(&id, &reason).await {
@@ -237,4 +406,106 @@ pub fn tasks(cmd: TasksCommand) -> Result<u8> {
             }
         }
     })
+}
+
+pub fn schedule(cmd: ScheduleCommand) -> Result<u8> {
+    match cmd {
+        ScheduleCommand::Add(a) => {
+            let a = *a;
+            let name = match &a.name {
+                Some(n) => n.clone(),
+                None => a
+                    .task
+                    .contract
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            let timing = match (&a.every, &a.cron) {
+                (Some(d), None) => ScheduleTiming::Every {
+                    ms: d.as_millis() as u64,
+                },
+                (None, Some(c)) => ScheduleTiming::Cron { expr: c.clone() },
+                _ => {
+                    eprintln!("taskbox: give --every DUR or --cron EXPR");
+                    return Ok(2);
+                }
+            };
+            let overlap: Overlap = match a.overlap.parse() {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("taskbox: {e}");
+                    return Ok(2);
+                }
+            };
+            let max_duration = a.max_duration;
+            let nats = a.nats.nats.clone();
+            let mut spec = match a.task.spec()? {
+                Ok(s) => s,
+                Err(code) => return Ok(code),
+            };
+            spec.max_duration_ms = max_duration.map(|d| d.as_millis() as u64);
+            let s = Schedule {
+                name: name.clone(),
+                timing,
+                spec,
+                overlap,
+                created_unix_ms: taskbox_queue::now_ms(),
+            };
+            block_on(async move {
+                let q = Queue::connect(&nats).await?;
+                match q.add_schedule(&s).await {
+                    Ok(()) => {
+                        println!("{name}");
+                        Ok(0)
+                    }
+                    Err(e) => report(e),
+                }
+            })
+        }
+        ScheduleCommand::List { nats, json } => block_on(async move {
+            let q = Queue::connect(&nats.nats).await?;
+            let all = match q.schedules().await {
+                Ok(a) => a,
+                Err(e) => return report(e),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+                return Ok(0);
+            }
+            if all.is_empty() {
+                eprintln!("taskbox: no schedules");
+            }
+            for s in &all {
+                let timing = match &s.timing {
+                    ScheduleTiming::Every { ms } => format!(
+                        "every {}",
+                        humantime::format_duration(std::time::Duration::from_millis(*ms))
+                    ),
+                    ScheduleTiming::Cron { expr } => format!("cron {expr:?} (UTC)"),
+                };
+                let last = match q.window_state(&s.name).await? {
+                    Some(w) => format!(
+                        "last window {} (task {}), {} skipped",
+                        unix_ms_text(w.window_unix_ms),
+                        w.task.as_deref().unwrap_or("-"),
+                        w.skipped
+                    ),
+                    None => "not fired yet".into(),
+                };
+                println!("{}: {timing}, overlap {:?}; {last}", s.name, s.overlap);
+            }
+            Ok(0)
+        }),
+        ScheduleCommand::Remove { nats, name } => block_on(async move {
+            let q = Queue::connect(&nats.nats).await?;
+            match q.remove_schedule(&name).await {
+                Ok(()) => {
+                    println!("removed {name}");
+                    Ok(0)
+                }
+                Err(e) => report(e),
+            }
+        }),
+    }
 }

@@ -26,4 +26,4 @@ pub use taskbox_native::{cgroup, image_view, native, sandbox};
 pub use taskbox_contract::{accounts, api, exec_end, exec_limits, exec_plan, result, support};
 pub use taskbox_policy::{self as policy, commands, netpattern, shell};
 pub use taskbox_trace::{replay, trace, trace_html};
-pub use taskbox_workspace::{capture, changes, fsops, layers, tree};
+pub use taskbox_workspace::{capture, changes, fsops, layers, tree, untar};

@@ -76,6 +76,8 @@ pub enum QueueError {
     Invalid { what: &'static str, why: String },
     #[error("task {0} changed under {CAS_TRIES} tries in a row; try again")]
     Contended(String),
+    #[error("task record {id} cannot be read: {why}")]
+    Undecodable { id: String, why: String },
     /// A change that decided to change nothing (internal to compare-and-set loops).
     #[error("unchanged")]
     Unchanged,
@@ -327,8 +329,11 @@ impl Queue {
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
             return Ok(None);
         };
-        let task: TaskRecord = serde_json::from_slice(&entry.value)
-            .map_err(|e| QueueError::JetStream(format!("task record {id} cannot be read: {e}")))?;
+        let task: TaskRecord =
+            serde_json::from_slice(&entry.value).map_err(|e| QueueError::Undecodable {
+                id: id.to_string(),
+                why: e.to_string(),
+            })?;
         Ok(Some((task, entry.revision)))
     }
 

@@ -287,6 +287,16 @@ impl Queue {
                 }
                 return Ok(None);
             }
+            // Removed since the caller listed it: no more windows.
+            if self
+                .records
+                .get(sched_entry(&s.name))
+                .await
+                .map_err(|e| js_err("a schedule", e))?
+                .is_none()
+            {
+                return Ok(None);
+            }
             let previous = match &state.task {
                 Some(id) => self.load(id).await?.map(|(t, _)| (id.clone(), t.state)),
                 None => None,

@@ -18,6 +18,7 @@ pub(crate) mod sys;
 #[doc(hidden)]
 pub mod testutil;
 pub mod tree;
+pub mod untar;
 
 /// The contract's modules, as `crate::api` and `crate::result` for this crate's own.
 pub(crate) use taskbox_contract::{api, result};
