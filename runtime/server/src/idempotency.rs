@@ -100,6 +100,21 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key as a client sends it: the draft's structured-field string (`"key"`, with `"`
+    /// and `\` escaped), which [`IdempotencyKey::parse`] reads back as this key.
+    pub fn header_value(&self) -> String {
+        let mut out = String::with_capacity(self.0.len() + 2);
+        out.push('"');
+        for c in self.0.chars() {
+            if matches!(c, '"' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+        out
+    }
 }
 
 /// The request's `Idempotency-Key`, if it has one; a bad one (or two of them) is 400
@@ -568,6 +583,12 @@ mod tests {
         assert_eq!(key(r#""a\"b\\c""#).as_str(), r#"a"b\c"#);
         assert_eq!(key("a b").as_str(), "a b");
         assert_eq!(key(&"k".repeat(255)).as_str().len(), 255);
+        for k in ["plain", r#"a"b\c"#, "\"quoted\"", " spaced "] {
+            let parsed = key(k);
+            let sent = parsed.header_value();
+            assert!(sent.starts_with('"') && sent.ends_with('"'), "{sent}");
+            assert_eq!(key(&sent), parsed, "{k:?} is read back from {sent:?}");
+        }
         for bad in [
             "".as_bytes(),
             b"\"\"",
