@@ -605,6 +605,27 @@ mod tests {
     }
 
     #[test]
+    fn every_byte_is_a_key_exactly_when_printable_and_every_key_survives_quoting() {
+        for b in 0..=255u8 {
+            let printable = (b' '..=b'~').contains(&b);
+            assert_eq!(
+                IdempotencyKey::parse(&[b]).is_ok(),
+                printable,
+                "byte {b:#04x}"
+            );
+            assert_eq!(
+                IdempotencyKey::parse(&[b'k', b, b'k']).is_ok(),
+                printable,
+                "byte {b:#04x} inside"
+            );
+            if printable {
+                let k = IdempotencyKey::parse(&[b'a', b, b'"', b'\\', b]).unwrap();
+                assert_eq!(key(&k.header_value()), k, "byte {b:#04x}");
+            }
+        }
+    }
+
+    #[test]
     fn a_fingerprint_is_the_request_meant_not_its_spelling() {
         let a: CreateRequest =
             serde_json::from_str(r#"{"workspace":"w","labels":{"b":"1","a":"2"}}"#).unwrap();
