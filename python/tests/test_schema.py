@@ -11,7 +11,7 @@ import pytest
 
 import taskbox
 from taskbox import models as m
-from taskbox._routes import ROUTES
+from taskbox._routes import IDEMPOTENT, ROUTES
 
 #: Schemas of the document that are no model class, and why.
 NOT_MODELS = {
@@ -162,6 +162,16 @@ def test_the_route_table_is_the_api(doc: dict[str, Any]) -> None:
         f"routes only in the SDK {sorted(set(ROUTES.items()) - set(api.items()))}, "
         f"only in the API {sorted(set(api.items()) - set(ROUTES.items()))}"
     )
+
+
+def test_the_operations_that_take_an_idempotency_key_are_the_apis(doc: dict[str, Any]) -> None:
+    keyed = {
+        op["operationId"]
+        for item in doc["paths"].values()
+        for op in item.values()
+        if any(p["in"] == "header" and p["name"] == "Idempotency-Key" for p in op.get("parameters", []))
+    }
+    assert keyed == IDEMPOTENT
 
 
 def test_a_field_the_api_gains_or_loses_would_fail(doc: dict[str, Any]) -> None:

@@ -126,6 +126,7 @@ python_tests! {
     python_client => "test_client.py",
     python_async => "test_async.py",
     python_errors => "test_errors.py",
+    python_idempotency => "test_idempotency.py",
     python_schema => "test_schema.py",
     python_tcp => "test_tcp.py",
     python_transport => "test_transport.py",

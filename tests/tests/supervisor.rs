@@ -207,6 +207,77 @@ fn cli_diff_counts_and_lists_ignored_changes_and_export_apply_needs_leave_for_au
 }
 
 #[test]
+fn cli_create_and_export_apply_with_an_idempotency_key_happen_once() {
+    let env = Env::new();
+    env.write("notes.txt", "n\n");
+    let sup = Supervisor::start(&env, &[]);
+    let s = sup.socket.clone();
+    let err = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let ws = env.ws().to_str().unwrap().to_string();
+    let create = |extra: &[&str]| {
+        let mut args = vec![
+            "create",
+            "--workspace",
+            &ws,
+            "--idempotency-key",
+            "job-7/create",
+        ];
+        args.extend_from_slice(extra);
+        env.cli(&s, &args)
+    };
+
+    // A retried create prints the same sandbox and says so; one sandbox is live.
+    let o = create(&[]);
+    assert!(o.status.success(), "{o:?}");
+    let id = text(&o).trim().to_string();
+    assert!(id.starts_with("sb-"), "{id}");
+    let o = create(&[]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(text(&o).trim(), id);
+    assert!(err(&o).contains("already names sandbox"), "{}", err(&o));
+    let o = env.cli(&s, &["ps", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    // The key with other options is refused, naming why.
+    let o = create(&["--ttl", "5m"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(err(&o).contains("idempotency_key_reused"), "{}", err(&o));
+    // A key the supervisor would refuse is refused before anything is sent.
+    let long = "k".repeat(256);
+    let o = env.cli(
+        &s,
+        &["create", "--workspace", &ws, "--idempotency-key", &long],
+    );
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(err(&o).contains("Idempotency-Key"), "{}", err(&o));
+
+    // export --apply with a key writes the host once; its retry writes nothing again.
+    let o = env.cli(&s, &["exec", &id, "--", "sh", "-c", "echo n2 > notes.txt"]);
+    assert!(o.status.success(), "{o:?}");
+    let apply = ["export", &id, "--apply", "--idempotency-key", "job-7/apply"];
+    let o = env.cli(&s, &apply);
+    assert!(o.status.success(), "{o:?}");
+    assert!(err(&o).contains("applied 1 changes"), "{}", err(&o));
+    let notes = || std::fs::read_to_string(env.ws().join("notes.txt")).unwrap();
+    assert_eq!(notes(), "n2\n");
+    std::fs::write(env.ws().join("notes.txt"), "edited on the host\n").unwrap();
+    let o = env.cli(&s, &apply);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        text(&o).contains("+n2"),
+        "the first answer's patch: {}",
+        text(&o)
+    );
+    assert!(err(&o).contains("nothing was written again"), "{}", err(&o));
+    assert_eq!(notes(), "edited on the host\n");
+    // The key is for an apply only.
+    let o = env.cli(&s, &["export", &id, "--idempotency-key", "job-7/look"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}");
+    assert!(err(&o).contains("--apply"), "{}", err(&o));
+    env.cli(&s, &["rm", &id]);
+}
+
+#[test]
 fn a_verb_starts_a_supervisor_when_none_runs() {
     let env = Env::new();
     let socket = env.state().join("auto.sock");

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, TypeAdapter
 
 from . import models as m
-from ._routes import route
+from ._routes import IDEMPOTENT, route
 from ._transport import Response, TransportError
 from .errors import TaskboxConnectionError, TaskboxError, error_for
 
@@ -108,8 +108,35 @@ def openapi() -> Call[dict[str, Any]]:
     return call("openapi", lambda r: r.json())
 
 
-def create(req: m.CreateRequest) -> Call[m.SandboxInfo]:
-    return call("create_sandbox", _model(m.SandboxInfo), body=req)
+#: The longest idempotency key the supervisor takes.
+MAX_KEY_LEN = 255
+
+
+def idempotency_header(key: str) -> str:
+    """`key` as the `Idempotency-Key` header carries it: the draft's quoted string (`"` and `\\`
+    escaped). A key is 1 to 255 printable ASCII characters, as the supervisor checks."""
+    if not isinstance(key, str):
+        raise TypeError(f"idempotency_key must be a str, not {type(key).__name__}")
+    if not 1 <= len(key) <= MAX_KEY_LEN or not all(" " <= c <= "~" for c in key):
+        raise ValueError(
+            f"invalid idempotency key {key[:40]!r}: a key is 1 to {MAX_KEY_LEN} printable ASCII "
+            "characters (e.g. a UUID)"
+        )
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def keyed(c: Call[T], operation: str, key: str | None) -> Call[T]:
+    """`c` with an idempotency key, when one is given: the supervisor does it once per key and
+    answers a retry as the first time."""
+    assert operation in IDEMPOTENT, operation
+    if key is not None:
+        c.headers["Idempotency-Key"] = idempotency_header(key)
+    return c
+
+
+def create(req: m.CreateRequest, idempotency_key: str | None = None) -> Call[m.SandboxInfo]:
+    c = call("create_sandbox", _model(m.SandboxInfo), body=req)
+    return keyed(c, "create_sandbox", idempotency_key)
 
 
 def list_sandboxes() -> Call[list[m.SandboxInfo]]:
@@ -338,11 +365,13 @@ def restore(id: str, name: str) -> Call[None]:
 
 
 def export(id: str, format: m.ExportFormat, apply: bool, include_ignored: bool = False,
-           allow_autorun: bool = False) -> Call[m.ExportResult]:
+           allow_autorun: bool = False, idempotency_key: str | None = None) -> Call[m.ExportResult]:
+    if idempotency_key is not None and not apply:
+        raise ValueError("idempotency_key makes an apply safe to retry: pass apply=True with it")
     req = m.ExportRequest(format=format, apply=apply or None,
                           include_ignored=include_ignored or None,
                           allow_autorun=allow_autorun or None)
-    return call("export", _model(m.ExportResult), body=req, id=id)
+    return keyed(call("export", _model(m.ExportResult), body=req, id=id), "export", idempotency_key)
 
 
 def set_network(id: str, rules: m.NetworkRules) -> Call[m.NetworkRules]:

@@ -49,6 +49,10 @@ ROUTES: dict[str, tuple[str, str]] = {
 }
 
 
+#: The operations that take an `Idempotency-Key` (export: with `apply`).
+IDEMPOTENT: frozenset[str] = frozenset({"create_sandbox", "export"})
+
+
 def route(operation: str, **params: object) -> tuple[str, str]:
     """The method and path of `operation`, its `{name}`s filled in (each quoted as one segment)."""
     method, template = ROUTES[operation]

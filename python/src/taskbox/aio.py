@@ -137,11 +137,14 @@ class AsyncClient:
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncSandbox:
         """Creates a sandbox around `workspace` (a directory: on the Unix socket a local one,
         over TCP one of the supervisor's host under its `--workspace-root`) or an uploaded
         `workspace_id`. `policy` is a profile name, `policy_toml` a policy's text; `ttl` the
-        lease in seconds. The sandbox lives until [`AsyncSandbox.destroy`] (or its `with` block
+        lease in seconds. With `idempotency_key`, a retry with the same key and options gets
+        the same sandbox (the supervisor keeps the key a day, per tenant), and the same key with
+        other options raises `IdempotencyKeyReusedError`. The sandbox lives until [`AsyncSandbox.destroy`] (or its `with` block
         ends, or its lease runs out)."""
         req = m.CreateRequest(
             workspace=workspace_path(self.target, workspace),
@@ -154,7 +157,7 @@ class AsyncClient:
             labels=dict(labels) if labels else None,
             ttl_secs=None if ttl is None else max(1, int(ttl)),
         )
-        return AsyncSandbox(self, await self.send(calls.create(req)))
+        return AsyncSandbox(self, await self.send(calls.create(req, idempotency_key)))
 
     @asynccontextmanager
     async def sandbox(self, workspace: str | os.PathLike[str] | None = None, **options: Any) -> AsyncIterator[AsyncSandbox]:
@@ -466,11 +469,15 @@ class AsyncSandbox:
         await self._send(calls.restore(self.id, name))
 
     async def export(self, format: m.ExportFormat = "patch", *, apply: bool = False,
-               include_ignored: bool = False, allow_autorun: bool = False) -> m.ExportResult:
+               include_ignored: bool = False, allow_autorun: bool = False,
+               idempotency_key: str | None = None) -> m.ExportResult:
         """The change as a patch (or a tar in the state directory); `apply` also writes it to
         the host workspace, refusing files that tools run on their own unless `allow_autorun`.
-        It carries the files of the default diff, and with `include_ignored` the rest too."""
-        return await self._send(calls.export(self.id, format, apply, include_ignored, allow_autorun))
+        It carries the files of the default diff, and with `include_ignored` the rest too.
+        With `apply` and `idempotency_key`, a retry with the same key gets the first answer and
+        writes nothing again."""
+        return await self._send(calls.export(self.id, format, apply, include_ignored, allow_autorun,
+                                         idempotency_key))
 
     # ---- policy --------------------------------------------------------------------------
 

@@ -138,11 +138,14 @@ class Client:
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Sandbox:
         """Creates a sandbox around `workspace` (a directory: on the Unix socket a local one,
         over TCP one of the supervisor's host under its `--workspace-root`) or an uploaded
         `workspace_id`. `policy` is a profile name, `policy_toml` a policy's text; `ttl` the
-        lease in seconds. The sandbox lives until [`Sandbox.destroy`] (or its `with` block
+        lease in seconds. With `idempotency_key`, a retry with the same key and options gets
+        the same sandbox (the supervisor keeps the key a day, per tenant), and the same key with
+        other options raises `IdempotencyKeyReusedError`. The sandbox lives until [`Sandbox.destroy`] (or its `with` block
         ends, or its lease runs out)."""
         req = m.CreateRequest(
             workspace=workspace_path(self.target, workspace),
@@ -155,7 +158,7 @@ class Client:
             labels=dict(labels) if labels else None,
             ttl_secs=None if ttl is None else max(1, int(ttl)),
         )
-        return Sandbox(self, self.send(calls.create(req)))
+        return Sandbox(self, self.send(calls.create(req, idempotency_key)))
 
     @contextmanager
     def sandbox(self, workspace: str | os.PathLike[str] | None = None, **options: Any) -> Iterator[Sandbox]:
@@ -467,11 +470,15 @@ class Sandbox:
         self._send(calls.restore(self.id, name))
 
     def export(self, format: m.ExportFormat = "patch", *, apply: bool = False,
-               include_ignored: bool = False, allow_autorun: bool = False) -> m.ExportResult:
+               include_ignored: bool = False, allow_autorun: bool = False,
+               idempotency_key: str | None = None) -> m.ExportResult:
         """The change as a patch (or a tar in the state directory); `apply` also writes it to
         the host workspace, refusing files that tools run on their own unless `allow_autorun`.
-        It carries the files of the default diff, and with `include_ignored` the rest too."""
-        return self._send(calls.export(self.id, format, apply, include_ignored, allow_autorun))
+        It carries the files of the default diff, and with `include_ignored` the rest too.
+        With `apply` and `idempotency_key`, a retry with the same key gets the first answer and
+        writes nothing again."""
+        return self._send(calls.export(self.id, format, apply, include_ignored, allow_autorun,
+                                         idempotency_key))
 
     # ---- policy --------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ __all__ = [
     "UnauthorizedError",
     "MethodNotAllowedError",
     "RequestTimeoutError",
+    "IdempotencyKeyReusedError",
     "PayloadTooLargeError",
     "ERRORS",
     "error_for",
@@ -184,6 +185,13 @@ class RequestTimeoutError(TaskboxError):
     CODE = "request_timeout"
 
 
+class IdempotencyKeyReusedError(TaskboxError):
+    """The idempotency key was sent before with another request: another operation, sandbox or
+    body (422). A key names one request; send a new key for a new request."""
+
+    CODE = "idempotency_key_reused"
+
+
 #: The class of each error code.
 ERRORS: dict[str, type[TaskboxError]] = {
     cls.CODE: cls
@@ -207,6 +215,7 @@ ERRORS: dict[str, type[TaskboxError]] = {
         UnauthorizedError,
         MethodNotAllowedError,
         RequestTimeoutError,
+        IdempotencyKeyReusedError,
     )
     if cls.CODE is not None
 }

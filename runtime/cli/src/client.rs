@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 use taskbox_agent::http;
+use taskbox_server::idempotency::{IdempotencyKey, REPLAYED_HEADER};
 
 /// A command may run as long as it likes: the CLI waits for the supervisor's answer.
 const NO_DEADLINE: Duration = Duration::MAX;
@@ -23,6 +24,9 @@ pub struct Client {
 pub struct Response {
     pub status: u16,
     pub body: Value,
+    /// The answer is a replay of an earlier request with the same idempotency key
+    /// (`Idempotent-Replayed: true`).
+    pub replayed: bool,
 }
 
 impl Response {
@@ -106,15 +110,36 @@ impl Client {
 
     /// Sends one request and reads the whole JSON response.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
+        self.request_keyed(method, path, body, None)
+    }
+
+    /// As [`Client::request`], with an `Idempotency-Key` when `key` is given: a retry with the
+    /// same key is done once by the supervisor, and answered as the first time.
+    pub fn request_keyed(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Response> {
         let payload = body.map(serde_json::to_vec).transpose()?;
-        self.request_raw(method, path, payload.as_deref())
+        let mut req = http::Request::new(method, path);
+        req.body = payload.as_deref();
+        if let Some(k) = key {
+            req.headers.push(("Idempotency-Key", k.header_value()));
+        }
+        self.send(&req)
     }
 
     /// A request whose body is `body` as it is (a file's content), answered with JSON.
     pub fn request_raw(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<Response> {
         let mut req = http::Request::new(method, path);
         req.body = body;
-        let r = self.http.send(&req, NO_DEADLINE)?;
+        self.send(&req)
+    }
+
+    fn send(&self, req: &http::Request<'_>) -> Result<Response> {
+        let r = self.http.send(req, NO_DEADLINE)?;
         let body = if r.body.is_empty() {
             Value::Null
         } else {
@@ -123,6 +148,7 @@ impl Client {
         };
         Ok(Response {
             status: r.status,
+            replayed: r.header(REPLAYED_HEADER) == Some("true"),
             body,
         })
     }
@@ -144,7 +170,11 @@ impl Client {
             let status = stream.status;
             let raw = stream.read_all()?;
             let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-            return Ok(Some(Response { status, body }));
+            return Ok(Some(Response {
+                status,
+                body,
+                replayed: false,
+            }));
         }
         let mut event = String::new();
         let mut data = String::new();

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
+use taskbox_server::idempotency::IdempotencyKey;
 
 use crate::client::{Client, default_socket};
 
@@ -150,6 +151,11 @@ pub struct CreateArgs {
     /// The image (name or digest) of the sandbox; required by the docker backend.
     #[arg(long, value_name = "NAME|DIGEST")]
     image: Option<String>,
+    /// Make a retry safe: the supervisor makes one sandbox per key (of your tenant, for a day)
+    /// and answers a retry with the same key and options with that sandbox. 1 to 255
+    /// printable ASCII characters, e.g. a UUID.
+    #[arg(long, value_name = "KEY", value_parser = parse_idempotency_key)]
+    idempotency_key: Option<IdempotencyKey>,
     /// Print the sandbox's info as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -293,8 +299,18 @@ pub struct ExportArgs {
     /// each file and what runs it, before anything is written.
     #[arg(long, requires = "apply")]
     allow_autorun: bool,
+    /// With --apply: make a retry safe. The supervisor applies once per key (of your tenant,
+    /// for a day) and answers a retry with the same key and options as the first time,
+    /// writing nothing again. 1 to 255 printable ASCII characters, e.g. a UUID.
+    #[arg(long, value_name = "KEY", requires = "apply", value_parser = parse_idempotency_key)]
+    idempotency_key: Option<IdempotencyKey>,
     #[arg(long)]
     json: bool,
+}
+
+/// An `--idempotency-key`, checked as the supervisor checks it.
+fn parse_idempotency_key(s: &str) -> Result<IdempotencyKey, String> {
+    IdempotencyKey::parse(s.as_bytes()).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]
@@ -398,7 +414,20 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
             if let Some(i) = a.image {
                 body["image"] = json!(i);
             }
-            let info = client.request("POST", "/v1/sandboxes", Some(&body))?.ok()?;
+            let r = client.request_keyed(
+                "POST",
+                "/v1/sandboxes",
+                Some(&body),
+                a.idempotency_key.as_ref(),
+            )?;
+            let replayed = r.replayed;
+            let info = r.ok()?;
+            if replayed {
+                eprintln!(
+                    "taskbox: the idempotency key already names sandbox {}; no new sandbox was made",
+                    info["id"].as_str().unwrap_or_default()
+                );
+            }
             if a.json {
                 print_json(&info)?;
             } else {
@@ -614,18 +643,19 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
             Ok(0)
         }
         Verb::Export(a) => {
-            let r = client
-                .request(
-                    "POST",
-                    &sandbox_path(&a.id, "/export")?,
-                    Some(&json!({
-                        "format": a.format,
-                        "apply": a.apply,
-                        "include_ignored": a.include_ignored,
-                        "allow_autorun": a.allow_autorun,
-                    })),
-                )?
-                .ok()?;
+            let r = client.request_keyed(
+                "POST",
+                &sandbox_path(&a.id, "/export")?,
+                Some(&json!({
+                    "format": a.format,
+                    "apply": a.apply,
+                    "include_ignored": a.include_ignored,
+                    "allow_autorun": a.allow_autorun,
+                })),
+                a.idempotency_key.as_ref(),
+            )?;
+            let replayed = r.replayed;
+            let r = r.ok()?;
             if a.json {
                 print_json(&r)?;
             } else {
@@ -636,11 +666,14 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 }
                 review_notes(&r, a.include_ignored);
             }
-            if r["applied"] == true {
+            let changes = r["changes"].as_array().map(Vec::len).unwrap_or(0);
+            if replayed {
                 eprintln!(
-                    "taskbox: applied {} changes to the host workspace",
-                    r["changes"].as_array().map(Vec::len).unwrap_or(0)
+                    "taskbox: the idempotency key already applied these {changes} changes; \
+                     nothing was written again"
                 );
+            } else if r["applied"] == true {
+                eprintln!("taskbox: applied {changes} changes to the host workspace");
             }
             Ok(0)
         }

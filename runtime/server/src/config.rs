@@ -112,6 +112,15 @@ pub struct Limits {
     /// Longest lease a create or renew may ask for; longer requests are cut to it (default one
     /// day; `None`: unbounded).
     pub max_ttl: Option<Duration>,
+    /// How long the answer of a request with an `Idempotency-Key` is kept for its retries
+    /// (default one day; see [`crate::idempotency`]).
+    pub idempotency_ttl: Duration,
+    /// Idempotency keys one tenant holds at most, running and answered (default 10000); past
+    /// it the oldest answer is dropped first.
+    pub max_idempotency_keys_per_tenant: usize,
+    /// Bytes of kept answers one tenant holds at most (default 64 MiB); past it the oldest
+    /// answers are dropped first (the newest is kept whatever its size).
+    pub max_idempotency_bytes_per_tenant: usize,
 }
 
 impl Default for Limits {
@@ -125,6 +134,9 @@ impl Default for Limits {
             max_upload_bytes: 2 << 30,
             default_ttl: Some(Duration::from_secs(3600)),
             max_ttl: Some(Duration::from_secs(24 * 3600)),
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            max_idempotency_keys_per_tenant: 10_000,
+            max_idempotency_bytes_per_tenant: 64 << 20,
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Statuses of API errors come from [`ApiError::http_status`]; [`HttpError`] adds only the few
 //! that exist at the HTTP layer alone (no credentials, body too large, wrong method, a body
-//! that does not arrive in time).
+//! that does not arrive in time, an idempotency key sent with another request).
 
 use std::io;
 use std::path::PathBuf;
@@ -81,6 +81,9 @@ pub enum HttpError {
     /// the request did not arrive whole in time
     #[error("{0}")]
     RequestTimeout(String),
+    /// the `Idempotency-Key` was sent before with another request (see [`crate::idempotency`])
+    #[error("{0}")]
+    IdempotencyKeyReused(String),
 }
 
 impl HttpError {
@@ -91,6 +94,7 @@ impl HttpError {
             HttpError::PayloadTooLarge(_) => "too_large",
             HttpError::MethodNotAllowed(_) => "method_not_allowed",
             HttpError::RequestTimeout(_) => "request_timeout",
+            HttpError::IdempotencyKeyReused(_) => "idempotency_key_reused",
         }
     }
 
@@ -103,6 +107,7 @@ impl HttpError {
             HttpError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             HttpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             HttpError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            HttpError::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 

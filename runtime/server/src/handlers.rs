@@ -11,8 +11,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use taskbox_core::api::{
-    ApiError, Approval, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, PolicySources,
-    SandboxApi, SandboxId, SandboxInfo, WORKSPACE_DIGEST_LABEL, excerpt,
+    ApiError, Approval, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, ExportRequest,
+    PolicySources, SandboxApi, SandboxId, SandboxInfo, WORKSPACE_DIGEST_LABEL, excerpt,
 };
 use tokio::sync::mpsc;
 
@@ -20,6 +20,7 @@ use crate::auth::{RESERVED_LABEL_PREFIX, TENANT_LABEL, Tenant};
 use crate::caller::Caller;
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, ApprovalPath, ExecId, Owned};
+use crate::idempotency::{Answer, Fingerprint, KeyHeader};
 use crate::state::{AppState, now_ms};
 use crate::types::{
     ApprovalsQuery, DenyRequest, Health, KillRequest, RenewRequest, StdinQuery, StdinRequest,
@@ -76,12 +77,40 @@ fn lease_end(d: Option<Duration>) -> Option<u64> {
     d.map(|d| now_ms().saturating_add(d.as_millis() as u64))
 }
 
+/// `POST /v1/sandboxes`. With an `Idempotency-Key`, a retry gets the first sandbox (see
+/// [`crate::idempotency`]).
 pub async fn create(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     caller: Caller,
-    ApiJson(mut req): ApiJson<CreateRequest>,
-) -> Result<(StatusCode, Json<SandboxInfo>), HttpError> {
+    KeyHeader(key): KeyHeader,
+    ApiJson(req): ApiJson<CreateRequest>,
+) -> Result<Response, HttpError> {
+    const OPERATION: &str = "create_sandbox";
+    let Some(key) = key else {
+        let info = create_sandbox(state, tenant, caller, req).await?;
+        return Ok((StatusCode::CREATED, Json(info)).into_response());
+    };
+    let fingerprint = Fingerprint::of(OPERATION, "", &req);
+    let (st, t) = (state.clone(), tenant.clone());
+    let work = async move {
+        let info = create_sandbox(st, t, caller, req).await?;
+        Answer::json(StatusCode::CREATED, &info)
+    };
+    state
+        .idempotency()
+        .run(&state, OPERATION, &tenant, key, fingerprint, work)
+        .await
+}
+
+/// Creates a sandbox of `tenant`: checks the request, resolves its policy and workspace, takes
+/// a place in the quotas, and registers the sandbox as the tenant's with its lease.
+async fn create_sandbox(
+    state: AppState,
+    tenant: String,
+    caller: Caller,
+    mut req: CreateRequest,
+) -> Result<SandboxInfo, HttpError> {
     if let Some(key) = req
         .labels
         .keys()
@@ -139,7 +168,7 @@ pub async fn create(
     .await?;
     tracing::Span::current().record("sandbox", info.id.as_str());
     tracing::info!(sandbox = %info.id, tenant = %tenant, expires_at_ms = ?expires, "sandbox created");
-    Ok((StatusCode::CREATED, Json(state.with_lease(info))))
+    Ok(state.with_lease(info))
 }
 
 pub async fn list(
@@ -536,6 +565,33 @@ where
     let id = o.id.clone();
     blocking(move || op(backend.as_ref(), &id, req)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST /v1/sandboxes/{id}/export`. With `apply` and an `Idempotency-Key`, a retry gets the
+/// first answer and the change is written to the host once (see [`crate::idempotency`]);
+/// without `apply` the key is checked and not kept (an export that writes nothing needs none).
+pub async fn export(
+    State(state): State<AppState>,
+    o: Owned,
+    KeyHeader(key): KeyHeader,
+    ApiJson(req): ApiJson<ExportRequest>,
+) -> Result<Response, HttpError> {
+    const OPERATION: &str = "export";
+    let key = key.filter(|_| req.apply);
+    let Some(key) = key else {
+        return fs_json(state, o, req, StatusCode::OK, |b, id, r| b.export(id, r)).await;
+    };
+    let fingerprint = Fingerprint::of(OPERATION, o.id.as_str(), &req);
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let work = async move {
+        let res = blocking(move || backend.export(&id, req)).await?;
+        Answer::json(StatusCode::OK, &res)
+    };
+    state
+        .idempotency()
+        .run(&state, OPERATION, &o.tenant, key, fingerprint, work)
+        .await
 }
 
 pub async fn healthz(State(state): State<AppState>) -> Json<Health> {

@@ -27,7 +27,7 @@
 //! | `GET /healthz` (no token) | | 200 `{"status":"ok","version","sandboxes"}` |
 //! | `GET /metrics` | | 200 Prometheus text |
 //! | `GET /openapi.json` (no token) | | 200 OpenAPI 3.1 |
-//! | `POST /v1/sandboxes` | `CreateRequest` | 201 `SandboxInfo` |
+//! | `POST /v1/sandboxes` (optional `Idempotency-Key`) | `CreateRequest` | 201 `SandboxInfo` |
 //! | `GET /v1/sandboxes` | | 200 `[SandboxInfo]` (the caller's) |
 //! | `GET /v1/sandboxes/{id}` | | 200 `SandboxInfo` |
 //! | `DELETE /v1/sandboxes/{id}` | | 204 |
@@ -37,15 +37,15 @@
 //! | `POST .../processes/{exec_id}/wait?timeout_ms=` | | 200 `ProcessInfo` |
 //! | `POST .../processes/{exec_id}/kill` | `{"signal":9}` | 200 `ProcessInfo` |
 //! | `POST .../processes/{exec_id}/stdin` | `{"data":"..","close":false}` | 204 |
-//! | `POST /v1/sandboxes/{id}/read`, `write`, `edit`, `patch`, `list`, `search`, `stat`, `diff`, `export` | the request type | 200 the result type |
+//! | `POST /v1/sandboxes/{id}/read`, `write`, `edit`, `patch`, `list`, `search`, `stat`, `diff`, `export` (optional `Idempotency-Key` with `apply`) | the request type | 200 the result type |
 //! | `POST /v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` | 201 `CheckpointInfo` |
 //! | `POST /v1/sandboxes/{id}/remove`, `move`, `restore` | the request type | 204 |
 //! | `PUT /v1/sandboxes/{id}/files?path=` | the file's raw content, streamed | 200 `WriteResult` |
 //! | `GET /v1/sandboxes/{id}/files?path=` | | 200 the file's raw content, streamed |
 //!
 //! Errors are `{"error":{"code","message"}}` with the status of
-//! [`ApiError::http_status`](taskbox_core::api::ApiError::http_status), plus 401 `unauthorized`, 413 `too_large` (a body over `max_body_bytes`, or an upload over `max_upload_bytes`) and 405
-//! `method_not_allowed` ([`HttpError`]). Bodies: malformed JSON, unknown fields and wrong types
+//! [`ApiError::http_status`](taskbox_core::api::ApiError::http_status), plus 401 `unauthorized`, 413 `too_large` (a body over `max_body_bytes`, or an upload over `max_upload_bytes`), 405
+//! `method_not_allowed` and 422 `idempotency_key_reused` ([`HttpError`]). Bodies: malformed JSON, unknown fields and wrong types
 //! are 400 with serde's message; an empty body reads as `{}`; no `Content-Type` is required. A
 //! body that does not arrive in time is 408 `request_timeout`; a connection over a cap gets 429
 //! `limit_exceeded` (its client's) or 503 `unavailable` (the total), with `Retry-After`.
@@ -70,6 +70,11 @@
 //!   by `max_ttl`, and is passed to the backend; renewals live in the server's table (saved in
 //!   `STATE/server/leases.json`), which the reaper checks every second and which sets every
 //!   answer's `expires_at_ms`. Backends should not reap on their own.
+//! - **Idempotency keys** ([`idempotency`]): a create, or an export with `apply`, sent with an
+//!   `Idempotency-Key` is done once per tenant and key; its retries get the first answer again
+//!   (`Idempotent-Replayed: true`), one sent while it runs waits for it, the same key with
+//!   another request is 422 `idempotency_key_reused`. Errors are not kept. Kept a day, in
+//!   memory, bounded per tenant.
 //! - **Quotas** (429 naming the limit): live sandboxes per tenant and in total (creates in flight
 //!   count); exec requests in flight per tenant and in total, streamed ones included, held until
 //!   the command ends even if the client leaves. Background execs hold a place only while the
@@ -86,6 +91,7 @@ mod files;
 mod front;
 pub mod gitsource;
 mod handlers;
+pub mod idempotency;
 pub mod metrics;
 pub mod openapi;
 pub mod peer;

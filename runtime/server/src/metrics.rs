@@ -51,6 +51,11 @@ struct CodeLabel {
     code: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: String,
+}
+
 /// The server's counters, and the registry that writes them out.
 #[derive(Debug)]
 pub struct Metrics {
@@ -63,6 +68,7 @@ pub struct Metrics {
     http: Family<RouteLabels, Counter>,
     violations: Family<KindLabel, Counter>,
     errors: Family<CodeLabel, Counter>,
+    idempotent_replays: Family<OperationLabel, Counter>,
     connections_open: Gauge,
     connections_accepted: Counter,
     connections_refused: Family<ReasonLabel, Counter>,
@@ -79,6 +85,7 @@ impl Default for Metrics {
             http: Family::default(),
             violations: Family::default(),
             errors: Family::default(),
+            idempotent_replays: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
             connections_refused: Family::default(),
@@ -135,6 +142,11 @@ impl Default for Metrics {
                 "Error answers by error code",
                 m.errors.clone(),
             );
+            r.register(
+                "taskbox_idempotent_replays",
+                "Answers given again to a request with an idempotency key, by operation",
+                m.idempotent_replays.clone(),
+            );
         }
         m
     }
@@ -169,6 +181,15 @@ impl Metrics {
         self.errors
             .get_or_create(&CodeLabel {
                 code: code.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A request with an idempotency key got the answer of an earlier (or a running) one.
+    pub fn idempotent_replay(&self, operation: &str) {
+        self.idempotent_replays
+            .get_or_create(&OperationLabel {
+                operation: operation.to_owned(),
             })
             .inc();
     }
@@ -260,6 +281,7 @@ mod tests {
         m.connection_refused("sandboxed_peer");
         m.connection_timed_out("header_timeout");
         m.error("unauthorized");
+        m.idempotent_replay("create_sandbox");
         let mut live = BTreeMap::new();
         live.insert("alice".to_string(), 1);
         m.render(&live);
@@ -308,6 +330,11 @@ mod tests {
                 "counter",
                 "Error answers by error code.",
             ),
+            (
+                "taskbox_idempotent_replays_total",
+                "counter",
+                "Answers given again to a request with an idempotency key, by operation.",
+            ),
         ] {
             assert!(
                 text.contains(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n")),
@@ -328,6 +355,10 @@ mod tests {
         );
         assert!(
             text.contains("taskbox_connections_timed_out_total{reason=\"header_timeout\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("taskbox_idempotent_replays_total{operation=\"create_sandbox\"} 1\n"),
             "{text}"
         );
         // A tenant whose sandboxes are gone leaves the gauge.

@@ -6,6 +6,7 @@ use serde_json::{Map, Value, json};
 use taskbox_core::api::ApiError;
 
 use crate::error::ErrorBody;
+use crate::idempotency::MAX_KEY_LEN;
 use crate::spec::{Body, RouteSpec};
 
 /// The OpenAPI 3.1 document of the API whose routes are `routes` (the route table's
@@ -96,6 +97,11 @@ pub fn error_codes() -> Vec<(&'static str, u16, &'static str)> {
             408,
             "the request's body did not arrive in time",
         ),
+        (
+            "idempotency_key_reused",
+            422,
+            "the Idempotency-Key was sent before with another request (operation, sandbox or body)",
+        ),
     ]);
     codes
 }
@@ -118,6 +124,20 @@ fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value)
         params.push(json!({
             "name": p.name, "in": "query", "required": p.required,
             "description": p.description, "schema": schema,
+        }));
+    }
+
+    if let Some(what) = spec.idempotent {
+        params.push(json!({
+            "name": "Idempotency-Key", "in": "header", "required": false,
+            "description": format!(
+                "{what}. The key: 1 to {MAX_KEY_LEN} printable ASCII characters, bare or as a \
+                 quoted string; scoped to the tenant; kept with its answer for a day by default. The same \
+                 key with another request is 422 `idempotency_key_reused`; a request while the \
+                 first runs waits for its answer; an error answer is not kept (a retry runs \
+                 again)."
+            ),
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LEN},
         }));
     }
 
@@ -171,6 +191,19 @@ fn operation(spec: &RouteSpec, g: &mut schemars::SchemaGenerator, error: &Value)
     }
     let mut ok = Map::new();
     ok.insert("description".into(), json!(spec.summary));
+    if spec.idempotent.is_some() {
+        ok.insert(
+            "headers".into(),
+            json!({
+                "Idempotent-Replayed": {
+                    "description": "`true` when this is the answer of an earlier request with \
+                        the same Idempotency-Key (or of the one running when this came), not \
+                        of work done for this one",
+                    "schema": {"type": "string", "enum": ["true"]},
+                },
+            }),
+        );
+    }
     if !content.is_empty() {
         ok.insert("content".into(), Value::Object(content));
     }

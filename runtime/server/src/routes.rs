@@ -146,7 +146,11 @@ fn table() -> Vec<Route> {
         route(
             RouteSpec::new(Post, "/v1/sandboxes", "create_sandbox", "create a sandbox")
                 .takes(schema::<CreateRequest>)
-                .answers(201, Body::Json(schema::<SandboxInfo>)),
+                .answers(201, Body::Json(schema::<SandboxInfo>))
+                .idempotent(
+                    "a retry with the same key and request gets the first answer (the same \
+                     sandbox); no second sandbox is made",
+                ),
             handlers::create,
         ),
         route(
@@ -367,7 +371,18 @@ fn table() -> Vec<Route> {
         fs_route!("diff", "diff", "diff against the baseline or a checkpoint: what git ignores and .git/ counted in `ignored` (listed with `include_ignored`), files that run on their own in `flagged`", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
         fs_route!("checkpoints", "create_checkpoint", "checkpoint the workspace", CheckpointRequest => CheckpointInfo, 201, |b, id, r| b.checkpoint(id, r)),
         fs_route!("restore", "restore", "roll the workspace back to a checkpoint", CheckpointRequest => (), |b, id, r| b.restore(id, r)),
-        fs_route!("export", "export", "the change as a patch or tar (the default diff's files), optionally applied to the host; an apply of flagged files needs `allow_autorun`", ExportRequest => ExportResult, 200, |b, id, r| b.export(id, r)),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/export",
+                "export",
+                "the change as a patch or tar (the default diff's files), optionally applied to the host; an apply of flagged files needs `allow_autorun`",
+            )
+            .takes(schema::<ExportRequest>)
+            .answers(200, Body::Json(schema::<ExportResult>))
+            .idempotent("with `apply`: a retry with the same key and request gets the first answer, and the change is written to the host once; without `apply` the key is checked, not kept"),
+            handlers::export,
+        ),
     ]
 }
 

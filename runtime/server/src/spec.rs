@@ -118,6 +118,8 @@ pub struct RouteSpec {
     pub events: Option<SchemaFn>,
     /// Query parameters.
     pub query: &'static [Param],
+    /// Takes an `Idempotency-Key` header (see [`crate::idempotency`]): what a key does here.
+    pub idempotent: Option<&'static str>,
 }
 
 impl RouteSpec {
@@ -139,6 +141,7 @@ impl RouteSpec {
             response: Body::Empty,
             events: None,
             query: &[],
+            idempotent: None,
         }
     }
 
@@ -160,6 +163,12 @@ impl RouteSpec {
 
     pub(crate) fn with_query(mut self, query: &'static [Param]) -> Self {
         self.query = query;
+        self
+    }
+
+    /// Takes an `Idempotency-Key`; `what` says what a key does on this route.
+    pub(crate) fn idempotent(mut self, what: &'static str) -> Self {
+        self.idempotent = Some(what);
         self
     }
 

@@ -24,6 +24,7 @@ use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
 use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL, Tenant};
 use crate::config::Limits;
 use crate::error::{HttpError, ServerError};
+use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
 use crate::workspaces::{UPLOAD_LABEL, Uploads, WorkspaceRules};
 
@@ -55,6 +56,8 @@ struct Inner {
     lease_file: Option<PathBuf>,
     workspaces: WorkspaceRules,
     uploads: Option<Uploads>,
+    /// Idempotency keys of creates and applying exports.
+    idempotency: Arc<Idempotency>,
     /// Set when the server closes its connections (see [`AppState::closing`]).
     closing: std::sync::atomic::AtomicBool,
 }
@@ -143,7 +146,6 @@ impl AppStateBuilder {
             inner: Arc::new(Inner {
                 backend: self.backend,
                 auth: self.auth,
-                limits: self.limits,
                 registry: Mutex::new(reg),
                 execs: Mutex::new(ExecCounts::default()),
                 metrics: Metrics::default(),
@@ -153,6 +155,8 @@ impl AppStateBuilder {
                     None => WorkspaceRules::new(&[], Path::new("/nonexistent"), &[])?,
                 },
                 uploads: self.uploads,
+                idempotency: Arc::new(Idempotency::new(&self.limits)),
+                limits: self.limits,
                 closing: std::sync::atomic::AtomicBool::new(false),
             }),
         };
@@ -287,6 +291,11 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The idempotency keys of creates and applying exports.
+    pub fn idempotency(&self) -> &Arc<Idempotency> {
+        &self.inner.idempotency
     }
 
     /// Whether the server is closing its connections: a request still running then gets no
@@ -494,7 +503,8 @@ impl AppState {
         .await;
     }
 
-    /// Runs [`AppState::reap_expired`] every `period`, forever.
+    /// Runs [`AppState::reap_expired`] and [`AppState::reap_uploads`] every `period`, and drops
+    /// expired idempotency keys, forever.
     pub async fn run_reaper(self, period: Duration) {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -502,6 +512,7 @@ impl AppState {
             tick.tick().await;
             self.reap_expired().await;
             self.reap_uploads().await;
+            self.inner.idempotency.purge();
         }
     }
 }

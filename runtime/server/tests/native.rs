@@ -389,6 +389,94 @@ async fn an_ended_lease_destroys_the_native_sandbox() {
     reaper.abort();
 }
 
+/// A POST with an `Idempotency-Key` (or none): status, whether the answer says it was
+/// replayed, and the body.
+async fn keyed(n: &Native, path: &str, key: Option<&str>, body: Value) -> (u16, bool, Value) {
+    let mut req = n
+        .client
+        .post(format!("{}{path}", n.base))
+        .bearer_auth(ALICE)
+        .json(&body);
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let replayed = r.headers().get("idempotent-replayed").is_some();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        replayed,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_create_and_apply_with_keys_happen_once_on_the_host() {
+    if !helper_available() {
+        return;
+    }
+    let n = Native::start().await;
+    let ws = n.ws.display().to_string();
+    let (status, replayed, made) = keyed(
+        &n,
+        "/v1/sandboxes",
+        Some("create-1"),
+        json!({"workspace": ws}),
+    )
+    .await;
+    assert_eq!((status, replayed), (201, false), "{made}");
+    let (status, replayed, again) = keyed(
+        &n,
+        "/v1/sandboxes",
+        Some("create-1"),
+        json!({"workspace": ws}),
+    )
+    .await;
+    assert_eq!((status, replayed, &again["id"]), (201, true, &made["id"]));
+    assert_eq!(n.backend.list().len(), 1, "one sandbox");
+    let sb = format!("/v1/sandboxes/{}", made["id"].as_str().unwrap());
+
+    n.ok(
+        ALICE,
+        &format!("{sb}/write"),
+        json!({"path": "hello.txt", "content": "from the sandbox\n"}),
+    )
+    .await;
+    n.ok(
+        ALICE,
+        &format!("{sb}/write"),
+        json!({"path": "new.txt", "content": "new\n"}),
+    )
+    .await;
+    let export = format!("{sb}/export");
+    let apply = json!({"apply": true});
+    let (status, replayed, first) = keyed(&n, &export, Some("apply-1"), apply.clone()).await;
+    assert_eq!(
+        (status, replayed, &first["applied"]),
+        (200, false, &json!(true)),
+        "{first}"
+    );
+    let host = |name: &str| std::fs::read_to_string(n.ws.join(name)).ok();
+    assert_eq!(host("hello.txt").as_deref(), Some("from the sandbox\n"));
+    assert_eq!(host("new.txt").as_deref(), Some("new\n"));
+
+    // The person edits the host copy after the apply; a retry of the apply must not undo that.
+    std::fs::write(n.ws.join("hello.txt"), "edited on the host\n").unwrap();
+    std::fs::remove_file(n.ws.join("new.txt")).unwrap();
+    let (status, replayed, retried) = keyed(&n, &export, Some("apply-1"), apply.clone()).await;
+    assert_eq!((status, replayed), (200, true));
+    assert_eq!(retried, first, "the first answer");
+    assert_eq!(host("hello.txt").as_deref(), Some("edited on the host\n"));
+    assert_eq!(host("new.txt"), None, "nothing written again");
+
+    // What the key prevents: an apply without one writes the sandbox's state again.
+    let (status, replayed, _) = keyed(&n, &export, None, apply).await;
+    assert_eq!((status, replayed), (200, false));
+    assert_eq!(host("hello.txt").as_deref(), Some("from the sandbox\n"));
+    assert_eq!(host("new.txt").as_deref(), Some("new\n"));
+}
+
 /// One request on a Unix socket, from this process: the status line's code.
 fn unix_status(socket: &std::path::Path, path: &str) -> u16 {
     use std::io::{Read, Write};

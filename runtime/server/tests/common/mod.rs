@@ -42,6 +42,10 @@ struct Inner {
     sandboxes: BTreeMap<SandboxId, SandboxInfo>,
     files: BTreeMap<(SandboxId, String), String>,
     calls: Vec<String>,
+    /// How long each create takes.
+    create_delay: Duration,
+    /// The next create fails `unavailable` with this message.
+    fail_next_create: Option<String>,
 }
 
 /// TEST-ONLY in-memory backend (see the module doc).
@@ -126,6 +130,24 @@ impl FakeBackend {
 
     pub fn exists(&self, id: &SandboxId) -> bool {
         self.inner.lock().unwrap().sandboxes.contains_key(id)
+    }
+
+    /// Makes every create take `d` (so that requests overlap).
+    pub fn set_create_delay(&self, d: Duration) {
+        self.inner.lock().unwrap().create_delay = d;
+    }
+
+    /// Makes the next create fail `unavailable` (as a backend whose daemon is gone).
+    pub fn fail_next_create(&self, message: &str) {
+        self.inner.lock().unwrap().fail_next_create = Some(message.to_string());
+    }
+
+    /// How many calls named `op` reached the backend.
+    pub fn count(&self, op: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.split(' ').next() == Some(op))
+            .count()
     }
 }
 
@@ -268,6 +290,14 @@ fn call_detail(op: &Op<'_>) -> String {
 impl OpHandler for FakeBackend {
     fn handle_create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         self.record(format!("create ttl={:?}", req.ttl_secs));
+        let (delay, fail) = {
+            let mut g = self.inner.lock().unwrap();
+            (g.create_delay, g.fail_next_create.take())
+        };
+        std::thread::sleep(delay);
+        if let Some(message) = fail {
+            return Err(ApiError::Unavailable(message));
+        }
         let id = SandboxId::generate();
         let exp = req.ttl_secs.map(|s| now_ms() + s * 1000);
         let i = info(&id, req.labels, exp);
@@ -382,7 +412,7 @@ impl OpHandler for FakeBackend {
                 patch: Some(String::new()),
                 tar_path: None,
                 changes: Vec::new(),
-                applied: false,
+                applied: req.apply,
                 ignored: 0,
                 flagged: Vec::new(),
             }),
