@@ -114,6 +114,9 @@ pub struct Options {
     pub plan_reviewer: Option<Arc<dyn PlanReviewer>>,
     /// Set to end the task at the next step (`cancelled`).
     pub cancel: Arc<AtomicBool>,
+    /// Set to end the task now: a model call in flight gives up too (a queue worker's cancel,
+    /// or a task past its maximum duration), where `cancel` lets the step in flight finish.
+    pub interrupt: Arc<AtomicBool>,
     /// Told of every completed turn.
     pub on_turn: Option<Arc<dyn TurnObserver>>,
 }
@@ -133,6 +136,7 @@ impl Options {
             approver: Arc::new(NoOneToAsk),
             plan_reviewer: None,
             cancel: Arc::new(AtomicBool::new(false)),
+            interrupt: Arc::new(AtomicBool::new(false)),
             on_turn: None,
         }
     }
@@ -438,6 +442,10 @@ impl Runner {
         })
     }
 
+    fn cancelled(&self) -> bool {
+        self.opts.cancel.load(Ordering::SeqCst) || self.opts.interrupt.load(Ordering::SeqCst)
+    }
+
     fn state_path(&self) -> PathBuf {
         self.opts.task_dir.join(STATE_FILE)
     }
@@ -451,7 +459,7 @@ impl Runner {
     fn budget_exhausted(&self) -> Option<(Termination, String)> {
         let b = &self.st.contract.budget;
         let m = &self.st.metrics;
-        if self.opts.cancel.load(Ordering::SeqCst) {
+        if self.cancelled() {
             return Some((Termination::Cancelled, "cancelled by the operator".into()));
         }
         if self.st.turn >= b.max_turns {
@@ -530,6 +538,7 @@ impl Runner {
             };
             let t = Instant::now();
             self.model.set_deadline(Some(self.deadline));
+            self.model.set_cancel(self.opts.interrupt.clone());
             let result = self.model.complete(&req);
             self.external += t.elapsed();
             self.st.system_prompt = req.system;
@@ -542,6 +551,12 @@ impl Runner {
                         turn,
                         error: e.to_string(),
                     })?;
+                    if matches!(e, ModelError::Cancelled) {
+                        break (
+                            Termination::Cancelled,
+                            "cancelled by the operator during a model call".into(),
+                        );
+                    }
                     if matches!(e, ModelError::Deadline) || Instant::now() >= self.deadline {
                         break (
                             Termination::TimeBudget,
@@ -605,7 +620,7 @@ impl Runner {
                 if gate == Some(true) {
                     break;
                 }
-                if self.opts.cancel.load(Ordering::SeqCst) {
+                if self.cancelled() {
                     break;
                 }
                 self.st.metrics.tool_calls += 1;

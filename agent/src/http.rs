@@ -60,6 +60,9 @@ pub enum HttpError {
     /// TLS cannot be set up (CA file, trusted roots)
     #[error(transparent)]
     TlsSetup(#[from] TlsError),
+    /// the caller's cancel flag was set before the answer came
+    #[error("the exchange with {target} was cancelled")]
+    Cancelled { target: String },
 }
 
 impl HttpError {
@@ -272,6 +275,8 @@ pub struct Request<'a> {
     pub headers: Vec<(&'static str, String)>,
     pub body: Option<&'a [u8]>,
     pub accept: &'a str,
+    /// Set (by another thread) to give up waiting for the answer's head.
+    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 impl<'a> Request<'a> {
@@ -282,6 +287,7 @@ impl<'a> Request<'a> {
             headers: Vec::new(),
             body: None,
             accept: "application/json",
+            cancel: None,
         }
     }
 }
@@ -655,7 +661,17 @@ fn open(client: &Client, req: &Request<'_>, timeout: Duration) -> Result<Streami
     let until = Instant::now().checked_add(timeout);
     let target = client.base.endpoint.to_string();
     let request = build_request(client, req)?;
-    let (exchange, response) = client.runtime.block_on(async {
+    let cancelled = async {
+        match req.cancel {
+            Some(flag) => {
+                while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let exchange = async {
         let (mut sender, conn) = bounded(until, &target, timeout, async {
             let io = connect(client, &target).await?;
             http1::handshake(TokioIo::new(io))
@@ -676,6 +692,12 @@ fn open(client: &Client, req: &Request<'_>, timeout: Duration) -> Result<Streami
             .drive(async { sent.await.map_err(|e| hyper_err(&target, &e)) })
             .await?;
         Ok::<_, HttpError>((exchange, response))
+    };
+    let (exchange, response) = client.runtime.block_on(async {
+        tokio::select! {
+            r = exchange => r,
+            () = cancelled => Err(HttpError::Cancelled { target: target.clone() }),
+        }
     })?;
     let status = response.status().as_u16();
     let headers = response

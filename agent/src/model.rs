@@ -180,6 +180,9 @@ pub enum ModelError {
     /// the task's time budget ran out before the model answered
     #[error("the time budget ran out during the model call")]
     Deadline,
+    /// the task was cancelled while it waited for the model
+    #[error("cancelled during the model call")]
+    Cancelled,
 }
 
 /// A refused certificate, with where the model client takes a CA file when that would help.
@@ -203,6 +206,11 @@ pub trait Model: Send {
     fn complete(&mut self, req: &ModelRequest) -> Result<ModelResponse, ModelError>;
     /// Calls must end by `deadline` (the task's time budget): attempts are cut short and no
     /// retry waits past it.
+    /// The task's cancel flag: a call waiting for its answer gives up when it is set.
+    fn set_cancel(&mut self, cancel: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let _ = cancel;
+    }
+
     fn set_deadline(&mut self, deadline: Option<Instant>) {
         let _ = deadline;
     }
@@ -389,6 +397,7 @@ pub struct Transport {
     backoff: Duration,
     max_backoff: Duration,
     deadline: Option<Instant>,
+    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A successful exchange: the JSON body and how many attempts it took.
@@ -412,11 +421,22 @@ impl Transport {
             backoff: Duration::from_millis(cfg.backoff_ms),
             max_backoff: Duration::from_millis(cfg.max_backoff_ms),
             deadline: None,
+            cancel: None,
         })
     }
 
     pub fn set_deadline(&mut self, deadline: Option<Instant>) {
         self.deadline = deadline;
+    }
+
+    pub fn set_cancel(&mut self, cancel: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.cancel = Some(cancel);
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// The time one attempt may take: the timeout, or less when the deadline is nearer.
@@ -448,6 +468,7 @@ impl Transport {
             let mut req = http::Request::new("POST", path);
             req.headers = headers.to_vec();
             req.body = Some(&payload);
+            req.cancel = self.cancel.as_deref();
             let timeout = self.attempt_timeout()?;
             let wait = match self.client.send(&req, timeout) {
                 Ok(resp) if (200..300).contains(&resp.status) => {
@@ -481,6 +502,7 @@ impl Transport {
                     });
                 }
                 Err(e @ HttpError::Tls { .. }) => return Err(ModelError::Tls(e)),
+                Err(HttpError::Cancelled { .. }) => return Err(ModelError::Cancelled),
                 Err(HttpError::Timeout { .. })
                     if self.deadline.is_some_and(|d| Instant::now() >= d) =>
                 {
@@ -501,7 +523,17 @@ impl Transport {
             if self.deadline.is_some_and(|d| Instant::now() + wait >= d) {
                 return Err(ModelError::Deadline);
             }
-            std::thread::sleep(wait);
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                if self.cancelled() {
+                    return Err(ModelError::Cancelled);
+                }
+                std::thread::sleep(
+                    until
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(50)),
+                );
+            }
         }
     }
 

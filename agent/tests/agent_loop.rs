@@ -537,6 +537,39 @@ fn cancelling_ends_the_task_at_the_next_step() {
 }
 
 #[test]
+fn an_interrupt_ends_the_task_during_a_model_call() {
+    let fx = Fx::new();
+    // The model would take a minute to answer.
+    let steps = vec![Step::call("list", json!({})).delayed(Duration::from_secs(60))];
+    let mock = MockServer::start(Provider::Openai, steps).unwrap();
+    let opts = fx.options();
+    let interrupt = opts.interrupt.clone();
+    let started = Instant::now();
+    let report = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let until = Instant::now() + Duration::from_secs(20);
+            while mock.received().is_empty() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            interrupt.store(true, Ordering::SeqCst);
+        });
+        fx.run_with(&mock, Provider::Openai, fx.contract(), opts)
+    });
+    assert_eq!(report.termination, Termination::Cancelled, "{report:#?}");
+    assert!(
+        report.detail.contains("during a model call"),
+        "{}",
+        report.detail
+    );
+    assert_eq!(report.metrics.turns, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn a_length_cut_is_continued() {
     let fx = Fx::new();
     let mut steps = vec![Step::cut("The bug is in add: it subtra")];

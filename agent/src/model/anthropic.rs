@@ -160,6 +160,10 @@ impl Model for Anthropic {
     fn set_deadline(&mut self, deadline: Option<Instant>) {
         self.transport.set_deadline(deadline);
     }
+
+    fn set_cancel(&mut self, cancel: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.transport.set_cancel(cancel);
+    }
 }
 
 #[cfg(test)]

@@ -295,12 +295,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // A worker is a long-lived daemon: its tasks' starts and ends are worth a line each.
+    let default_filter = match cli.command {
+        Command::Worker(_) => "warn,taskbox_worker=info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TASKBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),

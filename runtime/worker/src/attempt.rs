@@ -272,7 +272,9 @@ async fn attempt_task(
         flags: flags.clone(),
     });
     let mut opts = Options::new(&task_dir);
-    opts.cancel = flags.cancel.clone();
+    // The worker's stops (a cancel, the maximum duration, a lost claim, shutdown) do not wait
+    // for a model call in flight.
+    opts.interrupt = flags.cancel.clone();
     opts.on_turn = Some(uploader);
     let api = worker.api.clone();
     let spec = AgentTask {
