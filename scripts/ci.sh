@@ -14,12 +14,14 @@ export CARGO_INCREMENTAL=0
 # screenshot lands in target/artifacts/), openssl (the agent's HTTPS suites make their test CA),
 # git and pytest under /usr/bin/python3 (the review checks run a test suite in host-view sandboxes,
 # where only the system interpreter is seen), nats-server (the task queue's suites start real
-# JetStream servers of their own, on loopback).
+# JetStream servers of their own, on loopback), iproute2 (the worker suites put workers in
+# network namespaces of their own, on a bridge the test makes).
 missing=()
 [ -x /usr/bin/python3 ] || missing+=(python3)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || missing+=(python3-pytest)
 command -v git >/dev/null || missing+=(git)
 command -v unshare >/dev/null || missing+=(util-linux)
+command -v ip >/dev/null || missing+=(iproute2)
 command -v runuser >/dev/null || missing+=(util-linux)
 command -v useradd >/dev/null || missing+=(passwd)
 command -v dockerd >/dev/null || missing+=(docker.io)

@@ -144,9 +144,21 @@ impl Queue {
 
     /// [`Queue::connect`] with the settings of the parts it makes.
     pub async fn connect_with(url: &str, settings: Settings) -> Result<Queue, QueueError> {
+        let bad = |why: String| QueueError::Connect {
+            url: url.to_string(),
+            why,
+        };
+        let servers = url
+            .split(',')
+            .map(|u| {
+                u.trim()
+                    .parse::<async_nats::ServerAddr>()
+                    .map_err(|e| bad(format!("{:?} is not a NATS URL: {e}", u.trim())))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(5))
-            .connect(url)
+            .connect(servers)
             .await
             .map_err(|e| QueueError::Connect {
                 url: url.to_string(),

@@ -315,3 +315,83 @@ pub fn webhook(addr: &str) -> (String, Hooks) {
     });
     (url, hooks)
 }
+
+/// Hosts of a test's own: network namespaces on a bridge of their own, on a private /24 the
+/// host holds `.1` of. Nothing routes beyond it; all is removed when dropped.
+pub struct TestNet {
+    pub bridge: String,
+    /// The host's address on the bridge.
+    pub host: String,
+    /// The namespaces, and each one's address.
+    pub hosts: Vec<(String, String)>,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestNet {
+    /// `n` namespaces, or why there cannot be any here.
+    pub fn new(n: usize) -> Result<TestNet, String> {
+        if Command::new("ip").arg("-V").output().is_err() {
+            return Err("iproute2's ip is not installed".into());
+        }
+        let tag = format!(
+            "{:06x}",
+            std::process::id() as u64 ^ taskbox_queue::now_ms() & 0xff_ffff
+        );
+        let tag = &tag[tag.len() - 6..];
+        // A /24 in 10.213.0.0/16 picked by the tag, unlikely to be the host's.
+        let third = u8::from_str_radix(&tag[4..], 16).unwrap_or(7).max(1);
+        let net = format!("10.213.{third}");
+        let bridge = format!("tbq{tag}");
+        ip(&["link", "add", "name", &bridge, "type", "bridge"]);
+        let mut me = TestNet {
+            bridge: bridge.clone(),
+            host: format!("{net}.1"),
+            hosts: Vec::new(),
+        };
+        ip(&["addr", "add", &format!("{net}.1/24"), "dev", &bridge]);
+        ip(&["link", "set", &bridge, "up"]);
+        for i in 0..n {
+            let ns = format!("tbq{tag}n{i}");
+            let (outer, inner) = (format!("tbq{tag}h{i}"), format!("tbq{tag}v{i}"));
+            let addr = format!("{net}.{}", 11 + i);
+            ip(&["netns", "add", &ns]);
+            me.hosts.push((ns.clone(), addr.clone()));
+            ip(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ]);
+            ip(&["link", "set", &inner, "netns", &ns]);
+            ip(&["link", "set", &outer, "master", &bridge, "up"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &inner,
+            ]);
+            ip(&["-n", &ns, "link", "set", &inner, "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        }
+        Ok(me)
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for (ns, _) in &self.hosts {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .output();
+    }
+}
