@@ -42,6 +42,8 @@ pub const RECORDS: &str = "taskbox_tasks";
 pub const ARTIFACTS: &str = "taskbox_artifacts";
 /// The workers' shared durable consumer of the work queue.
 pub const CONSUMER: &str = "taskbox-workers";
+/// The longest a JetStream request that may go unanswered is waited for.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the stream remembers a message id: a submit retried within it publishes once.
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(10 * 60);
 /// The longest idempotency key taken, in bytes.
@@ -433,19 +435,27 @@ impl Queue {
         &self,
         claim_timeout: Duration,
     ) -> Result<jetstream::consumer::PullConsumer, QueueError> {
-        let s = self
-            .js
-            .get_stream(STREAM)
+        // A clustered server may not answer a consumer's lookup while another client makes
+        // it: every call is bounded, and the caller tries again.
+        let bounded = |what: &'static str| {
+            move |e: tokio::time::error::Elapsed| js_err(what, format!("no answer ({e})"))
+        };
+        let s = tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(STREAM))
             .await
+            .map_err(bounded("the task stream"))?
             .map_err(|e| js_err("the task stream", e))?;
-        if let Ok(c) = s
-            .get_consumer::<jetstream::consumer::pull::Config>(CONSUMER)
-            .await
-        {
+        let found = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            s.get_consumer::<jetstream::consumer::pull::Config>(CONSUMER),
+        )
+        .await
+        .map_err(bounded("the workers' consumer"))?;
+        if let Ok(c) = found {
             return Ok(c);
         }
-        let made = s
-            .create_consumer(jetstream::consumer::pull::Config {
+        let made = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            s.create_consumer(jetstream::consumer::pull::Config {
                 durable_name: Some(CONSUMER.to_string()),
                 description: Some("taskbox workers".to_string()),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
@@ -453,14 +463,16 @@ impl Queue {
                 max_deliver: -1,
                 max_ack_pending: 100_000,
                 ..Default::default()
-            })
-            .await;
+            }),
+        )
+        .await
+        .map_err(bounded("the workers' consumer"))?;
         match made {
             Ok(c) => Ok(c),
             // Another worker made it first.
-            Err(_) => s
-                .get_consumer(CONSUMER)
+            Err(_) => tokio::time::timeout(REQUEST_TIMEOUT, s.get_consumer(CONSUMER))
                 .await
+                .map_err(bounded("the workers' consumer"))?
                 .map_err(|e| js_err("the workers' consumer", e)),
         }
     }

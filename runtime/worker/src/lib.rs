@@ -281,12 +281,13 @@ impl Worker {
     }
 }
 
-/// The next message of the work queue, or none within a second.
+/// The next message of the work queue, or none within a second (a pull that waits at the
+/// server: `fetch` would return at once when the queue is empty, and the loop would spin).
 async fn fetch_one(
     consumer: &async_nats::jetstream::consumer::PullConsumer,
 ) -> Result<Option<async_nats::jetstream::Message>, String> {
     let mut batch = consumer
-        .fetch()
+        .batch()
         .max_messages(1)
         .expires(Duration::from_secs(1))
         .messages()

@@ -87,6 +87,16 @@ impl Fleet {
                 },
             ));
         }
+        // Every worker connected before the tasks come (a debug build starts slowly).
+        let since = Instant::now();
+        while !workers.iter().all(|w| w.log().contains("takes tasks from")) {
+            assert!(
+                since.elapsed() < Duration::from_secs(60),
+                "{}",
+                workers.iter().map(|w| w.log()).collect::<String>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         Some(Fleet {
             dir,
             repo,
@@ -181,7 +191,11 @@ async fn thirty_tasks_on_three_workers_and_a_three_node_cluster_complete_once_ea
         .iter()
         .map(|t| t.result.as_ref().unwrap().worker.clone())
         .collect();
-    assert!(by.len() >= 2, "one worker did everything: {by:?}");
+    assert!(
+        by.len() >= 2,
+        "one worker did everything: {by:?}\n{}",
+        f.logs()
+    );
     assert!(tasks.iter().all(|t| t.attempts == 1), "{tasks:#?}");
     // Stopped, each worker has left no workspace behind.
     for w in &mut f.workers {

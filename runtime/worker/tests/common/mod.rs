@@ -224,7 +224,10 @@ pub fn start_worker(dir: &Path, name: &str, o: &WorkerOpts<'_>) -> WorkerProc {
     .env("TASKBOX_MODEL_PROVIDER", "openai")
     .env("TASKBOX_MODEL_BASE_URL", o.model)
     .env("TASKBOX_MODEL", "scripted")
-    .env("TASKBOX_LOG", "warn,taskbox_worker=debug")
+    .env(
+        "TASKBOX_LOG",
+        "warn,taskbox_worker=debug,taskbox_queue=debug",
+    )
     .env("NO_COLOR", "1")
     .env_remove("TASKBOX_NATS")
     .stdin(Stdio::null())
@@ -341,16 +344,26 @@ impl TestNet {
         if Command::new("ip").arg("-V").output().is_err() {
             return Err("iproute2's ip is not installed".into());
         }
-        let tag = format!(
-            "{:06x}",
-            std::process::id() as u64 ^ taskbox_queue::now_ms() & 0xff_ffff
-        );
-        let tag = &tag[tag.len() - 6..];
-        // A /24 in 10.213.0.0/16 picked by the tag, unlikely to be the host's.
-        let third = u8::from_str_radix(&tag[4..], 16).unwrap_or(7).max(1);
-        let net = format!("10.213.{third}");
-        let bridge = format!("tbq{tag}");
-        ip(&["link", "add", "name", &bridge, "type", "bridge"]);
+        // A name and a /24 in 10.213.0.0/16 no one on the host uses (tests run side by side).
+        let (tag, net, bridge) = loop {
+            let id = taskbox_queue::new_task_id();
+            let tag = id[id.len() - 6..].to_owned();
+            let third = u8::from_str_radix(&tag[4..], 16).unwrap_or(7).clamp(1, 250);
+            let net = format!("10.213.{third}");
+            let bridge = format!("tbq{tag}");
+            let used = Command::new("ip").args(["-o", "addr"]).output().unwrap();
+            if String::from_utf8_lossy(&used.stdout).contains(&format!("{net}.")) {
+                continue;
+            }
+            let made = Command::new("ip")
+                .args(["link", "add", "name", &bridge, "type", "bridge"])
+                .output()
+                .unwrap();
+            if made.status.success() {
+                break (tag, net, bridge);
+            }
+        };
+        let tag = tag.as_str();
         let mut me = TestNet {
             bridge: bridge.clone(),
             host: format!("{net}.1"),
