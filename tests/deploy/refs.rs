@@ -9,21 +9,64 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::kube::Object;
 
-/// The flags of `taskbox worker`, each of which takes a value, as agreed with the command's
-/// author before the command exists in this tree (`--state-dir` is the CLI's global flag).
-/// Once it does, take this list from `taskbox worker --help` instead.
-pub const WORKER_FLAGS: &[&str] = &[
-    "--nats",
-    "--name",
-    "--backend",
-    "--state-dir",
-    "--concurrency",
-    "--metrics-listen",
-    "--policy",
-    "--image",
-    "--replicas",
-    "--claim-timeout",
-];
+/// The flags of `taskbox worker`, read from its `--help`: those that take a value, and those
+/// that do not. The binary is the one `scripts/test.sh` builds beside this test (or in
+/// `$TASKBOX_BIN_DIR`); `--state-dir` is the CLI's global flag, listed there too.
+pub fn worker_flags() -> (BTreeSet<String>, BTreeSet<String>) {
+    let bin = match std::env::var_os("TASKBOX_BIN_DIR") {
+        Some(d) => std::path::PathBuf::from(d).join("taskbox"),
+        None => {
+            let exe = std::env::current_exe().unwrap_or_default();
+            let deps = exe
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default();
+            let dir = if deps.ends_with("deps") {
+                deps.parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default()
+            } else {
+                deps
+            };
+            dir.join("taskbox")
+        }
+    };
+    let out = std::process::Command::new(&bin)
+        .args(["worker", "--help"])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} worker --help ({e}): build the binaries first (cargo build --workspace --bins)",
+                bin.display()
+            )
+        });
+    assert!(out.status.success(), "taskbox worker --help failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (mut valued, mut plain) = (BTreeSet::new(), BTreeSet::new());
+    for line in text.lines() {
+        let line = line.trim_start();
+        let line = line.strip_prefix("-h, ").unwrap_or(line);
+        if !line.starts_with("--") {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let flag = words
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches(',')
+            .to_owned();
+        if words.next().is_some_and(|w| w.starts_with('<')) {
+            valued.insert(flag);
+        } else {
+            plain.insert(flag);
+        }
+    }
+    assert!(
+        valued.contains("--nats"),
+        "no --nats in taskbox worker --help:\n{text}"
+    );
+    (valued, plain)
+}
 
 /// The variables through which the worker gets its model endpoint; all four must be set.
 pub const MODEL_VARIABLES: &[&str] = &[
@@ -779,6 +822,7 @@ fn worker(w: &Workload, objects: &[&Loaded], work: &[Workload], errors: &mut Vec
             continue;
         }
         let at = format!("{}, container {}", w.owner.at(), c.name);
+        let (valued, plain) = worker_flags();
         let mut flags: BTreeMap<&str, &str> = BTreeMap::new();
         let mut rest = args[1..].iter();
         while let Some(arg) = rest.next() {
@@ -786,11 +830,14 @@ fn worker(w: &Workload, objects: &[&Loaded], work: &[Workload], errors: &mut Vec
                 errors.push(format!("{at}: argument {arg:?} where a flag was expected"));
                 continue;
             };
+            if plain.contains(flag) {
+                continue;
+            }
             let (flag, value) = match flag.split_once('=') {
                 Some((f, v)) => (f, Some(v)),
                 None => (flag, rest.next().map(String::as_str)),
             };
-            if !WORKER_FLAGS.contains(&flag) {
+            if !valued.contains(flag) {
                 errors.push(format!("{at}: {flag} is not a flag of taskbox worker"));
             }
             match value {
