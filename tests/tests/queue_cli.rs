@@ -179,3 +179,95 @@ fn an_unreachable_queue_says_where_it_looked() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(&url) && err.contains("-js"), "{err}");
 }
+
+#[test]
+fn schedules_are_added_listed_and_removed_and_results_wait_for_the_end() {
+    let Some(s) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let c = contract(dir.path(), CONTRACT);
+    let add = |extra: &[&str]| {
+        let mut args = vec![
+            "schedule",
+            "add",
+            "--contract",
+            &c,
+            "--git",
+            "https://example.invalid/r.git",
+            "--commit",
+            COMMIT,
+        ];
+        args.extend_from_slice(extra);
+        tb(&s.url, &args)
+    };
+    let o = add(&[
+        "--every",
+        "1h",
+        "--max-duration",
+        "20m",
+        "--overlap",
+        "queue",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Named after the contract file.
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "contract");
+    refused(&add(&["--every", "1h"]), 1, "exists already");
+    refused(
+        &add(&["--name", "bad-cron", "--cron", "61 * * * *"]),
+        1,
+        "cron expression",
+    );
+    refused(
+        &add(&["--name", "fast", "--every", "10ms"]),
+        1,
+        "at least 1s",
+    );
+    refused(
+        &add(&["--name", "odd", "--every", "1h", "--overlap", "sometimes"]),
+        2,
+        "skip or queue",
+    );
+    let o = add(&["--name", "nightly", "--cron", "0 3 * * *"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let ls = tb(&s.url, &["schedule", "ls"]);
+    assert_eq!(ls.status.code(), Some(0), "{}", text(&ls));
+    let out = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        out.contains("contract: every 1h, overlap Queue; not fired yet"),
+        "{out}"
+    );
+    assert!(out.contains("nightly: cron \"0 3 * * *\" (UTC)"), "{out}");
+    let json = tb(&s.url, &["schedule", "list", "--json"]);
+    let all: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(all[0]["spec"]["max_duration_ms"], 1_200_000);
+
+    let rm = tb(&s.url, &["schedule", "rm", "nightly"]);
+    assert_eq!(rm.status.code(), Some(0), "{}", text(&rm));
+    refused(
+        &tb(&s.url, &["schedule", "rm", "nightly"]),
+        1,
+        "no schedule nightly",
+    );
+    let ls = tb(&s.url, &["schedule", "ls"]);
+    assert!(!String::from_utf8_lossy(&ls.stdout).contains("nightly"));
+
+    // A queued task has no results yet.
+    let sub = tb(
+        &s.url,
+        &[
+            "submit",
+            "--contract",
+            &c,
+            "--git",
+            "https://example.invalid/r.git",
+            "--commit",
+            COMMIT,
+        ],
+    );
+    let id = String::from_utf8_lossy(&sub.stdout).trim().to_string();
+    refused(
+        &tb(&s.url, &["tasks", "results", &id]),
+        1,
+        "it has not ended",
+    );
+}

@@ -201,7 +201,10 @@ fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
 /// task, an ended one, a bad spec), 125 for taskbox's own trouble (the server unreachable).
 fn report(e: QueueError) -> Result<u8> {
     match e {
-        QueueError::NotFound(_) | QueueError::Ended { .. } | QueueError::Invalid { .. } => {
+        QueueError::NotFound(_)
+        | QueueError::NoSchedule(_)
+        | QueueError::Ended { .. }
+        | QueueError::Invalid { .. } => {
             eprintln!("taskbox: {e}");
             Ok(1)
         }

@@ -68,6 +68,8 @@ pub enum QueueError {
     JetStream(String),
     #[error("no task {0}")]
     NotFound(String),
+    #[error("no schedule {0}")]
+    NoSchedule(String),
     #[error("task {id} has ended ({state}), so it cannot be {what}")]
     Ended {
         id: String,

@@ -234,7 +234,7 @@ impl Queue {
             .map_err(|e| js_err("a schedule", e))?
             .is_none()
         {
-            return Err(QueueError::NotFound(format!("schedule {name}")));
+            return Err(QueueError::NoSchedule(name.to_string()));
         }
         // The bucket refuses deletes (its history is the audit trail): a purge removes it.
         self.records
