@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk|findings|peers]...
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk|findings|peers|queue]...
 #                                                                          (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
@@ -71,6 +71,13 @@
 #            (the agent's and the MCP server's tool result, the agent's 8 KiB output limit) with
 #            its findings first and as head and tail alone: bytes, and whether the failing
 #            test's name and location are in it. Not part of `all`.
+#   queue    the task queue (NATS JetStream; Debian's nats-server, started here on loopback):
+#            the agent's sample task (three scripted turns against a model server in the bench
+#            client) submitted to a warm `taskbox worker` against the same task run directly
+#            (`taskbox agent run`), BENCH_QUEUE_ROUNDS (20) alternating rounds: from the submit
+#            (or the command's start) to the start of the task's sandbox, and to the task's end,
+#            p50/p99; then BENCH_QUEUE_TASKS (30) tasks submitted at once to 1, 2 and 3 workers:
+#            tasks per second. Not part of `all`.
 #   all      startup profile diff memory api docker egress replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
@@ -140,7 +147,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
-want_house=0 want_sdk=0 want_findings=0 want_peers=0
+want_house=0 want_sdk=0 want_findings=0 want_peers=0 want_queue=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
@@ -157,6 +164,7 @@ for arg in "$@"; do
     sdk) want_sdk=1 ;;
     findings) want_findings=1 ;;
     peers) want_peers=1 ;;
+    queue) want_queue=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -1486,6 +1494,34 @@ bench_house() {
     | tee "$SCRATCH/house.txt"
 }
 
+bench_queue() {
+  local nats port store
+  nats=$(command -v nats-server || echo /usr/sbin/nats-server)
+  [ -x "$nats" ] || apt_install nats-server || die "nats-server not found (apt-get install nats-server)"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  store=$SCRATCH/nats-store
+  mkdir -p "$store"
+  "$nats" -js -a 127.0.0.1 -p "$port" -sd "$store" >"$SCRATCH/nats.log" 2>&1 &
+  local nats_pid=$!
+  for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.05; done
+  log "queue: submit to a warm worker vs taskbox agent run (${BENCH_QUEUE_ROUNDS:-20} alternating rounds), then ${BENCH_QUEUE_TASKS:-30} tasks on 1, 2 and 3 workers"
+  "$BENCH_CLIENT" queue --nats "nats://127.0.0.1:$port" --taskbox "$TASKBOX" --dir "$SCRATCH/queue" \
+    --rounds "${BENCH_QUEUE_ROUNDS:-20}" --tasks "${BENCH_QUEUE_TASKS:-30}" >"$SCRATCH/queue.json"
+  kill -TERM "$nats_pid" 2>/dev/null || true
+  wait "$nats_pid" 2>/dev/null || true
+  python3 - "$SCRATCH/queue.json" <<'PY' | tee -a "$ROWS"
+import json, sys
+r = json.load(open(sys.argv[1]))
+o = r["overhead"]
+for what, d, q in [("to the start of its sandbox", o["direct_to_sandbox"], o["queue_to_sandbox"]),
+                   ("to its end", o["direct_total"], o["queue_total"])]:
+    print(f"| the sample task {what}: submit to a warm worker vs `taskbox agent run`, p50 (p99), {o['rounds']} rounds | {q['p50_ms']:.1f} ms ({q['p99_ms']:.1f}) | {d['p50_ms']:.1f} ms ({d['p99_ms']:.1f}) | {q['p50_ms'] / d['p50_ms']:.2f}x | (reported) | |")
+base = r["throughput"][0]["tasks_per_second"]
+for t in r["throughput"]:
+    print(f"| throughput: {t['tasks']} short tasks on {t['workers']} worker(s) | {t['tasks_per_second']:.2f} tasks/s ({t['seconds']:.1f} s) | 1 worker: {base:.2f} tasks/s | {t['tasks_per_second'] / base:.2f}x | (reported) | |")
+PY
+}
+
 # ---- run -------------------------------------------------------------------------------------
 [ $want_startup = 1 ] && bench_startup
 [ $want_profile = 1 ] && bench_profile
@@ -1499,6 +1535,7 @@ bench_house() {
 [ $want_sdk = 1 ] && bench_sdk
 [ $want_findings = 1 ] && bench_findings
 [ $want_peers = 1 ] && bench_peers
+[ $want_queue = 1 ] && bench_queue
 
 log "results"
 : > "$SCRATCH/results.md"

@@ -13,6 +13,7 @@ mod findings;
 mod hop;
 mod http;
 mod procfs;
+mod queue;
 mod replay;
 mod stats;
 
@@ -84,6 +85,10 @@ enum Cmd {
     /// What findings save the model: each case's result as the model reads it, with its
     /// findings first and with the head and tail of the output alone.
     FindingsText(findings::TextArgs),
+    /// The task queue: a task submitted to a warm worker against the same task run directly
+    /// (`taskbox agent run`), to its sandbox's start and to its end; and short tasks per second
+    /// with 1, 2 and 3 workers.
+    Queue(queue::QueueArgs),
 }
 
 #[derive(Args)]
@@ -194,6 +199,7 @@ fn main() -> Result<()> {
         Cmd::Replay(a) => replay::run(&a)?,
         Cmd::FindingsCost(a) => findings::cost(&a)?,
         Cmd::FindingsText(a) => findings::text(&a)?,
+        Cmd::Queue(a) => queue::run(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
