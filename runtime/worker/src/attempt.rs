@@ -153,7 +153,7 @@ pub async fn run(
             flags.cancel.store(true, Ordering::SeqCst);
             // A command that runs on does not see the cancel: its sandbox goes.
             tokio::time::sleep(Duration::from_secs(5)).await;
-            destroy_sandboxes(api.as_ref(), &id);
+            let _ = tokio::task::spawn_blocking(move || destroy_sandboxes(api.as_ref(), &id)).await;
         })
     });
     let ending = attempt_task(&worker, &record, attempt, &flags).await;
@@ -161,8 +161,17 @@ pub async fn run(
     if let Some(d) = deadline {
         d.abort();
     }
-    destroy_sandboxes(worker.api.as_ref(), &id);
-    let _ = std::fs::remove_dir_all(worker.workspace_dir(&id, attempt));
+    // Blocking calls (unmounts, a directory tree) off the runtime's threads.
+    let (api, task, ws) = (
+        worker.api.clone(),
+        id.clone(),
+        worker.workspace_dir(&id, attempt),
+    );
+    let _ = tokio::task::spawn_blocking(move || {
+        destroy_sandboxes(api.as_ref(), &task);
+        let _ = std::fs::remove_dir_all(ws);
+    })
+    .await;
     worker.metrics.stopped();
     match ending {
         Ending::Ended {
