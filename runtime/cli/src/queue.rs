@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use sha2::Digest;
 use taskbox_queue::{
     Overlap, Queue, QueueError, Schedule, ScheduleTiming, TaskRecord, TaskSpec, WorkspaceSource,
 };
@@ -151,8 +152,12 @@ pub struct TaskArgs {
     #[arg(long, value_name = "SHA")]
     commit: Option<String>,
     /// The workspace: a tar already in the queue's object store, by name.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "workspace")]
     workspace_object: Option<String>,
+    /// The workspace: this directory, packed as a tar (its .git too) and put in the queue's
+    /// object store, named by its SHA-256 (the same tree is stored once).
+    #[arg(long, value_name = "DIR", conflicts_with = "git")]
+    workspace: Option<PathBuf>,
     /// The tenant the task counts against.
     #[arg(long, value_name = "NAME")]
     tenant: Option<String>,
@@ -161,9 +166,83 @@ pub struct TaskArgs {
     attempts: u32,
 }
 
+/// A task's spec, and the workspace tar to put in the object store first (`--workspace DIR`).
+struct Prepared {
+    spec: TaskSpec,
+    upload: Option<(String, Vec<u8>)>,
+}
+
+impl Prepared {
+    /// Puts the workspace tar in the object store, unless one of its name is there already.
+    async fn upload(&self, q: &Queue) -> Result<()> {
+        if let Some((name, data)) = &self.upload
+            && q.get_artifact(name).await?.is_none()
+        {
+            q.put_artifact(name, data).await?;
+            eprintln!(
+                "taskbox: stored the workspace as {name} ({} bytes)",
+                data.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Packs `dir` as a tar whose bytes depend on the tree alone: entries sorted, owners and
+/// times fixed, permission bits kept; symbolic links as links; other special files left out.
+fn pack_workspace(dir: &std::path::Path) -> Result<Vec<u8>> {
+    fn walk(
+        root: &std::path::Path,
+        rel: &std::path::Path,
+        out: &mut Vec<PathBuf>,
+    ) -> std::io::Result<()> {
+        let mut entries: Vec<_> =
+            std::fs::read_dir(root.join(rel))?.collect::<std::io::Result<Vec<_>>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let r = rel.join(e.file_name());
+            let t = e.file_type()?;
+            out.push(r.clone());
+            if t.is_dir() {
+                walk(root, &r, out)?;
+            }
+        }
+        Ok(())
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mut paths = Vec::new();
+    walk(dir, std::path::Path::new(""), &mut paths)
+        .with_context(|| format!("cannot read the workspace {}", dir.display()))?;
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    for rel in paths {
+        let full = dir.join(&rel);
+        let meta = std::fs::symlink_metadata(&full)?;
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mode(meta.permissions().mode() & 0o777);
+        let t = meta.file_type();
+        if t.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            b.append_data(&mut h, &rel, std::io::empty())?;
+        } else if t.is_symlink() {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            b.append_link(&mut h, &rel, std::fs::read_link(&full)?)?;
+        } else if t.is_file() {
+            h.set_size(meta.len());
+            b.append_data(&mut h, &rel, std::fs::File::open(&full)?)?;
+        }
+    }
+    Ok(b.into_inner()?)
+}
+
 impl TaskArgs {
     /// The spec, or the exit status of why there is none (the reason printed).
-    fn spec(self) -> Result<std::result::Result<TaskSpec, u8>> {
+    fn spec(self) -> Result<std::result::Result<Prepared, u8>> {
         let text = std::fs::read_to_string(&self.contract)
             .with_context(|| format!("cannot read the contract {}", self.contract.display()))?;
         if let Err(e) =
@@ -172,12 +251,29 @@ impl TaskArgs {
             eprintln!("taskbox: {e}");
             return Ok(Err(1));
         }
-        let workspace = match (self.git, self.commit, self.workspace_object) {
-            (Some(url), Some(commit), None) => WorkspaceSource::Git { url, commit },
-            (None, None, Some(name)) => WorkspaceSource::Object { name },
+        let mut upload = None;
+        let workspace = match (self.git, self.commit, self.workspace_object, self.workspace) {
+            (Some(url), Some(commit), None, None) => WorkspaceSource::Git { url, commit },
+            (None, None, Some(name), None) => WorkspaceSource::Object { name },
+            (None, None, None, Some(dir)) => {
+                if !dir.is_dir() {
+                    eprintln!(
+                        "taskbox: the workspace {} is not a directory",
+                        dir.display()
+                    );
+                    return Ok(Err(2));
+                }
+                let data = pack_workspace(&dir)?;
+                let digest = sha2::Sha256::digest(&data);
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                let name = format!("workspaces/{hex}.tar");
+                upload = Some((name.clone(), data));
+                WorkspaceSource::Object { name }
+            }
             _ => {
                 eprintln!(
-                    "taskbox: name the workspace: --git URL --commit SHA, or --workspace-object NAME"
+                    "taskbox: name the workspace: --git URL --commit SHA, --workspace DIR, or \
+                     --workspace-object NAME"
                 );
                 return Ok(Err(2));
             }
@@ -185,7 +281,7 @@ impl TaskArgs {
         let mut spec = TaskSpec::new(text, workspace);
         spec.tenant = self.tenant;
         spec.max_attempts = self.attempts;
-        Ok(Ok(spec))
+        Ok(Ok(Prepared { spec, upload }))
     }
 }
 
@@ -272,13 +368,15 @@ fn print_task(t: &TaskRecord, json: bool) -> Result<()> {
 }
 
 pub fn submit(args: SubmitArgs) -> Result<u8> {
-    let mut spec = match args.task.spec()? {
+    let prepared = match args.task.spec()? {
         Ok(s) => s,
         Err(code) => return Ok(code),
     };
+    let mut spec = prepared.spec.clone();
     spec.max_duration_ms = args.max_duration.map(|d| d.as_millis() as u64);
     block_on(async move {
         let q = Queue::connect(&args.nats.nats).await?;
+        prepared.upload(&q).await?;
         match q.submit(spec, args.idempotency_key.as_deref()).await {
             Ok(done) => {
                 if args.json {
@@ -443,10 +541,11 @@ pub fn schedule(cmd: ScheduleCommand) -> Result<u8> {
             };
             let max_duration = a.max_duration;
             let nats = a.nats.nats.clone();
-            let mut spec = match a.task.spec()? {
+            let prepared = match a.task.spec()? {
                 Ok(s) => s,
                 Err(code) => return Ok(code),
             };
+            let mut spec = prepared.spec.clone();
             spec.max_duration_ms = max_duration.map(|d| d.as_millis() as u64);
             let s = Schedule {
                 name: name.clone(),
@@ -457,6 +556,7 @@ pub fn schedule(cmd: ScheduleCommand) -> Result<u8> {
             };
             block_on(async move {
                 let q = Queue::connect(&nats).await?;
+                prepared.upload(&q).await?;
                 match q.add_schedule(&s).await {
                     Ok(()) => {
                         println!("{name}");

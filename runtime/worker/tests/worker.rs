@@ -507,3 +507,60 @@ async fn sigterm_hands_a_running_task_back_to_another_worker() {
     assert_eq!(t.attempts, 1);
     assert_eq!(t.result.unwrap().turns, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_handed_in_as_a_tar_is_the_task_s_workspace() {
+    let Some(nats) = ready() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo(dir.path());
+    let mock = model("127.0.0.1:0", vec![("(tarball)", fix_steps(None))]);
+    let q = Queue::connect(&nats.url).await.unwrap();
+    // The source tree (with its .git), and a symbolic link in it.
+    let src = dir.path().join("src-repo");
+    std::os::unix::fs::symlink("src/math.sh", src.join("math-link")).unwrap();
+    let c = dir.path().join("contract.toml");
+    std::fs::write(&c, contract("tarball", "")).unwrap();
+    let submit = || {
+        Command::new(taskbox())
+            .args(["submit", "--nats", &nats.url, "--contract"])
+            .arg(&c)
+            .arg("--workspace")
+            .arg(&src)
+            .output()
+            .unwrap()
+    };
+    let first = submit();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(String::from_utf8_lossy(&first.stderr).contains("stored the workspace as workspaces/"));
+    let id = String::from_utf8_lossy(&first.stdout).trim().to_owned();
+    // The same tree again: the same object, not stored twice.
+    let second = submit();
+    assert!(second.status.success());
+    assert!(!String::from_utf8_lossy(&second.stderr).contains("stored the workspace"));
+    let t = q.task(&id).await.unwrap();
+    let WorkspaceSource::Object { name } = &t.spec.workspace else {
+        panic!("{t:#?}")
+    };
+    assert!(
+        name.starts_with("workspaces/") && name.ends_with(".tar"),
+        "{name}"
+    );
+    let w = start_worker(
+        dir.path(),
+        "w",
+        &WorkerOpts::new(&nats.url, &mock.base_url()),
+    );
+    let t = wait_for(&q, &id, MINUTE, || w.log(), |t| t.state.is_final()).await;
+    assert_eq!(t.state, TaskState::Completed, "{t:#?}\n{}", w.log());
+    let diff = q
+        .get_artifact(&taskbox_queue::artifact_name(&id, 1, "diff.patch"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&diff).contains("+add() { echo $(( $1 + $2 )); }"));
+    let _ = repo;
+}
