@@ -323,7 +323,7 @@ else
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
     if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
-      || [ $want_house = 1 ] || [ $want_peers = 1 ]; then
+      || [ $want_house = 1 ] || [ $want_peers = 1 ] || [ $want_findings = 1 ] || [ $want_queue = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
