@@ -852,3 +852,88 @@ fn bad_secret_policies_and_missing_values_are_refused_naming_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("secrets.gh.hosts[0]"), "{stderr}");
 }
+
+/// What a container of the Docker backend sends: python's urllib with the proxy, the CA bundle
+/// and the placeholder it finds in its environment (`[status, body]`), and its environment.
+const CONTAINER_FETCH: &str = r#"
+import json, os, sys, urllib.request
+url = sys.argv[1]
+req = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ["GH_TOKEN"]})
+try:
+    with urllib.request.urlopen(req, timeout=20) as r:
+        got = [r.status, r.read().decode()]
+except Exception as e:
+    got = ["error", type(e).__name__ + ": " + str(e)]
+print(json.dumps({"got": got, "env": dict(os.environ),
+                  "bundle": open(os.environ["SSL_CERT_FILE"]).read().count("BEGIN CERTIFICATE")}))
+"#;
+
+#[test]
+fn docker_a_container_gets_the_ca_and_a_placeholder_and_the_proxy_presents_the_secret() {
+    let Some(env) = Env::for_backend(taskbox_tests::Backend::Docker) else {
+        return;
+    };
+    if !have("openssl", "version") || !require(exists(PYTHON), "no /usr/bin/python3") {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    make_ca(certs.path(), "testca");
+    make_leaf(certs.path(), "testca", "good", NAMES);
+    let good = start_upstream(certs.path(), "good");
+    let policy = "[network]\nmode = \"proxy\"\nallow = [\"api.test\"]\n[network.hosts]\n\
+                  \"api.test\" = [\"127.0.0.1\"]\n[secrets.gh]\nfrom_api = true\n\
+                  hosts = [\"api.test\"]\nheader = \"Authorization\"\n\
+                  placeholder_env = \"GH_TOKEN\"\n";
+    fs::write(env.ws().join("fetch.py"), CONTAINER_FETCH).unwrap();
+    let ca_path = certs.path().join("testca.pem");
+    let s = Supervisor::start_with(&env, &["--docker"], |cmd| {
+        cmd.env("TASKBOX_EGRESS_CA", &ca_path);
+    });
+    let (status, info) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"workspace": env.ws(), "backend": "docker",
+                    "image": taskbox_tests::SUITE_IMAGE, "policy_toml": policy,
+                    "secrets": {"gh": GH}})),
+    );
+    assert_eq!(status, 201, "{info:#}");
+    let id = info["id"].as_str().unwrap().to_owned();
+    let url = format!("https://api.test:{}/check", good.port);
+    let r = exec(&s, &id, json!({"argv": ["python3", "fetch.py", url]}));
+    let text = r["stdout"]["text"].as_str().unwrap();
+    let f: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{r:#}"));
+    assert_eq!(
+        f["got"],
+        json!([
+            200,
+            "GET /check host=api.test bearer=gh basic=none key=none api_key=none\n"
+        ]),
+        "{f:#}"
+    );
+    assert!(
+        f["env"]["GH_TOKEN"]
+            .as_str()
+            .unwrap()
+            .starts_with("taskbox-placeholder-gh-"),
+        "{f:#}"
+    );
+    assert_eq!(f["env"]["SSL_CERT_FILE"], "/tmp/.taskbox/egress/ca.pem");
+    assert!(f["bundle"].as_u64().unwrap() >= 1, "{f:#}");
+    assert_eq!(r["network"]["secrets"][0]["secret"], "gh", "{r:#}");
+    assert_no_secret(
+        "the container's observation",
+        &serde_json::to_vec(&r).unwrap(),
+    );
+    let (status, st) = s.call("DELETE", &format!("/v1/sandboxes/{id}/secrets/gh"), None);
+    assert_eq!((status, st["state"].as_str()), (200, Some("revoked")));
+    let r = exec(&s, &id, json!({"argv": ["python3", "fetch.py", url]}));
+    let f: Value = serde_json::from_str(r["stdout"]["text"].as_str().unwrap()).unwrap();
+    assert!(
+        f["got"][1].as_str().unwrap().contains("bearer=other"),
+        "{f:#}"
+    );
+    let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 204);
+    let trace = fs::read(env.state().join("traces").join(format!("{id}.jsonl"))).unwrap();
+    assert_no_secret("the container's trace", &trace);
+}
