@@ -681,7 +681,7 @@ def egress_tls(args):
         out.append(md_row([f"HTTPS request through an inspected host (secret added), {kind}",
                            f"p50 {insp['p50_ms']:.3f} ms (p99 {insp['p99_ms']:.3f})",
                            f"plain tunnel: p50 {plain['p50_ms']:.3f} ms (p99 {plain['p99_ms']:.3f})",
-                           f"+{c['added_p50_ms']:.3f} ms p50 ({c['ratio_p50']:.2f}x), +{c['added_p99_ms']:.3f} ms p99 ({c['ratio_p99']:.2f}x)",
+                           f"{c['added_p50_ms']:+.3f} ms p50 ({c['ratio_p50']:.2f}x), {c['added_p99_ms']:+.3f} ms p99 ({c['ratio_p99']:.2f}x)",
                            target, met]))
     with open(rows, "a") as fh:
         fh.writelines(out)
