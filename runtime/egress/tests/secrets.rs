@@ -7,7 +7,8 @@
 //! look-alike name, a redirect target and a plain-HTTP request do not; rotation and revocation
 //! apply to the next request; an upstream with a bad certificate is refused with a denial that
 //! says so; method and path rules refuse with the policy's reason, in the 403 and the event;
-//! ambiguous paths, another `Host` and protocol upgrades are refused; curl and python's
+//! ambiguous paths, another `Host` and protocol upgrades are refused; SOCKS5 by name is inspected
+//! like `CONNECT`; curl and python's
 //! `requests` work with the CA bundle the sandbox is given.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
@@ -313,6 +314,37 @@ async fn a_bound_host_gets_the_secret_and_no_other_host_does() {
         .find(|u| u.sandbox == "sb-secrets" && u.secret == "gh" && u.host == "api.test")
         .unwrap();
     assert!(gh_uses.uses >= 2, "{counted:?}");
+    s.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks5_to_a_bound_name_is_inspected_too() {
+    let s = Setup::start().await;
+    let gh = s.placeholder("TASKBOX_SECRET_GH");
+    let bearer = format!("Bearer {gh}");
+    let got = tlsutil::socks5_https(
+        s.addr,
+        "api.test",
+        s.upstream.port(),
+        s.client(),
+        &[("GET", "/via-socks", &[("authorization", &bearer)])],
+    )
+    .await
+    .unwrap();
+    assert!(
+        got[0]
+            .body
+            .contains(&format!("authorization: Bearer {GH}\n")),
+        "{}",
+        got[0].body
+    );
+    let d = s
+        .events
+        .wait_for("the socks connection", |d| {
+            d.protocol == taskbox_egress::Protocol::Socks5 && d.inspected
+        })
+        .await;
+    assert_eq!(d.host, "api.test");
     s.proxy.shutdown().await;
 }
 

@@ -218,6 +218,37 @@ pub async fn https(
     send_all(stream, host, port, requests).await
 }
 
+/// SOCKS5 `CONNECT` to `host:port` by name through the proxy, then TLS with `tls` and
+/// `requests` on the connection.
+pub async fn socks5_https(
+    proxy: SocketAddr,
+    host: &str,
+    port: u16,
+    tls: Arc<ClientConfig>,
+    requests: &[Req<'_>],
+) -> Result<Vec<Got>, String> {
+    let mut tcp = TcpStream::connect(proxy).await.unwrap();
+    tcp.write_all(&[5, 1, 0]).await.unwrap();
+    let mut method = [0u8; 2];
+    tcp.read_exact(&mut method).await.unwrap();
+    assert_eq!(method, [5, 0]);
+    let mut req = vec![5, 1, 0, 3, u8::try_from(host.len()).unwrap()];
+    req.extend_from_slice(host.as_bytes());
+    req.extend_from_slice(&port.to_be_bytes());
+    tcp.write_all(&req).await.unwrap();
+    let mut reply = [0u8; 10];
+    tcp.read_exact(&mut reply).await.unwrap();
+    if reply[1] != 0 {
+        return Err(format!("SOCKS5 reply {}", reply[1]));
+    }
+    let name = ServerName::try_from(host.to_owned()).unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    send_all(stream, host, port, requests).await
+}
+
 /// Plain HTTP through the proxy: each request in absolute form (`GET http://host:port/...`) on
 /// its own connection.
 pub async fn http_forward(
