@@ -880,7 +880,12 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in hop {
         headers.remove(name);
     }
-    headers.remove(header::TRANSFER_ENCODING);
+    // hyper framed the body it read by Transfer-Encoding when there was one, so a
+    // Content-Length beside it is not the body's length: neither goes on (hyper frames what it
+    // sends by the body itself), or a request could be read as two by the upstream.
+    if headers.remove(header::TRANSFER_ENCODING).is_some() {
+        headers.remove(header::CONTENT_LENGTH);
+    }
 }
 
 /// The client's stream with bytes already read from it put back in front.
@@ -990,6 +995,31 @@ mod tests {
         ] {
             assert!(clean_path(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_a_conflicting_length_do_not_go_on() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("host", "api.test"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "5"),
+            ("proxy-authorization", "Basic eA=="),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "5"),
+            ("x-kept", "yes"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["host", "x-kept"]);
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.contains_key(header::CONTENT_LENGTH));
     }
 
     #[test]
