@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks of taskbox; method, results and findings in BENCHMARKS.md.
 #
-#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|docker|replay|house|sdk|findings|peers|queue]...
+#   scripts/bench.sh [all|startup|diff|memory|profile|api|egress|egress-tls|docker|replay|house|sdk|findings|peers|queue]...
 #                                                                          (no argument: all)
 #
 #   startup  `taskbox run -- true` against `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
@@ -36,6 +36,16 @@
 #            `taskbox-bench egress-hop`: one relay hop in one process, direct against the proxy's
 #            splice relay and against an in-kernel sockmap redirect, and how much each lets queue
 #            for a client that reads nothing (why the proxy does not redirect in the kernel).
+#   egress-tls  what an inspected host (docs/secrets.md) adds to an HTTPS request, measured by
+#            `taskbox-bench egress-tls` in one process on loopback: an HTTPS server whose
+#            certificate a CA made at run time signs, the egress proxy letting two names through
+#            (one a plain tunnel, the other inspected: a secret bound to it, so the proxy
+#            terminates TLS with the sandbox's CA, checks the server's certificate, presents the
+#            secret and re-encrypts), and a client; the two interleaved request by request (the
+#            order reversed every other round), BENCH_TLS_ROUNDS (10) rounds of
+#            BENCH_TLS_REQUESTS (200) requests per series: a new connection per request (CONNECT,
+#            a full handshake, GET, close), and requests on a kept-alive connection. p50 and p99
+#            of each, and what inspection adds (target: < 2 ms at p50). Part of `all`.
 #   replay   replay overhead beyond executing the operations themselves: `taskbox-bench replay`
 #            records a 1,000-operation trace (execs of /bin/true, writes and reads) on the native
 #            backend, then runs `taskbox replay TRACE --json` BENCH_REPLAY_ROUNDS times; the
@@ -78,7 +88,7 @@
 #            (or the command's start) to the start of the task's sandbox, and to the task's end,
 #            p50/p99; then BENCH_QUEUE_TASKS (30) tasks submitted at once to 1, 2 and 3 workers:
 #            tasks per second. Not part of `all`.
-#   all      startup profile diff memory api docker egress replay (the profile is skipped when
+#   all      startup profile diff memory api docker egress egress-tls replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
 # Each hyperfine figure is measured in rounds (BENCH_ROUNDS x BENCH_RUNS runs per command, with
@@ -111,6 +121,8 @@
 #   BENCH_EGRESS_BYTES   bytes per download of the egress figure (default 1073741824)
 #   BENCH_EGRESS_ROUNDS  rounds of the egress figure (default 5)
 #   BENCH_EGRESS_CONNS   new connections timed per side and round (default 500)
+#   BENCH_TLS_ROUNDS     egress-tls: rounds (default 10)
+#   BENCH_TLS_REQUESTS   egress-tls: measured requests per series per round (default 200)
 #   BENCH_DOCKER_IMAGE  image of the container for `docker exec` (default debian:stable-slim;
 #                     only used when `docker info` works)
 #   BENCH_DOCKER_CREATES  measured pool creates and cold docker runs (default 40)
@@ -147,11 +159,11 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
-want_house=0 want_sdk=0 want_findings=0 want_peers=0 want_queue=0
+want_egress_tls=0 want_house=0 want_sdk=0 want_findings=0 want_peers=0 want_queue=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
-    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 want_egress=1 want_replay=1 ;;
+    all) want_startup=1 want_profile=1 want_diff=1 want_memory=1 want_api=1 want_docker=1 want_egress=1 want_egress_tls=1 want_replay=1 ;;
     startup) want_startup=1 ;;
     diff) want_diff=1 ;;
     memory) want_memory=1 ;;
@@ -159,6 +171,7 @@ for arg in "$@"; do
     api) want_api=1 ;;
     docker) want_docker=1 ;;
     egress) want_egress=1 ;;
+    egress-tls) want_egress_tls=1 ;;
     replay) want_replay=1 ;;
     house) want_house=1 ;;
     sdk) want_sdk=1 ;;
@@ -323,7 +336,8 @@ else
     log "building release binaries (CARGO_TARGET_DIR=$target_dir)"
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
     if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
-      || [ $want_house = 1 ] || [ $want_peers = 1 ] || [ $want_findings = 1 ] || [ $want_queue = 1 ]; then
+      || [ $want_egress_tls = 1 ] || [ $want_house = 1 ] || [ $want_peers = 1 ] || [ $want_findings = 1 ] \
+      || [ $want_queue = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
@@ -336,7 +350,7 @@ fi
 # The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
 BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
 if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
-  || [ $want_house = 1 ] || [ $want_peers = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
+  || [ $want_egress_tls = 1 ] || [ $want_house = 1 ] || [ $want_peers = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
   die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
 fi
 
@@ -655,6 +669,29 @@ def egress(args):
                        f"p50 {prox['p50_ms']:.3f} ms (p99 {prox['p99_ms']:.3f})",
                        f"direct on the host: p50 {base['p50_ms']:.3f} ms",
                        f"+{added:.3f} ms", "< 1 ms added", met(added < 1.0)]))
+    with open(rows, "a") as fh:
+        fh.writelines(out)
+
+def egress_tls(args):
+    """egress_tls ROWS FILE: an inspected host against a plain tunnel, from taskbox-bench egress-tls."""
+    rows, path = args
+    f = json.load(open(path))
+    s = {r["name"]: r for r in f["series"]}
+    out = []
+    for kind, key in [("new connection", "new_connection"), ("kept-alive connection", "kept_alive")]:
+        plain, insp, c = s[f"{kind}, plain tunnel"], s[f"{kind}, inspected"], f[key]
+        spread = [b["p50_ms"] - a["p50_ms"] for a, b in zip(plain["rounds"], insp["rounds"])]
+        print(f"  egress-tls: {kind}: plain tunnel p50 {plain['p50_ms']:.3f} ms (p99 {plain['p99_ms']:.3f}),"
+              f" inspected p50 {insp['p50_ms']:.3f} ms (p99 {insp['p99_ms']:.3f}); added p50"
+              f" {c['added_p50_ms']:+.3f} ms ({c['ratio_p50']:.2f}x), p99 {c['added_p99_ms']:+.3f} ms"
+              f" ({c['ratio_p99']:.2f}x); per round added p50 {min(spread):+.3f} to {max(spread):+.3f} ms")
+        target = "< 2 ms added at p50" if key == "new_connection" else "(context)"
+        met = ("yes" if c["added_p50_ms"] < 2.0 else "**no**") if key == "new_connection" else ""
+        out.append(md_row([f"HTTPS request through an inspected host (secret added), {kind}",
+                           f"p50 {insp['p50_ms']:.3f} ms (p99 {insp['p99_ms']:.3f})",
+                           f"plain tunnel: p50 {plain['p50_ms']:.3f} ms (p99 {plain['p99_ms']:.3f})",
+                           f"{c['added_p50_ms']:+.3f} ms p50 ({c['ratio_p50']:.2f}x), {c['added_p99_ms']:+.3f} ms p99 ({c['ratio_p99']:.2f}x)",
+                           target, met]))
     with open(rows, "a") as fh:
         fh.writelines(out)
 
@@ -1166,6 +1203,14 @@ bench_egress() {
   py egress_hop "$ROWS" "$SCRATCH/egress-hop.json" | tee -a "$SCRATCH/egress.txt"
 }
 
+# ---- egress-tls ------------------------------------------------------------------------------
+bench_egress_tls() {
+  log "egress-tls: an inspected host against a plain tunnel, ${BENCH_TLS_ROUNDS:-10} rounds of ${BENCH_TLS_REQUESTS:-200} requests per series"
+  "$BENCH_CLIENT" egress-tls --rounds "${BENCH_TLS_ROUNDS:-10}" \
+    --requests "${BENCH_TLS_REQUESTS:-200}" >"$SCRATCH/egress-tls.json"
+  py egress_tls "$ROWS" "$SCRATCH/egress-tls.json" | tee "$SCRATCH/egress-tls.txt"
+}
+
 # ---- replay ----------------------------------------------------------------------------------
 bench_replay() {
   log "replay: a ${BENCH_REPLAY_OPS:-1000}-operation trace, replayed ${BENCH_REPLAY_ROUNDS:-5} times"
@@ -1530,6 +1575,7 @@ PY
 [ $want_api = 1 ] && bench_api
 [ $want_docker = 1 ] && bench_docker
 [ $want_egress = 1 ] && bench_egress
+[ $want_egress_tls = 1 ] && bench_egress_tls
 [ $want_replay = 1 ] && bench_replay
 [ $want_house = 1 ] && bench_house
 [ $want_sdk = 1 ] && bench_sdk

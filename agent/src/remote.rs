@@ -218,6 +218,13 @@ fn route(id: &SandboxId, op: &Op<'_>, timeout: Duration) -> Result<Route, ApiErr
             Some(json!({ "reason": reason })),
         ),
         Op::SetNetwork(r) => Route::new("PUT", format!("{sb}/network"), Some(body(r)?), timeout),
+        Op::SetSecret(u) => {
+            let path = format!("{sb}/secrets/{}", u.name);
+            match &u.value {
+                Some(value) => Route::new("PUT", path, Some(json!({ "value": value })), timeout),
+                None => Route::new("DELETE", path, None, timeout),
+            }
+        }
     })
 }
 

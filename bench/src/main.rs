@@ -16,6 +16,7 @@ mod procfs;
 mod queue;
 mod replay;
 mod stats;
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -76,6 +77,9 @@ enum Cmd {
     /// One relay hop on loopback: direct, through a splice relay as the proxy's, and through an
     /// in-kernel sockmap redirect; and what each lets pile up for a client that does not read.
     EgressHop(hop::HopArgs),
+    /// Requests through the proxy to an inspected host (TLS terminated, secret presented)
+    /// against a plain tunnel, interleaved: what the inspection adds.
+    EgressTls(tls::TlsArgs),
     /// Replay overhead beyond the operations themselves, for a trace of OPS operations
     /// recorded here (`taskbox replay` run ROUNDS times).
     Replay(replay::ReplayArgs),
@@ -196,6 +200,7 @@ fn main() -> Result<()> {
         Cmd::Egress(a) => egress::run(&a)?,
         Cmd::EgressClient(c) => return egress::client(c),
         Cmd::EgressHop(a) => return hop::run(&a),
+        Cmd::EgressTls(a) => return tls::run(&a),
         Cmd::Replay(a) => replay::run(&a)?,
         Cmd::FindingsCost(a) => findings::cost(&a)?,
         Cmd::FindingsText(a) => findings::text(&a)?,

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 import taskbox
 from taskbox import models as m
@@ -255,3 +256,34 @@ def test_a_failing_test_run_has_its_findings(sandbox: taskbox.Sandbox) -> None:
     sandbox.write("src/calc.py", "def add(a, b):\n    return a + b\n")
     ok = sandbox.exec("PYTHONPATH=src /usr/bin/python3 -m pytest -q -p no:cacheprovider tests", timeout=120)
     assert ok.ok and ok.findings == [] and ok.tests == m.TestCounts(passed=1, failed=0, errored=0, skipped=0)
+
+
+SECRET_POLICY = """
+[network]
+mode = "proxy"
+allow = ["api.test"]
+
+[secrets.gh]
+from_api = true
+hosts = ["api.test"]
+header = "Authorization"
+placeholder_env = "GH_TOKEN"
+"""
+
+
+def test_secrets_are_given_at_create_and_rotated_and_revoked_by_name(client: taskbox.Client, workspace: Path) -> None:
+    value = "sdk-hunter2-value"
+    req = m.CreateRequest(workspace="/w", secrets={"gh": SecretStr(value)})
+    assert value not in repr(req)
+    with client.sandbox(workspace, policy_toml=SECRET_POLICY, secrets={"gh": value}) as sb:
+        # The sandbox has a placeholder, never the value.
+        env = sb.exec('printf %s "$GH_TOKEN"').stdout.text
+        assert env.startswith("taskbox-placeholder-gh-") and value not in env
+        st = sb.rotate_secret("gh", "sdk-rotated-value")
+        assert (st.name, st.state, st.rotations, st.placeholder_env) == ("gh", "active", 1, "GH_TOKEN")
+        assert "sdk-rotated-value" not in st.model_dump_json()
+        assert sb.revoke_secret("gh").state == "revoked"
+        with pytest.raises(taskbox.NotFoundError):
+            sb.revoke_secret("nope")
+    with pytest.raises(taskbox.InvalidArgumentError, match="secrets.gh: comes from the API"):
+        client.create(workspace, policy_toml=SECRET_POLICY)

@@ -19,6 +19,7 @@ NOT_MODELS = {
     "ExecEvent": "a union: each variant is a model of its own (StartedEvent, ...), checked below",
     "SandboxId": "a string",
     "ApprovalId": "a string",
+    "SecretValue": "a string (pydantic's SecretStr in the models, masked in reprs)",
     "ChangeKind": "a Literal of models.py",
     "FindingKind": "a Literal of models.py",
     "EntryKind": "a Literal of models.py",

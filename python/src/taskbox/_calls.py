@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, SecretStr, TypeAdapter
 
 from . import models as m
 from ._routes import IDEMPOTENT, route
@@ -376,6 +376,15 @@ def export(id: str, format: m.ExportFormat, apply: bool, include_ignored: bool =
 
 def set_network(id: str, rules: m.NetworkRules) -> Call[m.NetworkRules]:
     return call("set_network", _model(m.NetworkRules), body=rules, id=id)
+
+
+def rotate_secret(id: str, name: str, value: str) -> Call[m.SecretStatus]:
+    body = m.SecretRotation(value=SecretStr(value))
+    return call("rotate_secret", _model(m.SecretStatus), body=body, id=id, name=name)
+
+
+def revoke_secret(id: str, name: str) -> Call[m.SecretStatus]:
+    return call("revoke_secret", _model(m.SecretStatus), id=id, name=name)
 
 
 def approvals(id: str | None, wait: float | None) -> Call[list[m.Approval]]:

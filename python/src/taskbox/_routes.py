@@ -28,6 +28,8 @@ ROUTES: dict[str, tuple[str, str]] = {
     "approve": ("POST", "/v1/sandboxes/{id}/approvals/{approval}/approve"),
     "deny": ("POST", "/v1/sandboxes/{id}/approvals/{approval}/deny"),
     "set_network": ("PUT", "/v1/sandboxes/{id}/network"),
+    "rotate_secret": ("PUT", "/v1/sandboxes/{id}/secrets/{name}"),
+    "revoke_secret": ("DELETE", "/v1/sandboxes/{id}/secrets/{name}"),
     "read": ("POST", "/v1/sandboxes/{id}/read"),
     "write": ("POST", "/v1/sandboxes/{id}/write"),
     "edit": ("POST", "/v1/sandboxes/{id}/edit"),

@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
+from pydantic import SecretStr
+
 from . import _calls as calls
 from . import _local
 from . import models as m
@@ -138,12 +140,14 @@ class Client:
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
+        secrets: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
     ) -> Sandbox:
         """Creates a sandbox around `workspace` (a directory: on the Unix socket a local one,
         over TCP one of the supervisor's host under its `--workspace-root`) or an uploaded
         `workspace_id`. `policy` is a profile name, `policy_toml` a policy's text; `ttl` the
-        lease in seconds. With `idempotency_key`, a retry with the same key and options gets
+        lease in seconds; `secrets` the values of the policy's secrets that come `from_api` (given
+        to the egress proxy only, never to the sandbox). With `idempotency_key`, a retry with the same key and options gets
         the same sandbox (the supervisor keeps the key a day, per tenant), and the same key with
         other options raises `IdempotencyKeyReusedError`. The sandbox lives until [`Sandbox.destroy`] (or its `with` block
         ends, or its lease runs out)."""
@@ -157,6 +161,7 @@ class Client:
             env=dict(env) if env else None,
             labels=dict(labels) if labels else None,
             ttl_secs=None if ttl is None else max(1, int(ttl)),
+            secrets={k: SecretStr(v) for k, v in secrets.items()} if secrets else None,
         )
         return Sandbox(self, self.send(calls.create(req, idempotency_key)))
 
@@ -488,6 +493,15 @@ class Sandbox:
         rules = m.NetworkRules(allow=list(allow), deny=list(deny),
                                hosts={k: list(v) for k, v in (hosts or {}).items()})
         return self._send(calls.set_network(self.id, rules))
+
+    def rotate_secret(self, name: str, value: str) -> m.SecretStatus:
+        """Gives the policy's secret `name` a new value, for every request from now on (the
+        sandbox keeps its placeholder; the value is never in an answer, a log or the trace)."""
+        return self._send(calls.rotate_secret(self.id, name, value))
+
+    def revoke_secret(self, name: str) -> m.SecretStatus:
+        """Revokes the policy's secret `name`: requests go out without it from now on."""
+        return self._send(calls.revoke_secret(self.id, name))
 
     def approvals(self, *, wait: float | None = None) -> builtins.list[m.Approval]:
         """This sandbox's execs waiting for approval; `wait` seconds for one when none is."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, field_serializer
 
 __all__ = [
     "Answer",
@@ -171,6 +171,19 @@ class NetworkConnection(Answer):
     bytes_down: int | None = None
     duration_ms: int | None = None
     error: str | None = None
+    #: Its HTTP was inspected (the host has secrets or request rules).
+    inspected: bool | None = None
+    #: For a request refused by the request rules: its method and path ("POST /upload").
+    request: str | None = None
+
+
+class SecretUse(Answer):
+    """How many requests to one host carried one secret (never its value)."""
+
+    secret: str
+    host: str
+    port: int
+    requests: int
 
 
 class NetworkActivity(Answer):
@@ -184,6 +197,10 @@ class NetworkActivity(Answer):
     open: int
     connections: list[NetworkConnection]
     omitted: int
+    #: Requests refused by the request rules of inspected hosts.
+    requests_denied: int | None = None
+    #: The secrets the proxy presented, per secret and host.
+    secrets: list[SecretUse] | None = None
 
 
 class Location(Answer):
@@ -504,6 +521,28 @@ class NetworkRules(Request):
     hosts: dict[str, list[str]] = Field(default_factory=dict)
 
 
+class SecretRotation(Request):
+    """A secret's new value (`Sandbox.rotate_secret`); shown masked, sent in clear to the
+    supervisor only."""
+
+    value: SecretStr
+
+    @field_serializer("value")
+    def _reveal(self, v: SecretStr) -> str:
+        return v.get_secret_value()
+
+
+class SecretStatus(Answer):
+    """One of a sandbox's secrets: never its value."""
+
+    name: str
+    hosts: list[str]
+    placeholder_env: str
+    #: "active" or "revoked".
+    state: str
+    rotations: int
+
+
 class GitSource(Answer):
     url: str
     commit: str
@@ -549,6 +588,12 @@ class CreateRequest(Request):
     env: dict[str, str] | None = None
     labels: dict[str, str] | None = None
     ttl_secs: int | None = None
+    #: Values of the policy's secrets that come `from_api`, by name (masked in reprs).
+    secrets: dict[str, SecretStr] | None = None
+
+    @field_serializer("secrets")
+    def _reveal(self, v: dict[str, SecretStr] | None) -> dict[str, str] | None:
+        return None if v is None else {k: s.get_secret_value() for k, s in v.items()}
 
 
 class ExecRequest(Request):

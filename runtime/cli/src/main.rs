@@ -4,7 +4,7 @@
 //! 126 when the policy's command rules refused it (nothing ran); 125 for taskbox's own failures,
 //! with one clear line on stderr (the convention of `docker run`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -645,7 +645,7 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
     };
     // The egress proxy (and its threads) only when the policy routes the network through it.
     let egress = match req.policy.network.mode {
-        policy::NetworkMode::Proxy => Some(taskbox_egress::ProxyService::new(1)?),
+        policy::NetworkMode::Proxy => Some(proxy_service(1)?),
         _ => None,
     };
     let outcome = native::run_with(
@@ -685,9 +685,31 @@ fn run(args: RunArgs, state_dir: PathBuf) -> Result<u8> {
 pub(crate) fn egress_service(
     threads: usize,
 ) -> Result<std::sync::Arc<dyn taskbox_core::egress::EgressService>> {
-    Ok(std::sync::Arc::new(taskbox_egress::ProxyService::new(
-        threads,
-    )?))
+    Ok(std::sync::Arc::new(proxy_service(threads)?))
+}
+
+/// The variable naming a PEM file of CA certificates the egress proxy trusts, beside the
+/// host's roots, for the upstreams of inspected hosts (docs/secrets.md): the supervisor's
+/// setting, which no sandbox can change.
+pub(crate) const EGRESS_CA_VAR: &str = "TASKBOX_EGRESS_CA";
+
+/// An egress proxy service on `threads` threads, trusting [`EGRESS_CA_VAR`]'s CA when set.
+fn proxy_service(threads: usize) -> Result<taskbox_egress::ProxyService> {
+    let service = taskbox_egress::ProxyService::new(threads)?;
+    match std::env::var_os(EGRESS_CA_VAR) {
+        Some(path) if !path.is_empty() => {
+            let pem = std::fs::read(&path).with_context(|| {
+                format!(
+                    "{EGRESS_CA_VAR}: cannot read {}",
+                    Path::new(&path).display()
+                )
+            })?;
+            service
+                .upstream_ca(pem)
+                .with_context(|| format!("{EGRESS_CA_VAR}: {}", Path::new(&path).display()))
+        }
+        _ => Ok(service),
+    }
 }
 
 /// Reports a command the command rules refused: nothing ran, exit status 126.

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::op::{Answer, ExecEvents, Op, OpHandler, OpName};
 use crate::result::{AutorunFile, Change, ChangeKind, DiffStats, Enforcement, ExecResult};
+pub use crate::secret::{SecretRotation, SecretStatus, SecretUpdate, SecretValue};
 
 /// A sandbox's id: 1-64 characters of `[a-z0-9-]`, validated wherever it enters.
 #[derive(
@@ -218,6 +219,10 @@ pub struct CreateRequest {
     /// Lease in seconds; the sandbox is destroyed when it runs out (default: the server's).
     #[serde(default)]
     pub ttl_secs: Option<u64>,
+    /// Values of the policy's secrets that come `from_api`, by name. Given to the egress
+    /// proxy only: never in the sandbox, its info, its trace or a log (`docs/secrets.md`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, crate::secret::SecretValue>,
     /// The policy as resolved once, by the first layer that handles the request (see
     /// [`CreateRequest::resolve_policy`]); never on the wire.
     #[serde(skip)]
@@ -1314,6 +1319,21 @@ pub trait SandboxApi: Send + Sync {
             "sandbox {id}: this backend cannot change the network rules of a live sandbox"
         )))
     }
+
+    /// Rotates (a new value) or revokes (none) one of the policy's secrets in a live sandbox
+    /// and returns its state; requests from then on use the new value, or go out without it.
+    /// Backends without a live egress proxy keep this default, which refuses.
+    fn set_secret(&self, id: &SandboxId, update: SecretUpdate) -> Result<SecretStatus, ApiError> {
+        let _ = update;
+        Err(no_secrets(id))
+    }
+}
+
+/// The one answer for a change of secrets on a backend without a live egress proxy.
+pub fn no_secrets(id: &SandboxId) -> ApiError {
+    ApiError::invalid(format!(
+        "sandbox {id}: this backend cannot change the secrets of a live sandbox"
+    ))
 }
 
 /// The one answer for an approval that is not pending in this sandbox.

@@ -8,7 +8,8 @@
 //! builder of its result ([`exec_end`]), and an exec request made concrete once, with the limits
 //! every backend checks on a command before it runs ([`exec_plan`], [`exec_limits`]). It depends
 //! on policies only for the resolved policy a create carries. The users an exec may name are
-//! read from a sandbox's own account files by [`accounts`].
+//! read from a sandbox's own account files by [`accounts`]. A secret's value, which never appears
+//! in a log, a message or a trace, is a [`secret::SecretValue`].
 
 pub mod accounts;
 pub mod api;
@@ -17,6 +18,7 @@ pub mod exec_limits;
 pub mod exec_plan;
 pub mod op;
 pub mod result;
+pub mod secret;
 pub mod support;
 
 /// The policy model, as `crate::policy` for the contract's own modules.

@@ -97,6 +97,8 @@ pub enum Op<'a> {
     },
     /// [`SandboxApi::set_network`]
     SetNetwork(NetworkRules),
+    /// [`SandboxApi::set_secret`]
+    SetSecret(SecretUpdate),
 }
 
 /// The answer to an [`Op`]: one variant per result type. It serialises as the result itself
@@ -128,6 +130,8 @@ pub enum Answer {
     Approval(Approval),
     /// set_network: the rules now in force
     Network(NetworkRules),
+    /// set_secret: the secret's state (never its value)
+    Secret(SecretStatus),
     /// write_stdin, remove, rename, restore, destroy: nothing to say but that it was done
     Done,
 }
@@ -163,11 +167,12 @@ pub enum OpName {
     Approve,
     Deny,
     SetNetwork,
+    SetSecret,
 }
 
 impl OpName {
     /// Every name.
-    pub const ALL: [OpName; 27] = [
+    pub const ALL: [OpName; 28] = [
         OpName::Create,
         OpName::Info,
         OpName::Exec,
@@ -195,6 +200,7 @@ impl OpName {
         OpName::Approve,
         OpName::Deny,
         OpName::SetNetwork,
+        OpName::SetSecret,
     ];
 
     /// The name as traces record it (and as the HTTP routes mostly spell it: `list`, `move`,
@@ -228,6 +234,7 @@ impl OpName {
             OpName::Approve => "approve",
             OpName::Deny => "deny",
             OpName::SetNetwork => "network",
+            OpName::SetSecret => "secret",
         }
     }
 
@@ -278,6 +285,9 @@ pub enum RequestError {
     /// An upload or a download streams its content, which no record holds.
     #[error("{0} streams its content, which the record does not hold")]
     Streamed(OpName),
+    /// A rotation carries a secret's value, which no record holds.
+    #[error("a secret's rotation carries its value, which the record does not hold")]
+    SecretValue,
 }
 
 // The requests of the operations that take no request type of their own, as traces record
@@ -316,6 +326,14 @@ struct StdinCall {
 struct ApprovalsCall {
     #[serde(default)]
     wait_ms: Option<u64>,
+}
+
+/// A change of a secret as recorded: its name and what was done, never the value.
+#[derive(Serialize, Deserialize)]
+struct SecretCall {
+    name: String,
+    /// "rotate" or "revoke".
+    action: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -360,6 +378,7 @@ impl Op<'_> {
             Op::Approve { .. } => OpName::Approve,
             Op::Deny { .. } => OpName::Deny,
             Op::SetNetwork(_) => OpName::SetNetwork,
+            Op::SetSecret(_) => OpName::SetSecret,
         }
     }
 
@@ -460,6 +479,16 @@ impl Op<'_> {
                 reason: Some(reason.as_ref().to_owned()),
             }),
             Op::SetNetwork(r) => to_value(r),
+            // Never the value: this is what traces record and logs print.
+            Op::SetSecret(u) => to_value(&SecretCall {
+                name: u.name.clone(),
+                action: if u.value.is_some() {
+                    "rotate"
+                } else {
+                    "revoke"
+                }
+                .to_owned(),
+            }),
         }
     }
 }
@@ -546,6 +575,16 @@ impl Op<'static> {
                 }
             }
             OpName::SetNetwork => Op::SetNetwork(parse(request)?),
+            OpName::SetSecret => {
+                let c: SecretCall = parse(request)?;
+                if c.action != "revoke" {
+                    return Err(RequestError::SecretValue);
+                }
+                Op::SetSecret(SecretUpdate {
+                    name: c.name,
+                    value: None,
+                })
+            }
         })
     }
 }
@@ -577,6 +616,7 @@ impl Answer {
             Answer::Approvals(_) => "a list of approvals",
             Answer::Approval(_) => "an approval",
             Answer::Network(_) => "network rules",
+            Answer::Secret(_) => "a secret's state",
             Answer::Done => "nothing",
         }
     }
@@ -605,6 +645,7 @@ impl Answer {
             OpName::ListApprovals => Answer::Approvals(Deserialize::deserialize(v)?),
             OpName::Approve | OpName::Deny => Answer::Approval(Deserialize::deserialize(v)?),
             OpName::SetNetwork => Answer::Network(Deserialize::deserialize(v)?),
+            OpName::SetSecret => Answer::Secret(Deserialize::deserialize(v)?),
             OpName::WriteStdin
             | OpName::Remove
             | OpName::Rename
@@ -664,6 +705,7 @@ pub fn dispatch<A: SandboxApi + ?Sized>(
         Op::Approve { approval } => Answer::Approval(api.approve(id, &approval)?),
         Op::Deny { approval, reason } => Answer::Approval(api.deny(id, &approval, &reason)?),
         Op::SetNetwork(r) => Answer::Network(api.set_network(id, r)?),
+        Op::SetSecret(u) => Answer::Secret(api.set_secret(id, u)?),
     })
 }
 
@@ -752,5 +794,6 @@ impl<H: OpHandler> SandboxApi for H {
             = Op::Deny { approval: Cow::Borrowed(approval), reason: Cow::Borrowed(reason) }
             => Approval;
         set_network(rules: NetworkRules) -> NetworkRules = Op::SetNetwork(rules) => Network;
+        set_secret(update: SecretUpdate) -> SecretStatus = Op::SetSecret(update) => Secret;
     }
 }

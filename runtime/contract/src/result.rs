@@ -331,6 +331,24 @@ pub struct NetworkActivity {
     pub connections: Vec<NetworkConnection>,
     /// Connections not listed in `connections` (beyond the first 64).
     pub omitted: u64,
+    /// HTTP requests refused by the policy's request rules on inspected hosts (each listed in
+    /// `connections` with its `request`, and a violation).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requests_denied: u64,
+    /// The secrets the proxy presented, per secret and host: every use is counted (the values
+    /// never appear anywhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretUse>,
+}
+
+/// How many requests to one host carried one secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SecretUse {
+    /// The secret's name in the policy.
+    pub secret: String,
+    pub host: String,
+    pub port: u16,
+    pub requests: u64,
 }
 
 /// One connection the sandbox asked the egress proxy for.
@@ -365,6 +383,12 @@ pub struct NetworkConnection {
     /// Why an allowed connection ended abnormally (idle, I/O error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Its HTTP was inspected (the host has secrets or request rules).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inspected: bool,
+    /// For a request refused by the request rules: its method and path ("POST /upload").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// Resources the command used.

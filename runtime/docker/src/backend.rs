@@ -509,6 +509,7 @@ impl Inner {
             format!("{}:{INIT_PATH}:ro", self.wrapper.display()),
             format!("{}:{RUN_MOUNT}:rw", dirs.run().display()),
             format!("{}:{SPILL_MOUNT}:ro", dirs.out().display()),
+            format!("{}:{}:ro", dirs.egress().display(), egress::EGRESS_MOUNT),
             format!("{}:/tmp:rw", dirs.tmp().display()),
             format!(
                 "{}:{}:rw,rslave",
@@ -595,9 +596,10 @@ impl Inner {
             )
             .map_err(|e| ApiError::internal(e.to_string()))?
             .keep_mounted();
-            for d in [dirs.mnt(), dirs.checkpoints()] {
+            for d in [dirs.mnt(), dirs.checkpoints(), dirs.egress()] {
                 fs::create_dir_all(&d).map_err(io_internal("cannot create", &d))?;
             }
+            let _ = fs::set_permissions(dirs.egress(), fs::Permissions::from_mode(0o755));
             fs::write(dirs.empty(), b"").map_err(io_internal("cannot create", &dirs.empty()))?;
             let _ = fs::set_permissions(dirs.empty(), fs::Permissions::from_mode(0o444));
             let _ = fs::set_permissions(dirs.out(), fs::Permissions::from_mode(0o755));
@@ -730,6 +732,11 @@ impl Inner {
                 )));
             }
         };
+        // Read before a container is taken: a secret that cannot be had refuses the create.
+        let secrets = match egress_service {
+            Some(_) => egress::resolve_secrets(&policy, &req.secrets)?,
+            None => Vec::new(),
+        };
         for (k, v) in &req.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                 return Err(ApiError::invalid(format!(
@@ -813,7 +820,7 @@ impl Inner {
         // Network mode "proxy": the container has only loopback; its proxy accepts on a
         // listener bound to 127.0.0.1:3128 in the container's network namespace.
         let egress = match egress_service
-            .map(|service| start_egress(service.as_ref(), &prepared, &policy))
+            .map(|service| start_egress(service.as_ref(), &prepared, &policy, secrets))
             .transpose()
         {
             Ok(e) => e,
@@ -825,7 +832,26 @@ impl Inner {
         // The same order as the native backend: the fixed variables, the image's, the
         // policy's, the request's.
         // The same layers as a native sandbox's, without the host's variables.
-        let base_env = native::layer_env(Vec::new(), &policy, &image.config.env, &req.env);
+        let mut base_env = native::layer_env(Vec::new(), &policy, &image.config.env, &req.env);
+        // Inspected hosts: the CA bundle in the container, its variables and the secrets'
+        // placeholders (before the request's own variables, which win).
+        if let Some(trust) = egress.as_ref().and_then(|e| e.proxy.trust()) {
+            if let Err(e) = egress::write_trust(&dirs.egress(), &trust) {
+                if let Some(e) = &egress {
+                    e.proxy.shutdown();
+                }
+                self.discard(prepared);
+                return Err(ApiError::internal(format!(
+                    "cannot write the sandbox's CA bundle: {e}"
+                )));
+            }
+            for (k, v) in egress::trust_env(&trust) {
+                if !req.env.contains_key(&k) {
+                    base_env.retain(|(ek, _)| *ek != k);
+                    base_env.push((k, v));
+                }
+            }
+        }
         let info = SandboxInfo {
             id: prepared.id.clone(),
             backend: "docker".into(),
@@ -991,6 +1017,7 @@ fn start_egress(
     service: &dyn EgressService,
     prepared: &Prepared,
     policy: &Policy,
+    secrets: Vec<egress::ResolvedSecret>,
 ) -> Result<SandboxEgress, ApiError> {
     let listener = egress::listen_in_netns(prepared.init.pid, egress::PROXY_PORT).map_err(|e| {
         ApiError::internal(format!(
@@ -1001,7 +1028,14 @@ fn start_egress(
     })?;
     let log = EgressLog::new();
     let proxy = service
-        .start(prepared.id.as_str(), &policy.network, log.sink())
+        .start(
+            prepared.id.as_str(),
+            egress::EgressConfig {
+                network: policy.network.clone(),
+                secrets,
+            },
+            log.sink(),
+        )
         .map_err(|e| ApiError::internal(format!("egress proxy: {e}")))?;
     if let Err(e) = proxy.serve_listener(listener) {
         proxy.shutdown();

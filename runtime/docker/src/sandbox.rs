@@ -70,6 +70,11 @@ impl Dirs {
     pub fn checkpoints(&self) -> PathBuf {
         self.0.join("checkpoints")
     }
+    /// The sandbox's CA bundle for its inspected hosts, bound read-only at
+    /// `egress::EGRESS_MOUNT` (empty without inspected hosts).
+    pub fn egress(&self) -> PathBuf {
+        self.0.join("egress")
+    }
 }
 
 /// The workspace overlay of a sandbox as mounted on the host.

@@ -21,7 +21,7 @@ use crate::{Shared, http, socks};
 /// Serves one client until its connection ends.
 pub(crate) async fn serve<S>(shared: Arc<Shared>, id: u64, client: String, mut stream: S)
 where
-    S: AsyncRead + AsyncWrite + Socket + Unpin,
+    S: AsyncRead + AsyncWrite + Socket + Unpin + 'static,
 {
     let limits = &shared.limits;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
@@ -56,6 +56,7 @@ where
         host,
         port,
         head,
+        raw,
     } = request;
     let mut decision = Decision {
         id,
@@ -75,6 +76,12 @@ where
         reason: None,
         hint: None,
         end: None,
+        inspected: false,
+        request: None,
+    };
+    let name = match &host {
+        Ok(Host::Name(name)) => Some(name.clone()),
+        _ => None,
     };
     let upstream = match host {
         Ok(host) => open(&shared, &host, port, &mut decision).await,
@@ -83,8 +90,19 @@ where
             Err(Failure::Denied)
         }
     };
-    decision.time_ms = now_ms();
-    shared.emit(&decision);
+    // A host with secrets or request rules: its HTTP is read, request by request; its
+    // decision is told once the upstream's TLS is known.
+    let inspection = match (&upstream, &name, &shared.inspection) {
+        (Ok(_), Some(name), Some(inspection)) if inspection.covers(name, port) => {
+            Some(inspection.clone())
+        }
+        _ => None,
+    };
+    decision.inspected = inspection.is_some();
+    if inspection.is_none() {
+        decision.time_ms = now_ms();
+        shared.emit(&decision);
+    }
     let upstream = match upstream {
         Ok(upstream) => upstream,
         Err(failure) => {
@@ -105,6 +123,18 @@ where
         Protocol::Connect => b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec(),
         Protocol::Forward => Vec::new(),
     };
+    if let Some(inspection) = inspection {
+        if !reply.is_empty() && stream.write_all(&reply).await.is_err() {
+            decision.time_ms = now_ms();
+            shared.emit(&decision);
+            return;
+        }
+        // A forwarded request's own head goes first, as the client sent it.
+        let mut prefix = raw;
+        prefix.extend_from_slice(&buf);
+        crate::inspect::serve(shared, inspection, decision, stream, prefix, upstream).await;
+        return;
+    }
     let meter = Meter::new();
     let mut result = Ok(());
     if !reply.is_empty() {
@@ -158,6 +188,9 @@ struct Target {
     port: u16,
     /// For a forwarded request: the rewritten head to send first.
     head: Vec<u8>,
+    /// For a forwarded request: its head as the client sent it (what an inspected host's
+    /// connection parses itself).
+    raw: Vec<u8>,
 }
 
 /// Reads the request. `Ok(None)`: the client was answered (refused) or went away; `buf` keeps
@@ -196,13 +229,13 @@ where
         let parsed = http::parse_request(&buf[..buf.len().min(max)]);
         match parsed {
             Ok(Some((request, len))) => {
-                buf.drain(..len);
-                let (protocol, host, port, head) = match request {
+                let raw: Vec<u8> = buf.drain(..len).collect();
+                let (protocol, host, port, head, raw) = match request {
                     http::Request::Connect { host, port } => {
-                        (Protocol::Connect, host, port, Vec::new())
+                        (Protocol::Connect, host, port, Vec::new(), Vec::new())
                     }
                     http::Request::Forward { host, port, head } => {
-                        (Protocol::Forward, host, port, head)
+                        (Protocol::Forward, host, port, head, raw)
                     }
                 };
                 return Ok(Some(Target {
@@ -210,6 +243,7 @@ where
                     host: Host::parse(&host).map_err(|why| (host.clone(), why)),
                     port,
                     head,
+                    raw,
                 }));
             }
             Ok(None) if buf.len() >= max => {
@@ -269,6 +303,7 @@ where
                     },
                     port,
                     head: Vec::new(),
+                    raw: Vec::new(),
                 })),
                 socks::Request::Refuse { code, why } => {
                     tracing::debug!(%why, "egress socks request refused");

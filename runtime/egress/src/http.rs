@@ -147,7 +147,7 @@ fn split_authority(
 }
 
 /// Hop-by-hop and proxy headers, which are not sent on.
-fn is_hop_by_hop(name: &str) -> bool {
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
     const HOP: [&str; 9] = [
         "connection",
         "proxy-connection",

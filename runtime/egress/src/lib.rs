@@ -27,17 +27,21 @@
 //! the limits are documented in `docs/egress.md`.
 
 pub mod addr;
+pub mod audit;
 mod conn;
 pub mod event;
 #[doc(hidden)]
 pub mod fuzzing;
 mod http;
+mod inspect;
 mod meter;
 mod relay;
 pub mod rules;
+mod secrets;
 pub mod service;
 mod socks;
 mod splice;
+mod tls;
 
 use std::io;
 use std::net::SocketAddr;
@@ -54,6 +58,7 @@ use tokio_util::task::TaskTracker;
 pub use event::{ConnectionEnd, Decision, Outcome, Protocol, Subscriber};
 pub use rules::{Denial, Resolver, Rules, RulesHandle, SystemResolver, Verdict, decide};
 pub use service::ProxyService;
+pub use tls::TlsError;
 
 /// Bounds on what one client can make the proxy hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +122,9 @@ pub enum EgressError {
     /// The proxy was shut down.
     #[error("the egress proxy is shut down")]
     ShutDown,
+    /// The inspection of HTTPS (the sandbox's CA, the upstream's roots) could not be set up.
+    #[error("cannot inspect HTTPS: {0}")]
+    Inspection(String),
 }
 
 /// What every connection of a proxy shares.
@@ -129,6 +137,8 @@ pub(crate) struct Shared {
     pub(crate) cancel: CancellationToken,
     next_id: AtomicU64,
     active: AtomicUsize,
+    /// The hosts whose HTTP the proxy reads (secrets, request rules), and how.
+    pub(crate) inspection: Option<Arc<inspect::Inspection>>,
 }
 
 impl Shared {
@@ -160,6 +170,7 @@ pub struct ProxyBuilder {
     subscriber: Option<Subscriber>,
     tag: String,
     limits: Limits,
+    inspection: Option<Arc<inspect::Inspection>>,
 }
 
 impl ProxyBuilder {
@@ -187,8 +198,42 @@ impl ProxyBuilder {
         self
     }
 
+    /// Inspects the hosts of `config`'s secrets and request rules (`config.network`'s
+    /// `requests`): the proxy makes the sandbox's CA, presents the secrets and applies the rules
+    /// (docs/secrets.md). Upstreams are checked against the host's roots and `extra_ca` (PEM),
+    /// the supervisor's own addition for private or test CAs.
+    /// Fails when the sandbox's CA cannot be made or the host has no usable roots. Without
+    /// secrets or request rules in `config`, nothing is inspected.
+    pub fn inspect(
+        self,
+        config: taskbox_core::egress::EgressConfig,
+        extra_ca: Option<&[u8]>,
+    ) -> Result<Self, EgressError> {
+        if !config.inspects() {
+            return Ok(self);
+        }
+        let upstream =
+            tls::UpstreamTls::new(extra_ca).map_err(|e| EgressError::Inspection(e.to_string()))?;
+        self.inspect_with(config, &upstream)
+    }
+
+    /// [`ProxyBuilder::inspect`] with upstream roots loaded once for many proxies.
+    pub(crate) fn inspect_with(
+        mut self,
+        config: taskbox_core::egress::EgressConfig,
+        upstream: &tls::UpstreamTls,
+    ) -> Result<Self, EgressError> {
+        if config.inspects() {
+            let inspection = inspect::Inspection::new(&self.tag, config, upstream)
+                .map_err(EgressError::Inspection)?;
+            self.inspection = Some(Arc::new(inspection));
+        }
+        Ok(self)
+    }
+
     /// The proxy, not yet listening.
     pub fn build(self) -> Proxy {
+        let inspection = self.inspection;
         let max = self.limits.max_connections.max(1);
         Proxy {
             shared: Arc::new(Shared {
@@ -200,6 +245,7 @@ impl ProxyBuilder {
                 cancel: CancellationToken::new(),
                 next_id: AtomicU64::new(1),
                 active: AtomicUsize::new(0),
+                inspection,
             }),
             tracker: TaskTracker::new(),
             slots: Arc::new(Semaphore::new(max)),
@@ -226,7 +272,38 @@ impl Proxy {
             subscriber: None,
             tag: String::new(),
             limits: Limits::default(),
+            inspection: None,
         }
+    }
+
+    /// What the sandbox must see for its inspected hosts (its CA bundle, its secrets'
+    /// placeholders); `None` when nothing is inspected.
+    pub fn trust(&self) -> Option<taskbox_core::egress::SandboxTrust> {
+        self.shared.inspection.as_ref().map(|i| i.trust().clone())
+    }
+
+    /// Rotates (a new value) or revokes (`None`) one of the proxy's secrets, for every request
+    /// from now on (requests already sent keep what they had).
+    pub fn set_secret(
+        &self,
+        name: &str,
+        value: Option<taskbox_core::api::SecretValue>,
+    ) -> Result<taskbox_core::api::SecretStatus, taskbox_core::api::ApiError> {
+        match &self.shared.inspection {
+            Some(i) => i.set_secret(name, value),
+            None => Err(taskbox_core::api::ApiError::not_found(format!(
+                "this sandbox's policy has no secret {name:?}"
+            ))),
+        }
+    }
+
+    /// The state of every secret (never a value).
+    pub fn secrets(&self) -> Vec<taskbox_core::api::SecretStatus> {
+        self.shared
+            .inspection
+            .as_ref()
+            .map(|i| i.secret_statuses())
+            .unwrap_or_default()
     }
 
     /// The live rules; [`RulesHandle::replace`] changes them for every later request.

@@ -7,13 +7,17 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use taskbox_core::egress::{DecisionSink, EgressError, EgressProxy, EgressService};
+use taskbox_core::api::{ApiError, SecretStatus, SecretValue};
+use taskbox_core::egress::{
+    DecisionSink, EgressConfig, EgressError, EgressProxy, EgressService, SandboxTrust,
+};
 use taskbox_core::policy::Network;
 use tokio::runtime::{Handle, Runtime};
 
+use crate::tls::UpstreamTls;
 use crate::{Limits, Proxy, Resolver, Rules};
 
 /// How long [`EgressProxy::shutdown`] waits for the proxy's connections to end.
@@ -26,6 +30,10 @@ pub struct ProxyService {
     handle: Handle,
     resolver: Option<Arc<dyn Resolver>>,
     limits: Limits,
+    /// PEM certificates the proxy trusts for upstreams beside the host's roots.
+    extra_ca: Option<Vec<u8>>,
+    /// The roots upstreams of inspected hosts are checked against, loaded on first use.
+    upstream: OnceLock<Result<Arc<UpstreamTls>, String>>,
 }
 
 impl std::fmt::Debug for ProxyService {
@@ -50,7 +58,30 @@ impl ProxyService {
             runtime: Some(runtime),
             resolver: None,
             limits: Limits::default(),
+            extra_ca: None,
+            upstream: OnceLock::new(),
         })
+    }
+
+    /// Trusts the CA certificates of `pem` for the upstreams of inspected hosts, beside the
+    /// host's roots: the supervisor's setting for a private CA (or a test's), never the
+    /// sandbox's. Fails when `pem` holds no usable certificate.
+    pub fn upstream_ca(mut self, pem: Vec<u8>) -> Result<ProxyService, EgressError> {
+        UpstreamTls::new(Some(&pem)).map_err(|e| EgressError::Tls(e.to_string()))?;
+        self.extra_ca = Some(pem);
+        self.upstream = OnceLock::new();
+        Ok(self)
+    }
+
+    fn upstream_tls(&self) -> Result<Arc<UpstreamTls>, EgressError> {
+        self.upstream
+            .get_or_init(|| {
+                UpstreamTls::new(self.extra_ca.as_deref())
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(EgressError::Tls)
     }
 
     /// Resolves names with `resolver` instead of the host's (tests: a resolver that answers
@@ -80,15 +111,21 @@ impl EgressService for ProxyService {
     fn start(
         &self,
         tag: &str,
-        network: &Network,
+        config: EgressConfig,
         sink: DecisionSink,
     ) -> Result<Box<dyn EgressProxy>, EgressError> {
-        let mut builder = Proxy::builder(Rules::from_policy(network))
+        let mut builder = Proxy::builder(Rules::from_policy(&config.network))
             .tag(tag)
             .limits(self.limits.clone())
             .on_decision(move |decision| sink(decision));
         if let Some(resolver) = &self.resolver {
             builder = builder.resolver(resolver.clone());
+        }
+        if config.inspects() {
+            let upstream = self.upstream_tls()?;
+            builder = builder
+                .inspect_with(config, &upstream)
+                .map_err(|e| EgressError::Tls(e.to_string()))?;
         }
         Ok(Box::new(ServiceProxy {
             proxy: Arc::new(builder.build()),
@@ -121,6 +158,14 @@ impl EgressProxy for ServiceProxy {
 
     fn set_rules(&self, network: &Network) {
         self.proxy.rules().replace(Rules::from_policy(network));
+    }
+
+    fn trust(&self) -> Option<SandboxTrust> {
+        self.proxy.trust()
+    }
+
+    fn set_secret(&self, name: &str, value: Option<SecretValue>) -> Result<SecretStatus, ApiError> {
+        self.proxy.set_secret(name, value)
     }
 
     fn shutdown(&self) {

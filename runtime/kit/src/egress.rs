@@ -17,6 +17,12 @@
 //!    the proxy decided meanwhile becomes the exec's violations and its `network` activity;
 //! 5. replaces the rules of a live sandbox with [`EgressProxy::set_rules`].
 //!
+//! A policy with secrets or request rules ([`crate::policy::Policy::inspects`]) has its
+//! secrets' values resolved by the supervisor ([`resolve_secrets`]) and handed to the proxy in
+//! an [`EgressConfig`]; the proxy then gives the sandbox's trust ([`SandboxTrust`]: a CA bundle
+//! the backend puts at [`CA_BUNDLE`], and the secrets' placeholders), which [`trust_env`]
+//! advertises. `docs/secrets.md` has the whole story.
+//!
 //! [`Decision`] and its parts are the proxy's events, defined here so that backends and the
 //! trace can read them without linking the proxy.
 
@@ -29,9 +35,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{ApiError, NetworkRules};
-use crate::policy::Network;
-use crate::result::{NetworkActivity, NetworkConnection, Violation};
+use crate::api::{ApiError, NetworkRules, SecretStatus, SecretUpdate, SecretValue};
+use crate::policy::secrets::{CA_VARIABLES, SecretSource};
+use crate::policy::{Network, Policy, SecretSpec};
+use crate::result::{NetworkActivity, NetworkConnection, SecretUse, Violation};
 
 pub use crate::policy::PROXY_PORT;
 
@@ -120,6 +127,28 @@ pub struct Decision {
     pub hint: Option<String>,
     /// Set on the second event of an allowed connection.
     pub end: Option<ConnectionEnd>,
+    /// The connection's HTTP is inspected: its host carries secrets or request rules, and the
+    /// proxy reads (for HTTPS: decrypts) every request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inspected: bool,
+    /// Set on an event about one HTTP request of an inspected connection (same `id`): a
+    /// request refused by the request rules, or one that carried secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestEvent>,
+}
+
+/// One HTTP request on an inspected connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestEvent {
+    pub method: String,
+    /// The request's path, without its query (where a secret may be presented).
+    pub path: String,
+    /// The secrets the proxy presented on it, by name (never a value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// The upstream's status code, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
 }
 
 /// How an allowed connection ended.
@@ -146,9 +175,19 @@ impl Decision {
     }
 
     /// One line for the client and the model: "connect evil.example:443 denied: not in
-    /// allowlist; to allow it, add ...".
+    /// allowlist; to allow it, add ...", or for a request "request POST pkg.test:443/upload
+    /// denied: ...".
     pub fn message(&self) -> String {
-        let mut text = format!("connect {} {}", self.target(), self.outcome.as_str());
+        let mut text = match &self.request {
+            Some(r) => format!(
+                "request {} {}{} {}",
+                r.method,
+                self.target(),
+                r.path,
+                self.outcome.as_str()
+            ),
+            None => format!("connect {} {}", self.target(), self.outcome.as_str()),
+        };
         if let Some(reason) = &self.reason {
             text.push_str(": ");
             text.push_str(reason);
@@ -183,6 +222,214 @@ pub enum EgressError {
     /// The proxy could not serve a listener.
     #[error("the egress proxy cannot serve its listener: {0}")]
     Listen(String),
+    /// The sandbox's CA or the proxy's TLS could not be set up.
+    #[error("the egress proxy cannot inspect HTTPS: {0}")]
+    Tls(String),
+}
+
+/// One of a policy's secrets with its value, as the supervisor read it for one sandbox.
+#[derive(Debug, Clone)]
+pub struct ResolvedSecret {
+    pub name: String,
+    pub spec: SecretSpec,
+    pub value: SecretValue,
+}
+
+/// What a sandbox's proxy is started with: the policy's `[network]` (its rules, its request
+/// rules) and its secrets, resolved.
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    pub network: Network,
+    pub secrets: Vec<ResolvedSecret>,
+}
+
+impl EgressConfig {
+    /// A proxy with `network`'s rules and no secrets.
+    pub fn new(network: &Network) -> EgressConfig {
+        EgressConfig {
+            network: network.clone(),
+            secrets: Vec::new(),
+        }
+    }
+
+    /// Whether some hosts are inspected (secrets or request rules).
+    pub fn inspects(&self) -> bool {
+        !self.secrets.is_empty() || !self.network.requests.is_empty()
+    }
+}
+
+/// The largest secret file the supervisor reads.
+pub const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// Reads the values of `policy`'s secrets: from the supervisor's environment, from its files,
+/// or from `given` (a create request's `secrets`, for the ones that come `from_api`). An
+/// error names the secret's key and what is missing, never a value.
+pub fn resolve_secrets(
+    policy: &Policy,
+    given: &BTreeMap<String, SecretValue>,
+) -> Result<Vec<ResolvedSecret>, ApiError> {
+    for name in given.keys() {
+        match policy.secrets.get(name) {
+            Some(spec) if spec.from_api => {}
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "secrets.{name}: the policy does not take this secret from the API                      (from_api = true); leave it out of the create request's secrets"
+                )));
+            }
+            None => {
+                return Err(ApiError::invalid(format!(
+                    "secrets.{name}: the policy has no such secret (its secrets: {})",
+                    policy
+                        .secrets
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(policy.secrets.len());
+    for (name, spec) in &policy.secrets {
+        let key = format!("secrets.{name}");
+        let value = match spec.source() {
+            SecretSource::Env(var) => match std::env::var(var) {
+                Ok(v) => SecretValue::new(v),
+                Err(_) => {
+                    return Err(ApiError::invalid(format!(
+                        "{key}.from_env: {var} is not set (as UTF-8 text) in the supervisor's                          environment"
+                    )));
+                }
+            },
+            SecretSource::File(path) => read_secret_file(&key, Path::new(path))?,
+            SecretSource::Api => match given.get(name) {
+                Some(v) => v.clone(),
+                None => {
+                    return Err(ApiError::invalid(format!(
+                        "{key}: comes from the API (from_api = true), and the create request's                          secrets has no {name:?}"
+                    )));
+                }
+            },
+        };
+        check_value(&key, &value)?;
+        out.push(ResolvedSecret {
+            name: name.clone(),
+            spec: spec.clone(),
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// A value the proxy can put in a header: not empty, no line breaks or NUL, not too long.
+pub fn check_value(key: &str, value: &SecretValue) -> Result<(), ApiError> {
+    let v = value.expose();
+    if v.is_empty() {
+        return Err(ApiError::invalid(format!("{key}: the value is empty")));
+    }
+    if v.len() > MAX_SECRET_BYTES as usize {
+        return Err(ApiError::invalid(format!(
+            "{key}: the value is longer than {MAX_SECRET_BYTES} bytes"
+        )));
+    }
+    if v.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(ApiError::invalid(format!(
+            "{key}: the value holds a line break or NUL, which no request header may carry"
+        )));
+    }
+    Ok(())
+}
+
+/// A secret file's content, one trailing newline removed. The file is opened without following
+/// a symbolic link at its end, and must be a regular file of at most [`MAX_SECRET_BYTES`].
+fn read_secret_file(key: &str, path: &Path) -> Result<SecretValue, ApiError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |why: String| {
+        ApiError::invalid(format!(
+            "{key}.from_file: cannot read {}: {why}",
+            path.display()
+        ))
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| fail(e.to_string()))?;
+    let md = file.metadata().map_err(|e| fail(e.to_string()))?;
+    if !md.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    if md.len() > MAX_SECRET_BYTES {
+        return Err(fail(format!("larger than {MAX_SECRET_BYTES} bytes")));
+    }
+    let mut bytes = zeroize::Zeroizing::new(Vec::new());
+    file.take(MAX_SECRET_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(e.to_string()))?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|_| fail("not UTF-8 text".into()))?;
+    Ok(SecretValue::new(text))
+}
+
+/// Where a sandbox finds the CA bundle of its inspected hosts: the host's trusted roots and the
+/// sandbox's own CA, in a directory bound read-only at [`EGRESS_MOUNT`].
+pub const EGRESS_MOUNT: &str = "/tmp/.taskbox/egress";
+
+/// The CA bundle's path inside the sandbox.
+pub const CA_BUNDLE: &str = "/tmp/.taskbox/egress/ca.pem";
+
+/// The bundle's file name in the directory bound at [`EGRESS_MOUNT`].
+pub const CA_BUNDLE_FILE: &str = "ca.pem";
+
+/// What a sandbox with inspected hosts must see: the CA bundle to trust, and its secrets'
+/// placeholders. Nothing here is secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SandboxTrust {
+    /// PEM: the roots the host trusts, then the sandbox's own CA.
+    pub ca_bundle: Vec<u8>,
+    /// The sandbox's own CA alone (PEM).
+    pub ca_cert: String,
+    /// (variable, placeholder) of each secret.
+    pub placeholders: Vec<(String, String)>,
+}
+
+impl fmt::Debug for SandboxTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SandboxTrust")
+            .field("ca_bundle_bytes", &self.ca_bundle.len())
+            .field("placeholders", &self.placeholders)
+            .finish()
+    }
+}
+
+/// The variables that make common clients trust the sandbox's CA bundle ([`CA_BUNDLE`]), and
+/// hold its secrets' placeholders.
+pub fn trust_env(trust: &SandboxTrust) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = CA_VARIABLES
+        .iter()
+        .map(|name| ((*name).to_owned(), CA_BUNDLE.to_owned()))
+        .collect();
+    env.extend(trust.placeholders.iter().cloned());
+    env
+}
+
+/// Writes the CA bundle into `dir` (the host directory bound at [`EGRESS_MOUNT`]), readable
+/// by everyone: it holds certificates only.
+pub fn write_trust(dir: &Path, trust: &SandboxTrust) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let path = dir.join(CA_BUNDLE_FILE);
+    std::fs::write(&path, &trust.ca_bundle)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
 }
 
 /// Starts egress proxies. One serves a whole backend (or one one-shot run); its proxies share its
@@ -194,7 +441,7 @@ pub trait EgressService: Send + Sync + fmt::Debug {
     fn start(
         &self,
         tag: &str,
-        network: &Network,
+        config: EgressConfig,
         sink: DecisionSink,
     ) -> Result<Box<dyn EgressProxy>, EgressError>;
 }
@@ -210,6 +457,18 @@ pub trait EgressProxy: Send + Sync {
     /// Puts new rules (`network`'s `allow`, `deny` and `hosts`) in force for every later request;
     /// connections already open keep running.
     fn set_rules(&self, network: &Network);
+    /// For a proxy with inspected hosts: what the sandbox must see (its CA bundle, its secrets'
+    /// placeholders); `None` when nothing is inspected.
+    fn trust(&self) -> Option<SandboxTrust> {
+        None
+    }
+    /// Rotates (a new value) or revokes (`None`) secret `name` for every request from now on.
+    fn set_secret(&self, name: &str, value: Option<SecretValue>) -> Result<SecretStatus, ApiError> {
+        let _ = value;
+        Err(ApiError::not_found(format!(
+            "this sandbox's policy has no secret {name:?}"
+        )))
+    }
     /// Stops accepting, ends every connection (each allowed one reports its end) and waits for
     /// them, a few seconds at most.
     fn shutdown(&self);
@@ -249,6 +508,25 @@ impl SandboxEgress {
         let answer = NetworkRules::from(&network);
         *current = network;
         Ok(answer)
+    }
+
+    /// Rotates or revokes one of the sandbox's secrets.
+    pub fn set_secret(
+        &self,
+        sandbox: &str,
+        update: SecretUpdate,
+    ) -> Result<SecretStatus, ApiError> {
+        if let Some(value) = &update.value {
+            check_value(&format!("secrets.{}", update.name), value)?;
+        }
+        let action = if update.value.is_some() {
+            "rotated"
+        } else {
+            "revoked"
+        };
+        let status = self.proxy.set_secret(&update.name, update.value)?;
+        tracing::info!(%sandbox, secret = %update.name, "egress secret {action}");
+        Ok(status)
     }
 }
 
@@ -450,6 +728,37 @@ impl EgressLog {
 impl Window {
     fn record(&mut self, d: &Decision) {
         let a = &mut self.activity;
+        if let Some(r) = &d.request {
+            for name in &r.secrets {
+                match a
+                    .secrets
+                    .iter_mut()
+                    .find(|u| u.secret == *name && u.host == d.host && u.port == d.port)
+                {
+                    Some(u) => u.requests += 1,
+                    None => a.secrets.push(SecretUse {
+                        secret: name.clone(),
+                        host: d.host.clone(),
+                        port: d.port,
+                        requests: 1,
+                    }),
+                }
+            }
+            if d.outcome != Outcome::Denied {
+                return;
+            }
+            a.requests_denied += 1;
+            if a.connections.len() < MAX_LISTED_CONNECTIONS {
+                a.connections.push(NetworkConnection {
+                    request: Some(format!("{} {}", r.method, r.path)),
+                    ..connection_of(d)
+                });
+            } else {
+                a.omitted += 1;
+            }
+            self.push_violation(d);
+            return;
+        }
         if let Some(end) = &d.end {
             let Some(listed) = self.open.remove(&d.id) else {
                 // Allowed before this window opened: its bytes belong to an earlier exec.
@@ -471,20 +780,7 @@ impl Window {
             Outcome::Failed => a.failed += 1,
         }
         let listed = if a.connections.len() < MAX_LISTED_CONNECTIONS {
-            a.connections.push(NetworkConnection {
-                host: d.host.clone(),
-                port: d.port,
-                protocol: d.protocol.as_str().to_owned(),
-                outcome: d.outcome.as_str().to_owned(),
-                ip: d.ip.map(|ip| ip.to_string()),
-                rule: d.rule.clone(),
-                reason: d.reason.clone(),
-                hint: d.hint.clone(),
-                bytes_up: None,
-                bytes_down: None,
-                duration_ms: None,
-                error: None,
-            });
+            a.connections.push(connection_of(d));
             Some(a.connections.len() - 1)
         } else {
             a.omitted += 1;
@@ -493,6 +789,10 @@ impl Window {
         if d.outcome == Outcome::Allowed {
             self.open.insert(d.id, listed);
         }
+        self.push_violation(d);
+    }
+
+    fn push_violation(&mut self, d: &Decision) {
         if let Some(v) = d.violation()
             && !self.violations.contains(&v)
         {
@@ -502,6 +802,26 @@ impl Window {
                 self.more_denials += 1;
             }
         }
+    }
+}
+
+/// A decision as a listed connection (before it ends).
+fn connection_of(d: &Decision) -> NetworkConnection {
+    NetworkConnection {
+        host: d.host.clone(),
+        port: d.port,
+        protocol: d.protocol.as_str().to_owned(),
+        outcome: d.outcome.as_str().to_owned(),
+        ip: d.ip.map(|ip| ip.to_string()),
+        rule: d.rule.clone(),
+        reason: d.reason.clone(),
+        hint: d.hint.clone(),
+        bytes_up: None,
+        bytes_down: None,
+        duration_ms: None,
+        error: None,
+        inspected: d.inspected,
+        request: None,
     }
 }
 
@@ -526,6 +846,8 @@ mod tests {
             hint: (outcome == Outcome::Denied)
                 .then(|| format!("to allow it, add \"{host}:443\" to network.allow")),
             end: None,
+            inspected: false,
+            request: None,
         }
     }
 

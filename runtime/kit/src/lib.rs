@@ -198,6 +198,18 @@ impl<P: ProcState> Common<P> {
         }
     }
 
+    /// Rotates or revokes one of the sandbox's secrets (network mode "proxy" only).
+    pub fn set_secret(&self, update: SecretUpdate) -> Result<SecretStatus, ApiError> {
+        match &self.egress {
+            Some(egress) => egress.set_secret(self.id.as_str(), update),
+            None => Err(ApiError::Conflict(format!(
+                "sandbox {} has no egress proxy (network mode \"{}\"), so no secrets",
+                self.id,
+                self.policy.network.mode.as_str()
+            ))),
+        }
+    }
+
     /// The plan of an exec request in this sandbox.
     pub fn plan(&self, req: &ExecRequest) -> Result<ExecPlan, ApiError> {
         let base = &self.exec_base;
@@ -754,6 +766,10 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
 
     fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
         self.get(id)?.common().set_network(rules)
+    }
+
+    fn set_secret(&self, id: &SandboxId, update: SecretUpdate) -> Result<SecretStatus, ApiError> {
+        self.get(id)?.common().set_secret(update)
     }
 }
 

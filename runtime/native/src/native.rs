@@ -1009,9 +1009,30 @@ pub fn run_with(
     };
     let isolate_network = req.policy.network.mode != NetworkMode::Host;
     let mut egress = egress_service
-        .map(|service| EgressWiring::start(service, &format!("run-{id}"), &req.policy.network))
+        .map(|service| {
+            // A one-shot run has no create request: its secrets come from the environment or
+            // files of the process that runs it.
+            let secrets = egress::resolve_secrets(&req.policy, &Default::default())
+                .map_err(|e| e.to_string())?;
+            let config = egress::EgressConfig {
+                network: req.policy.network.clone(),
+                secrets,
+            };
+            EgressWiring::start(service, &format!("run-{id}"), config)
+        })
         .transpose()
         .map_err(NativeError::Egress)?;
+    let (mut mounts, mut env) = (mounts, env);
+    if let Some(trust) = egress.as_ref().and_then(|e| e.proxy.trust()) {
+        let dir = run_dir.dir.join("egress");
+        egress::write_trust(&dir, &trust).map_err(io_err("cannot write the sandbox's CA"))?;
+        mounts.extend(egress_mounts(dir));
+        for (k, v) in egress::trust_env(&trust) {
+            if !req.env.iter().any(|(ek, _)| *ek == k) {
+                set_var(&mut env, &k, &v);
+            }
+        }
+    }
     let config = InitConfig {
         argv: req.argv.clone(),
         cwd: cwd.clone(),
@@ -1655,6 +1676,22 @@ pub(crate) fn disk_templates(state_dir: &Path) -> PathBuf {
     state_dir.join("disk-templates")
 }
 
+/// The mounts that show a sandbox its CA bundle: `dir` (holding
+/// [`egress::CA_BUNDLE_FILE`]) read-only at [`egress::EGRESS_MOUNT`], under the private `/tmp`.
+pub(crate) fn egress_mounts(dir: PathBuf) -> [MountOp; 2] {
+    [
+        MountOp::Dir {
+            dst: egress::EGRESS_MOUNT.into(),
+            mode: 0o755,
+        },
+        MountOp::Bind {
+            src: dir,
+            dst: egress::EGRESS_MOUNT.into(),
+            readonly: true,
+        },
+    ]
+}
+
 /// A sandbox's egress proxy and the channel on which its pid 1 hands over the listener
 /// (`taskbox_protocol::config::EgressPlan`): started before the helper, connected once the helper
 /// has sent the listener.
@@ -1667,11 +1704,11 @@ pub(crate) struct EgressWiring {
 }
 
 impl EgressWiring {
-    /// Starts the proxy for sandbox `tag` with `network`'s rules.
+    /// Starts the proxy for sandbox `tag` with `config`'s rules and secrets.
     pub(crate) fn start(
         service: &dyn EgressService,
         tag: &str,
-        network: &crate::policy::Network,
+        config: egress::EgressConfig,
     ) -> Result<EgressWiring, String> {
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
@@ -1682,7 +1719,7 @@ impl EgressWiring {
         .map_err(|e| format!("socketpair: {e}"))?;
         let log = EgressLog::new();
         let proxy = service
-            .start(tag, network, log.sink())
+            .start(tag, config, log.sink())
             .map_err(|e| e.to_string())?;
         Ok(EgressWiring {
             proxy,

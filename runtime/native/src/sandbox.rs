@@ -30,7 +30,10 @@ use taskbox_protocol::control::{self, CONTROL_FD, Event, ExecIds, Request};
 
 use crate::api::*;
 use crate::cgroup::{Cgroup, CgroupLimits, OomCounter};
-use crate::egress::{CLOSE_GRACE, EgressService, ExecWindow, PROXY_PORT, SandboxEgress};
+use crate::egress::{
+    CLOSE_GRACE, EgressConfig, EgressService, ExecWindow, PROXY_PORT, SandboxEgress,
+    resolve_secrets, trust_env, write_trust,
+};
 use crate::exec_limits;
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageResolver;
@@ -712,14 +715,31 @@ impl Native {
             readonly: true,
         });
         let isolate_network = policy.network.mode != NetworkMode::Host;
-        let mut egress = egress_service
-            .map(|service| {
-                native::EgressWiring::start(service.as_ref(), id.as_str(), &policy.network)
-            })
-            .transpose()
-            .map_err(ApiError::internal)?;
+        let mut egress = match egress_service {
+            Some(service) => {
+                let config = EgressConfig {
+                    network: policy.network.clone(),
+                    secrets: resolve_secrets(&policy, &req.secrets)?,
+                };
+                let wiring = native::EgressWiring::start(service.as_ref(), id.as_str(), config)
+                    .map_err(ApiError::internal)?;
+                Some(wiring)
+            }
+            None => None,
+        };
         let mut base_env =
             native::compose_env(&policy, view.as_ref().map(|v| v.base_env()).as_deref(), &[]);
+        if let Some(trust) = egress.as_ref().and_then(|e| e.proxy.trust()) {
+            let dir = dirs.dir.join("egress");
+            write_trust(&dir, &trust).map_err(|e| {
+                ApiError::internal(format!("cannot write the sandbox's CA bundle: {e}"))
+            })?;
+            mounts.extend(native::egress_mounts(dir));
+            for (k, v) in trust_env(&trust) {
+                base_env.retain(|(ek, _)| *ek != k);
+                base_env.push((k, v));
+            }
+        }
         for (k, v) in &req.env {
             base_env.retain(|(ek, _)| ek != k);
             base_env.push((k.clone(), v.clone()));

@@ -31,6 +31,8 @@ use crate::commands::Commands;
 pub use crate::error::{POLICY_TEXT_MAX, PolicyError, ValidationError};
 use crate::netpattern::normalize_name;
 pub use crate::netpattern::{HostMatch, HostPattern};
+pub use crate::requests::{RequestPattern, RequestRules};
+pub use crate::secrets::SecretSpec;
 use crate::units::{GIB, MIB, de_duration, de_size, ser_duration, ser_size};
 pub use crate::units::{human_size, parse_size};
 
@@ -189,6 +191,11 @@ pub struct Policy {
     /// serialised form (and so of the hash) when it is the default: no rules.
     #[serde(skip_serializing_if = "Commands::is_default")]
     pub commands: Commands,
+    /// Credentials the egress proxy presents for the sandbox, by name (see [`crate::secrets`]
+    /// and `docs/secrets.md`); only where to find each value, never the value. Left out of the
+    /// serialised form (and so of the hash) when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, SecretSpec>,
 }
 
 impl Default for Policy {
@@ -202,6 +209,7 @@ impl Default for Policy {
             env: Env::default(),
             security: Security::default(),
             commands: Commands::default(),
+            secrets: BTreeMap::new(),
         }
     }
 }
@@ -299,6 +307,10 @@ pub struct Network {
         deserialize_with = "de_hosts"
     )]
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
+    /// Rules over the HTTP requests to some hosts, which the proxy then inspects (see
+    /// [`crate::requests`] and `docs/secrets.md`). Fixed when a sandbox is created.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<RequestRules>,
 }
 
 impl Default for Network {
@@ -308,6 +320,7 @@ impl Default for Network {
             allow: Vec::new(),
             deny: Vec::new(),
             hosts: BTreeMap::new(),
+            requests: Vec::new(),
         }
     }
 }
@@ -320,6 +333,7 @@ impl Network {
                 ("network.allow", self.allow.is_empty()),
                 ("network.deny", self.deny.is_empty()),
                 ("network.hosts", self.hosts.is_empty()),
+                ("network.requests", self.requests.is_empty()),
             ] {
                 if !empty {
                     return Err(ValidationError::new(
@@ -358,9 +372,40 @@ impl Network {
                 return Err(ValidationError::new(key, "lists no address"));
             }
         }
+        for (index, entry) in self.requests.iter().enumerate() {
+            let key = format!("network.requests[{index}]");
+            crate::secrets::check_inspected_hosts(
+                &format!("{key}.hosts"),
+                &entry.hosts,
+                "a request rule",
+            )?;
+            if entry.allow.is_empty() && entry.deny.is_empty() {
+                return Err(ValidationError::new(
+                    key,
+                    "has neither allow nor deny: say which requests it lets through or refuses",
+                ));
+            }
+            if let Some(reason) = &entry.deny_reason {
+                if reason.trim().is_empty() || reason.chars().any(char::is_control) {
+                    return Err(ValidationError::new(
+                        format!("{key}.deny_reason"),
+                        "must be one line of text",
+                    ));
+                }
+                if reason.len() > MAX_DENY_REASON {
+                    return Err(ValidationError::new(
+                        format!("{key}.deny_reason"),
+                        format!("is longer than {MAX_DENY_REASON} bytes"),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
+
+/// The longest `deny_reason` of a request rule: one line for a model to read.
+pub const MAX_DENY_REASON: usize = 500;
 
 impl Network {
     /// Rules for `mode = "proxy"` from pattern strings and a hosts map (an API request that
@@ -1016,7 +1061,124 @@ impl Policy {
         self.network.validate()?;
         self.limits.validate()?;
         self.env.validate()?;
-        self.commands.validate()
+        self.commands.validate()?;
+        self.validate_secrets()
+    }
+
+    fn validate_secrets(&self) -> Result<(), ValidationError> {
+        let mut placeholders: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, spec) in &self.secrets {
+            let key = format!("secrets.{name}");
+            if !crate::secrets::is_secret_name(name) {
+                return Err(ValidationError::new(
+                    key,
+                    "a secret's name uses only a-z, 0-9, '-' and '_' (64 at most), beginning \
+                     with a letter or digit",
+                ));
+            }
+            if self.network.mode != NetworkMode::Proxy {
+                return Err(ValidationError::new(
+                    key,
+                    format!(
+                        "secrets are presented by the egress proxy, and network.mode is \"{}\"; \
+                         set mode = \"proxy\"",
+                        self.network.mode.as_str()
+                    ),
+                ));
+            }
+            spec.validate(&key, &self.env.pass)?;
+            let var = spec.placeholder_var(name);
+            if let Some(other) = placeholders.insert(var.clone(), name) {
+                return Err(ValidationError::new(
+                    format!("{key}.placeholder_env"),
+                    format!("{var} already holds the placeholder of secrets.{other}"),
+                ));
+            }
+            if self.env.set.contains_key(&var) {
+                return Err(ValidationError::new(
+                    format!("{key}.placeholder_env"),
+                    format!("{var} is also set by env.set; the placeholder needs it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The secrets and request rules part of [`Policy::explain`].
+    fn explain_inspection(&self, line: &mut impl FnMut(String)) {
+        if !self.inspects() {
+            return;
+        }
+        let hosts = |patterns: &[HostPattern]| {
+            patterns
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        line(
+            "  - Inspected hosts (below): the proxy decrypts their HTTPS with a CA made for this \
+             sandbox alone (advertised by SSL_CERT_FILE and the like), checks the real server's \
+             certificate, and reads every request. Other hosts stay end-to-end encrypted tunnels."
+                .to_owned(),
+        );
+        for (name, spec) in &self.secrets {
+            let how = match spec.presentation() {
+                crate::secrets::Presentation::Header { name, template } => {
+                    format!("as header {name}: {template}")
+                }
+                crate::secrets::Presentation::Basic { user } => {
+                    format!("as basic authentication of user {user:?}")
+                }
+                crate::secrets::Presentation::Query { name } => {
+                    format!("as query parameter {name}")
+                }
+            };
+            let from = match spec.source() {
+                crate::secrets::SecretSource::Env(var) => {
+                    format!("the supervisor's variable {var}")
+                }
+                crate::secrets::SecretSource::File(path) => format!("the supervisor's file {path}"),
+                crate::secrets::SecretSource::Api => "the create request".to_owned(),
+            };
+            line(format!(
+                "  - Secret {name} (from {from}): presented to {} over HTTPS, {how}. The sandbox \
+                 sees only a placeholder in {}, never the value.",
+                hosts(&spec.hosts),
+                spec.placeholder_var(name)
+            ));
+        }
+        for (index, entry) in self.network.requests.iter().enumerate() {
+            let list = |patterns: &[RequestPattern]| {
+                patterns
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut text = format!("  - Requests to {}:", hosts(&entry.hosts));
+            if !entry.allow.is_empty() {
+                text.push_str(&format!(" only {}", list(&entry.allow)));
+            }
+            if !entry.deny.is_empty() {
+                if !entry.allow.is_empty() {
+                    text.push(';');
+                }
+                text.push_str(&format!(" never {}", list(&entry.deny)));
+            }
+            if let Some(reason) = &entry.deny_reason {
+                text.push_str(&format!(" (refusals say: {reason})"));
+            }
+            text.push_str(&format!(" [network.requests[{index}]]."));
+            line(text);
+        }
+    }
+
+    /// Whether the egress proxy inspects some hosts' HTTPS (secrets or request rules): then
+    /// the sandbox gets a CA of its own.
+    pub fn inspects(&self) -> bool {
+        self.network.mode == NetworkMode::Proxy
+            && (!self.secrets.is_empty() || !self.network.requests.is_empty())
     }
 
     /// SHA-256 (lowercase hex) of the policy's canonical JSON: fields in declaration order, maps
@@ -1141,7 +1303,10 @@ impl Policy {
                  be downloaded or sent out."
                     .to_owned(),
             ),
-            NetworkMode::Proxy => self.network.explain_proxy(&mut line),
+            NetworkMode::Proxy => {
+                self.network.explain_proxy(&mut line);
+                self.explain_inspection(&mut line);
+            }
             NetworkMode::Host => {
                 line(
                     "  - WARNING: the sandbox shares the host's network. Commands can reach the \
@@ -1945,7 +2110,7 @@ mod tests {
     fn unknown_network_key() {
         assert_error(
             "[network]\nmode = \"proxy\"\nallowed = []\n",
-            "x.toml: network.allowed: unknown key (expected one of mode, allow, deny, hosts)",
+            "x.toml: network.allowed: unknown key (expected one of mode, allow, deny, hosts, requests)",
         );
     }
 
@@ -2260,5 +2425,173 @@ mod tests {
             .to_string();
         assert!(e.contains("looks like a path"), "{e}");
         assert!(resolve_profile("default").is_ok());
+    }
+
+    const PROXY: &str = "[network]\nmode = \"proxy\"\nallow = [\"api.test\"]\n";
+
+    #[test]
+    fn secrets_and_request_rules_parse_explain_and_hash() {
+        let text = format!(
+            "{PROXY}[[network.requests]]\nhosts = [\"pkg.test\"]\nallow = [\"GET /simple/**\"]\n\
+             deny = [\"POST\"]\ndeny_reason = \"read-only index\"\n\n[secrets.gh]\n\
+             from_env = \"GH_SECRET\"\nhosts = [\"api.test\", \"*.api.test:443\"]\n\
+             header = \"Authorization\"\n\n[secrets.index]\nfrom_api = true\nhosts = [\"pkg.test\"]\n\
+             basic_user = \"ci\"\nplaceholder_env = \"INDEX_TOKEN\"\n"
+        );
+        let policy = parse(&text, "x.toml").unwrap();
+        assert!(policy.inspects());
+        assert_eq!(policy.secrets.len(), 2);
+        assert_eq!(
+            policy.secrets["gh"].placeholder_var("gh"),
+            "TASKBOX_SECRET_GH"
+        );
+        assert_eq!(policy.network.requests[0].deny[0].to_string(), "POST");
+        let explained = policy.explain();
+        assert!(explained.contains("Secret gh (from the supervisor's variable GH_SECRET): presented to api.test, *.api.test:443 over HTTPS, as header Authorization: Bearer {secret}"), "{explained}");
+        assert!(explained.contains("Requests to pkg.test: only GET /simple/**; never POST (refusals say: read-only index)"), "{explained}");
+        // The policy holds no value: what it serialises to parses back to the same policy.
+        let back = parse(&toml::to_string(&policy).unwrap(), "back.toml").unwrap();
+        assert_eq!(back, policy);
+        // Without secrets or rules, the hash is what it was before they existed.
+        let plain = parse(PROXY, "x.toml").unwrap();
+        assert!(!plain.inspects());
+        assert!(!serde_json::to_string(&plain).unwrap().contains("secrets"));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("requests"));
+    }
+
+    #[test]
+    fn bad_secrets_are_refused_naming_the_key() {
+        let secret = |body: &str| format!("{PROXY}[secrets.gh]\n{body}\n");
+        for (body, key_and_reason) in [
+            (
+                "from_env = \"T\"\nhosts = [\"*\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts[0]: \"*\" would mean every host",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"*:443\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts[0]: \"*:443\" would mean every host",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"10.0.0.0/8\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts[0]: \"10.0.0.0/8\" is an address pattern",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\", \"192.0.2.7:443\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts[1]: \"192.0.2.7:443\" is an address pattern",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"*.com\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts[0]: \"*.com\" covers a whole top-level domain",
+            ),
+            (
+                "from_env = \"T\"\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts: lists no host",
+            ),
+            (
+                "from_env = \"T\"\nhosts = []\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.hosts: lists no host",
+            ),
+            (
+                "hosts = [\"api.test\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh: give exactly one of from_env, from_file and from_api (it has 0)",
+            ),
+            (
+                "from_env = \"T\"\nfrom_api = true\nhosts = [\"api.test\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh: give exactly one of from_env, from_file and from_api (it has 2)",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\"]",
+                "x.toml: secrets.gh: give exactly one of header, basic_user and query (it has 0)",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"Host\"",
+                "x.toml: secrets.gh.header: \"Host\" is not a header a secret may be presented in",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"\nformat = \"token\"",
+                "x.toml: secrets.gh.format: must hold {secret} once",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\"]\nquery = \"key\"\nformat = \"{secret}\"",
+                "x.toml: secrets.gh.format: only applies with header",
+            ),
+            (
+                "from_file = \"keys/gh\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.from_file: \"keys/gh\" must be an absolute path",
+            ),
+            (
+                "from_env = \"HOME\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"",
+                "x.toml: secrets.gh.from_env: HOME is also passed into the sandbox by env.pass[1]",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"\nplaceholder_env = \"SSL_CERT_FILE\"",
+                "x.toml: secrets.gh.placeholder_env: SSL_CERT_FILE is set by taskbox",
+            ),
+            (
+                "from_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"\nvalue = \"x\"",
+                "x.toml: secrets.gh.value: unknown key",
+            ),
+        ] {
+            assert_error(&secret(body), key_and_reason);
+        }
+        assert_error(
+            "[secrets.gh]\nfrom_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"\n",
+            "x.toml: secrets.gh: secrets are presented by the egress proxy, and network.mode is \"none\"",
+        );
+        assert_error(
+            &format!(
+                "{PROXY}[secrets.GH]\nfrom_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"\n"
+            ),
+            "x.toml: secrets.GH: a secret's name uses only",
+        );
+        assert_error(
+            &format!(
+                "{PROXY}[secrets.a]\nfrom_env = \"T\"\nhosts = [\"api.test\"]\nheader = \"X-Key\"\n\
+                 placeholder_env = \"K\"\n[secrets.b]\nfrom_env = \"U\"\nhosts = [\"api.test\"]\n\
+                 header = \"X-Key\"\nplaceholder_env = \"K\"\n"
+            ),
+            "x.toml: secrets.b.placeholder_env: K already holds the placeholder of secrets.a",
+        );
+    }
+
+    #[test]
+    fn bad_request_rules_are_refused_naming_the_key() {
+        let rules = |body: &str| format!("{PROXY}[[network.requests]]\n{body}\n");
+        for (body, key_and_reason) in [
+            (
+                "hosts = [\"*\"]\nallow = [\"GET\"]",
+                "x.toml: network.requests[0].hosts[0]: \"*\" would mean every host",
+            ),
+            (
+                "hosts = [\"10.0.0.0/8\"]\nallow = [\"GET\"]",
+                "x.toml: network.requests[0].hosts[0]: \"10.0.0.0/8\" is an address pattern",
+            ),
+            (
+                "allow = [\"GET\"]",
+                "x.toml: network.requests[0].hosts: lists no host",
+            ),
+            (
+                "hosts = [\"pkg.test\"]",
+                "x.toml: network.requests[0]: has neither allow nor deny",
+            ),
+            (
+                "hosts = [\"pkg.test\"]\nallow = [\"GET /ok\", \"get /x\"]",
+                "x.toml: network.requests[0].allow[1]: invalid request pattern \"get /x\": write the method in uppercase: GET",
+            ),
+            (
+                "hosts = [\"pkg.test\"]\ndeny = [\"POST\"]\ndeny_reason = \"\"",
+                "x.toml: network.requests[0].deny_reason: must be one line of text",
+            ),
+            (
+                "hosts = [\"pkg.test\"]\ndeny = [\"POST\"]\nreason = \"x\"",
+                "x.toml: network.requests[0].reason: unknown key",
+            ),
+        ] {
+            assert_error(&rules(body), key_and_reason);
+        }
+        assert_error(
+            "[[network.requests]]\nhosts = [\"pkg.test\"]\ndeny = [\"POST\"]\n",
+            "x.toml: network.requests: only applies with mode = \"proxy\"",
+        );
     }
 }

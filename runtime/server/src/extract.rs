@@ -105,6 +105,26 @@ impl FromRequestParts<AppState> for Owned {
     }
 }
 
+/// The `{name}` of a secret's path (400 unless a valid secret name).
+#[derive(Debug, Clone)]
+pub struct SecretPath(pub String);
+
+impl FromRequestParts<AppState> for SecretPath {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, HttpError> {
+        let params = raw_params(parts, state).await?;
+        let raw = path_param(&params, "name")?;
+        if !taskbox_core::policy::secrets::is_secret_name(&raw) {
+            return Err(ApiError::invalid(format!(
+                "invalid secret name {raw:?}: names use only a-z, 0-9, '-' and '_'"
+            ))
+            .into());
+        }
+        Ok(SecretPath(raw))
+    }
+}
+
 /// The `{approval}` of the path (400 unless a valid approval id).
 #[derive(Debug, Clone)]
 pub struct ApprovalPath(pub ApprovalId);

@@ -12,14 +12,15 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use taskbox_core::api::{
     ApiError, Approval, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, ExportRequest,
-    PolicySources, SandboxApi, SandboxId, SandboxInfo, WORKSPACE_DIGEST_LABEL, excerpt,
+    PolicySources, SandboxApi, SandboxId, SandboxInfo, SecretRotation, SecretStatus, SecretUpdate,
+    SecretValue, WORKSPACE_DIGEST_LABEL, excerpt,
 };
 use tokio::sync::mpsc;
 
 use crate::auth::{RESERVED_LABEL_PREFIX, TENANT_LABEL, Tenant};
 use crate::caller::Caller;
 use crate::error::HttpError;
-use crate::extract::{ApiJson, ApiQuery, ApprovalPath, ExecId, Owned};
+use crate::extract::{ApiJson, ApiQuery, ApprovalPath, ExecId, Owned, SecretPath};
 use crate::idempotency::{Answer, Fingerprint, KeyHeader};
 use crate::state::{AppState, now_ms};
 use crate::types::{
@@ -515,6 +516,39 @@ pub async fn approve(
     let answered = blocking(move || backend.approve(&id, &approval)).await?;
     tracing::info!(sandbox = %o.id, tenant = %o.tenant, approval = %answered.id, "approved");
     Ok(Json(answered))
+}
+
+/// `PUT /v1/sandboxes/{id}/secrets/{name}`: a new value for every request from now on.
+pub async fn rotate_secret(
+    State(state): State<AppState>,
+    o: Owned,
+    SecretPath(name): SecretPath,
+    ApiJson(req): ApiJson<SecretRotation>,
+) -> Result<Json<SecretStatus>, HttpError> {
+    set_secret(state, o, name, Some(req.value)).await
+}
+
+/// `DELETE /v1/sandboxes/{id}/secrets/{name}`: requests go out without it from now on.
+pub async fn revoke_secret(
+    State(state): State<AppState>,
+    o: Owned,
+    SecretPath(name): SecretPath,
+) -> Result<Json<SecretStatus>, HttpError> {
+    set_secret(state, o, name, None).await
+}
+
+async fn set_secret(
+    state: AppState,
+    o: Owned,
+    name: String,
+    value: Option<SecretValue>,
+) -> Result<Json<SecretStatus>, HttpError> {
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    let update = SecretUpdate { name, value };
+    let status = blocking(move || backend.set_secret(&id, update)).await?;
+    tracing::info!(sandbox = %o.id, tenant = %o.tenant, secret = %status.name, state = %status.state, "secret changed");
+    Ok(Json(status))
 }
 
 pub async fn deny(

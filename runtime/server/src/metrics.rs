@@ -56,6 +56,13 @@ struct OperationLabel {
     operation: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SecretUseLabels {
+    sandbox: String,
+    secret: String,
+    host: String,
+}
+
 /// The server's counters, and the registry that writes them out.
 #[derive(Debug)]
 pub struct Metrics {
@@ -73,6 +80,7 @@ pub struct Metrics {
     connections_accepted: Counter,
     connections_refused: Family<ReasonLabel, Counter>,
     connections_timed_out: Family<ReasonLabel, Counter>,
+    secret_uses: Family<SecretUseLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -90,6 +98,7 @@ impl Default for Metrics {
             connections_accepted: Counter::default(),
             connections_refused: Family::default(),
             connections_timed_out: Family::default(),
+            secret_uses: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -141,6 +150,12 @@ impl Default for Metrics {
                 "taskbox_errors",
                 "Error answers by error code",
                 m.errors.clone(),
+            );
+            r.register(
+                "taskbox_egress_secret_uses",
+                "Requests on which the egress proxy presented a secret, by sandbox, secret name \
+                 and host (never the value)",
+                m.secret_uses.clone(),
             );
             r.register(
                 "taskbox_idempotent_replays",
@@ -239,6 +254,19 @@ impl Metrics {
                     tenant: tenant.clone(),
                 })
                 .set(gauge_value(*n));
+        }
+        // The proxies count every use of a secret as it happens (taskbox_egress::audit); the
+        // counters catch up with them here.
+        for u in taskbox_egress::audit::secret_uses() {
+            let counter = self.secret_uses.get_or_create(&SecretUseLabels {
+                sandbox: u.sandbox,
+                secret: u.secret,
+                host: u.host,
+            });
+            let seen = counter.get();
+            if u.uses > seen {
+                counter.inc_by(u.uses - seen);
+            }
         }
         // Writing to a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &registry);

@@ -13,7 +13,7 @@ use taskbox_core::api::{
     EditRequest, EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult,
     ListRequest, ListResult, MoveRequest, NetworkRules, PatchRequest, PatchResult, PathRequest,
     ProcessInfo, ReadRequest, ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult,
-    StatResult, WriteRequest, WriteResult,
+    SecretRotation, SecretStatus, StatResult, WriteRequest, WriteResult,
 };
 use tracing::Instrument;
 
@@ -335,6 +335,28 @@ fn table() -> Vec<Route> {
             |State(st): State<AppState>, o: Owned, ApiJson(req): ApiJson<NetworkRules>| {
                 fs_json(st, o, req, StatusCode::OK, |b, id, r| b.set_network(id, r))
             },
+        ),
+        route(
+            RouteSpec::new(
+                Put,
+                "/v1/sandboxes/{id}/secrets/{name}",
+                "rotate_secret",
+                "give one of the sandbox's secrets a new value, for every request from now on \
+                 (the value never appears in an answer, a log or the trace)",
+            )
+            .takes(schema::<SecretRotation>)
+            .answers(200, Body::Json(schema::<SecretStatus>)),
+            handlers::rotate_secret,
+        ),
+        route(
+            RouteSpec::new(
+                Delete,
+                "/v1/sandboxes/{id}/secrets/{name}",
+                "revoke_secret",
+                "revoke one of the sandbox's secrets: requests go out without it from now on",
+            )
+            .answers(200, Body::Json(schema::<SecretStatus>)),
+            handlers::revoke_secret,
         ),
         fs_route!("read", "read", "read a file", ReadRequest => ReadResult, 200, |b, id, r| b.read(id, r)),
         fs_route!("write", "write", "write a file atomically", WriteRequest => WriteResult, 200, |b, id, r| b.write(id, r)),

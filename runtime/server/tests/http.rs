@@ -26,6 +26,7 @@ fn concrete(path: &str, id: &str) -> String {
     path.replace("{id}", id)
         .replace("{exec_id}", "1")
         .replace("{approval}", "ap-0000000000000001")
+        .replace("{name}", "gh")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,6 +160,7 @@ async fn every_route_of_the_table_is_served() {
             "remove" => json!({"path": "g"}),
             "move" => json!({"from": "f", "to": "h"}),
             "create_checkpoint" | "restore" => json!({"name": "c1"}),
+            "rotate_secret" => json!({"value": "v"}),
             _ => json!({}),
         };
         if spec.operation_id == "destroy_sandbox" {
@@ -202,6 +204,8 @@ async fn every_route_of_the_table_is_served() {
             "edit" => 422,
             // Nothing waits for approval in the fake backend.
             "approve" | "deny" => 404,
+            // The fake backend has no egress proxy, so no secrets.
+            "rotate_secret" | "revoke_secret" => 400,
             _ => spec.status,
         };
         assert_eq!(

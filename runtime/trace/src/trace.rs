@@ -85,6 +85,9 @@
 //! - Command policy ([`crate::approvals`]): a refused exec is recorded as an exec whose result
 //!   carries the `command` violation; `approve` and `deny` are recorded as operations (the
 //!   approval and its answer); listing pending approvals is not.
+//! - Secrets (`docs/secrets.md`): a create request's `secrets` are recorded by name with their
+//!   values redacted; a rotation (op `"secret"`) is recorded as its name and action, never the
+//!   value; each exec's `network.secrets` counts the requests that carried each secret, by name.
 //! - Egress (network mode "proxy"): each exec's result carries `network`, the proxy's decisions
 //!   while it ran (counts, bytes, the connections one by one), and its denials as violations; a
 //!   change of a live sandbox's rules is an op `"network"` whose request is the new rules. Both
@@ -899,6 +902,18 @@ fn cap_string(s: &mut String) {
     let _ = write!(s, "\n[taskbox trace: {left_out} more bytes not recorded]");
 }
 
+/// A create request as recorded: the values of its `secrets` replaced by [`REDACTED`] (their
+/// names stay, saying which secrets came with the request).
+fn create_request_json(req: &CreateRequest) -> Value {
+    let mut v = to_json(req);
+    if let Some(Value::Object(secrets)) = v.get_mut("secrets") {
+        for value in secrets.values_mut() {
+            *value = Value::String(REDACTED.to_owned());
+        }
+    }
+    v
+}
+
 /// The header of sandbox `info`, from the create request when there was one.
 fn header_for(info: &SandboxInfo, req: Option<&CreateRequest>) -> TraceHeader {
     TraceHeader {
@@ -1006,7 +1021,7 @@ fn git(ws: &Path, args: &[&str]) -> Option<String> {
 impl<B: SandboxApi> OpHandler for Traced<B> {
     fn handle_create(&self, mut req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         req.resolve_policy(PolicySources::Local)?;
-        let call = Call::start(OpName::Create, to_json(&req));
+        let call = Call::start(OpName::Create, create_request_json(&req));
         let info = self.inner.create(req.clone())?;
         let duration_ms = call.elapsed_ms();
         let header = header_for(&info, Some(&req));
@@ -1469,6 +1484,22 @@ pub fn render_text(trace: &Trace) -> String {
                     n("bytes_up"),
                     n("bytes_down")
                 );
+                for u in net
+                    .get("secrets")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let t = |k: &str| u.get(k).and_then(Value::as_str).unwrap_or("?");
+                    let _ = writeln!(
+                        out,
+                        "        secret {} presented to {}:{} in {} requests",
+                        t("secret"),
+                        t("host"),
+                        u.get("port").and_then(Value::as_u64).unwrap_or(0),
+                        u.get("requests").and_then(Value::as_u64).unwrap_or(0)
+                    );
+                }
             }
         }
     }
@@ -1566,6 +1597,7 @@ pub(crate) fn op_detail(op: &TraceOp) -> String {
             };
             format!("allow [{}] deny [{}]", list("allow"), list("deny"))
         }
+        Some(OpName::SetSecret) => format!("{} {}", s("action"), s("name")),
         Some(OpName::Export) => {
             let apply = r.get("apply").and_then(Value::as_bool) == Some(true);
             format!("{}{}", s("format"), if apply { " --apply" } else { "" })
@@ -1604,6 +1636,23 @@ fn one_line(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_create_request_is_recorded_without_its_secret_values() {
+        let req = CreateRequest {
+            workspace: "/w".into(),
+            secrets: [("gh".to_owned(), SecretValue::new("hunter2-secret-value"))]
+                .into_iter()
+                .collect(),
+            ..CreateRequest::default()
+        };
+        let v = create_request_json(&req);
+        assert_eq!(v["secrets"], json!({"gh": REDACTED}));
+        assert!(!v.to_string().contains("hunter2"));
+        // Without secrets the request is recorded as before (no key).
+        let v = create_request_json(&CreateRequest::default());
+        assert!(v.get("secrets").is_none(), "{v}");
+    }
 
     #[test]
     fn token_shapes_compile() {

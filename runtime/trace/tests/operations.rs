@@ -19,7 +19,7 @@ use common::{Scripted, session};
 
 /// The names traces have always recorded, in [`OpName::ALL`]'s order (`info` and `approvals`
 /// are never recorded; they are named for logs).
-const NAMES: [&str; 27] = [
+const NAMES: [&str; 28] = [
     "create",
     "info",
     "exec",
@@ -47,6 +47,7 @@ const NAMES: [&str; 27] = [
     "approve",
     "deny",
     "network",
+    "secret",
 ];
 
 #[test]
@@ -155,6 +156,11 @@ fn every_op() -> Vec<Op<'static>> {
             reason: Cow::Borrowed("no"),
         },
         Op::SetNetwork(NetworkRules::default()),
+        // A revocation: a rotation carries a value, which no record holds (below).
+        Op::SetSecret(SecretUpdate {
+            name: "gh".into(),
+            value: None,
+        }),
         Op::Destroy,
     ]
 }
@@ -200,6 +206,7 @@ fn typed(api: &dyn SandboxApi, id: &SandboxId, op: Op<'_>) -> Value {
         Op::Approve { approval } => seen(api.approve(id, &approval)),
         Op::Deny { approval, reason } => seen(api.deny(id, &approval, &reason)),
         Op::SetNetwork(r) => seen(api.set_network(id, r)),
+        Op::SetSecret(u) => seen(api.set_secret(id, u)),
     }
 }
 
@@ -234,6 +241,16 @@ fn every_op_is_listed_once_and_its_request_reads_back() {
         assert_eq!(back.name(), op.name());
         assert_eq!(back.request(), rq, "{op:?}");
     }
+    // A rotation is recorded without its value, and so is not made again from its record.
+    let rotation = Op::SetSecret(SecretUpdate {
+        name: "gh".into(),
+        value: Some(SecretValue::new("hunter2-value")),
+    });
+    let rq = rotation.request();
+    assert_eq!(rq, json!({"name": "gh", "action": "rotate"}));
+    assert!(!format!("{rotation:?}").contains("hunter2"));
+    let e = Op::from_request(OpName::SetSecret, &rq).unwrap_err();
+    assert!(e.to_string().contains("does not hold"), "{e}");
     let e = Op::from_request(OpName::Create, &json!({})).unwrap_err();
     assert_eq!(e.to_string(), "create is not an operation on a sandbox");
     let e = Op::from_request(OpName::Kill, &json!({"exec_id": 1})).unwrap_err();
@@ -272,6 +289,7 @@ fn what_changes_a_sandbox_is_what_the_trace_writes_ahead() {
             "restore",
             "approve",
             "network",
+            "secret",
             "destroy"
         ]
     );
@@ -338,8 +356,15 @@ impl<B: SandboxApi> OpHandler for Counting<B> {
 }
 
 /// An upload and a download (which the scripted backend refuses, as a backend without
-/// streaming does): the pinned session leaves them out.
+/// streaming does), and a secret's revocation (which it refuses too, having no proxy): the
+/// pinned session leaves them out.
 fn streamed(api: &dyn SandboxApi, id: &SandboxId) {
+    let revoke = SecretUpdate {
+        name: "gh".into(),
+        value: None,
+    };
+    let e = api.set_secret(id, revoke).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
     let up = UploadRequest {
         path: "up.bin".into(),
         ..UploadRequest::default()

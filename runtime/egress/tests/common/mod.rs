@@ -130,7 +130,7 @@ async fn serve_file(mut stream: TcpStream, root: Option<&Path>) -> io::Result<()
 
 /// Every decision a proxy emitted.
 #[derive(Clone, Default)]
-pub struct Events(Arc<Mutex<Vec<Decision>>>);
+pub struct Events(pub Arc<Mutex<Vec<Decision>>>);
 
 impl Events {
     pub fn all(&self) -> Vec<Decision> {

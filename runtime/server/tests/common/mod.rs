@@ -420,6 +420,8 @@ impl OpHandler for FakeBackend {
                 rules.to_network()?;
                 Answer::Network(rules)
             }
+            // No egress proxy: no secrets.
+            Op::SetSecret(_) => return Err(no_secrets(id)),
             // No command policy: nothing waits for approval.
             Op::ListApprovals { .. } => Answer::Approvals(Vec::new()),
             Op::Approve { approval } | Op::Deny { approval, .. } => {
