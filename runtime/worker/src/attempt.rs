@@ -161,17 +161,15 @@ pub async fn run(
     if let Some(d) = deadline {
         d.abort();
     }
-    // Blocking calls (unmounts, a directory tree) off the runtime's threads.
-    let (api, task, ws) = (
-        worker.api.clone(),
-        id.clone(),
-        worker.workspace_dir(&id, attempt),
-    );
-    let _ = tokio::task::spawn_blocking(move || {
-        destroy_sandboxes(api.as_ref(), &task);
-        let _ = std::fs::remove_dir_all(ws);
-    })
-    .await;
+    // The attempt's sandboxes, known now: a later attempt of the same task on this worker makes
+    // its own, which the cleanup below must not touch.
+    let sandboxes: Vec<_> = worker
+        .api
+        .list()
+        .into_iter()
+        .filter(|i| i.labels.get("agent.task").map(String::as_str) == Some(id.as_str()))
+        .map(|i| i.id)
+        .collect();
     worker.metrics.stopped();
     match ending {
         Ending::Ended {
@@ -200,6 +198,17 @@ pub async fn run(
             tracing::warn!(task = %id, attempt, "the claim was lost; this attempt's result is dropped");
         }
     }
+    // Unmounts and a directory tree, after the ack and beside the next task (at most one
+    // cleanup per slot; shutdown waits for them).
+    let (api, ws) = (worker.api.clone(), worker.workspace_dir(&id, attempt));
+    let slot = worker.cleanups.clone().acquire_owned().await;
+    tokio::task::spawn_blocking(move || {
+        for sb in sandboxes {
+            let _ = api.destroy(&sb);
+        }
+        let _ = std::fs::remove_dir_all(ws);
+        drop(slot);
+    });
 }
 
 async fn ack(msg: &Message, kind: AckKind) {

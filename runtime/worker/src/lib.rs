@@ -111,6 +111,8 @@ pub struct Worker {
     metrics: Arc<Metrics>,
     /// Set at shutdown: running attempts stop at their next step and hand their task back.
     draining: Arc<AtomicBool>,
+    /// Ended attempts' cleanups in flight (one per slot).
+    cleanups: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -141,7 +143,9 @@ impl Worker {
             },
         )
         .await?;
+        let slots = cfg.concurrency.max(1);
         Ok(Arc::new(Worker {
+            cleanups: Arc::new(tokio::sync::Semaphore::new(slots)),
             cfg,
             api,
             queue,
@@ -209,6 +213,11 @@ impl Worker {
         self.draining.store(true, Ordering::SeqCst);
         stop.store(true, Ordering::SeqCst);
         while running.join_next().await.is_some() {}
+        // The ended attempts' cleanups too.
+        let _ = self
+            .cleanups
+            .acquire_many(self.cfg.concurrency.max(1) as u32)
+            .await;
         background.abort();
         Ok(())
     }
