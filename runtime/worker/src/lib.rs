@@ -295,17 +295,28 @@ impl Worker {
 async fn fetch_one(
     consumer: &async_nats::jetstream::consumer::PullConsumer,
 ) -> Result<Option<async_nats::jetstream::Message>, String> {
-    let mut batch = consumer
-        .batch()
-        .max_messages(1)
-        .expires(Duration::from_secs(1))
-        .messages()
-        .await
-        .map_err(|e| e.to_string())?;
-    match batch.next().await {
-        Some(Ok(m)) => Ok(Some(m)),
-        Some(Err(e)) => Err(e.to_string()),
-        None => Ok(None),
+    let pull = async {
+        let mut batch = consumer
+            .batch()
+            .max_messages(1)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .map_err(|e| e.to_string())?;
+        match batch.next().await {
+            Some(Ok(m)) => Ok(Some(m)),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Ok(None),
+        }
+    };
+    // A pull whose answer never comes (a request lost while a cluster forms or a server goes)
+    // must not stop the worker: after the expiry and a margin, pull again.
+    match tokio::time::timeout(Duration::from_secs(5), pull).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::debug!("a pull went unanswered; pulling again");
+            Ok(None)
+        }
     }
 }
 
