@@ -45,6 +45,11 @@ pub struct WorkerArgs {
     /// turn (set by the first worker, when it makes the queue's consumer).
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::parse_duration)]
     claim_timeout: Duration,
+    /// Where the tasks' workspaces are checked out (default: $TMPDIR, else /var/tmp, in
+    /// taskbox-worker-NAME); outside the state directory, which no sandbox may have as its
+    /// workspace.
+    #[arg(long, value_name = "DIR")]
+    workspaces: Option<std::path::PathBuf>,
     /// Do not fire schedules from this worker (another worker does; each window is fired once
     /// whoever sees it).
     #[arg(long)]
@@ -74,6 +79,26 @@ pub fn run(args: WorkerArgs, conn: &Conn) -> Result<u8> {
     let dir = state_dir.join("worker").join(&name);
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the worker's directory {}", dir.display()))?;
+    let workspaces = args.workspaces.clone().unwrap_or_else(|| {
+        std::env::var_os("TMPDIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from("/var/tmp"))
+            .join(format!("taskbox-worker-{name}"))
+    });
+    std::fs::create_dir_all(&workspaces).with_context(|| {
+        format!(
+            "cannot create the workspaces' directory {}",
+            workspaces.display()
+        )
+    })?;
+    let workspaces = std::fs::canonicalize(&workspaces)?;
+    if workspaces.starts_with(std::fs::canonicalize(&state_dir)?) {
+        bail!(
+            "--workspaces {} is inside the state directory {}; choose a directory apart from it",
+            workspaces.display(),
+            state_dir.display()
+        );
+    }
     let egress = crate::egress_service(2)?;
     let native = RuntimeBuilder::new()
         .native(dir.join("sandboxes"))
@@ -107,7 +132,7 @@ pub fn run(args: WorkerArgs, conn: &Conn) -> Result<u8> {
         claim_timeout: args.claim_timeout,
         replicas: args.replicas,
         schedules: !args.no_schedules,
-        ..WorkerConfig::new(args.nats.url(), name.clone(), dir)
+        ..WorkerConfig::new(args.nats.url(), name.clone(), dir, workspaces)
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

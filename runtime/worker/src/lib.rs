@@ -69,8 +69,11 @@ pub struct WorkerConfig {
     pub nats: String,
     /// The worker's name in task records (unique among the workers).
     pub name: String,
-    /// The worker's own directory: task directories and workspaces.
+    /// The worker's own directory: task directories (the agent's state, trace and report).
     pub dir: PathBuf,
+    /// Where the tasks' workspaces are checked out: outside the state directory, which no
+    /// sandbox may have as its workspace.
+    pub workspaces: PathBuf,
     /// Tasks run at once.
     pub concurrency: usize,
     /// A worker silent this long loses its task to another (the consumer's ack wait; the first
@@ -87,11 +90,17 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    pub fn new(nats: impl Into<String>, name: impl Into<String>, dir: PathBuf) -> WorkerConfig {
+    pub fn new(
+        nats: impl Into<String>,
+        name: impl Into<String>,
+        dir: PathBuf,
+        workspaces: PathBuf,
+    ) -> WorkerConfig {
         WorkerConfig {
             nats: nats.into(),
             name: name.into(),
             dir,
+            workspaces,
             concurrency: 1,
             claim_timeout: Duration::from_secs(30),
             replicas: 1,
@@ -159,10 +168,7 @@ impl Worker {
     }
 
     fn workspace_dir(&self, id: &str, attempt: u32) -> PathBuf {
-        self.cfg
-            .dir
-            .join("workspaces")
-            .join(format!("{id}-a{attempt}"))
+        self.cfg.workspaces.join(format!("{id}-a{attempt}"))
     }
 
     /// Takes and runs tasks until `shutdown` resolves; then takes no more, stops the running

@@ -208,8 +208,7 @@ async fn thirty_tasks_on_three_workers_and_a_three_node_cluster_complete_once_ea
         );
     }
     for w in &f.workers {
-        let ws = w.state.join("worker").join(&w.name).join("workspaces");
-        let left: Vec<_> = std::fs::read_dir(&ws)
+        let left: Vec<_> = std::fs::read_dir(&w.workspaces)
             .map(|d| d.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
         assert!(left.is_empty(), "{}: {left:?}", w.name);

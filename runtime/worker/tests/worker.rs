@@ -355,6 +355,7 @@ async fn bad_input_ends_in_a_clear_state_and_the_worker_goes_on() {
     let t = end(evil).await;
     assert_eq!(t.state, TaskState::Failed, "{t:#?}");
     assert!(t.reasons[0].contains("refused"), "{:?}", t.reasons);
+    // The link led to the test's directory (from WORKSPACES/ID-a1/): nothing was written there.
     assert!(!dir.path().join("escaped").exists());
     let t = end("task-undecodable".into()).await;
     assert_eq!(t.state, TaskState::Failed, "{t:#?}");
@@ -379,7 +380,7 @@ fn evil_tar() -> Vec<u8> {
     h.set_size(data.len() as u64);
     h.set_mode(0o644);
     h.set_entry_type(tar::EntryType::Symlink);
-    h.set_link_name("../../../../escaped").unwrap();
+    h.set_link_name("../../escaped").unwrap();
     h.set_size(0);
     b.append_data(&mut h, "link", &[][..]).unwrap();
     let mut h = tar::Header::new_gnu();
@@ -563,4 +564,64 @@ async fn a_directory_handed_in_as_a_tar_is_the_task_s_workspace() {
         .unwrap();
     assert!(String::from_utf8_lossy(&diff).contains("+add() { echo $(( $1 + $2 )); }"));
     let _ = repo;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_the_docker_backend_runs_its_task_in_a_container() {
+    let Some(nats) = ready() else { return };
+    if !taskbox_tests::require(
+        taskbox_tests::docker_available(),
+        "no Docker daemon answers (the worker's Docker backend)",
+    ) || !taskbox_tests::ensure_image("busybox")
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo(dir.path());
+    let mock = model("127.0.0.1:0", vec![("(docker)", fix_steps(None))]);
+    let q = Queue::connect(&nats.url).await.unwrap();
+    let id = q
+        .submit(git_spec(&repo, contract("docker", "")), None)
+        .await
+        .unwrap()
+        .task
+        .id;
+    let w = start_worker(
+        dir.path(),
+        "w",
+        &WorkerOpts {
+            extra: ["--backend", "docker", "--image", "busybox"]
+                .map(String::from)
+                .to_vec(),
+            env: vec![(
+                "TASKBOX_IMAGE_DIR".into(),
+                taskbox_tests::test_image_dir().display().to_string(),
+            )],
+            ..WorkerOpts::new(&nats.url, &mock.base_url())
+        },
+    );
+    let t = wait_for(
+        &q,
+        &id,
+        Duration::from_secs(180),
+        || w.log(),
+        |t| t.state.is_final(),
+    )
+    .await;
+    assert_eq!(t.state, TaskState::Completed, "{t:#?}\n{}", w.log());
+    // The sandbox was a container of the image: its trace says so.
+    let state = q
+        .get_artifact(&taskbox_queue::artifact_name(&id, 1, "state.json"))
+        .await
+        .unwrap()
+        .unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state).unwrap();
+    assert_eq!(state["backend"], "docker", "{state:#}");
+    assert_eq!(state["image"], "busybox");
+    let trace = std::fs::read_dir(w.state.join("traces"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect::<String>();
+    assert!(trace.contains("\"backend\":\"docker\""), "{trace}");
 }

@@ -138,6 +138,7 @@ pub struct WorkerProc {
     pub child: Child,
     pub log: PathBuf,
     pub state: PathBuf,
+    pub workspaces: PathBuf,
 }
 
 impl WorkerProc {
@@ -182,6 +183,8 @@ pub struct WorkerOpts<'a> {
     pub extra: Vec<String>,
     /// Run it in this network namespace (`ip netns exec`).
     pub netns: Option<String>,
+    /// More environment.
+    pub env: Vec<(String, String)>,
 }
 
 impl<'a> WorkerOpts<'a> {
@@ -192,6 +195,7 @@ impl<'a> WorkerOpts<'a> {
             claim_timeout: "3s",
             extra: Vec::new(),
             netns: None,
+            env: Vec::new(),
         }
     }
 }
@@ -199,6 +203,7 @@ impl<'a> WorkerOpts<'a> {
 pub fn start_worker(dir: &Path, name: &str, o: &WorkerOpts<'_>) -> WorkerProc {
     let state = dir.join(format!("state-{name}"));
     std::fs::create_dir_all(&state).unwrap();
+    let workspaces = dir.join(format!("workspaces-{name}"));
     let log = dir.join(format!("{name}.log"));
     let f = std::fs::File::create(&log).unwrap();
     let mut c = match &o.netns {
@@ -220,6 +225,8 @@ pub fn start_worker(dir: &Path, name: &str, o: &WorkerOpts<'_>) -> WorkerProc {
     ])
     .arg("--state-dir")
     .arg(&state)
+    .arg("--workspaces")
+    .arg(&workspaces)
     .args(&o.extra)
     .env("TASKBOX_MODEL_PROVIDER", "openai")
     .env("TASKBOX_MODEL_BASE_URL", o.model)
@@ -230,6 +237,7 @@ pub fn start_worker(dir: &Path, name: &str, o: &WorkerOpts<'_>) -> WorkerProc {
     )
     .env("NO_COLOR", "1")
     .env_remove("TASKBOX_NATS")
+    .envs(o.env.iter().map(|(k, v)| (k, v)))
     .stdin(Stdio::null())
     .stdout(f.try_clone().unwrap())
     .stderr(f);
@@ -239,6 +247,7 @@ pub fn start_worker(dir: &Path, name: &str, o: &WorkerOpts<'_>) -> WorkerProc {
         child,
         log,
         state,
+        workspaces,
     }
 }
 
