@@ -960,6 +960,8 @@ impl Runner {
                 return self.plan(steps, files);
             }
             Action::Finish { .. } => Ok(String::new()),
+            // Not offered (see `tools::TOOLS`): a call of it never parses.
+            Action::Fork(_) => Err(ApiError::invalid("fork is not one of this harness's tools")),
         };
         self.external += t.elapsed();
         match result {

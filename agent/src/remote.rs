@@ -218,6 +218,7 @@ fn route(id: &SandboxId, op: &Op<'_>, timeout: Duration) -> Result<Route, ApiErr
             Some(json!({ "reason": reason })),
         ),
         Op::SetNetwork(r) => Route::new("PUT", format!("{sb}/network"), Some(body(r)?), timeout),
+        Op::Fork(r) => fs("fork", body(r)?),
     })
 }
 

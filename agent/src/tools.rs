@@ -11,8 +11,20 @@ use crate::model::ToolSpec;
 pub use taskbox_tools::Call as Action;
 pub use taskbox_tools::render::{api_error as render_error, exec as render_exec};
 
-/// The tools the agent offers: the sandbox tools, then the harness tools.
-pub const TOOLS: [Tool; 10] = Tool::ALL;
+/// The tools the agent offers: the sandbox tools, then the harness tools (not `fork`: the agent
+/// forks through its own attempts and sub-tasks).
+pub const TOOLS: [Tool; 10] = [
+    Tool::Exec,
+    Tool::ReadFile,
+    Tool::WriteFile,
+    Tool::EditFile,
+    Tool::ApplyPatch,
+    Tool::List,
+    Tool::Search,
+    Tool::Diff,
+    Tool::Plan,
+    Tool::Finish,
+];
 
 /// The tool specifications sent to the model.
 pub fn specs() -> Vec<ToolSpec> {

@@ -364,6 +364,13 @@ def restore(id: str, name: str) -> Call[None]:
     return call("restore", _none, body=m.CheckpointRequest(name=name), id=id)
 
 
+def fork(id: str, count: int, checkpoint: str | None, ttl_secs: int | None,
+         labels: Mapping[str, str] | None) -> Call[m.ForkResult]:
+    req = m.ForkRequest(count=count, checkpoint=checkpoint, ttl_secs=ttl_secs,
+                        labels=dict(labels) if labels else None)
+    return call("fork", _model(m.ForkResult), body=req, id=id)
+
+
 def export(id: str, format: m.ExportFormat, apply: bool, include_ignored: bool = False,
            allow_autorun: bool = False, idempotency_key: str | None = None) -> Call[m.ExportResult]:
     if idempotency_key is not None and not apply:

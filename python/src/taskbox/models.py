@@ -278,6 +278,15 @@ class ProcessInfo(Answer):
     result: ExecResult | None = None
 
 
+class ForkOrigin(Answer):
+    """Where a fork came from: its parent, and the parent's checkpoint it started from (None:
+    the parent as it was when forked)."""
+
+    parent: str
+    checkpoint: str | None = None
+    forked_at_ms: int
+
+
 class SandboxInfo(Answer):
     id: str
     backend: str
@@ -293,6 +302,8 @@ class SandboxInfo(Answer):
     #: "running" or "lost".
     state: str
     checkpoints: list[str]
+    #: For a fork: its parent and the point it was forked from.
+    forked_from: ForkOrigin | None = None
 
 
 class Approval(Answer):
@@ -478,6 +489,12 @@ class DiffResult(Answer):
     flagged: list[AutorunFile] = Field(default_factory=list)
 
 
+class ForkResult(Answer):
+    """The sandboxes a fork made, in order."""
+
+    sandboxes: list[SandboxInfo]
+
+
 class CheckpointInfo(Answer):
     name: str
     created_at_ms: int
@@ -634,6 +651,13 @@ class DiffRequest(Request):
 
 class CheckpointRequest(Request):
     name: str
+
+
+class ForkRequest(Request):
+    count: int | None = None
+    checkpoint: str | None = None
+    ttl_secs: int | None = None
+    labels: dict[str, str] | None = None
 
 
 class ExportRequest(Request):

@@ -339,6 +339,64 @@ pub struct SandboxInfo {
     /// "running" or "lost" (its processes are gone; only destroy is possible).
     pub state: String,
     pub checkpoints: Vec<String>,
+    /// For a fork: the sandbox it was forked from and the point it was forked at. (Left out of
+    /// the JSON for a sandbox that is no fork.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkOrigin>,
+}
+
+/// Where a fork came from: its parent, and the point of the parent it starts from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ForkOrigin {
+    /// The sandbox it was forked from.
+    pub parent: SandboxId,
+    /// The parent's checkpoint it starts from; null: the parent's workspace and `/tmp` as they
+    /// were when it was forked.
+    pub checkpoint: Option<String>,
+    /// When it was forked (ms since the epoch).
+    pub forked_at_ms: u64,
+}
+
+/// The most forks one fork request makes.
+pub const MAX_FORKS: u32 = 64;
+
+/// Fork a sandbox: `count` new sandboxes with its image, policy, environment and labels, each
+/// starting from its workspace and `/tmp` as they are now (or from one of its checkpoints), with
+/// a fresh upper layer and a lease of its own. Processes are not copied: a fork starts with none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many sandboxes (1 to 64; default 1).
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// A checkpoint of the sandbox to start from (its workspace at that checkpoint, and an
+    /// empty `/tmp`: a checkpoint holds the workspace only). Default: the sandbox as it is now.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+    /// Lease of each fork in seconds (default: the lease the parent was created with).
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    /// Labels set on each fork, over the parent's.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl ForkRequest {
+    /// How many forks the request asks for, checked against [`MAX_FORKS`].
+    pub fn count(&self) -> Result<u32, ApiError> {
+        match self.count.unwrap_or(1) {
+            n @ 1..=MAX_FORKS => Ok(n),
+            n => Err(ApiError::invalid(format!(
+                "fork count {n}: give 1 to {MAX_FORKS} sandboxes per fork request"
+            ))),
+        }
+    }
+}
+
+/// The sandboxes a fork made, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ForkResult {
+    pub sandboxes: Vec<SandboxInfo>,
 }
 
 /// Run a command in a sandbox.
@@ -1303,6 +1361,17 @@ pub trait SandboxApi: Send + Sync {
         let _ = reason;
         self.info(id)?;
         Err(approval_not_found(id, approval))
+    }
+
+    /// Forks the sandbox (see [`ForkRequest`]): all the forks asked for, or none (those made
+    /// before a failure are destroyed again). Backends that cannot fork keep this default, which
+    /// refuses.
+    fn fork(&self, id: &SandboxId, req: ForkRequest) -> Result<ForkResult, ApiError> {
+        let _ = req;
+        self.info(id)?;
+        Err(ApiError::invalid(format!(
+            "sandbox {id}: this backend cannot fork a sandbox"
+        )))
     }
 
     /// Replaces the egress rules of a live sandbox with network mode "proxy" and returns the

@@ -97,6 +97,8 @@ pub enum Op<'a> {
     },
     /// [`SandboxApi::set_network`]
     SetNetwork(NetworkRules),
+    /// [`SandboxApi::fork`]
+    Fork(ForkRequest),
 }
 
 /// The answer to an [`Op`]: one variant per result type. It serialises as the result itself
@@ -128,6 +130,8 @@ pub enum Answer {
     Approval(Approval),
     /// set_network: the rules now in force
     Network(NetworkRules),
+    /// fork: the new sandboxes
+    Fork(ForkResult),
     /// write_stdin, remove, rename, restore, destroy: nothing to say but that it was done
     Done,
 }
@@ -163,11 +167,12 @@ pub enum OpName {
     Approve,
     Deny,
     SetNetwork,
+    Fork,
 }
 
 impl OpName {
     /// Every name.
-    pub const ALL: [OpName; 27] = [
+    pub const ALL: [OpName; 28] = [
         OpName::Create,
         OpName::Info,
         OpName::Exec,
@@ -195,6 +200,7 @@ impl OpName {
         OpName::Approve,
         OpName::Deny,
         OpName::SetNetwork,
+        OpName::Fork,
     ];
 
     /// The name as traces record it (and as the HTTP routes mostly spell it: `list`, `move`,
@@ -228,6 +234,7 @@ impl OpName {
             OpName::Approve => "approve",
             OpName::Deny => "deny",
             OpName::SetNetwork => "network",
+            OpName::Fork => "fork",
         }
     }
 
@@ -360,6 +367,7 @@ impl Op<'_> {
             Op::Approve { .. } => OpName::Approve,
             Op::Deny { .. } => OpName::Deny,
             Op::SetNetwork(_) => OpName::SetNetwork,
+            Op::Fork(_) => OpName::Fork,
         }
     }
 
@@ -460,6 +468,7 @@ impl Op<'_> {
                 reason: Some(reason.as_ref().to_owned()),
             }),
             Op::SetNetwork(r) => to_value(r),
+            Op::Fork(r) => to_value(r),
         }
     }
 }
@@ -546,6 +555,7 @@ impl Op<'static> {
                 }
             }
             OpName::SetNetwork => Op::SetNetwork(parse(request)?),
+            OpName::Fork => Op::Fork(parse(request)?),
         })
     }
 }
@@ -577,6 +587,7 @@ impl Answer {
             Answer::Approvals(_) => "a list of approvals",
             Answer::Approval(_) => "an approval",
             Answer::Network(_) => "network rules",
+            Answer::Fork(_) => "the forks",
             Answer::Done => "nothing",
         }
     }
@@ -605,6 +616,7 @@ impl Answer {
             OpName::ListApprovals => Answer::Approvals(Deserialize::deserialize(v)?),
             OpName::Approve | OpName::Deny => Answer::Approval(Deserialize::deserialize(v)?),
             OpName::SetNetwork => Answer::Network(Deserialize::deserialize(v)?),
+            OpName::Fork => Answer::Fork(Deserialize::deserialize(v)?),
             OpName::WriteStdin
             | OpName::Remove
             | OpName::Rename
@@ -664,6 +676,7 @@ pub fn dispatch<A: SandboxApi + ?Sized>(
         Op::Approve { approval } => Answer::Approval(api.approve(id, &approval)?),
         Op::Deny { approval, reason } => Answer::Approval(api.deny(id, &approval, &reason)?),
         Op::SetNetwork(r) => Answer::Network(api.set_network(id, r)?),
+        Op::Fork(r) => Answer::Fork(api.fork(id, r)?),
     })
 }
 
@@ -752,5 +765,6 @@ impl<H: OpHandler> SandboxApi for H {
             = Op::Deny { approval: Cow::Borrowed(approval), reason: Cow::Borrowed(reason) }
             => Approval;
         set_network(rules: NetworkRules) -> NetworkRules = Op::SetNetwork(rules) => Network;
+        fork(req: ForkRequest) -> ForkResult = Op::Fork(req) => Fork;
     }
 }

@@ -34,11 +34,11 @@ pub(crate) use taskbox_workspace::{capture, changes, fsops};
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 pub use fsuser::{FsLandlock, SandboxUser};
-pub use layers::{ExecChanges, Layers, SPILL_MOUNT, StagedLayers};
+pub use layers::{ExecChanges, Layers, SPILL_MOUNT, Seed, StagedLayers};
 pub use slots::{Captured, ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
 pub use taskbox_contract::exec_plan::ExecPlan;
@@ -65,6 +65,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Ends a sandbox taken out of the table: its processes, its mounts, its directories. The
     /// sandbox's last handles are those of its background execs' drivers, which end with it.
     fn end(&self, sandbox: Arc<Self::Sandbox>);
+
+    /// Starts a fork: a sandbox for `req` (the parent's create request, as the kit rebuilds it)
+    /// whose workspace's upper layer and scratch directories start as `seed`'s
+    /// ([`Seed::plant`], before its overlay is mounted). Backends that cannot keep this default,
+    /// which refuses.
+    fn start_fork(&self, req: &CreateRequest, seed: &Seed) -> Result<Arc<Self::Sandbox>, ApiError> {
+        let _ = (req, seed);
+        Err(ApiError::invalid(format!(
+            "the {} backend cannot fork a sandbox",
+            Self::NAME
+        )))
+    }
 
     /// Ends the sandboxes left when the backend is dropped.
     fn end_all(&self, sandboxes: Vec<Arc<Self::Sandbox>>) {
@@ -136,6 +148,9 @@ pub struct Common<P> {
     /// The Landlock rules of the sandbox's execs, which file operations on its root obey too
     /// (`None`: its execs have none, as in a container).
     pub fs_landlock: Option<FsLandlock>,
+    /// The create request the sandbox was made from (its policy resolved), set by the kit once
+    /// it is made: what its forks are made from.
+    pub origin: OnceLock<CreateRequest>,
 }
 
 /// What a sandbox's execs run in.
@@ -166,6 +181,7 @@ impl<P: ProcState> Common<P> {
             egress: None,
             user: SandboxUser::of_this_process(),
             fs_landlock: None,
+            origin: OnceLock::new(),
         }
     }
 
@@ -531,9 +547,67 @@ impl<B: Backend + std::fmt::Debug> std::fmt::Debug for Sandboxes<B> {
     }
 }
 
+/// The create request of a fork of a sandbox made from `origin` whose info is `parent`: the same
+/// workspace, image (by digest), policy and environment, the parent's labels with `req`'s over
+/// them, and `req`'s lease or the parent's.
+fn fork_request(origin: &CreateRequest, parent: &SandboxInfo, req: &ForkRequest) -> CreateRequest {
+    let mut labels = parent.labels.clone();
+    labels.extend(req.labels.clone());
+    CreateRequest {
+        workspace: parent.workspace.clone(),
+        workspace_id: None,
+        image: (parent.image != "host").then(|| parent.image.clone()),
+        labels,
+        ttl_secs: req.ttl_secs.or(origin.ttl_secs),
+        ..origin.clone()
+    }
+}
+
+impl<B: Backend> Sandboxes<B> {
+    /// Starts `count` forks from `seed` side by side: all of them, or none (those started
+    /// before a failure are ended again).
+    fn start_forks(
+        &self,
+        req: &CreateRequest,
+        seed: &Seed,
+        count: u32,
+    ) -> Result<Vec<Arc<B::Sandbox>>, ApiError> {
+        let started: Vec<Result<Arc<B::Sandbox>, ApiError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..count)
+                .map(|_| scope.spawn(|| self.0.start_fork(req, seed)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(ApiError::internal("a fork's start panicked")))
+                })
+                .collect()
+        });
+        let mut forks = Vec::with_capacity(started.len());
+        let mut failed = None;
+        for r in started {
+            match r {
+                Ok(sb) => forks.push(sb),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            for sb in forks {
+                self.0.end(sb);
+            }
+            return Err(e);
+        }
+        Ok(forks)
+    }
+}
+
 impl<B: Backend> SandboxApi for Sandboxes<B> {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         let sb = self.0.start(&req)?;
+        let _ = sb.common().origin.set(req);
         let info = Self::info_of(&sb);
         self.0.table().insert(info.id.clone(), sb)?;
         tracing::info!(sandbox = %info.id, backend = B::NAME, workspace = %info.workspace,
@@ -754,6 +828,61 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
 
     fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
         self.get(id)?.common().set_network(rules)
+    }
+
+    fn fork(&self, id: &SandboxId, req: ForkRequest) -> Result<ForkResult, ApiError> {
+        let count = req.count()?;
+        let parent = self.get(id)?;
+        let common = parent.common();
+        let info = Self::info_of(&parent);
+        if info.state == "lost" {
+            return Err(ApiError::Conflict(format!(
+                "sandbox {id} is lost (its processes are gone); it cannot be forked"
+            )));
+        }
+        let origin = common.origin.get().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "sandbox {id} was not created by this backend's create, so its create request \
+                 is unknown: it cannot be forked"
+            ))
+        })?;
+        let child = fork_request(origin, &info, &req);
+        let stage = common
+            .layers
+            .checkpoints
+            .with_file_name("forks")
+            .join(SandboxId::generate().as_str());
+        let t = std::time::Instant::now();
+        let seed = common.layers.freeze(&stage, req.checkpoint.as_deref())?;
+        let frozen_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let from = ForkOrigin {
+            parent: id.clone(),
+            checkpoint: req.checkpoint.clone(),
+            forked_at_ms: now_ms(),
+        };
+        let forks = self.start_forks(&child, &seed, count)?;
+        drop(seed);
+        let mut infos: Vec<SandboxInfo> = Vec::with_capacity(forks.len());
+        let mut left = forks.into_iter();
+        while let Some(sb) = left.next() {
+            let _ = sb.common().origin.set(child.clone());
+            lock(&sb.common().info).forked_from = Some(from.clone());
+            let info = Self::info_of(&sb);
+            if let Err(e) = self.0.table().insert(info.id.clone(), sb.clone()) {
+                // All or none: the table cannot take them (it is poisoned).
+                self.0.end(sb);
+                left.for_each(|sb| self.0.end(sb));
+                for done in &infos {
+                    let _ = self.destroy(&done.id);
+                }
+                return Err(e);
+            }
+            infos.push(info);
+        }
+        tracing::info!(sandbox = %id, backend = B::NAME, forks = infos.len(),
+            checkpoint = ?req.checkpoint, frozen_ms, total_ms = t.elapsed().as_secs_f64() * 1000.0,
+            "sandbox forked");
+        Ok(ForkResult { sandboxes: infos })
     }
 }
 

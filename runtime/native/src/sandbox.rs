@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use taskbox_protocol::config::{
-    DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status,
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan,
+    STATUS_FD, Status,
 };
 use taskbox_protocol::control::{self, CONTROL_FD, Event, ExecIds, Request};
 
@@ -35,11 +36,12 @@ use crate::exec_limits;
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
+use crate::kit::disk::Disk;
 use crate::kit::layers::overlay_workspace;
 use crate::kit::layers::{ExecChanges, ExecStart};
 use crate::kit::{
     self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, FsLandlock, Handle, Layers, Open,
-    Options, ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
+    Options, ProcState, SPILL_MOUNT, Sandboxes, Seed, StagedLayers, Table, lock, now_ms,
 };
 use crate::native::{self, RunDir};
 use crate::policy::{LandlockMode, NetworkMode, RootMode, WorkspaceMode};
@@ -505,7 +507,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 }
 
 impl Native {
-    fn launch(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
+    fn launch(&self, req: &CreateRequest, seed: Option<&Seed>) -> Result<Arc<Sandbox>, ApiError> {
         if let Some(b) = &req.backend
             && b != "native"
         {
@@ -757,10 +759,11 @@ impl Native {
                 .unwrap_or_default(),
             control: true,
             egress: egress.as_ref().map(|_| EgressPlan { port: PROXY_PORT }),
-            disk: dirs
-                .disk
-                .as_mut()
-                .map(|d| native::ranged_disk_plan(d.plan(), &identity)),
+            disk: dirs.disk.as_mut().map(|d| DiskPlan {
+                // A fork's layers go on the disk before the helper mounts anything from it.
+                hold: seed.is_some(),
+                ..native::ranged_disk_plan(d.plan(), &identity)
+            }),
             id_range: identity.id_range,
             root_capabilities: identity.root_capabilities(&policy),
         };
@@ -816,9 +819,19 @@ impl Native {
         // The helper mounts the disk first; then pid 1 reports that the sandbox is built (or
         // why it is not). It made the egress listener before it said so: the proxy can serve
         // it from now on.
-        let received = match dirs.disk.as_mut() {
-            Some(disk) => disk.receive(&disk_channel.ours, Duration::from_secs(30)),
-            None => Ok(()),
+        let received = match (dirs.disk.as_mut(), seed) {
+            (Some(disk), seed) => disk
+                .receive(&disk_channel.ours, Duration::from_secs(30))
+                .and_then(|()| match seed {
+                    None => Ok(()),
+                    Some(seed) => {
+                        let planted = seed.plant(disk.path()).map_err(|e| e.to_string());
+                        let told = Disk::release(&disk_channel.ours, planted.is_ok());
+                        planted.and(told)
+                    }
+                }),
+            (None, None) => Ok(()),
+            (None, Some(_)) => Err("a fork needs a disk of its own to hold its layers".into()),
         };
         let started = wait_ready(&status_read, &ours, Duration::from_secs(30));
         let started = match (received, started) {
@@ -870,6 +883,7 @@ impl Native {
             expires_at_ms: req.ttl_secs.map(|t| created + t * 1000),
             state: "running".into(),
             checkpoints: Vec::new(),
+            forked_from: None,
         };
         let control_reader = ours
             .try_clone()
@@ -883,7 +897,8 @@ impl Native {
             dirs.on_disk("out"),
         )
         .with_exports(exports)
-        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay);
+        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay)
+        .with_scratch("tmp", dirs.on_disk("tmp"));
         let exec_base = ExecBase {
             workdir: ws.inside.display().to_string(),
             env: base_env,
@@ -1556,7 +1571,27 @@ impl Backend for Native {
     }
 
     fn start(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
-        let sandbox = self.launch(req)?;
+        self.start_seeded(req, None)
+    }
+
+    fn start_fork(&self, req: &CreateRequest, seed: &Seed) -> Result<Arc<Sandbox>, ApiError> {
+        self.start_seeded(req, Some(seed))
+    }
+
+    fn end(&self, sandbox: Arc<Sandbox>) {
+        sandbox.shutdown();
+        kit::release(sandbox);
+    }
+}
+
+impl Native {
+    /// A sandbox for `req`, its layers from `seed` when it is a fork, proven by a first exec.
+    fn start_seeded(
+        &self,
+        req: &CreateRequest,
+        seed: Option<&Seed>,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        let sandbox = self.launch(req, seed)?;
         // A first exec proves the sandbox works and reports the enforcement in force.
         let probe = sandbox
             .common
@@ -1570,11 +1605,6 @@ impl Backend for Native {
             return Err(e);
         }
         Ok(sandbox)
-    }
-
-    fn end(&self, sandbox: Arc<Sandbox>) {
-        sandbox.shutdown();
-        kit::release(sandbox);
     }
 }
 

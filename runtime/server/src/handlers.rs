@@ -12,7 +12,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use taskbox_core::api::{
     ApiError, Approval, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, ExportRequest,
-    PolicySources, SandboxApi, SandboxId, SandboxInfo, WORKSPACE_DIGEST_LABEL, excerpt,
+    ForkRequest, ForkResult, PolicySources, SandboxApi, SandboxId, SandboxInfo,
+    WORKSPACE_DIGEST_LABEL, excerpt,
 };
 use tokio::sync::mpsc;
 
@@ -169,6 +170,53 @@ async fn create_sandbox(
     tracing::Span::current().record("sandbox", info.id.as_str());
     tracing::info!(sandbox = %info.id, tenant = %tenant, expires_at_ms = ?expires, "sandbox created");
     Ok(state.with_lease(info))
+}
+
+/// `POST /v1/sandboxes/{id}/fork`: `count` new sandboxes of the caller's from one of its own,
+/// each taking a place in the quotas and a lease of its own, as a create does.
+pub async fn fork(
+    State(state): State<AppState>,
+    o: Owned,
+    ApiJson(mut req): ApiJson<ForkRequest>,
+) -> Result<(StatusCode, Json<ForkResult>), HttpError> {
+    if let Some(key) = req
+        .labels
+        .keys()
+        .find(|k| k.starts_with(RESERVED_LABEL_PREFIX))
+    {
+        return Err(ApiError::invalid(format!(
+            "label {key:?} is reserved: labels starting with {RESERVED_LABEL_PREFIX:?} are set by the server"
+        ))
+        .into());
+    }
+    if req.ttl_secs == Some(0) {
+        return Err(ApiError::invalid("ttl_secs must be at least 1").into());
+    }
+    let count = req.count()?;
+    let slots = state.reserve_creates(&o.tenant, count as usize)?;
+    let lease = state.limits().lease(req.ttl_secs);
+    req.ttl_secs = lease.map(|d| d.as_secs().max(1));
+    let expires = lease_end(lease);
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    // Registered on the blocking thread, as a create's: a client that goes away mid-fork leaves
+    // owned, leased sandboxes behind, never orphans.
+    let forked = blocking(move || {
+        let forked = backend.fork(&id, req)?;
+        for (slot, info) in slots.into_iter().zip(&forked.sandboxes) {
+            slot.commit(&info.id, expires);
+        }
+        Ok(forked)
+    })
+    .await?;
+    let ids: Vec<&str> = forked.sandboxes.iter().map(|i| i.id.as_str()).collect();
+    tracing::info!(sandbox = %o.id, tenant = %o.tenant, forks = ?ids, "sandbox forked");
+    let sandboxes = forked
+        .sandboxes
+        .into_iter()
+        .map(|i| state.with_lease(i))
+        .collect();
+    Ok((StatusCode::CREATED, Json(ForkResult { sandboxes })))
 }
 
 pub async fn list(

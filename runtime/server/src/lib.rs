@@ -40,6 +40,7 @@
 //! | `POST /v1/sandboxes/{id}/read`, `write`, `edit`, `patch`, `list`, `search`, `stat`, `diff`, `export` (optional `Idempotency-Key` with `apply`) | the request type | 200 the result type |
 //! | `POST /v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` | 201 `CheckpointInfo` |
 //! | `POST /v1/sandboxes/{id}/remove`, `move`, `restore` | the request type | 204 |
+//! | `POST /v1/sandboxes/{id}/fork` | `ForkRequest` | 201 `ForkResult` (each fork a place in the quotas) |
 //! | `PUT /v1/sandboxes/{id}/files?path=` | the file's raw content, streamed | 200 `WriteResult` |
 //! | `GET /v1/sandboxes/{id}/files?path=` | | 200 the file's raw content, streamed |
 //!

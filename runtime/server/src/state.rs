@@ -387,6 +387,16 @@ impl AppState {
         })
     }
 
+    /// Reserves `n` places for new sandboxes of `tenant` (a fork's): all of them, or none and
+    /// which limit is reached.
+    pub(crate) fn reserve_creates(
+        &self,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<CreateSlot>, HttpError> {
+        (0..n).map(|_| self.reserve_create(tenant)).collect()
+    }
+
     /// Takes a place for one exec of `tenant`, or says which limit is reached.
     pub(crate) fn exec_permit(&self, tenant: &str) -> Result<ExecPermit, HttpError> {
         let limits = &self.inner.limits;

@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use taskbox_contract::api::{
-    DiffRequest, EditRequest, ExecRequest, ListRequest, PatchRequest, ReadRequest, SearchRequest,
-    WriteRequest,
+    DiffRequest, EditRequest, ExecRequest, ForkRequest, ListRequest, PatchRequest, ReadRequest,
+    SearchRequest, WriteRequest,
 };
 
 use crate::{JsonObject, Tool};
@@ -24,6 +24,7 @@ pub enum Call {
     List(ListRequest),
     Search(SearchRequest),
     Diff(DiffRequest),
+    Fork(ForkRequest),
     Plan {
         steps: Vec<String>,
         files: Vec<String>,
@@ -45,6 +46,7 @@ impl Call {
             Call::List(_) => Tool::List,
             Call::Search(_) => Tool::Search,
             Call::Diff(_) => Tool::Diff,
+            Call::Fork(_) => Tool::Fork,
             Call::Plan { .. } => Tool::Plan,
             Call::Finish { .. } => Tool::Finish,
         }
@@ -194,6 +196,7 @@ pub(crate) fn parse(tool: Tool, args: Value) -> Result<Call, ArgsError> {
         Tool::List => Call::List(typed(name, args)?),
         Tool::Search => Call::Search(typed(name, args)?),
         Tool::Diff => Call::Diff(typed(name, args)?),
+        Tool::Fork => Call::Fork(typed(name, args)?),
         Tool::Plan => {
             let PlanArgs { steps, files } = typed(name, args)?;
             if steps.is_empty() {

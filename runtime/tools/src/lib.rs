@@ -47,6 +47,8 @@ pub const LIST_MAX: u64 = 1000;
 pub const SEARCH_LIMIT: u64 = 100;
 /// The most a search call may ask for.
 pub const SEARCH_MAX: u64 = 1000;
+/// The most sandboxes one fork call may ask for.
+pub const FORK_MAX: u64 = 8;
 
 /// A model-facing tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,6 +61,7 @@ pub enum Tool {
     List,
     Search,
     Diff,
+    Fork,
     Plan,
     Finish,
 }
@@ -74,6 +77,11 @@ pub const SANDBOX_TOOLS: [Tool; 8] = [
     Tool::Search,
     Tool::Diff,
 ];
+
+/// The tools over a session's set of sandboxes: `fork` makes more, which the sandbox tools then
+/// name. The MCP server offers them (its tools take a `sandbox` argument); the agent forks
+/// through its own attempts and sub-tasks instead.
+pub const SESSION_TOOLS: [Tool; 1] = [Tool::Fork];
 
 /// The tools only a harness answers: a plan for the contract, and the claim of being done that
 /// runs the verification gate.
@@ -174,15 +182,18 @@ const PATH_DOC: &str =
     "Relative to the workspace root (an absolute path inside the sandbox works too).";
 
 impl Tool {
-    /// Every tool: the sandbox tools, then the harness tools.
-    pub const ALL: [Tool; 10] = {
-        let mut all = [Tool::Exec; 10];
+    /// Every tool: the sandbox tools, the session tools, then the harness tools.
+    pub const ALL: [Tool; 11] = {
+        let mut all = [Tool::Exec; 11];
+        let (s, f) = (SANDBOX_TOOLS.len(), SESSION_TOOLS.len());
         let mut i = 0;
         while i < all.len() {
-            all[i] = if i < SANDBOX_TOOLS.len() {
+            all[i] = if i < s {
                 SANDBOX_TOOLS[i]
+            } else if i < s + f {
+                SESSION_TOOLS[i - s]
             } else {
-                HARNESS_TOOLS[i - SANDBOX_TOOLS.len()]
+                HARNESS_TOOLS[i - s - f]
             };
             i += 1;
         }
@@ -200,6 +211,7 @@ impl Tool {
             Tool::List => "list",
             Tool::Search => "search",
             Tool::Diff => "diff",
+            Tool::Fork => "fork",
             Tool::Plan => "plan",
             Tool::Finish => "finish",
         }
@@ -414,6 +426,37 @@ impl Tool {
                 hidden: &[],
                 aliases: &[],
             },
+            Tool::Fork => Def {
+                description: "Fork the sandbox: `count` new sandboxes, each starting from its \
+                    workspace and /tmp as they are now (no process is copied), to try \
+                    alternatives side by side. Returns their ids: give one as `sandbox` to the \
+                    other tools to work in it. What you do in one fork is seen in no other \
+                    sandbox. Forks end with the session.",
+                effect: Effect::Writes { idempotent: false },
+                fields: const {
+                    &[Field {
+                        name: "count",
+                        doc: Some("How many sandboxes (default 1, at most 8 per call)."),
+                        default: Some(Preset::Int(1)),
+                        max: Some(FORK_MAX),
+                    }]
+                },
+                hidden: &[
+                    Hidden {
+                        name: "checkpoint",
+                        why: "a fork starts from the sandbox as it is now",
+                    },
+                    Hidden {
+                        name: "ttl_secs",
+                        why: "a fork lives as long as the session",
+                    },
+                    Hidden {
+                        name: "labels",
+                        why: "forks are told apart by their ids",
+                    },
+                ],
+                aliases: &[],
+            },
             Tool::Plan => Def {
                 description: "Submit your plan: the steps and the files you expect to change. \
                     Required before the first edit when the contract asks for a plan.",
@@ -443,7 +486,11 @@ mod tests {
 
     #[test]
     fn the_groups_make_up_every_tool_and_names_are_unique() {
-        let joined: Vec<Tool> = SANDBOX_TOOLS.into_iter().chain(HARNESS_TOOLS).collect();
+        let joined: Vec<Tool> = SANDBOX_TOOLS
+            .into_iter()
+            .chain(SESSION_TOOLS)
+            .chain(HARNESS_TOOLS)
+            .collect();
         assert_eq!(joined, Tool::ALL);
         for (i, t) in Tool::ALL.into_iter().enumerate() {
             assert_eq!(t as usize, i, "ALL is in declaration order");

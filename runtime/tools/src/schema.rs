@@ -5,8 +5,8 @@
 use schemars::JsonSchema;
 use serde_json::Value;
 use taskbox_contract::api::{
-    DiffRequest, EditRequest, ExecRequest, ListRequest, PatchRequest, ReadRequest, SearchRequest,
-    WriteRequest,
+    DiffRequest, EditRequest, ExecRequest, ForkRequest, ListRequest, PatchRequest, ReadRequest,
+    SearchRequest, WriteRequest,
 };
 
 use crate::call::{FinishArgs, PlanArgs};
@@ -23,6 +23,7 @@ pub(crate) fn derived(tool: Tool) -> JsonObject {
         Tool::List => of::<ListRequest>(),
         Tool::Search => of::<SearchRequest>(),
         Tool::Diff => of::<DiffRequest>(),
+        Tool::Fork => of::<ForkRequest>(),
         Tool::Plan => of::<PlanArgs>(),
         Tool::Finish => of::<FinishArgs>(),
     }

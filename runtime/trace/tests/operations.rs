@@ -19,7 +19,7 @@ use common::{Scripted, session};
 
 /// The names traces have always recorded, in [`OpName::ALL`]'s order (`info` and `approvals`
 /// are never recorded; they are named for logs).
-const NAMES: [&str; 27] = [
+const NAMES: [&str; 28] = [
     "create",
     "info",
     "exec",
@@ -47,6 +47,7 @@ const NAMES: [&str; 27] = [
     "approve",
     "deny",
     "network",
+    "fork",
 ];
 
 #[test]
@@ -155,6 +156,11 @@ fn every_op() -> Vec<Op<'static>> {
             reason: Cow::Borrowed("no"),
         },
         Op::SetNetwork(NetworkRules::default()),
+        Op::Fork(ForkRequest {
+            count: Some(2),
+            checkpoint: Some("one".into()),
+            ..ForkRequest::default()
+        }),
         Op::Destroy,
     ]
 }
@@ -200,6 +206,7 @@ fn typed(api: &dyn SandboxApi, id: &SandboxId, op: Op<'_>) -> Value {
         Op::Approve { approval } => seen(api.approve(id, &approval)),
         Op::Deny { approval, reason } => seen(api.deny(id, &approval, &reason)),
         Op::SetNetwork(r) => seen(api.set_network(id, r)),
+        Op::Fork(r) => seen(api.fork(id, r)),
     }
 }
 
@@ -272,6 +279,7 @@ fn what_changes_a_sandbox_is_what_the_trace_writes_ahead() {
             "restore",
             "approve",
             "network",
+            "fork",
             "destroy"
         ]
     );
@@ -366,6 +374,12 @@ fn a_decorator_on_the_handler_trait_sees_every_operation_and_changes_no_trace() 
     let api = Traced::new(counting, dir.path().join("traces"));
     let id = session(&api);
     streamed(&api, &sandbox(&api));
+    // The scripted backend cannot fork (the default of the trait): the pinned session leaves
+    // it out too.
+    let e = api
+        .fork(&sandbox(&api), ForkRequest::default())
+        .unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
     let seen: BTreeSet<OpName> = api.inner().seen.lock().unwrap().iter().copied().collect();
     let all: BTreeSet<OpName> = OpName::ALL.into_iter().collect();
     assert_eq!(
