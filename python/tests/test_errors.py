@@ -141,6 +141,8 @@ def test_limit_exceeded_and_request_timeout(tight: Supervisor, tmp_path: Path) -
         with pytest.raises(taskbox.TaskboxError) as e:
             c.create(ws)
         check(e, taskbox.LimitExceededError, 429)
+        # Every 429 says when to try again.
+        assert e.value.retry_after is not None and e.value.retry_after >= 1
 
         def stalls() -> Iterator[bytes]:
             yield b'{"path": "slow.txt", '

@@ -73,7 +73,11 @@ def check(r: Response) -> Response:
     """`r`, or the exception of its error answer."""
     if r.status_code < 400:
         return r
-    raise error_of(r.status_code, r.content)
+    e = error_of(r.status_code, r.content)
+    after = r.headers.get("retry-after")
+    if after is not None and after.strip().isdigit():
+        e.retry_after = float(after)
+    raise e
 
 
 def error_of(status: int | None, content: bytes) -> TaskboxError:

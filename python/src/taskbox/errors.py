@@ -50,6 +50,9 @@ class TaskboxError(Exception):
         self.message = message
         self.code = code if code is not None else self.CODE
         self.status = status
+        #: Seconds after which the request may succeed (the answer's `Retry-After`: every 429
+        #: has one), or None.
+        self.retry_after: float | None = None
 
     @property
     def is_infrastructure(self) -> bool:

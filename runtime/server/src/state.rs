@@ -22,7 +22,7 @@ use axum::http::request::Parts;
 use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
 
 use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL, Tenant};
-use crate::config::Limits;
+use crate::config::{Limits, Rate};
 use crate::error::{HttpError, ServerError};
 use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
@@ -36,8 +36,51 @@ struct Registry {
     owners: HashMap<SandboxId, String>,
     /// Sandbox -> lease end (ms since the epoch).
     leases: HashMap<SandboxId, u64>,
+    /// Sandbox -> when it was created (ms since the epoch): where its hard lifetime starts.
+    created: HashMap<SandboxId, u64>,
     /// Tenant -> creates in flight (they count against the sandbox limits).
     pending: HashMap<String, usize>,
+    /// The creation rate of each tenant, and of all together.
+    buckets: HashMap<String, Bucket>,
+    bucket_total: Bucket,
+}
+
+/// A token bucket of a creation rate: full at first, one token per sandbox.
+#[derive(Debug, Default)]
+struct Bucket {
+    /// Tokens and when they were counted (`None`: never used, full).
+    state: Option<(f64, std::time::Instant)>,
+}
+
+impl Bucket {
+    /// The tokens now, refilled at `rate` since they were last counted.
+    fn tokens(&self, rate: Rate, now: std::time::Instant) -> f64 {
+        match self.state {
+            None => f64::from(rate.burst),
+            Some((t, at)) => {
+                let refill = now.saturating_duration_since(at).as_secs_f64() * rate.per_sec;
+                (t + refill).min(f64::from(rate.burst))
+            }
+        }
+    }
+
+    /// How long until `n` tokens are there (zero: they are).
+    fn wait_for(&self, n: usize, rate: Rate, now: std::time::Instant) -> Duration {
+        let missing = n as f64 - self.tokens(rate, now);
+        if missing <= 0.0 {
+            return Duration::ZERO;
+        }
+        if n as f64 > f64::from(rate.burst) {
+            // Never at once: as long as the burst takes to fill.
+            return Duration::from_secs_f64(f64::from(rate.burst) / rate.per_sec);
+        }
+        Duration::from_secs_f64(missing / rate.per_sec)
+    }
+
+    fn take(&mut self, n: usize, rate: Rate, now: std::time::Instant) {
+        let left = self.tokens(rate, now) - n as f64;
+        self.state = Some((left.max(0.0), now));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -132,9 +175,16 @@ impl AppStateBuilder {
                 .get(TENANT_LABEL)
                 .cloned()
                 .unwrap_or_else(|| LOCAL_TENANT.to_string());
-            if let Some(exp) = saved.get(info.id.as_str()).copied().or(info.expires_at_ms) {
+            let lease = saved.get(info.id.as_str()).copied().or(info.expires_at_ms);
+            // The hard lifetime holds across restarts, whatever a saved lease says.
+            let lease = match (lease, self.limits.hard_end(info.created_at_ms)) {
+                (Some(l), Some(h)) => Some(l.min(h)),
+                (l, h) => l.or(h),
+            };
+            if let Some(exp) = lease {
                 reg.leases.insert(info.id.clone(), exp);
             }
+            reg.created.insert(info.id.clone(), info.created_at_ms);
             reg.owners.insert(info.id, tenant);
         }
         tracing::info!(
@@ -202,17 +252,24 @@ pub(crate) struct CreateSlot {
 }
 
 impl CreateSlot {
-    /// Records the new sandbox as the tenant's, with its lease end.
-    pub fn commit(mut self, id: &SandboxId, expires_at_ms: Option<u64>) {
+    /// Records the new sandbox `info` as the tenant's, with the lease `asked` (seconds; the
+    /// server's default when `None`) from now, within its hard lifetime. Returns the lease end.
+    pub fn commit(mut self, info: &SandboxInfo, asked: Option<u64>) -> Option<u64> {
+        let expires = self
+            .state
+            .limits()
+            .lease_end(asked, info.created_at_ms, now_ms());
         let mut reg = self.state.registry();
         release_pending(&mut reg, &self.tenant);
-        reg.owners.insert(id.clone(), self.tenant.clone());
-        match expires_at_ms {
-            Some(t) => reg.leases.insert(id.clone(), t),
-            None => reg.leases.remove(id),
+        reg.owners.insert(info.id.clone(), self.tenant.clone());
+        reg.created.insert(info.id.clone(), info.created_at_ms);
+        match expires {
+            Some(t) => reg.leases.insert(info.id.clone(), t),
+            None => reg.leases.remove(&info.id),
         };
         self.state.save_leases(&reg);
         self.done = true;
+        expires
     }
 }
 
@@ -362,39 +419,161 @@ impl AppState {
 
     /// Reserves a place for a new sandbox of `tenant`, or says which limit is reached.
     pub(crate) fn reserve_create(&self, tenant: &str) -> Result<CreateSlot, HttpError> {
-        let limits = &self.inner.limits;
-        let mut reg = self.registry();
-        let pending_total: usize = reg.pending.values().sum();
-        if reg.owners.len() + pending_total >= limits.max_sandboxes_total {
-            return Err(limit(format!(
-                "the server has reached its limit of {} live sandboxes (max_sandboxes_total); destroy one or try later",
-                limits.max_sandboxes_total
-            )));
-        }
-        let mine = reg.owners.values().filter(|t| t.as_str() == tenant).count()
-            + reg.pending.get(tenant).copied().unwrap_or(0);
-        if mine >= limits.max_sandboxes_per_tenant {
-            return Err(limit(format!(
-                "tenant {tenant} has reached its limit of {} live sandboxes (max_sandboxes_per_tenant); destroy one first",
-                limits.max_sandboxes_per_tenant
-            )));
-        }
-        *reg.pending.entry(tenant.to_string()).or_default() += 1;
-        Ok(CreateSlot {
-            state: self.clone(),
-            tenant: tenant.to_string(),
-            done: false,
-        })
+        let mut slots = self.reserve_creates(tenant, 1)?;
+        slots
+            .pop()
+            .ok_or_else(|| HttpError::Api(ApiError::internal("no place was reserved")))
     }
 
-    /// Reserves `n` places for new sandboxes of `tenant` (a fork's): all of them, or none and
-    /// which limit is reached.
+    /// Reserves `n` places for new sandboxes of `tenant` (a create's one, a fork's count): all
+    /// of them, or none and which limit is reached, with when to try again. Checked and taken
+    /// under one lock, so that a burst of requests never passes a limit: live sandboxes (those
+    /// starting included), sandboxes starting, and the creation rate, each per tenant and in
+    /// total. Nothing waits: a request over a limit is answered at once.
     pub(crate) fn reserve_creates(
         &self,
         tenant: &str,
         n: usize,
     ) -> Result<Vec<CreateSlot>, HttpError> {
-        (0..n).map(|_| self.reserve_create(tenant)).collect()
+        let refused = match self.try_reserve(tenant, n) {
+            Ok(()) => None,
+            Err((which, e)) => Some((which, e)),
+        };
+        if let Some((which, e)) = refused {
+            self.metrics().create_refused(which);
+            return Err(e);
+        }
+        Ok((0..n)
+            .map(|_| CreateSlot {
+                state: self.clone(),
+                tenant: tenant.to_string(),
+                done: false,
+            })
+            .collect())
+    }
+
+    fn try_reserve(&self, tenant: &str, n: usize) -> Result<(), (&'static str, HttpError)> {
+        let limits = &self.inner.limits;
+        let now = std::time::Instant::now();
+        let mut reg = self.registry();
+        let starting_total: usize = reg.pending.values().sum();
+        let starting_mine = reg.pending.get(tenant).copied().unwrap_or(0);
+        // Creates take well under a second: try again in one.
+        let soon = Duration::from_secs(1);
+        if starting_total + n > limits.max_starting_total {
+            return Err((
+                "max_starting_total",
+                limit(
+                    format!(
+                        "the server is starting {starting_total} sandboxes, its limit is {} \
+                         (max_starting_total); try again in a moment",
+                        limits.max_starting_total
+                    ),
+                    soon,
+                ),
+            ));
+        }
+        if starting_mine + n > limits.max_starting_per_tenant {
+            return Err((
+                "max_starting_per_tenant",
+                limit(
+                    format!(
+                        "tenant {tenant} is starting {starting_mine} sandboxes, its limit is {} \
+                         (max_starting_per_tenant); try again in a moment",
+                        limits.max_starting_per_tenant
+                    ),
+                    soon,
+                ),
+            ));
+        }
+        let live_total = reg.owners.len() + starting_total;
+        if live_total + n > limits.max_sandboxes_total {
+            let after = next_lease_end(&reg, None);
+            return Err((
+                "max_sandboxes_total",
+                limit(
+                    format!(
+                        "the server has {live_total} live sandboxes, its limit is {} \
+                         (max_sandboxes_total); destroy one or try later",
+                        limits.max_sandboxes_total
+                    ),
+                    after,
+                ),
+            ));
+        }
+        let live_mine =
+            reg.owners.values().filter(|t| t.as_str() == tenant).count() + starting_mine;
+        if live_mine + n > limits.max_sandboxes_per_tenant {
+            let after = next_lease_end(&reg, Some(tenant));
+            return Err((
+                "max_sandboxes_per_tenant",
+                limit(
+                    format!(
+                        "tenant {tenant} has {live_mine} live sandboxes, its limit is {} \
+                         (max_sandboxes_per_tenant); destroy one first",
+                        limits.max_sandboxes_per_tenant
+                    ),
+                    after,
+                ),
+            ));
+        }
+        if let Some(rate) = limits.create_rate_total {
+            let wait = reg.bucket_total.wait_for(n, rate, now);
+            if !wait.is_zero() {
+                return Err((
+                    "create_rate_total",
+                    limit(
+                        format!(
+                            "the server creates at most {} sandboxes a second \
+                             (create_rate_total); try again in {} ms",
+                            rate.per_sec,
+                            wait.as_millis()
+                        ),
+                        wait,
+                    ),
+                ));
+            }
+        }
+        if let Some(rate) = limits.create_rate_per_tenant {
+            let wait = reg
+                .buckets
+                .get(tenant)
+                .map_or(Duration::ZERO, |b| b.wait_for(n, rate, now));
+            if !wait.is_zero() {
+                return Err((
+                    "create_rate_per_tenant",
+                    limit(
+                        format!(
+                            "tenant {tenant} creates at most {} sandboxes a second \
+                             (create_rate_per_tenant); try again in {} ms",
+                            rate.per_sec,
+                            wait.as_millis()
+                        ),
+                        wait,
+                    ),
+                ));
+            }
+        }
+        if let Some(rate) = limits.create_rate_total {
+            reg.bucket_total.take(n, rate, now);
+        }
+        if let Some(rate) = limits.create_rate_per_tenant {
+            reg.buckets
+                .entry(tenant.to_string())
+                .or_default()
+                .take(n, rate, now);
+        }
+        *reg.pending.entry(tenant.to_string()).or_default() += n;
+        Ok(())
+    }
+
+    /// Sandboxes being created per tenant.
+    pub fn starting_per_tenant(&self) -> BTreeMap<String, usize> {
+        self.registry()
+            .pending
+            .iter()
+            .map(|(t, n)| (t.clone(), *n))
+            .collect()
     }
 
     /// Takes a place for one exec of `tenant`, or says which limit is reached.
@@ -406,17 +585,23 @@ impl AppState {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if c.total >= limits.max_execs_total {
-            return Err(limit(format!(
-                "the server has reached its limit of {} concurrent execs (max_execs_total); try again when one ends",
-                limits.max_execs_total
-            )));
+            return Err(limit(
+                format!(
+                    "the server has reached its limit of {} concurrent execs (max_execs_total); try again when one ends",
+                    limits.max_execs_total
+                ),
+                Duration::from_secs(1),
+            ));
         }
         let mine = c.per_tenant.get(tenant).copied().unwrap_or(0);
         if mine >= limits.max_execs_per_tenant {
-            return Err(limit(format!(
-                "tenant {tenant} has reached its limit of {} concurrent execs (max_execs_per_tenant); wait for one to end",
-                limits.max_execs_per_tenant
-            )));
+            return Err(limit(
+                format!(
+                    "tenant {tenant} has reached its limit of {} concurrent execs (max_execs_per_tenant); wait for one to end",
+                    limits.max_execs_per_tenant
+                ),
+                Duration::from_secs(1),
+            ));
         }
         c.total += 1;
         *c.per_tenant.entry(tenant.to_string()).or_default() += 1;
@@ -429,6 +614,16 @@ impl AppState {
     /// The lease end the server holds for `id`.
     pub fn lease(&self, id: &SandboxId) -> Option<u64> {
         self.registry().leases.get(id).copied()
+    }
+
+    /// Renews the lease of `id` to `asked` seconds from now (the default when `None`), within
+    /// its hard lifetime; returns the new lease end.
+    pub fn renew(&self, id: &SandboxId, asked: Option<u64>) -> Option<u64> {
+        let now = now_ms();
+        let created = self.registry().created.get(id).copied().unwrap_or(now);
+        let end = self.inner.limits.lease_end(asked, created, now);
+        self.set_lease(id, end);
+        end
     }
 
     /// Sets (or with `None` clears) the lease of `id`.
@@ -451,6 +646,7 @@ impl AppState {
     pub fn forget(&self, id: &SandboxId) {
         let mut reg = self.registry();
         reg.owners.remove(id);
+        reg.created.remove(id);
         if reg.leases.remove(id).is_some() {
             self.save_leases(&reg);
         }
@@ -527,8 +723,26 @@ impl AppState {
     }
 }
 
-fn limit(msg: String) -> HttpError {
-    HttpError::Api(ApiError::LimitExceeded(msg))
+/// A 429 for `msg`, to be tried again `after` from now (`Retry-After`, whole seconds).
+fn limit(msg: String, after: Duration) -> HttpError {
+    HttpError::Limited {
+        error: ApiError::LimitExceeded(msg),
+        retry_after: after,
+    }
+}
+
+/// How long until the first lease ends (of `tenant`'s sandboxes, or of all), between one and
+/// thirty seconds: when a place may free up without a destroy.
+fn next_lease_end(reg: &Registry, tenant: Option<&str>) -> Duration {
+    let now = now_ms();
+    let first = reg
+        .leases
+        .iter()
+        .filter(|(id, _)| tenant.is_none_or(|t| reg.owners.get(*id).is_some_and(|o| o == t)))
+        .map(|(_, end)| *end)
+        .min();
+    let secs = first.map_or(30, |end| end.saturating_sub(now).div_ceil(1000));
+    Duration::from_secs(secs.clamp(1, 30))
 }
 
 /// The one answer for a sandbox the caller cannot see: the same as for one that does not exist.
