@@ -392,7 +392,9 @@ struct Runner {
     overheads_us: Vec<u64>,
     /// Time spent in the model and the sandbox during the current turn.
     external: Duration,
-    fatal: Option<String>,
+    /// Why the task cannot go on, and how it ends: `infrastructure` when the sandbox itself
+    /// failed, else `unrecoverable_error`.
+    fatal: Option<(Termination, String)>,
     tools: Vec<crate::model::ToolSpec>,
 }
 
@@ -646,8 +648,8 @@ impl Runner {
                 }
             }
             self.end_turn(turn_started)?;
-            if let Some(why) = self.fatal.take() {
-                break (Termination::UnrecoverableError, why);
+            if let Some((term, why)) = self.fatal.take() {
+                break (term, why);
             }
             match gate {
                 Some(true) => {
@@ -795,15 +797,19 @@ impl Runner {
                     findings: Vec::new(),
                     tests: None,
                 },
-                Err(e) => VerifyRun {
-                    command: cmd.clone(),
-                    exit_code: None,
-                    passed: false,
-                    duration_ms: 0,
-                    output_tail: tools::render_error(&e),
-                    findings: Vec::new(),
-                    tests: None,
-                },
+                Err(e) => {
+                    // A lost sandbox fails no check of the model's: it ends the task.
+                    self.sandbox_failed(&e);
+                    VerifyRun {
+                        command: cmd.clone(),
+                        exit_code: None,
+                        passed: false,
+                        duration_ms: 0,
+                        output_tail: tools::render_error(&e),
+                        findings: Vec::new(),
+                        tests: None,
+                    }
+                }
             };
             if !run.passed {
                 problems.push(format!(
@@ -969,11 +975,25 @@ impl Runner {
             Err(e) => {
                 let text = tools::render_error(&e);
                 self.st.failed_attempts.push(format!("turn {turn}: {text}"));
-                if e.is_infrastructure() && self.api.info(&self.id).is_err() {
-                    self.fatal = Some(format!("the sandbox is gone: {e}"));
-                }
+                self.sandbox_failed(&e);
                 (false, text)
             }
+        }
+    }
+
+    /// Ends the task when `e` says the sandbox itself failed: lost (`infrastructure`, the
+    /// episode is not the model's to score), or gone after an internal error.
+    fn sandbox_failed(&mut self, e: &ApiError) {
+        if e.code() == "infrastructure" {
+            self.fatal = Some((
+                Termination::Infrastructure,
+                format!("the sandbox failed: {e}"),
+            ));
+        } else if e.is_infrastructure() && self.api.info(&self.id).is_err() {
+            self.fatal = Some((
+                Termination::UnrecoverableError,
+                format!("the sandbox is gone: {e}"),
+            ));
         }
     }
 
@@ -1126,9 +1146,7 @@ impl Runner {
                 format!("the command went to the background as exec {}", p.exec_id),
             ),
             Err(e) => {
-                if e.is_infrastructure() && self.api.info(&self.id).is_err() {
-                    self.fatal = Some(format!("the sandbox is gone: {e}"));
-                }
+                self.sandbox_failed(&e);
                 (false, tools::render_error(&e))
             }
         }

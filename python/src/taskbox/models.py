@@ -302,6 +302,8 @@ class SandboxInfo(Answer):
     #: "running" or "lost".
     state: str
     checkpoints: list[str]
+    #: Why a lost sandbox is lost (an infrastructure failure, never the command's).
+    lost_cause: str | None = None
     #: For a fork: its parent and the point it was forked from.
     forked_from: ForkOrigin | None = None
 

@@ -339,6 +339,11 @@ pub struct SandboxInfo {
     /// "running" or "lost" (its processes are gone; only destroy is possible).
     pub state: String,
     pub checkpoints: Vec<String>,
+    /// Why a lost sandbox is lost (state "lost"): its init died, its supervisor restarted, its
+    /// container or daemon went away. An infrastructure failure, never the command's own.
+    /// (Left out of the JSON while the sandbox runs.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_cause: Option<String>,
     /// For a fork: the sandbox it was forked from and the point it was forked at. (Left out of
     /// the JSON for a sandbox that is no fork.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1030,6 +1035,12 @@ pub enum ApiError {
     /// a quota or limit was reached
     #[error("{0}")]
     LimitExceeded(String),
+    /// the sandbox itself failed, not the request nor the command: its init died, its
+    /// supervisor restarted, its container or daemon went away, the host ran out of memory. The
+    /// message says which. Nothing more runs in that sandbox; a training loop drops the episode
+    /// instead of scoring it.
+    #[error("{0}")]
+    Infrastructure(String),
     /// the backend failed
     #[error("{0}")]
     Internal(String),
@@ -1094,10 +1105,11 @@ impl ApiError {
         }
     }
 
-    /// Whether the sandbox or its backend failed (codes `internal` and `unavailable`), not the
-    /// request: what DESIGN.md calls an infrastructure error.
+    /// Whether the sandbox or its backend failed (codes `infrastructure`, `internal` and
+    /// `unavailable`), not the request nor the command: what DESIGN.md calls an infrastructure
+    /// error.
     pub fn is_infrastructure(&self) -> bool {
-        matches!(self.code(), "internal" | "unavailable")
+        matches!(self.code(), "infrastructure" | "internal" | "unavailable")
     }
 
     /// The stable error code of the JSON error body.
@@ -1117,6 +1129,7 @@ impl ApiError {
             ApiError::PathRefused(_) => "path_refused",
             ApiError::Conflict(_) => "conflict",
             ApiError::LimitExceeded(_) => "limit_exceeded",
+            ApiError::Infrastructure(_) => "infrastructure",
             ApiError::Internal(_) | ApiError::InternalCause { .. } => "internal",
             ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => "unavailable",
         }
@@ -1184,6 +1197,12 @@ impl ApiError {
         ),
         ("limit_exceeded", 429, "a quota or limit was reached"),
         (
+            "infrastructure",
+            500,
+            "the sandbox itself failed (its init died, the supervisor restarted, its container or \
+             daemon went away), not the command: the message says why",
+        ),
+        (
             "internal",
             500,
             "the sandbox or its backend failed (an infrastructure error)",
@@ -1213,6 +1232,7 @@ impl ApiError {
             "path_refused" => ApiError::PathRefused(message),
             "conflict" => ApiError::Conflict(message),
             "limit_exceeded" => ApiError::LimitExceeded(message),
+            "infrastructure" => ApiError::Infrastructure(message),
             "unavailable" => ApiError::Unavailable(message),
             "internal" => ApiError::Internal(message),
             other => ApiError::Internal(format!("{message} (error code {other})")),
@@ -1235,6 +1255,7 @@ impl ApiError {
             ApiError::PathRefused(_) => 403,
             ApiError::Conflict(_) => 409,
             ApiError::LimitExceeded(_) => 429,
+            ApiError::Infrastructure(_) => 500,
             ApiError::Internal(_) | ApiError::InternalCause { .. } => 500,
             ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => 503,
         }
@@ -1453,6 +1474,7 @@ mod tests {
         assert!(std::error::Error::source(&e).is_some());
         assert!(std::error::Error::source(&ApiError::internal("x")).is_none());
         assert!(e.is_infrastructure() && ApiError::internal("x").is_infrastructure());
+        assert!(ApiError::Infrastructure("lost".into()).is_infrastructure());
         assert!(!ApiError::not_found("x").is_infrastructure());
     }
 

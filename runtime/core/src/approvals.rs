@@ -549,6 +549,7 @@ mod tests {
                 expires_at_ms: None,
                 state: "running".into(),
                 checkpoints: Vec::new(),
+                lost_cause: None,
                 forked_from: None,
             };
             lock(&self.sandboxes).insert(info.id.clone(), info.clone());

@@ -850,6 +850,7 @@ impl Inner {
             expires_at_ms: expires,
             state: "running".into(),
             checkpoints: Vec::new(),
+            lost_cause: None,
             forked_from: None,
         };
         tracing::debug!(sandbox = %prepared.id, age_ms = prepared.created.elapsed().as_millis() as u64, "container ready");

@@ -226,10 +226,36 @@ impl<P: ProcState> Common<P> {
         )
     }
 
-    /// Marks the sandbox lost in its info.
-    pub fn mark_lost(&self) {
-        lock(&self.info).state = "lost".into();
+    /// Marks the sandbox lost in its info, with why (the first cause given stays).
+    pub fn mark_lost(&self, cause: &str) {
+        let mut info = lock(&self.info);
+        info.state = "lost".into();
+        if info.lost_cause.is_none() {
+            info.lost_cause = Some(cause.to_owned());
+        }
     }
+
+    /// Why the sandbox is lost, when it is.
+    pub fn lost_cause(&self) -> Option<String> {
+        lock(&self.info).lost_cause.clone()
+    }
+
+    /// The one error of every operation on a lost sandbox: an infrastructure failure, with its
+    /// cause.
+    pub fn lost_error(&self) -> ApiError {
+        let cause = self
+            .lost_cause()
+            .unwrap_or_else(|| "its processes are gone".to_owned());
+        lost_error(&self.id, &cause)
+    }
+}
+
+/// The error of an operation on sandbox `id`, lost because of `cause`.
+pub fn lost_error(id: &SandboxId, cause: &str) -> ApiError {
+    ApiError::Infrastructure(format!(
+        "sandbox {id} is lost: {cause}. This is an infrastructure failure, not the command's: \
+         nothing more runs in the sandbox; destroy it (and drop the episode rather than score it)"
+    ))
 }
 
 /// A backend's live sandboxes by id.
@@ -345,6 +371,17 @@ impl<B: Backend> Sandboxes<B> {
         self.0.table().get(id)
     }
 
+    /// A sandbox that still runs: a lost one answers every operation but info, destroy and
+    /// renew with its infrastructure error ([`Common::lost_error`]).
+    fn live(&self, id: &SandboxId) -> Result<Arc<B::Sandbox>, ApiError> {
+        let sb = self.get(id)?;
+        sb.refresh();
+        if sb.common().lost_cause().is_some() {
+            return Err(sb.common().lost_error());
+        }
+        Ok(sb)
+    }
+
     /// Destroys every sandbox whose lease has run out; returns their ids.
     pub fn reap_expired(&self) -> Vec<SandboxId> {
         let now = now_ms();
@@ -381,7 +418,7 @@ impl<B: Backend> Sandboxes<B> {
         place: Place,
         op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError> + Send,
     ) -> Result<T, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let _g = sb.common().layers.shared()?;
         fs_at(&*sb, place, op)
     }
@@ -638,7 +675,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         req: ExecRequest,
         events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let _g = sb.common().layers.exec_shared()?;
         let mut plan = sb.common().plan(&req)?;
         if let Some(spec) = &plan.user {
@@ -667,7 +704,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        Ok(self.get(id)?.common().slots.get(exec_id)?.info())
+        Ok(self.live(id)?.common().slots.get(exec_id)?.info())
     }
 
     fn wait(
@@ -676,11 +713,11 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         exec_id: u64,
         timeout: Duration,
     ) -> Result<ProcessInfo, ApiError> {
-        Ok(self.get(id)?.common().slots.get(exec_id)?.wait(timeout))
+        Ok(self.live(id)?.common().slots.get(exec_id)?.wait(timeout))
     }
 
     fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let slot = sb.common().slots.get(exec_id)?;
         if !(1..=64).contains(&signal) {
             return Err(ApiError::invalid(format!("invalid signal {signal}")));
@@ -698,12 +735,12 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         data: &[u8],
         close: bool,
     ) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         sb.common().slots.get(exec_id)?.write_stdin(data, close)
     }
 
     fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let _g = sb.common().layers.shared()?;
         if let Some(r) = sb.common().layers.read_spill(&req) {
             return r;
@@ -741,7 +778,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let (place, req) = rename_place(&req, &sb.common().exec_base.workdir);
         let _g = sb.common().layers.shared()?;
         fs_at(&*sb, place, |fs| fs.rename(&req))
@@ -794,7 +831,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.get(id)?.common().layers.diff(&req)
+        self.live(id)?.common().layers.diff(&req)
     }
 
     fn checkpoint(
@@ -802,12 +839,12 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         id: &SandboxId,
         req: CheckpointRequest,
     ) -> Result<CheckpointInfo, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         sb.common().layers.checkpoint(req, &sb.common().info)
     }
 
     fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         sb.common().layers.restore(
             &req.name,
             || sb.stop_all(),
@@ -816,7 +853,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.get(id)?.common().layers.export(&req, id)
+        self.live(id)?.common().layers.export(&req, id)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
@@ -827,19 +864,14 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.get(id)?.common().set_network(rules)
+        self.live(id)?.common().set_network(rules)
     }
 
     fn fork(&self, id: &SandboxId, req: ForkRequest) -> Result<ForkResult, ApiError> {
         let count = req.count()?;
-        let parent = self.get(id)?;
+        let parent = self.live(id)?;
         let common = parent.common();
         let info = Self::info_of(&parent);
-        if info.state == "lost" {
-            return Err(ApiError::Conflict(format!(
-                "sandbox {id} is lost (its processes are gone); it cannot be forked"
-            )));
-        }
         let origin = common.origin.get().ok_or_else(|| {
             ApiError::invalid(format!(
                 "sandbox {id} was not created by this backend's create, so its create request \

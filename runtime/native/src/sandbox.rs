@@ -291,6 +291,9 @@ pub struct Sandbox {
     /// The cgroup's OOM-kill counter, kept open: read before and after every exec.
     oom: Option<OomCounter>,
     lost: AtomicBool,
+    /// The OOM kills of its cgroup and of the host when it started (see `death_cause`).
+    oom_at_start: u64,
+    host_oom_at_start: u64,
     /// What pid 1 sent that a caller waits for.
     mail: Mutex<Mail>,
     mail_cond: Condvar,
@@ -312,32 +315,83 @@ impl Sandbox {
                 Err(ApiError::Unavailable(format!("sandbox {}: {e}", self.id())))
             }
             Err(e) => {
-                let why = format!("its control channel failed: {e}");
-                self.mark_lost(&why);
-                Err(ApiError::Conflict(format!(
-                    "sandbox {} is lost ({why}); its processes are ended; destroy it",
-                    self.id()
-                )))
+                let channel =
+                    format!("its control channel to pid 1 failed ({e}); its processes are ended");
+                self.mark_lost(&self.death_cause(&channel));
+                Err(self.lost_error())
             }
         }
     }
 
     fn lost_error(&self) -> ApiError {
-        ApiError::Conflict(format!(
-            "sandbox {} is lost (its processes are gone); destroy it",
-            self.id()
-        ))
+        self.common.lost_error()
+    }
+
+    /// Why the sandbox ended, from its helper's exit status (the helper exits with pid 1's
+    /// status, 128+N for signal N), waited for a moment (the helper ends right after pid 1);
+    /// `otherwise` when the helper still runs.
+    fn death_cause(&self, otherwise: &str) -> String {
+        let mut helper = lock(&self.helper);
+        let status = helper.as_mut().and_then(|child| {
+            let deadline = Instant::now() + Duration::from_millis(500);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(st)) => return Some(st),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    _ => return None,
+                }
+            }
+        });
+        drop(helper);
+        let how = match status {
+            Some(st) => {
+                use std::os::unix::process::ExitStatusExt;
+                match (st.code(), st.signal()) {
+                    (Some(code), _) if code > 128 => {
+                        format!("its init (pid 1) was killed by {}", signal_name(code - 128))
+                    }
+                    (Some(code), _) => format!("its init (pid 1) exited with status {code}"),
+                    (None, Some(sig)) => {
+                        format!("its helper process was killed by {}", signal_name(sig))
+                    }
+                    (None, None) => "its init (pid 1) ended".to_owned(),
+                }
+            }
+            None => otherwise.to_owned(),
+        };
+        match self.oom_since_start() {
+            Some(what) => format!("{how}; {what}"),
+            None => how,
+        }
+    }
+
+    /// Whether an OOM killer ran since the sandbox started: its cgroup's (its memory limit) or
+    /// the host's (`/proc/vmstat`).
+    fn oom_since_start(&self) -> Option<String> {
+        if self.oom_kills() > self.oom_at_start {
+            return Some(format!(
+                "its cgroup's OOM killer ran (the sandbox's memory limit of {} bytes)",
+                self.common.policy.limits.memory_bytes
+            ));
+        }
+        if host_oom_kills() > self.host_oom_at_start {
+            return Some("the host ran out of memory (the kernel's OOM killer ran)".to_owned());
+        }
+        None
     }
 
     /// The sandbox can no longer be driven: say so everywhere (its state, its running execs,
     /// every later call) and end its processes, so nothing lives on that no one can reach.
     /// Destroy removes the rest.
     fn mark_lost(&self, why: &str) {
+        // The cause first: whoever sees the flag finds it (the first cause given stays).
+        self.common.mark_lost(why);
         if self.lost.swap(true, Ordering::SeqCst) {
             return;
         }
         tracing::warn!(sandbox = %self.id(), reason = why, "sandbox lost");
-        self.common.mark_lost();
         self.common
             .slots
             .end_all(&format!("the sandbox is lost ({why})"));
@@ -370,8 +424,11 @@ impl Sandbox {
             let Some(sb) = weak.upgrade() else { return };
             match msg {
                 Ok(Some((event, fds))) => sb.on_event(event, fds),
-                Ok(None) => return sb.mark_lost("its pid 1 ended"),
-                Err(e) => return sb.mark_lost(&e.to_string()),
+                Ok(None) => return sb.mark_lost(&sb.death_cause("its init (pid 1) ended")),
+                Err(e) => {
+                    let channel = format!("its control channel to pid 1 failed ({e})");
+                    return sb.mark_lost(&sb.death_cause(&channel));
+                }
             }
         }
     }
@@ -483,6 +540,26 @@ impl Sandbox {
 /// How a sandbox's disk is bounded (`enforcement.disk`).
 fn disk_kind(dirs: &RunDir) -> &'static str {
     dirs.disk.as_ref().map_or("none", |d| d.kind().as_str())
+}
+
+/// The OOM kills of the host so far (`oom_kill` of `/proc/vmstat`; 0 when unknown).
+fn host_oom_kills() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ").map(|n| n.trim().parse().ok()))
+        })
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// A signal's name and number, as `SIGKILL (signal 9)`.
+fn signal_name(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => format!("{} (signal {sig})", s.as_str()),
+        Err(_) => format!("signal {sig}"),
+    }
 }
 
 /// The root of the sandbox whose pid 1 is `pid`, as this process reaches it.
@@ -883,6 +960,7 @@ impl Native {
             expires_at_ms: req.ttl_secs.map(|t| created + t * 1000),
             state: "running".into(),
             checkpoints: Vec::new(),
+            lost_cause: None,
             forked_from: None,
         };
         let control_reader = ours
@@ -922,6 +1000,8 @@ impl Native {
             starters: Mutex::new(vec![Arc::new(StarterLink::new(None, starter))]),
             _status: status_read,
             oom: cgroup.as_ref().and_then(Cgroup::oom_counter),
+            oom_at_start: cgroup.as_ref().map_or(0, Cgroup::oom_kills),
+            host_oom_at_start: host_oom_kills(),
             cgroup,
             lost: AtomicBool::new(false),
             mail: Mutex::new(Mail::default()),
@@ -1436,11 +1516,22 @@ impl Sandbox {
             }
         }
         let Some(exited) = exited else {
+            // A reaper that ends without a report went down with the sandbox, as a rule: the
+            // event reader says so in a moment (it waits for the helper's status for the
+            // cause); the exec's answer is then the sandbox's loss, not an internal error.
+            let t0 = Instant::now();
+            while !self.lost.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(2) {
+                let helper_runs = lock(&self.helper)
+                    .as_mut()
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+                if helper_runs && t0.elapsed() > Duration::from_millis(500) {
+                    // The sandbox lives on: this reaper alone failed.
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
             return Err(if self.lost.load(Ordering::SeqCst) {
-                ApiError::Conflict(format!(
-                    "sandbox {} ended while the command ran; destroy it",
-                    self.id()
-                ))
+                self.lost_error()
             } else {
                 ApiError::internal(format!(
                     "sandbox {}: the exec's reaper (or, before it, the sandbox's exec starter) \

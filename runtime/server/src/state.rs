@@ -43,7 +43,27 @@ struct Registry {
     /// The creation rate of each tenant, and of all together.
     buckets: HashMap<String, Bucket>,
     bucket_total: Bucket,
+    /// Sandboxes lost to a restart of the supervisor: what the last one owned and this one does
+    /// not find. Every call on one answers `infrastructure` with the cause, until it is
+    /// destroyed (which only forgets it) or [`LOST_KEPT_MS`] passes.
+    lost: HashMap<SandboxId, Lost>,
 }
+
+/// A sandbox lost to a restart, as the server remembers it.
+#[derive(Debug, Clone)]
+struct Lost {
+    tenant: String,
+    cause: String,
+    /// When it is forgotten (ms since the epoch).
+    until_ms: u64,
+}
+
+/// How long a sandbox lost to a restart is remembered: a day.
+pub const LOST_KEPT_MS: u64 = 24 * 3600 * 1000;
+
+/// Why the sandboxes the last supervisor owned are gone after a restart.
+const RESTARTED: &str = "the supervisor restarted, and the sandbox's processes ended with the \
+    supervisor that ran it";
 
 /// A token bucket of a creation rate: full at first, one token per sandbox.
 #[derive(Debug, Default)]
@@ -187,9 +207,30 @@ impl AppStateBuilder {
             reg.created.insert(info.id.clone(), info.created_at_ms);
             reg.owners.insert(info.id, tenant);
         }
+        // What the last supervisor owned and this one does not find was lost with it.
+        if let Some(path) = &self.lease_file {
+            let now = now_ms();
+            for (id, tenant) in load_owners(&owners_file(path)) {
+                let Ok(id) = SandboxId::parse(&id) else {
+                    continue;
+                };
+                if !reg.owners.contains_key(&id) {
+                    tracing::warn!(sandbox = %id, tenant = %tenant, "sandbox lost to a restart");
+                    reg.lost.insert(
+                        id,
+                        Lost {
+                            tenant,
+                            cause: RESTARTED.to_owned(),
+                            until_ms: now + LOST_KEPT_MS,
+                        },
+                    );
+                }
+            }
+        }
         tracing::info!(
             sandboxes = reg.owners.len(),
             leases = reg.leases.len(),
+            lost = reg.lost.len(),
             "server state rebuilt from the backend"
         );
         let state = AppState {
@@ -227,6 +268,31 @@ fn load_leases(path: &Path) -> Result<HashMap<String, u64>, ServerError> {
             why: e.to_string(),
         }),
     }
+}
+
+/// Where the owners of the live sandboxes are saved, beside the lease table: a restarted server
+/// tells the sandboxes it lost from those that never were.
+fn owners_file(lease_file: &Path) -> PathBuf {
+    lease_file.with_file_name("owners.json")
+}
+
+/// The saved owners (sandbox -> tenant); none when there is no file or it does not parse.
+fn load_owners(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_owners(path: &Path, owners: &HashMap<SandboxId, String>) -> std::io::Result<()> {
+    let map: BTreeMap<&str, &str> = owners
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let text = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 fn write_leases(path: &Path, leases: &HashMap<SandboxId, u64>) -> std::io::Result<()> {
@@ -376,10 +442,15 @@ impl AppState {
     }
 
     fn save_leases(&self, reg: &Registry) {
-        if let Some(path) = &self.inner.lease_file
-            && let Err(e) = write_leases(path, &reg.leases)
-        {
+        let Some(path) = &self.inner.lease_file else {
+            return;
+        };
+        if let Err(e) = write_leases(path, &reg.leases) {
             tracing::warn!(path = %path.display(), error = %e, "cannot save the lease table");
+        }
+        let owners = owners_file(path);
+        if let Err(e) = write_owners(&owners, &reg.owners) {
+            tracing::warn!(path = %owners.display(), error = %e, "cannot save the owners");
         }
     }
 
@@ -390,8 +461,28 @@ impl AppState {
         let reg = self.registry();
         match reg.owners.get(&id) {
             Some(owner) if owner == tenant => Ok(id),
-            _ => Err(not_found(&id).into()),
+            _ => match reg.lost.get(&id) {
+                // Lost to a restart: an infrastructure failure, with its cause.
+                Some(lost) if lost.tenant == tenant && lost.until_ms > now_ms() => Err(
+                    HttpError::Api(taskbox_core::kit::lost_error(&id, &lost.cause)),
+                ),
+                _ => Err(not_found(&id).into()),
+            },
         }
+    }
+
+    /// [`AppState::owned`] for a destroy: a sandbox lost to a restart is forgotten (its destroy
+    /// has nothing left to do) and its id given back.
+    pub fn owned_or_forget_lost(&self, tenant: &str, raw: &str) -> Result<SandboxId, HttpError> {
+        let id = SandboxId::parse(raw)?;
+        {
+            let mut reg = self.registry();
+            if reg.lost.get(&id).is_some_and(|l| l.tenant == tenant) {
+                reg.lost.remove(&id);
+                return Ok(id);
+            }
+        }
+        self.owned(tenant, raw)
     }
 
     /// The tenant's sandbox ids.
@@ -647,9 +738,9 @@ impl AppState {
         let mut reg = self.registry();
         reg.owners.remove(id);
         reg.created.remove(id);
-        if reg.leases.remove(id).is_some() {
-            self.save_leases(&reg);
-        }
+        reg.leases.remove(id);
+        // Saved whether or not it had a lease: the owners are saved with the leases.
+        self.save_leases(&reg);
     }
 
     /// Sandboxes whose lease ended by `now_ms`.
@@ -718,6 +809,8 @@ impl AppState {
             tick.tick().await;
             self.reap_expired().await;
             self.reap_uploads().await;
+            let now = now_ms();
+            self.registry().lost.retain(|_, l| l.until_ms > now);
             self.inner.idempotency.purge();
         }
     }

@@ -175,6 +175,7 @@ fn info(
         expires_at_ms,
         state: "running".into(),
         checkpoints: Vec::new(),
+        lost_cause: None,
         forked_from: None,
     }
 }
