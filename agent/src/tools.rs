@@ -26,9 +26,19 @@ pub const TOOLS: [Tool; 10] = [
     Tool::Finish,
 ];
 
+/// The tools offered when the harness can run sub-agents: [`TOOLS`] and `subtask`.
+pub fn with_subtask() -> Vec<Tool> {
+    TOOLS.into_iter().chain([Tool::Subtask]).collect()
+}
+
 /// The tool specifications sent to the model.
 pub fn specs() -> Vec<ToolSpec> {
-    TOOLS
+    specs_of(&TOOLS)
+}
+
+/// The specifications of `offered`.
+pub fn specs_of(offered: &[Tool]) -> Vec<ToolSpec> {
+    offered
         .iter()
         .map(|t| ToolSpec {
             name: t.name().to_owned(),
@@ -41,7 +51,12 @@ pub fn specs() -> Vec<ToolSpec> {
 /// Checks a tool call's arguments against the tool's schema; the error is the message for the
 /// model (it names the tool and the field).
 pub fn validate(name: &str, arguments: &str) -> Result<Action, String> {
-    parse_call(&TOOLS, name, arguments).map_err(|e| taskbox_tools::render::args_error(&e))
+    validate_among(&TOOLS, name, arguments)
+}
+
+/// [`validate`] among the tools `offered`.
+pub fn validate_among(offered: &[Tool], name: &str, arguments: &str) -> Result<Action, String> {
+    parse_call(offered, name, arguments).map_err(|e| taskbox_tools::render::args_error(&e))
 }
 
 /// The paths a patch touches (from its `---`/`+++` headers, `a/` `b/` prefixes removed).

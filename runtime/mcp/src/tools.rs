@@ -201,7 +201,7 @@ impl SandboxServer {
             }
             Call::Fork(req) => self.fork(id, req).await,
             // Harness tools are not offered here.
-            Call::Plan { .. } | Call::Finish { .. } => return None,
+            Call::Plan { .. } | Call::Finish { .. } | Call::Subtask(_) => return None,
         })
     }
 }

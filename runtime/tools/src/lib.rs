@@ -26,7 +26,7 @@ mod call;
 pub mod render;
 mod schema;
 
-pub use call::{ArgsError, Call, parse_call};
+pub use call::{ArgsError, Call, SubtaskArgs, parse_call};
 
 /// A JSON object: a tool's input schema or its arguments.
 pub type JsonObject = Map<String, Value>;
@@ -64,6 +64,7 @@ pub enum Tool {
     Fork,
     Plan,
     Finish,
+    Subtask,
 }
 
 /// The narrow API's operations on one sandbox, in the order they are listed.
@@ -86,6 +87,10 @@ pub const SESSION_TOOLS: [Tool; 1] = [Tool::Fork];
 /// The tools only a harness answers: a plan for the contract, and the claim of being done that
 /// runs the verification gate.
 pub const HARNESS_TOOLS: [Tool; 2] = [Tool::Plan, Tool::Finish];
+
+/// The tools of a harness that can run sub-agents: `subtask` hands a sub-goal to one, in a fork.
+/// The agent offers it when it can build models for sub-agents.
+pub const DELEGATION_TOOLS: [Tool; 1] = [Tool::Subtask];
 
 /// What calling a tool does (MCP clients show it as annotations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,18 +187,25 @@ const PATH_DOC: &str =
     "Relative to the workspace root (an absolute path inside the sandbox works too).";
 
 impl Tool {
-    /// Every tool: the sandbox tools, the session tools, then the harness tools.
-    pub const ALL: [Tool; 11] = {
-        let mut all = [Tool::Exec; 11];
-        let (s, f) = (SANDBOX_TOOLS.len(), SESSION_TOOLS.len());
+    /// Every tool: the sandbox tools, the session tools, the harness tools, then the
+    /// delegation tools.
+    pub const ALL: [Tool; 12] = {
+        let mut all = [Tool::Exec; 12];
+        let (s, f, h) = (
+            SANDBOX_TOOLS.len(),
+            SESSION_TOOLS.len(),
+            HARNESS_TOOLS.len(),
+        );
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < s {
                 SANDBOX_TOOLS[i]
             } else if i < s + f {
                 SESSION_TOOLS[i - s]
-            } else {
+            } else if i < s + f + h {
                 HARNESS_TOOLS[i - s - f]
+            } else {
+                DELEGATION_TOOLS[i - s - f - h]
             };
             i += 1;
         }
@@ -214,6 +226,7 @@ impl Tool {
             Tool::Fork => "fork",
             Tool::Plan => "plan",
             Tool::Finish => "finish",
+            Tool::Subtask => "subtask",
         }
     }
 
@@ -465,6 +478,20 @@ impl Tool {
                 hidden: &[],
                 aliases: &[],
             },
+            Tool::Subtask => Def {
+                description: "Hand a sub-goal to a sub-agent. It works in a fork of the sandbox \
+                    taken at the start of this turn, within its own `scope` (paths it may change, \
+                    inside yours) and budget (`max_turns`), and must pass the verification \
+                    commands (`verify`, default the contract's) before its change counts. Its \
+                    verified change is then merged into your workspace, at the end of this turn: \
+                    three-way against your own changes made meanwhile; when both change the same \
+                    lines, nothing of it is applied and the conflicting files and hunks come \
+                    back. Several subtask calls in one answer run side by side.",
+                effect: Effect::Harness,
+                fields: const { &[] },
+                hidden: &[],
+                aliases: &[],
+            },
             Tool::Finish => Def {
                 description: "Say you are done. The harness then runs the contract's \
                     verification commands; the task completes only if they pass, otherwise you \
@@ -490,6 +517,7 @@ mod tests {
             .into_iter()
             .chain(SESSION_TOOLS)
             .chain(HARNESS_TOOLS)
+            .chain(DELEGATION_TOOLS)
             .collect();
         assert_eq!(joined, Tool::ALL);
         for (i, t) in Tool::ALL.into_iter().enumerate() {
@@ -517,7 +545,7 @@ mod tests {
         for t in Tool::ALL {
             assert_eq!(
                 t.effect() == Effect::Harness,
-                HARNESS_TOOLS.contains(&t),
+                HARNESS_TOOLS.contains(&t) || DELEGATION_TOOLS.contains(&t),
                 "{t:?}"
             );
         }

@@ -9,7 +9,7 @@ use taskbox_contract::api::{
     SearchRequest, WriteRequest,
 };
 
-use crate::call::{FinishArgs, PlanArgs};
+use crate::call::{FinishArgs, PlanArgs, SubtaskArgs};
 use crate::{JsonObject, Tool};
 
 /// The schema of the type a tool's arguments are parsed into, as schemars derives it.
@@ -26,6 +26,7 @@ pub(crate) fn derived(tool: Tool) -> JsonObject {
         Tool::Fork => of::<ForkRequest>(),
         Tool::Plan => of::<PlanArgs>(),
         Tool::Finish => of::<FinishArgs>(),
+        Tool::Subtask => of::<SubtaskArgs>(),
     }
 }
 
