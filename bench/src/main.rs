@@ -10,6 +10,7 @@
 mod docker;
 mod egress;
 mod findings;
+mod fleet;
 mod hop;
 mod http;
 mod procfs;
@@ -84,6 +85,13 @@ enum Cmd {
     /// What findings save the model: each case's result as the model reads it, with its
     /// findings first and with the head and tail of the output alone.
     FindingsText(findings::TextArgs),
+    /// Fork 1 -> COUNT of a sandbox with CHANGED changed files: the time until every fork has
+    /// answered an exec (issue 19).
+    Fork(fleet::ForkArgs),
+    /// Live idle sandboxes until a create fails (or a cap): host memory each, supervisor RSS.
+    Density(fleet::DensityArgs),
+    /// Sustained create + one exec + destroy by CLIENTS clients: cycles per second.
+    Rate(fleet::RateArgs),
 }
 
 #[derive(Args)]
@@ -194,6 +202,9 @@ fn main() -> Result<()> {
         Cmd::Replay(a) => replay::run(&a)?,
         Cmd::FindingsCost(a) => findings::cost(&a)?,
         Cmd::FindingsText(a) => findings::text(&a)?,
+        Cmd::Fork(a) => fleet::fork(&a)?,
+        Cmd::Density(a) => fleet::density(&a)?,
+        Cmd::Rate(a) => fleet::rate(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -365,6 +365,7 @@ impl Layers {
             return Ok(Seed {
                 upper,
                 scratch: Vec::new(),
+                enforcement: None,
                 staged: None,
             });
         }
@@ -385,6 +386,7 @@ impl Layers {
         let mut seed = Seed {
             upper: dir.join("upper"),
             scratch: Vec::new(),
+            enforcement: None,
             staged: Some(dir.to_path_buf()),
         };
         let _g = self.exclusive()?;
@@ -632,6 +634,9 @@ pub struct Seed {
     pub upper: PathBuf,
     /// Scratch directories (by the name of the disk's directory) each fork's start as.
     pub scratch: Vec<(String, PathBuf)>,
+    /// What the parent's execs found in force (the same policy on the same host): a fork whose
+    /// parent has run a command need not run one to learn it.
+    pub enforcement: Option<crate::result::Enforcement>,
     /// The directory made for this seed, if it was made.
     staged: Option<PathBuf>,
 }

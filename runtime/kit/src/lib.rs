@@ -885,7 +885,8 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
             .with_file_name("forks")
             .join(SandboxId::generate().as_str());
         let t = std::time::Instant::now();
-        let seed = common.layers.freeze(&stage, req.checkpoint.as_deref())?;
+        let mut seed = common.layers.freeze(&stage, req.checkpoint.as_deref())?;
+        seed.enforcement = Some(info.enforcement.clone());
         let frozen_ms = t.elapsed().as_secs_f64() * 1000.0;
         let from = ForkOrigin {
             parent: id.clone(),

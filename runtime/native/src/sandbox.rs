@@ -291,6 +291,8 @@ pub struct Sandbox {
     /// The cgroup's OOM-kill counter, kept open: read before and after every exec.
     oom: Option<OomCounter>,
     lost: AtomicBool,
+    /// Set when it is being destroyed: the end of its pid 1 is then expected.
+    ending: AtomicBool,
     /// The OOM kills of its cgroup and of the host when it started (see `death_cause`).
     oom_at_start: u64,
     host_oom_at_start: u64,
@@ -331,20 +333,21 @@ impl Sandbox {
     /// status, 128+N for signal N), waited for a moment (the helper ends right after pid 1);
     /// `otherwise` when the helper still runs.
     fn death_cause(&self, otherwise: &str) -> String {
-        let mut helper = lock(&self.helper);
-        let status = helper.as_mut().and_then(|child| {
-            let deadline = Instant::now() + Duration::from_millis(500);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(st)) => return Some(st),
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(5))
-                    }
-                    _ => return None,
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let status = loop {
+            // The lock is held for one look at a time: a destroy takes the helper meanwhile.
+            let looked = match lock(&self.helper).as_mut() {
+                Some(child) => child.try_wait().map_err(drop),
+                None => Err(()),
+            };
+            match looked {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline && !self.ending.load(Ordering::SeqCst) => {
+                    std::thread::sleep(Duration::from_millis(5))
                 }
+                _ => break None,
             }
-        });
-        drop(helper);
+        };
         let how = match status {
             Some(st) => {
                 use std::os::unix::process::ExitStatusExt;
@@ -422,6 +425,10 @@ impl Sandbox {
         loop {
             let msg = control::recv::<Event>(control.as_fd(), &mut buf);
             let Some(sb) = weak.upgrade() else { return };
+            // The end of a sandbox being destroyed is no loss.
+            if msg.as_ref().map_or(true, Option::is_none) && sb.ending.load(Ordering::SeqCst) {
+                return;
+            }
             match msg {
                 Ok(Some((event, fds))) => sb.on_event(event, fds),
                 Ok(None) => return sb.mark_lost(&sb.death_cause("its init (pid 1) ended")),
@@ -1004,6 +1011,7 @@ impl Native {
             host_oom_at_start: host_oom_kills(),
             cgroup,
             lost: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
             mail: Mutex::new(Mail::default()),
             mail_cond: Condvar::new(),
             identity,
@@ -1602,6 +1610,7 @@ impl Sandbox {
 
     /// Ends the sandbox: closing the control socket ends pid 1 and with it every process.
     fn shutdown(&self) {
+        self.ending.store(true, Ordering::SeqCst);
         let _ = self.kill_all();
         let _ =
             nix::sys::socket::shutdown(self.control.as_raw_fd(), nix::sys::socket::Shutdown::Both);
@@ -1683,6 +1692,14 @@ impl Native {
         seed: Option<&Seed>,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let sandbox = self.launch(req, seed)?;
+        // A fork's parent has learnt what is in force (the same policy on this host): its
+        // first exec is the caller's.
+        if let Some(e) = seed.and_then(|s| s.enforcement.as_ref())
+            && e.landlock != "unknown"
+        {
+            lock(&sandbox.common.info).enforcement = e.clone();
+            return Ok(sandbox);
+        }
         // A first exec proves the sandbox works and reports the enforcement in force.
         let probe = sandbox
             .common
