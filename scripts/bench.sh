@@ -88,6 +88,15 @@
 #            (or the command's start) to the start of the task's sandbox, and to the task's end,
 #            p50/p99; then BENCH_QUEUE_TASKS (30) tasks submitted at once to 1, 2 and 3 workers:
 #            tasks per second. Not part of `all`.
+#   fork     the fleet figures of issue 19, by `taskbox-bench fork|density|rate` against a
+#            supervisor of this build (and through the library in the client's process): fork 1 -> 16
+#            of a sandbox with 10 changed files in the 100,000-file workspace, timed until all 16
+#            have answered an `exec /bin/true` (target < 50 ms on native); density: live idle
+#            sandboxes (one exec each) created until a create fails, BENCH_DENSITY_MAX (768) or the
+#            host's MemAvailable falls under BENCH_DENSITY_FLOOR_MIB (4096), with host memory per
+#            sandbox and the supervisor's RSS (target >= 512); sustained create + one exec +
+#            destroy with 8 clients for BENCH_RATE_SECS (20) (target >= 100 per second on native).
+#            Not part of `all`.
 #   all      startup profile diff memory api docker egress egress-tls replay (the profile is skipped when
 #            perf is not usable, docker when no daemon answers).
 #
@@ -143,6 +152,11 @@
 #   BENCH_SDK_CREATES sdk: measured sandbox create + destroy (default 40)
 #   BENCH_PEERS_DIR   peers: where the npm peers are installed (default ~/.cache/taskbox-bench/peers)
 #   BENCH_PEERS_ROUNDS  peers: measured rounds (default 20)
+#   BENCH_FORK_RUNS   fork: measured forks 1 -> 16 per series (default 20)
+#   BENCH_RATE_SECS   fork: seconds of the sustained creation rate per series (default 20)
+#   BENCH_DENSITY_MAX fork: the most sandboxes the density figure makes (default 768)
+#   BENCH_DENSITY_FLOOR_MIB  fork: the density figure stops before the host's MemAvailable falls
+#                     under this (default 4096: the machine is shared)
 #   BENCH_KEEP=1      keep the scratch directory (hyperfine JSON, perf data, workspaces)
 #   BENCH_OUT=FILE    also write the results table (markdown) to FILE
 #   TMPDIR            where the scratch directory goes (default /var/tmp); the state directory and
@@ -159,7 +173,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 # ---- arguments -------------------------------------------------------------------------------
 want_startup=0 want_diff=0 want_memory=0 want_profile=0 want_api=0 want_docker=0 want_egress=0 want_replay=0
-want_egress_tls=0 want_house=0 want_sdk=0 want_findings=0 want_peers=0 want_queue=0
+want_egress_tls=0 want_house=0 want_sdk=0 want_findings=0 want_peers=0 want_queue=0 want_fork=0
 [ $# -eq 0 ] && set -- all
 for arg in "$@"; do
   case "$arg" in
@@ -178,6 +192,7 @@ for arg in "$@"; do
     findings) want_findings=1 ;;
     peers) want_peers=1 ;;
     queue) want_queue=1 ;;
+    fork) want_fork=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown benchmark '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -337,7 +352,7 @@ else
     (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox -p taskbox-init)
     if [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
       || [ $want_egress_tls = 1 ] || [ $want_house = 1 ] || [ $want_peers = 1 ] || [ $want_findings = 1 ] \
-      || [ $want_queue = 1 ]; then
+      || [ $want_queue = 1 ] || [ $want_fork = 1 ]; then
       # A separate build, so the client's dependencies cannot change the runtime's features.
       [ -f "$src/bench/Cargo.toml" ] || die "the api benchmark needs the bench/ crate, which this source lacks"
       (cd "$src" && CARGO_TARGET_DIR=$target_dir cargo build --release -q -p taskbox-bench)
@@ -350,7 +365,7 @@ fi
 # The api benchmark's client (with TASKBOX_BIN: beside it, e.g. cargo build --release -p taskbox-bench).
 BENCH_CLIENT=$(dirname "$TASKBOX")/taskbox-bench
 if { [ $want_api = 1 ] || [ $want_docker = 1 ] || [ $want_egress = 1 ] || [ $want_replay = 1 ] \
-  || [ $want_egress_tls = 1 ] || [ $want_house = 1 ] || [ $want_peers = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
+  || [ $want_egress_tls = 1 ] || [ $want_house = 1 ] || [ $want_peers = 1 ] || [ $want_fork = 1 ]; } && [ ! -x "$BENCH_CLIENT" ]; then
   die "no taskbox-bench beside $TASKBOX (cargo build --release -p taskbox-bench)"
 fi
 
@@ -1157,6 +1172,66 @@ bench_api() {
   py api "$ROWS" "$SCRATCH" "$docker_note" "$wl_rss" "$wl_reqs" "$FILES" | tee "$SCRATCH/api.txt"
 }
 
+# ---- fork (issue 19) -------------------------------------------------------------------------
+# A supervisor whose limits do not bound the figure: density and rate measure the machine.
+fleet_serve() {
+  local i
+  SERVE_SOCK=$SCRATCH/$1.sock
+  "$TASKBOX" --state-dir "$SCRATCH/$1-state" --socket "$SERVE_SOCK" serve \
+    --max-sandboxes 100000 --max-sandboxes-per-tenant 100000 --max-starting 64 \
+    --max-starting-per-tenant 64 2>"$SCRATCH/$1.log" &
+  SERVE_PID=$!
+  for ((i = 0; i < 100; i++)); do
+    [ -S "$SERVE_SOCK" ] && return 0
+    kill -0 "$SERVE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  die "taskbox serve did not start: $(tail -3 "$SCRATCH/$1.log")"
+}
+
+bench_fork() {
+  make_repo
+  local repo=$SCRATCH/repo ws=$SCRATCH/ws
+  fleet_serve fork
+  log "fork: 1 -> 16 of a sandbox with 10 changed files in $FILES files, until all 16 answer an exec"
+  "$BENCH_CLIENT" fork --socket "$SERVE_SOCK" --lib-state-dir "$SCRATCH/fork-lib" \
+    --workspace "$repo" --count 16 --changed 10 --runs "${BENCH_FORK_RUNS:-20}" --warmup 2 \
+    >"$SCRATCH/fork.json"
+  log "rate: create + exec + destroy by 8 clients for ${BENCH_RATE_SECS:-20} s"
+  "$BENCH_CLIENT" rate --socket "$SERVE_SOCK" --lib-state-dir "$SCRATCH/rate-lib" \
+    --workspace "$ws" --clients 8 --secs "${BENCH_RATE_SECS:-20}" >"$SCRATCH/rate.json"
+  serve_stop
+  log "density: live idle sandboxes until a create fails (at most ${BENCH_DENSITY_MAX:-768})"
+  fleet_serve density
+  "$BENCH_CLIENT" density --socket "$SERVE_SOCK" --pid "$SERVE_PID" --workspace "$ws" \
+    --max "${BENCH_DENSITY_MAX:-768}" --floor-mib "${BENCH_DENSITY_FLOOR_MIB:-4096}" \
+    >"$SCRATCH/density.json"
+  serve_stop
+  python3 - "$SCRATCH" "$ROWS" <<'PY' | tee "$SCRATCH/fork.txt"
+import json, sys
+d, rows = sys.argv[1], sys.argv[2]
+fork = json.load(open(f"{d}/fork.json"))
+rate = json.load(open(f"{d}/rate.json"))
+den = json.load(open(f"{d}/density.json"))
+out = []
+for s in fork["series"]:
+    a, f = s["fork_to_all_answering"], s["fork_request"]
+    met = "yes" if s["api"] == "http" and a["p50_ms"] < 50 else ("no" if s["api"] == "http" else "")
+    out.append(f"| fork 1 -> 16, 10 changed files in the 100,000-file workspace, until all 16 answer an exec ({s['api']}) | p50 {a['p50_ms']} ms, p90 {a['p90_ms']}, max {a['max_ms']} (n={a['n']}); the fork request alone p50 {f['p50_ms']} ms | | | < 50 ms | {met} |")
+for s in rate["series"]:
+    c = s["cycle"]
+    met = "yes" if s["api"] == "http" and s["per_second"] >= 100 else ("no" if s["api"] == "http" else "")
+    out.append(f"| sustained create + exec + destroy, 8 clients ({s['api']}) | {s['per_second']:.1f} per second ({s['cycles']} in {s['seconds']:.1f} s); cycle p50 {c['p50_ms']} ms, p99 {c['p99_ms']} | | | >= 100 / s | {met} |")
+h = den["host_mem_available_mib"]
+sup = den["supervisor"]["with_sandboxes"]
+n = den["sandboxes"]
+met = "yes" if n >= 512 else "no"
+out.append(f"| live idle sandboxes ({den['stopped_because']}) | {n} ({den['answering_at_the_end']} answering at the end); host memory {h['per_sandbox_kib']} KiB per sandbox (MemAvailable {h['before']} -> {h['with_sandboxes']} MiB); supervisor VmRSS {sup['rss_mib']:.1f} MiB | | | >= 512 | {met} |")
+open(rows, "a").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+}
+
 # ---- docker ----------------------------------------------------------------------------------
 bench_docker() {
   if ! docker info >/dev/null 2>&1; then
@@ -1582,6 +1657,7 @@ PY
 [ $want_findings = 1 ] && bench_findings
 [ $want_peers = 1 ] && bench_peers
 [ $want_queue = 1 ] && bench_queue
+[ $want_fork = 1 ] && bench_fork
 
 log "results"
 : > "$SCRATCH/results.md"

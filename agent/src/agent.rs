@@ -22,6 +22,9 @@ use crate::state::{ApprovalNote, Plan, TaskState, Termination};
 use crate::tools::{self, Action};
 use crate::trajectory::{Record, Trajectory, VerifyRun};
 
+#[path = "subtask.rs"]
+mod subtask;
+
 /// File names in a task directory.
 pub const STATE_FILE: &str = "state.json";
 pub const TRACE_FILE: &str = "trace.jsonl";
@@ -119,7 +122,15 @@ pub struct Options {
     pub interrupt: Arc<AtomicBool>,
     /// Told of every completed turn.
     pub on_turn: Option<Arc<dyn TurnObserver>>,
+    /// Builds models for runs of their own: with it the model may hand a sub-goal to a
+    /// sub-agent in a fork (the `subtask` tool); without it the tool is not offered.
+    pub models: Option<ModelFactory>,
+    /// Said to the model after the task (e.g. which of several attempts this one is).
+    pub note: Option<String>,
 }
+
+/// Builds a model for a run of its own (an attempt, a sub-agent).
+pub type ModelFactory = Arc<dyn Fn() -> Result<Box<dyn Model>, ModelError> + Send + Sync>;
 
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,6 +149,8 @@ impl Options {
             cancel: Arc::new(AtomicBool::new(false)),
             interrupt: Arc::new(AtomicBool::new(false)),
             on_turn: None,
+            models: None,
+            note: None,
         }
     }
 }
@@ -225,6 +238,16 @@ pub fn start(
     spec: TaskSpec,
     opts: Options,
 ) -> Result<Report, AgentError> {
+    let info = prepare(&api, &spec, &opts)?;
+    start_in(api, model, spec, opts, info)
+}
+
+/// Checks the task and its directory, and creates its sandbox.
+pub fn prepare(
+    api: &Arc<dyn SandboxApi>,
+    spec: &TaskSpec,
+    opts: &Options,
+) -> Result<SandboxInfo, AgentError> {
     spec.contract.check("the contract")?;
     std::fs::create_dir_all(&opts.task_dir)
         .map_err(|e| io("create the task directory", &opts.task_dir, e))?;
@@ -235,14 +258,28 @@ pub fn start(
             opts.task_dir.display()
         )));
     }
-    let info = api.create(CreateRequest {
+    Ok(api.create(CreateRequest {
         workspace: spec.workspace.clone(),
         policy: spec.policy.clone(),
         image: spec.image.clone(),
         backend: spec.backend.clone(),
         labels: [("agent.task".to_owned(), task_label(&opts.task_dir))].into(),
         ..CreateRequest::default()
-    })?;
+    })?)
+}
+
+/// Runs a task to the end in the sandbox `info` (made for it: by [`prepare`], or a fork).
+pub fn start_in(
+    api: Arc<dyn SandboxApi>,
+    model: Box<dyn Model>,
+    spec: TaskSpec,
+    opts: Options,
+    info: SandboxInfo,
+) -> Result<Report, AgentError> {
+    spec.contract.check("the contract")?;
+    std::fs::create_dir_all(&opts.task_dir)
+        .map_err(|e| io("create the task directory", &opts.task_dir, e))?;
+    let state_path = opts.task_dir.join(STATE_FILE);
     let rules = context::rule_files(&api, &info.id);
     let system = system_prompt(&spec.contract, &rules);
     let task_id = opts
@@ -250,8 +287,12 @@ pub fn start(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "task".into());
+    let mut first = task_message(&spec.contract);
+    if let Some(note) = &opts.note {
+        first.push_str(&format!("\n({note})"));
+    }
     let st = TaskState {
-        messages: vec![Message::user(task_message(&spec.contract))],
+        messages: vec![Message::user(first)],
         workspace: spec.workspace.clone(),
         policy: info.policy.clone(),
         image: spec.image.clone(),
@@ -392,8 +433,14 @@ struct Runner {
     overheads_us: Vec<u64>,
     /// Time spent in the model and the sandbox during the current turn.
     external: Duration,
-    fatal: Option<String>,
+    /// Why the task cannot go on, and how it ends: `infrastructure` when the sandbox itself
+    /// failed, else `unrecoverable_error`.
+    fatal: Option<(Termination, String)>,
     tools: Vec<crate::model::ToolSpec>,
+    /// The tools offered (`subtask` among them when sub-agents can run).
+    offered: Vec<taskbox_tools::Tool>,
+    /// What the sub-agents did.
+    subtasks: Vec<crate::report::SubtaskSummary>,
 }
 
 impl Runner {
@@ -420,6 +467,10 @@ impl Runner {
             .saturating_sub(Duration::from_millis(st.elapsed_before_ms));
         let started = Instant::now();
         let recorded = st.messages.len();
+        let offered = match opts.models {
+            Some(_) => tools::with_subtask(),
+            None => tools::TOOLS.to_vec(),
+        };
         Ok(Runner {
             api,
             model,
@@ -437,7 +488,9 @@ impl Runner {
             overheads_us: Vec::new(),
             external: Duration::ZERO,
             fatal: None,
-            tools: tools::specs(),
+            tools: tools::specs_of(&offered),
+            offered,
+            subtasks: Vec::new(),
             st,
         })
     }
@@ -616,6 +669,9 @@ impl Runner {
                 let passed = self.finish_requested(turn, resp.text.clone(), None)?;
                 gate = Some(passed);
             }
+            // The turn's subtasks start first, in forks of the sandbox as the turn found it,
+            // and run side by side with its other calls; each is merged at its own call.
+            let mut subtasks = self.start_subtasks(turn, &resp.tool_calls);
             for call in &resp.tool_calls {
                 if gate == Some(true) {
                     break;
@@ -625,7 +681,16 @@ impl Runner {
                 }
                 self.st.metrics.tool_calls += 1;
                 let t = Instant::now();
-                let action = match tools::validate(&call.name, &call.arguments) {
+                if let Some(running) = subtasks.remove(&call.id) {
+                    let (ok, obs) = self.merge_subtask(running);
+                    self.answer(turn, call, ok, obs, t)?;
+                    if self.fatal.is_some() {
+                        break;
+                    }
+                    continue;
+                }
+                let action = match tools::validate_among(&self.offered, &call.name, &call.arguments)
+                {
                     Ok(a) => a,
                     Err(msg) => {
                         self.st.metrics.validation_errors += 1;
@@ -645,9 +710,14 @@ impl Runner {
                     break;
                 }
             }
+            // Subtasks whose calls were not reached (the gate passed, the task was cancelled):
+            // their forks go.
+            for (_, running) in subtasks.drain() {
+                self.abandon_subtask(running);
+            }
             self.end_turn(turn_started)?;
-            if let Some(why) = self.fatal.take() {
-                break (Termination::UnrecoverableError, why);
+            if let Some((term, why)) = self.fatal.take() {
+                break (term, why);
             }
             match gate {
                 Some(true) => {
@@ -795,15 +865,19 @@ impl Runner {
                     findings: Vec::new(),
                     tests: None,
                 },
-                Err(e) => VerifyRun {
-                    command: cmd.clone(),
-                    exit_code: None,
-                    passed: false,
-                    duration_ms: 0,
-                    output_tail: tools::render_error(&e),
-                    findings: Vec::new(),
-                    tests: None,
-                },
+                Err(e) => {
+                    // A lost sandbox fails no check of the model's: it ends the task.
+                    self.sandbox_failed(&e);
+                    VerifyRun {
+                        command: cmd.clone(),
+                        exit_code: None,
+                        passed: false,
+                        duration_ms: 0,
+                        output_tail: tools::render_error(&e),
+                        findings: Vec::new(),
+                        tests: None,
+                    }
+                }
             };
             if !run.passed {
                 problems.push(format!(
@@ -960,6 +1034,13 @@ impl Runner {
                 return self.plan(steps, files);
             }
             Action::Finish { .. } => Ok(String::new()),
+            // Not offered (see `tools::TOOLS`): a call of it never parses.
+            Action::Fork(_) => Err(ApiError::invalid("fork is not one of this harness's tools")),
+            // Started with the turn and merged at its call (see `start_subtasks`); one that is
+            // here could not start.
+            Action::Subtask(_) => Err(ApiError::invalid(
+                "the subtask could not start (see the harness's log)",
+            )),
         };
         self.external += t.elapsed();
         match result {
@@ -967,11 +1048,25 @@ impl Runner {
             Err(e) => {
                 let text = tools::render_error(&e);
                 self.st.failed_attempts.push(format!("turn {turn}: {text}"));
-                if e.is_infrastructure() && self.api.info(&self.id).is_err() {
-                    self.fatal = Some(format!("the sandbox is gone: {e}"));
-                }
+                self.sandbox_failed(&e);
                 (false, text)
             }
+        }
+    }
+
+    /// Ends the task when `e` says the sandbox itself failed: lost (`infrastructure`, the
+    /// episode is not the model's to score), or gone after an internal error.
+    fn sandbox_failed(&mut self, e: &ApiError) {
+        if e.code() == "infrastructure" {
+            self.fatal = Some((
+                Termination::Infrastructure,
+                format!("the sandbox failed: {e}"),
+            ));
+        } else if e.is_infrastructure() && self.api.info(&self.id).is_err() {
+            self.fatal = Some((
+                Termination::UnrecoverableError,
+                format!("the sandbox is gone: {e}"),
+            ));
         }
     }
 
@@ -1124,9 +1219,7 @@ impl Runner {
                 format!("the command went to the background as exec {}", p.exec_id),
             ),
             Err(e) => {
-                if e.is_infrastructure() && self.api.info(&self.id).is_err() {
-                    self.fatal = Some(format!("the sandbox is gone: {e}"));
-                }
+                self.sandbox_failed(&e);
                 (false, tools::render_error(&e))
             }
         }
@@ -1238,6 +1331,8 @@ impl Runner {
             metrics: self.st.metrics.clone(),
             trace: self.opts.task_dir.join(TRACE_FILE).display().to_string(),
             state: self.state_path().display().to_string(),
+            attempts: None,
+            subtasks: self.subtasks.clone(),
         };
         let dir = self.opts.task_dir.clone();
         let json = serde_json::to_vec_pretty(&report).map_err(|e| AgentError::Io(e.to_string()))?;

@@ -4,7 +4,8 @@
 //! Messages behind one trait, over the small HTTP client of [`http`]), the tools the model may
 //! call ([`tools`]: every tool of `taskbox_tools`, the narrow API's operations as the MCP
 //! server offers them plus `plan` and `finish`), the work contract ([`contract`]), the loop with its budgets and verification
-//! gate ([`agent`]), context management ([`context`]), the externalised task state ([`state`]),
+//! gate ([`agent`]), its attempts in parallel forks ([`attempts`]) and sub-agents in forks (the
+//! `subtask` tool), context management ([`context`]), the externalised task state ([`state`]),
 //! the agent's trace ([`trajectory`]) and its replay ([`replay`]), the handoff report
 //! ([`report`]) and the evaluation of task sets ([`eval`]).
 //!
@@ -14,6 +15,7 @@
 //! real HTTP, for tests and offline evaluation.
 
 pub mod agent;
+pub mod attempts;
 pub mod context;
 pub mod contract;
 pub mod eval;
@@ -28,8 +30,10 @@ pub mod tools;
 pub mod trajectory;
 
 pub use agent::{
-    Approver, Decision, NoOneToAsk, Options, PlanReviewer, TaskSpec, TurnObserver, resume, start,
+    Approver, Decision, ModelFactory, NoOneToAsk, Options, PlanReviewer, TaskSpec, TurnObserver,
+    resume, start, start_in,
 };
+pub use attempts::{Keep, start_attempts};
 pub use contract::Contract;
 pub use report::Report;
 pub use state::Termination;

@@ -225,6 +225,7 @@ fn route(id: &SandboxId, op: &Op<'_>, timeout: Duration) -> Result<Route, ApiErr
                 None => Route::new("DELETE", path, None, timeout),
             }
         }
+        Op::Fork(r) => fs("fork", body(r)?),
     })
 }
 

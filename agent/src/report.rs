@@ -37,6 +37,65 @@ pub struct Report {
     pub metrics: Metrics,
     pub trace: String,
     pub state: String,
+    /// With `--attempts N`: every attempt, and which was kept (this report is the kept one's,
+    /// or the first's when none passed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Attempts>,
+    /// What the sub-agents the model started (`subtask`) did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtasks: Vec<SubtaskSummary>,
+}
+
+/// The attempts of a task run N times in parallel forks of one prepared sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempts {
+    pub n: u32,
+    /// How many passed the verification gate.
+    pub passed: u32,
+    /// Whether one did (pass@N).
+    pub pass_at_n: bool,
+    /// The rule that chose the kept attempt (`first`, `fewest-turns`, `smallest-diff`,
+    /// `cheapest`).
+    pub keep: String,
+    /// The kept attempt (1-based), if one passed.
+    pub kept: Option<u32>,
+    pub list: Vec<AttemptSummary>,
+}
+
+/// One attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptSummary {
+    pub attempt: u32,
+    pub sandbox: String,
+    pub termination: Termination,
+    pub detail: String,
+    pub turns: u32,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+    /// Lines added and removed by its change.
+    pub diff_lines: u64,
+    pub task_dir: String,
+}
+
+/// One sub-agent's work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskSummary {
+    pub goal: String,
+    pub scope: Vec<String>,
+    /// How its task ended (none when it could not run).
+    pub termination: Option<Termination>,
+    /// Its verified change was merged into the parent's workspace.
+    pub applied: bool,
+    /// The files its change touched.
+    pub files: Vec<String>,
+    /// Why it was not merged: the files and hunks that clash with the parent's change.
+    pub conflicts: Vec<String>,
+    pub turns: u32,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+    pub task_dir: String,
 }
 
 impl Report {
@@ -143,6 +202,64 @@ impl Report {
             ),
         ] {
             let _ = writeln!(s, "| {k} | {v} |");
+        }
+        if let Some(a) = &self.attempts {
+            let _ = writeln!(
+                s,
+                "\n## Attempts\n\npass@{}: {} ({} of {} passed); kept by `{}`: {}\n",
+                a.n,
+                if a.pass_at_n { "yes" } else { "no" },
+                a.passed,
+                a.n,
+                a.keep,
+                a.kept
+                    .map(|k| format!("attempt {k}"))
+                    .unwrap_or_else(|| "none".into())
+            );
+            let _ = writeln!(
+                s,
+                "| attempt | termination | turns | tokens in | tokens out | cost (USD) | diff lines |\n|---|---|---|---|---|---|---|"
+            );
+            for t in &a.list {
+                let _ = writeln!(
+                    s,
+                    "| {}{} | {} | {} | {} | {} | {:.4} | {} |",
+                    t.attempt,
+                    if a.kept == Some(t.attempt) {
+                        " (kept)"
+                    } else {
+                        ""
+                    },
+                    t.termination,
+                    t.turns,
+                    t.tokens_in,
+                    t.tokens_out,
+                    t.cost_usd,
+                    t.diff_lines
+                );
+            }
+        }
+        if !self.subtasks.is_empty() {
+            let _ = writeln!(s, "\n## Subtasks\n");
+            for t in &self.subtasks {
+                let how = match (&t.termination, t.applied) {
+                    (_, true) => format!("merged ({})", t.files.join(", ")),
+                    (Some(Termination::Completed), false) => {
+                        format!("verified, not merged: {}", t.conflicts.join("; "))
+                    }
+                    (Some(term), false) => format!("ended as `{term}`, not merged"),
+                    (None, false) => "could not run".to_owned(),
+                };
+                let _ = writeln!(
+                    s,
+                    "- {} (scope {}): {how}; {} turns, {} + {} tokens",
+                    t.goal,
+                    t.scope.join(", "),
+                    t.turns,
+                    t.tokens_in,
+                    t.tokens_out
+                );
+            }
         }
         let _ = writeln!(s, "\n## Files changed\n");
         if self.files_changed.is_empty() {

@@ -28,6 +28,9 @@ pub enum Termination {
     /// The model or the sandbox failed in a way retrying did not fix.
     UnrecoverableError,
     Cancelled,
+    /// The sandbox itself failed (lost: its init died, its supervisor restarted, its daemon
+    /// went away): not the model's doing, an episode to drop rather than score.
+    Infrastructure,
 }
 
 impl Termination {
@@ -40,6 +43,7 @@ impl Termination {
             Termination::CostBudget => "cost_budget",
             Termination::UnrecoverableError => "unrecoverable_error",
             Termination::Cancelled => "cancelled",
+            Termination::Infrastructure => "infrastructure",
         }
     }
 }

@@ -11,12 +11,34 @@ use crate::model::ToolSpec;
 pub use taskbox_tools::Call as Action;
 pub use taskbox_tools::render::{api_error as render_error, exec as render_exec};
 
-/// The tools the agent offers: the sandbox tools, then the harness tools.
-pub const TOOLS: [Tool; 10] = Tool::ALL;
+/// The tools the agent offers: the sandbox tools, then the harness tools (not `fork`: the agent
+/// forks through its own attempts and sub-tasks).
+pub const TOOLS: [Tool; 10] = [
+    Tool::Exec,
+    Tool::ReadFile,
+    Tool::WriteFile,
+    Tool::EditFile,
+    Tool::ApplyPatch,
+    Tool::List,
+    Tool::Search,
+    Tool::Diff,
+    Tool::Plan,
+    Tool::Finish,
+];
+
+/// The tools offered when the harness can run sub-agents: [`TOOLS`] and `subtask`.
+pub fn with_subtask() -> Vec<Tool> {
+    TOOLS.into_iter().chain([Tool::Subtask]).collect()
+}
 
 /// The tool specifications sent to the model.
 pub fn specs() -> Vec<ToolSpec> {
-    TOOLS
+    specs_of(&TOOLS)
+}
+
+/// The specifications of `offered`.
+pub fn specs_of(offered: &[Tool]) -> Vec<ToolSpec> {
+    offered
         .iter()
         .map(|t| ToolSpec {
             name: t.name().to_owned(),
@@ -29,7 +51,12 @@ pub fn specs() -> Vec<ToolSpec> {
 /// Checks a tool call's arguments against the tool's schema; the error is the message for the
 /// model (it names the tool and the field).
 pub fn validate(name: &str, arguments: &str) -> Result<Action, String> {
-    parse_call(&TOOLS, name, arguments).map_err(|e| taskbox_tools::render::args_error(&e))
+    validate_among(&TOOLS, name, arguments)
+}
+
+/// [`validate`] among the tools `offered`.
+pub fn validate_among(offered: &[Tool], name: &str, arguments: &str) -> Result<Action, String> {
+    parse_call(offered, name, arguments).map_err(|e| taskbox_tools::render::args_error(&e))
 }
 
 /// The paths a patch touches (from its `---`/`+++` headers, `a/` `b/` prefixes removed).

@@ -10,6 +10,7 @@
 mod docker;
 mod egress;
 mod findings;
+mod fleet;
 mod hop;
 mod http;
 mod procfs;
@@ -93,6 +94,13 @@ enum Cmd {
     /// (`taskbox agent run`), to its sandbox's start and to its end; and short tasks per second
     /// with 1, 2 and 3 workers.
     Queue(queue::QueueArgs),
+    /// Fork 1 -> COUNT of a sandbox with CHANGED changed files: the time until every fork has
+    /// answered an exec (issue 19).
+    Fork(fleet::ForkArgs),
+    /// Live idle sandboxes until a create fails (or a cap): host memory each, supervisor RSS.
+    Density(fleet::DensityArgs),
+    /// Sustained create + one exec + destroy by CLIENTS clients: cycles per second.
+    Rate(fleet::RateArgs),
 }
 
 #[derive(Args)]
@@ -205,6 +213,9 @@ fn main() -> Result<()> {
         Cmd::FindingsCost(a) => findings::cost(&a)?,
         Cmd::FindingsText(a) => findings::text(&a)?,
         Cmd::Queue(a) => queue::run(&a)?,
+        Cmd::Fork(a) => fleet::fork(&a)?,
+        Cmd::Density(a) => fleet::density(&a)?,
+        Cmd::Rate(a) => fleet::rate(&a)?,
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

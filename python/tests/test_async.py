@@ -36,6 +36,12 @@ def test_async_create_exec_read_write_diff_destroy(supervisor: Supervisor, works
                 await sb.restore("c1")
                 assert not await sb.exists("later.txt")
                 assert "async demo" in ((await sb.export()).patch or "")
+                forks = await sb.fork(2)
+                assert [type(f) for f in forks] == [taskbox.AsyncSandbox] * 2
+                assert [f.info.forked_from.parent for f in forks if f.info.forked_from] == [sb.id] * 2
+                assert all([(await f.read_text("README.md")).startswith("# async demo") for f in forks])
+                for f in forks:
+                    await f.destroy()
                 sid = sb.id
             with pytest.raises(taskbox.NotFoundError):
                 await tb.get(sid)

@@ -187,6 +187,32 @@ def test_checkpoint_restore_export(sandbox: taskbox.Sandbox, workspace: Path) ->
     assert applied.applied and (workspace / "src/calc.py").read_text().endswith("a + b\n")
 
 
+def test_fork_now_and_from_a_checkpoint(sandbox: taskbox.Sandbox) -> None:
+    sandbox.edit("src/calc.py", "a - b", "a + b")
+    sandbox.checkpoint("fixed")
+    sandbox.exec("echo later > later.txt; echo scratch > /tmp/scratch")
+    forks = sandbox.fork(2, ttl_secs=600, labels={"attempt": "x"})
+    try:
+        assert len(forks) == 2 and all(isinstance(f, taskbox.Sandbox) for f in forks)
+        for f in forks:
+            assert f.info.forked_from is not None and f.info.forked_from.parent == sandbox.id
+            assert f.info.forked_from.checkpoint is None and f.info.labels["attempt"] == "x"
+            assert f.read_text("later.txt") == "later\n" and f.exec("cat /tmp/scratch").stdout.text == "scratch\n"
+        forks[0].write("only-here.txt", "x")
+        assert not forks[1].exists("only-here.txt") and not sandbox.exists("only-here.txt")
+        (old,) = sandbox.fork(checkpoint="fixed")
+        forks.append(old)
+        assert old.info.forked_from is not None and old.info.forked_from.checkpoint == "fixed"
+        assert not old.exists("later.txt") and old.read_text("src/calc.py").endswith("a + b\n")
+        with pytest.raises(taskbox.InvalidArgumentError):
+            sandbox.fork(0)
+        with pytest.raises(taskbox.NotFoundError):
+            sandbox.fork(checkpoint="no-such")
+    finally:
+        for f in forks:
+            f.destroy(missing_ok=True)
+
+
 def test_renew_and_limits(sandbox: taskbox.Sandbox) -> None:
     before = sandbox.info.expires_at_ms
     info = sandbox.renew(7200)

@@ -3,6 +3,8 @@ class raised by a real supervisor on a real error."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,6 +143,8 @@ def test_limit_exceeded_and_request_timeout(tight: Supervisor, tmp_path: Path) -
         with pytest.raises(taskbox.TaskboxError) as e:
             c.create(ws)
         check(e, taskbox.LimitExceededError, 429)
+        # Every 429 says when to try again.
+        assert e.value.retry_after is not None and e.value.retry_after >= 1
 
         def stalls() -> Iterator[bytes]:
             yield b'{"path": "slow.txt", '
@@ -177,3 +181,107 @@ def test_no_supervisor_is_a_connection_error(tmp_path: Path) -> None:
     with taskbox.Client("http://127.0.0.1:9", timeout=httpx.Timeout(2.0)) as c:
         with pytest.raises(taskbox.TaskboxConnectionError, match="127.0.0.1:9"):
             c.health()
+
+
+def init_pid(state: Path, sandbox_id: str) -> int:
+    """The pid of the sandbox's init (pid 1 inside): the helper's child, both started with the
+    sandbox's plan."""
+    plan = str(state / "sandboxes" / sandbox_id / "plan.json")
+    procs = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if plan in cmdline:
+            procs[int(d.name)] = ppid
+    # The helper, whose parent is the supervisor; pid 1 is its child (exec starters and reapers,
+    # forked from pid 1, have its command line too).
+    helpers = [pid for pid, ppid in procs.items() if ppid not in procs]
+    assert len(helpers) == 1, procs
+    inits = [pid for pid, ppid in procs.items() if ppid == helpers[0]]
+    assert len(inits) == 1, procs
+    return inits[0]
+
+
+def test_a_killed_init_raises_infrastructure_error(tmp_path: Path) -> None:
+    import threading
+
+    sup = Supervisor(tmp_path)
+    try:
+        ws = make_workspace(tmp_path / "ws")
+        with sup.client() as c:
+            sb = c.create(ws)
+            failed = sb.exec("exit 3")
+            assert failed.exit_code == 3, "a command's own failure is an observation, not an error"
+            killed = sb.exec("kill -9 $$")
+            assert killed.signal == 9 and killed.exit_code is None
+            caught: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    sb.exec("sleep 60")
+                except BaseException as e:  # noqa: BLE001
+                    caught.append(e)
+
+            t = threading.Thread(target=run)
+            t.start()
+            time.sleep(1.0)
+            os.kill(init_pid(sup.state, sb.id), signal.SIGKILL)
+            t.join(30)
+            assert len(caught) == 1, caught
+            e = caught[0]
+            assert isinstance(e, taskbox.InfrastructureError) and e.code == "infrastructure", repr(e)
+            assert e.is_infrastructure and "SIGKILL" in e.message, e.message
+            for op in (lambda: sb.exec("true"), lambda: sb.read("README.md"), lambda: sb.diff()):
+                with pytest.raises(taskbox.InfrastructureError, match="lost"):
+                    op()
+            info = sb.refresh()
+            assert info.state == "lost" and info.lost_cause and "SIGKILL" in info.lost_cause, info
+            sb.destroy()
+    finally:
+        sup.stop()
+
+
+def test_a_supervisor_killed_mid_exec_raises_infrastructure_error(tmp_path: Path) -> None:
+    import threading
+
+    ws = make_workspace(tmp_path / "ws")
+    sup = Supervisor(tmp_path)
+    c = sup.client()
+    sb = c.create(ws)
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sb.exec("sleep 60")
+        except BaseException as e:  # noqa: BLE001
+            caught.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(1.0)
+    sup.proc.kill()
+    sup.proc.wait()
+    t.join(30)
+    assert len(caught) == 1 and isinstance(caught[0], taskbox.InfrastructureError), caught
+    c.close()
+    # A new supervisor on the same state: the sandbox was lost with the old one, and says so.
+    sup.log.close()
+    again = Supervisor(tmp_path)
+    try:
+        with again.client() as c2:
+            lost = taskbox.Sandbox(c2, sb.info)
+            with pytest.raises(taskbox.InfrastructureError, match="supervisor restarted") as e:
+                lost.exec("true")
+            assert e.value.code == "infrastructure" and e.value.status == 500
+            with pytest.raises(taskbox.InfrastructureError):
+                c2.get(sb.id)
+            lost.destroy()
+            with pytest.raises(taskbox.SandboxNotFoundError):
+                c2.get(sb.id)
+    finally:
+        again.stop()

@@ -16,7 +16,9 @@ use taskbox_core::result::ChangeKind;
 use crate::image::tree_state;
 use crate::suite::{Subject, code_of, expect_code};
 
+mod fork;
 mod review;
+pub use fork::*;
 pub use review::*;
 
 /// Declares every check of the suite as a `#[test]` on the subject `$subject` (an expression
@@ -25,6 +27,7 @@ pub use review::*;
 macro_rules! api_conformance {
     ($subject:expr) => {
         $crate::api_conformance!(@checks $subject; lifecycle_and_info, every_operation_on_an_unknown_sandbox_is_sandbox_not_found, exec_argv_shell_cwd_env_stdin_and_exits, exec_timeout_and_output_limit, exec_events_stream_in_order, background_process_wait_kill_and_stdin, read_and_write, edit_and_patch, list_search_and_stat, remove_and_rename, diff_checkpoint_restore_and_export, approvals_and_network_defaults, hostile_paths_are_refused_on_every_operation, planted_symlinks_lead_nowhere_outside_the_workspace, a_command_that_kills_all_it_can_leaves_the_sandbox_serving, binary_stdin_and_merged_output, exec_as_another_user_of_the_sandbox, a_writable_root_lets_root_add_a_user);
+        $crate::api_conformance!(@checks $subject; a_fork_sees_its_parent_and_nothing_flows_between_forks, a_fork_from_a_checkpoint_starts_there, bad_forks_are_refused_and_make_nothing);
         $crate::api_conformance!(@checks $subject; changes_and_diffs_leave_out_what_git_ignores, files_that_run_on_their_own_are_flagged_and_applied_only_when_allowed, a_same_second_edit_after_a_test_run_is_never_stale);
         $crate::api_conformance!(@checks $subject; absolute_paths_reach_the_sandbox_as_its_user, the_file_api_may_write_where_commands_may, permissions_bind_the_file_api_as_they_bind_commands, hostile_absolute_paths_stay_inside, error_codes_on_real_errors, large_files_stream_both_ways, spill_files_of_old_execs_make_room_and_a_running_execs_stay);
     };
@@ -449,6 +452,7 @@ pub fn every_operation_on_an_unknown_sandbox_is_sandbox_not_found(s: &Subject) {
             "set_network",
             code(s.api.set_network(&g, NetworkRules::default())),
         ),
+        ("fork", code(s.api.fork(&g, ForkRequest::default()))),
         ("destroy", code(s.api.destroy(&g))),
     ];
     ops.extend(path_ops(s, &g, "a"));

@@ -916,3 +916,144 @@ fn a_workspace_without_a_commit_comes_from_a_tar_or_a_directory_and_normalisatio
         assert_eq!(report["normalizations"], json!(["timestamps", "durations"]));
     }
 }
+
+/// Runs a CLI verb against the supervisor; its stdout (the verb must succeed).
+fn verb(env: &Env, sup: &Supervisor, args: &[&str]) -> String {
+    let out = Command::new(taskbox())
+        .args(args)
+        .arg("--socket")
+        .arg(&sup.socket)
+        .arg("--state-dir")
+        .arg(env.state())
+        .env("HOME", env.home())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "taskbox {args:?}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_fork_is_traced_from_its_parent_and_replays_from_the_parents_trace() {
+    let env = Env::new();
+    repo(&env);
+    let sup = Supervisor::start(&env, &[]);
+    let info = ok(
+        &sup,
+        "POST",
+        "/v1/sandboxes",
+        json!({"workspace": env.ws().display().to_string()}),
+    );
+    let id = info["id"].as_str().unwrap().to_string();
+    let exec = |id: &str, shell: &str| {
+        let r = ok(
+            &sup,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            json!({"shell": shell}),
+        );
+        assert_eq!(r["exit_code"], 0, "{r}");
+        r
+    };
+    exec(&id, "echo one > notes.txt && echo scratch > /tmp/scratch");
+    ok(
+        &sup,
+        "POST",
+        &format!("/v1/sandboxes/{id}/checkpoints"),
+        json!({"name": "first"}),
+    );
+    exec(&id, "echo two >> notes.txt");
+    // Through the CLI: `taskbox fork ID -n 2`, then `--from CHECKPOINT`.
+    let forks: Vec<String> = verb(&env, &sup, &["fork", &id, "-n", "2"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    let from_ckpt = verb(&env, &sup, &["fork", &id, "--from", "first"])
+        .trim()
+        .to_string();
+    // What happens in the parent after the fork is not the fork's.
+    exec(&id, "echo three >> notes.txt");
+    let r = exec(
+        &forks[0],
+        "cat notes.txt /tmp/scratch; echo fork >> notes.txt",
+    );
+    assert_eq!(r["stdout"]["text"], "one\ntwo\nscratch\n", "{r}");
+    let r = exec(
+        &from_ckpt,
+        "cat notes.txt; test -e /tmp/scratch || echo no-scratch",
+    );
+    assert_eq!(r["stdout"]["text"], "one\nno-scratch\n", "{r}");
+    // A fork of a fork.
+    let grandchild = verb(&env, &sup, &["fork", &forks[0]]).trim().to_string();
+    let r = exec(&grandchild, "cat notes.txt");
+    assert_eq!(r["stdout"]["text"], "one\ntwo\nfork\n", "{r}");
+    for sb in [&grandchild, &from_ckpt, &forks[1], &forks[0], &id] {
+        let (status, _) = http::call(&sup.socket, "DELETE", &format!("/v1/sandboxes/{sb}"), None);
+        assert_eq!(status, 204);
+    }
+    drop(sup);
+
+    // The parent's trace has the fork; each fork's header names the parent and that seq.
+    let traces = env.state().join("traces");
+    let parent_text = fs::read_to_string(traces.join(format!("{id}.jsonl"))).unwrap();
+    let fork_seqs: Vec<u64> = op_lines(&parent_text)
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["op"] == "fork")
+        .map(|v| v["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(fork_seqs.len(), 2, "{parent_text}");
+    let header = |sb: &str| -> Value {
+        let text = fs::read_to_string(traces.join(format!("{sb}.jsonl"))).unwrap();
+        serde_json::from_str(text.lines().next().unwrap()).unwrap()
+    };
+    for f in &forks {
+        let h = header(f);
+        assert_eq!(h["fork"]["parent"], id.as_str(), "{h}");
+        assert_eq!(h["fork"]["seq"], fork_seqs[0], "{h}");
+    }
+    let h = header(&from_ckpt);
+    assert_eq!(
+        (&h["fork"]["seq"], &h["fork"]["checkpoint"]),
+        (&json!(fork_seqs[1]), &json!("first"))
+    );
+    assert_eq!(header(&grandchild)["fork"]["parent"], forks[0].as_str());
+
+    // Each replays from its parent's trace (and its parent's): nothing diverges.
+    for (sb, ops, generations) in [(&forks[0], 4, 1), (&from_ckpt, 3, 1), (&grandchild, 3, 2)] {
+        let trace = traces.join(format!("{sb}.jsonl"));
+        let (code, report) = replay_json(&env, &trace, &[]);
+        assert_clean(code, &report, ops);
+        let notes: Vec<&str> = report["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|n| n.starts_with("rebuilt from"))
+            .collect();
+        assert_eq!(notes.len(), generations, "{report:#}");
+        assert!(notes.iter().all(|n| n.contains("0 diverged")), "{notes:?}");
+    }
+    // The fork's own observations are compared: a tampered one is found.
+    let trace = traces.join(format!("{}.jsonl", forks[0]));
+    let bad = env.dir.path().join("bad-fork.jsonl");
+    tamper(&trace, &bad, 2, |v| {
+        v["outcome"]["ok"]["stdout"]["text"] = json!("one\nthree\nscratch\n");
+    });
+    // Beside the parent's trace, as a fork's must be.
+    let beside = traces.join("sb-0000000000000bad.jsonl");
+    fs::copy(&bad, &beside).unwrap();
+    let (code, report) = replay_json(&env, &beside, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(first_divergence(&report)["seq"], 2);
+    // Without its parent's trace a fork cannot be rebuilt, and says so.
+    let alone = env.dir.path().join("alone");
+    fs::create_dir(&alone).unwrap();
+    fs::copy(&trace, alone.join("fork.jsonl")).unwrap();
+    assert_refused(
+        &env,
+        &alone.join("fork.jsonl"),
+        &format!("the trace of the fork's parent {id} cannot be read"),
+    );
+}

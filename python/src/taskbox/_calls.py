@@ -73,7 +73,11 @@ def check(r: Response) -> Response:
     """`r`, or the exception of its error answer."""
     if r.status_code < 400:
         return r
-    raise error_of(r.status_code, r.content)
+    e = error_of(r.status_code, r.content)
+    after = r.headers.get("retry-after")
+    if after is not None and after.strip().isdigit():
+        e.retry_after = float(after)
+    raise e
 
 
 def error_of(status: int | None, content: bytes) -> TaskboxError:
@@ -362,6 +366,13 @@ def checkpoint(id: str, name: str) -> Call[m.CheckpointInfo]:
 
 def restore(id: str, name: str) -> Call[None]:
     return call("restore", _none, body=m.CheckpointRequest(name=name), id=id)
+
+
+def fork(id: str, count: int, checkpoint: str | None, ttl_secs: int | None,
+         labels: Mapping[str, str] | None) -> Call[m.ForkResult]:
+    req = m.ForkRequest(count=count, checkpoint=checkpoint, ttl_secs=ttl_secs,
+                        labels=dict(labels) if labels else None)
+    return call("fork", _model(m.ForkResult), body=req, id=id)
 
 
 def export(id: str, format: m.ExportFormat, apply: bool, include_ignored: bool = False,

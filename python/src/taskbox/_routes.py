@@ -42,6 +42,7 @@ ROUTES: dict[str, tuple[str, str]] = {
     "diff": ("POST", "/v1/sandboxes/{id}/diff"),
     "create_checkpoint": ("POST", "/v1/sandboxes/{id}/checkpoints"),
     "restore": ("POST", "/v1/sandboxes/{id}/restore"),
+    "fork": ("POST", "/v1/sandboxes/{id}/fork"),
     "export": ("POST", "/v1/sandboxes/{id}/export"),
     "upload": ("PUT", "/v1/sandboxes/{id}/files"),
     "download": ("GET", "/v1/sandboxes/{id}/files"),

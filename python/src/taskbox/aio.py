@@ -473,6 +473,15 @@ class AsyncSandbox:
         """Rolls the workspace back to checkpoint `name` (background processes are stopped)."""
         await self._send(calls.restore(self.id, name))
 
+    async def fork(self, count: int = 1, *, checkpoint: str | None = None, ttl_secs: int | None = None,
+             labels: Mapping[str, str] | None = None) -> builtins.list[AsyncSandbox]:
+        """`count` new sandboxes (1-64) from this one: its image, policy, environment, workspace
+        and `/tmp` as they are now, or with `checkpoint` its workspace at that checkpoint (and
+        an empty `/tmp`). Each has its own lease (`ttl_secs`, default the supervisor's) and
+        counts against the quotas as a create does; processes are not copied."""
+        r = await self._send(calls.fork(self.id, count, checkpoint, ttl_secs, labels))
+        return [AsyncSandbox(self.client, info) for info in r.sandboxes]
+
     async def export(self, format: m.ExportFormat = "patch", *, apply: bool = False,
                include_ignored: bool = False, allow_autorun: bool = False,
                idempotency_key: str | None = None) -> m.ExportResult:

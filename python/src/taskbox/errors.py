@@ -26,6 +26,7 @@ __all__ = [
     "UserNotFoundError",
     "ConflictError",
     "LimitExceededError",
+    "InfrastructureError",
     "InternalError",
     "UnavailableError",
     "UnauthorizedError",
@@ -50,12 +51,17 @@ class TaskboxError(Exception):
         self.message = message
         self.code = code if code is not None else self.CODE
         self.status = status
+        #: Seconds after which the request may succeed (the answer's `Retry-After`: every 429
+        #: has one), or None.
+        self.retry_after: float | None = None
 
     @property
     def is_infrastructure(self) -> bool:
-        """The sandbox or its backend failed (codes `internal` and `unavailable`), not the
-        request: a training loop drops such an episode instead of scoring it."""
-        return self.code in ("internal", "unavailable")
+        """The sandbox or its backend failed (codes `infrastructure`, `internal` and
+        `unavailable`, or no answer at all), not the request nor the command: a training loop
+        drops such an episode instead of scoring it. The same as `isinstance(e,
+        InfrastructureError)`."""
+        return isinstance(self, InfrastructureError)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}" if self.code else self.message
@@ -64,8 +70,21 @@ class TaskboxError(Exception):
         return f"{type(self).__name__}(code={self.code!r}, status={self.status!r}, message={self.message!r})"
 
 
-class TaskboxConnectionError(TaskboxError):
-    """No answer: the supervisor cannot be reached, or the connection broke."""
+class InfrastructureError(TaskboxError):
+    """The sandbox itself failed, not the request nor the command (500, code `infrastructure`):
+    its init died, its supervisor restarted, its container or daemon went away, the host ran out
+    of memory; `message` says which. Nothing more runs in that sandbox. A training loop catches
+    this class (which `InternalError`, `UnavailableError` and `TaskboxConnectionError` are too)
+    to drop the episode instead of scoring it."""
+
+    CODE = "infrastructure"
+
+
+class TaskboxConnectionError(InfrastructureError):
+    """No answer: the supervisor cannot be reached, or the connection broke (it died
+    mid-request, for one)."""
+
+    CODE = None
 
 
 class NotFoundError(TaskboxError):
@@ -155,13 +174,13 @@ class LimitExceededError(TaskboxError):
     CODE = "limit_exceeded"
 
 
-class InternalError(TaskboxError):
+class InternalError(InfrastructureError):
     """The backend failed (500): an infrastructure error."""
 
     CODE = "internal"
 
 
-class UnavailableError(TaskboxError):
+class UnavailableError(InfrastructureError):
     """The backend cannot be reached now (503): an infrastructure error."""
 
     CODE = "unavailable"
@@ -210,6 +229,7 @@ ERRORS: dict[str, type[TaskboxError]] = {
         UserNotFoundError,
         ConflictError,
         LimitExceededError,
+        InfrastructureError,
         InternalError,
         UnavailableError,
         UnauthorizedError,

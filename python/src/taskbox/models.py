@@ -295,6 +295,15 @@ class ProcessInfo(Answer):
     result: ExecResult | None = None
 
 
+class ForkOrigin(Answer):
+    """Where a fork came from: its parent, and the parent's checkpoint it started from (None:
+    the parent as it was when forked)."""
+
+    parent: str
+    checkpoint: str | None = None
+    forked_at_ms: int
+
+
 class SandboxInfo(Answer):
     id: str
     backend: str
@@ -310,6 +319,10 @@ class SandboxInfo(Answer):
     #: "running" or "lost".
     state: str
     checkpoints: list[str]
+    #: Why a lost sandbox is lost (an infrastructure failure, never the command's).
+    lost_cause: str | None = None
+    #: For a fork: its parent and the point it was forked from.
+    forked_from: ForkOrigin | None = None
 
 
 class Approval(Answer):
@@ -493,6 +506,12 @@ class DiffResult(Answer):
     ignored: int = 0
     #: Changed files that tools run on their own.
     flagged: list[AutorunFile] = Field(default_factory=list)
+
+
+class ForkResult(Answer):
+    """The sandboxes a fork made, in order."""
+
+    sandboxes: list[SandboxInfo]
 
 
 class CheckpointInfo(Answer):
@@ -679,6 +698,13 @@ class DiffRequest(Request):
 
 class CheckpointRequest(Request):
     name: str
+
+
+class ForkRequest(Request):
+    count: int | None = None
+    checkpoint: str | None = None
+    ttl_secs: int | None = None
+    labels: dict[str, str] | None = None
 
 
 class ExportRequest(Request):

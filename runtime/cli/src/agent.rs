@@ -119,6 +119,19 @@ pub struct RunArgs {
     /// report keeps the diff).
     #[arg(long, requires = "apply")]
     allow_autorun: bool,
+    /// Run N attempts of the task side by side, each in its own fork of one prepared sandbox
+    /// and under the contract; the one --keep chooses among those that pass verification is
+    /// the task's result. The report lists every attempt (pass@N, turns, tokens, cost).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    attempts: u32,
+    /// Which passing attempt is kept: first (the others are ended then), fewest-turns,
+    /// smallest-diff or cheapest.
+    #[arg(long, value_name = "RULE", default_value = "first", value_parser = |s: &str| s.parse::<taskbox_agent::Keep>())]
+    keep: taskbox_agent::Keep,
+    /// Offer the model the `subtask` tool: it hands a sub-goal with its own scope and budget to
+    /// a sub-agent in a fork, whose verified change is merged back (or its conflicts reported).
+    #[arg(long)]
+    subtasks: bool,
     /// Print the report as JSON instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -475,7 +488,20 @@ fn run_task(a: RunArgs, conn: &Conn) -> Result<u8> {
         image: None,
         backend: None,
     };
-    let report = taskbox_agent::start(b.api.clone(), model, spec, opts)?;
+    let mut opts = opts;
+    let factory: taskbox_agent::ModelFactory = {
+        let cfg = cfg.clone();
+        Arc::new(move || cfg.build())
+    };
+    if a.subtasks {
+        opts.models = Some(factory.clone());
+    }
+    let report = if a.attempts > 1 {
+        drop(model);
+        taskbox_agent::start_attempts(b.api.clone(), factory, spec, opts, a.attempts, a.keep)?
+    } else {
+        taskbox_agent::start(b.api.clone(), model, spec, opts)?
+    };
     finish_sandbox(&b, &report, a.apply, a.allow_autorun)?;
     print_report(&report, a.json)
 }

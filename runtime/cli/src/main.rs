@@ -135,6 +135,24 @@ struct ServeArgs {
     /// Live sandboxes of one tenant.
     #[arg(long, value_name = "N")]
     max_sandboxes_per_tenant: Option<usize>,
+    /// Sandboxes being created or forked at once across all tenants (default 16); past it: 429
+    /// with Retry-After, at once.
+    #[arg(long, value_name = "N")]
+    max_starting: Option<usize>,
+    /// Sandboxes being created or forked at once by one tenant (default 8).
+    #[arg(long, value_name = "N")]
+    max_starting_per_tenant: Option<usize>,
+    /// Sandboxes created (or forked) per second across all tenants: N, N/s, N/m or N/h
+    /// (default: unbounded); past it: 429 with Retry-After.
+    #[arg(long, value_name = "RATE", value_parser = taskbox_server::Rate::parse)]
+    create_rate: Option<taskbox_server::Rate>,
+    /// Sandboxes created (or forked) per second by one tenant (default: unbounded).
+    #[arg(long, value_name = "RATE", value_parser = taskbox_server::Rate::parse)]
+    create_rate_per_tenant: Option<taskbox_server::Rate>,
+    /// A sandbox's hard lifetime from its creation, which no lease or renew passes (default
+    /// 7d; "none" for no limit).
+    #[arg(long, value_name = "DUR|none", value_parser = parse_lifetime)]
+    max_lifetime: Option<Lifetime>,
     /// Exec requests in flight across all tenants.
     #[arg(long, value_name = "N")]
     max_execs: Option<usize>,
@@ -274,6 +292,18 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("the timeout must be greater than zero".into());
     }
     Ok(d)
+}
+
+/// A hard lifetime: a duration, or none at all.
+#[derive(Debug, Clone, Copy)]
+struct Lifetime(Option<Duration>);
+
+/// A duration, or "none".
+fn parse_lifetime(s: &str) -> Result<Lifetime, String> {
+    if s == "none" {
+        return Ok(Lifetime(None));
+    }
+    parse_duration(s).map(|d| Lifetime(Some(d)))
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -434,6 +464,21 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     }
     if let Some(n) = args.max_sandboxes_per_tenant {
         l.max_sandboxes_per_tenant = n;
+    }
+    if let Some(n) = args.max_starting {
+        l.max_starting_total = n;
+    }
+    if let Some(n) = args.max_starting_per_tenant {
+        l.max_starting_per_tenant = n;
+    }
+    if args.create_rate.is_some() {
+        l.create_rate_total = args.create_rate;
+    }
+    if args.create_rate_per_tenant.is_some() {
+        l.create_rate_per_tenant = args.create_rate_per_tenant;
+    }
+    if let Some(Lifetime(life)) = args.max_lifetime {
+        l.max_lifetime = life;
     }
     if let Some(n) = args.max_execs {
         l.max_execs_total = n;

@@ -68,7 +68,12 @@ pub fn run(args: ReplayArgs, trace_path: &Path, state_dir: &Path) -> Result<u8> 
     }
 
     let scratch = scratch_dir(state_dir)?;
-    let opts = ReplayOptions { normalize };
+    // A fork is rebuilt from its parent's trace (and its parent's, ...), beside its own.
+    let ancestors = replay::ancestors_of(&trace, trace_path)?;
+    let opts = ReplayOptions {
+        normalize,
+        ancestors,
+    };
     let result = replay_in(&args, &trace, &backend, &image, state_dir, &scratch, &opts);
     taskbox_core::native::remove_tree(&scratch);
     let report = result?;

@@ -72,6 +72,10 @@ pub enum Verb {
     Checkpoint(NameArgs),
     /// Roll the workspace back to a checkpoint (stops background processes).
     Restore(NameArgs),
+    /// Fork a sandbox: N new sandboxes with its image, policy, environment, workspace and /tmp
+    /// as they are now (or its workspace at a checkpoint), each with a lease of its own;
+    /// processes are not copied. Prints the new ids, one a line.
+    Fork(ForkArgs),
     /// Print the change as a patch, or write it as a tar; --apply writes it to the host workspace.
     Export(ExportArgs),
     /// Destroy sandboxes: nothing of them remains.
@@ -271,6 +275,27 @@ pub struct DiffArgs {
     /// does not track, and git's own files under .git/ (the diff counts them either way).
     #[arg(long)]
     include_ignored: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    id: String,
+    /// Start from this checkpoint of the sandbox (its workspace then, an empty /tmp) instead
+    /// of the sandbox as it is now.
+    #[arg(long, value_name = "CHECKPOINT")]
+    from: Option<String>,
+    /// How many sandboxes (1-64).
+    #[arg(short = 'n', long = "count", value_name = "N", default_value_t = 1)]
+    count: u32,
+    /// Lease of each fork (default: the supervisor's).
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
+    ttl: Option<Duration>,
+    /// Labels set on each fork, over the parent's.
+    #[arg(long = "label", value_name = "K=V", value_parser = crate::parse_label)]
+    labels: Vec<(String, String)>,
+    /// Print the forks' info as JSON instead of their ids.
     #[arg(long)]
     json: bool,
 }
@@ -640,6 +665,25 @@ pub fn run(verb: Verb, conn: &Conn) -> Result<u8> {
                 )?
                 .ok()?;
             eprintln!("taskbox: restored checkpoint {}", a.name);
+            Ok(0)
+        }
+        Verb::Fork(a) => {
+            let mut body = json!({"count": a.count, "labels": kv_map(&a.labels)});
+            if let Some(c) = a.from {
+                body["checkpoint"] = json!(c);
+            }
+            if let Some(t) = a.ttl {
+                body["ttl_secs"] = json!(t.as_secs().max(1));
+            }
+            let r = client
+                .request("POST", &sandbox_path(&a.id, "/fork")?, Some(&body))?
+                .ok()?;
+            if a.json {
+                return print_json(&r).map(|_| 0);
+            }
+            for info in r["sandboxes"].as_array().into_iter().flatten() {
+                println!("{}", info["id"].as_str().unwrap_or("?"));
+            }
             Ok(0)
         }
         Verb::Export(a) => {

@@ -344,6 +344,69 @@ pub struct SandboxInfo {
     /// "running" or "lost" (its processes are gone; only destroy is possible).
     pub state: String,
     pub checkpoints: Vec<String>,
+    /// Why a lost sandbox is lost (state "lost"): its init died, its supervisor restarted, its
+    /// container or daemon went away. An infrastructure failure, never the command's own.
+    /// (Left out of the JSON while the sandbox runs.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_cause: Option<String>,
+    /// For a fork: the sandbox it was forked from and the point it was forked at. (Left out of
+    /// the JSON for a sandbox that is no fork.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkOrigin>,
+}
+
+/// Where a fork came from: its parent, and the point of the parent it starts from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ForkOrigin {
+    /// The sandbox it was forked from.
+    pub parent: SandboxId,
+    /// The parent's checkpoint it starts from; null: the parent's workspace and `/tmp` as they
+    /// were when it was forked.
+    pub checkpoint: Option<String>,
+    /// When it was forked (ms since the epoch).
+    pub forked_at_ms: u64,
+}
+
+/// The most forks one fork request makes.
+pub const MAX_FORKS: u32 = 64;
+
+/// Fork a sandbox: `count` new sandboxes with its image, policy, environment and labels, each
+/// starting from its workspace and `/tmp` as they are now (or from one of its checkpoints), with
+/// a fresh upper layer and a lease of its own. Processes are not copied: a fork starts with none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many sandboxes (1 to 64; default 1).
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// A checkpoint of the sandbox to start from (its workspace at that checkpoint, and an
+    /// empty `/tmp`: a checkpoint holds the workspace only). Default: the sandbox as it is now.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+    /// Lease of each fork in seconds (default: the lease the parent was created with).
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    /// Labels set on each fork, over the parent's.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl ForkRequest {
+    /// How many forks the request asks for, checked against [`MAX_FORKS`].
+    pub fn count(&self) -> Result<u32, ApiError> {
+        match self.count.unwrap_or(1) {
+            n @ 1..=MAX_FORKS => Ok(n),
+            n => Err(ApiError::invalid(format!(
+                "fork count {n}: give 1 to {MAX_FORKS} sandboxes per fork request"
+            ))),
+        }
+    }
+}
+
+/// The sandboxes a fork made, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ForkResult {
+    pub sandboxes: Vec<SandboxInfo>,
 }
 
 /// Run a command in a sandbox.
@@ -977,6 +1040,12 @@ pub enum ApiError {
     /// a quota or limit was reached
     #[error("{0}")]
     LimitExceeded(String),
+    /// the sandbox itself failed, not the request nor the command: its init died, its
+    /// supervisor restarted, its container or daemon went away, the host ran out of memory. The
+    /// message says which. Nothing more runs in that sandbox; a training loop drops the episode
+    /// instead of scoring it.
+    #[error("{0}")]
+    Infrastructure(String),
     /// the backend failed
     #[error("{0}")]
     Internal(String),
@@ -1041,10 +1110,11 @@ impl ApiError {
         }
     }
 
-    /// Whether the sandbox or its backend failed (codes `internal` and `unavailable`), not the
-    /// request: what DESIGN.md calls an infrastructure error.
+    /// Whether the sandbox or its backend failed (codes `infrastructure`, `internal` and
+    /// `unavailable`), not the request nor the command: what DESIGN.md calls an infrastructure
+    /// error.
     pub fn is_infrastructure(&self) -> bool {
-        matches!(self.code(), "internal" | "unavailable")
+        matches!(self.code(), "infrastructure" | "internal" | "unavailable")
     }
 
     /// The stable error code of the JSON error body.
@@ -1064,6 +1134,7 @@ impl ApiError {
             ApiError::PathRefused(_) => "path_refused",
             ApiError::Conflict(_) => "conflict",
             ApiError::LimitExceeded(_) => "limit_exceeded",
+            ApiError::Infrastructure(_) => "infrastructure",
             ApiError::Internal(_) | ApiError::InternalCause { .. } => "internal",
             ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => "unavailable",
         }
@@ -1131,6 +1202,12 @@ impl ApiError {
         ),
         ("limit_exceeded", 429, "a quota or limit was reached"),
         (
+            "infrastructure",
+            500,
+            "the sandbox itself failed (its init died, the supervisor restarted, its container or \
+             daemon went away), not the command: the message says why",
+        ),
+        (
             "internal",
             500,
             "the sandbox or its backend failed (an infrastructure error)",
@@ -1160,6 +1237,7 @@ impl ApiError {
             "path_refused" => ApiError::PathRefused(message),
             "conflict" => ApiError::Conflict(message),
             "limit_exceeded" => ApiError::LimitExceeded(message),
+            "infrastructure" => ApiError::Infrastructure(message),
             "unavailable" => ApiError::Unavailable(message),
             "internal" => ApiError::Internal(message),
             other => ApiError::Internal(format!("{message} (error code {other})")),
@@ -1182,6 +1260,7 @@ impl ApiError {
             ApiError::PathRefused(_) => 403,
             ApiError::Conflict(_) => 409,
             ApiError::LimitExceeded(_) => 429,
+            ApiError::Infrastructure(_) => 500,
             ApiError::Internal(_) | ApiError::InternalCause { .. } => 500,
             ApiError::Unavailable(_) | ApiError::UnavailableCause { .. } => 503,
         }
@@ -1310,6 +1389,17 @@ pub trait SandboxApi: Send + Sync {
         Err(approval_not_found(id, approval))
     }
 
+    /// Forks the sandbox (see [`ForkRequest`]): all the forks asked for, or none (those made
+    /// before a failure are destroyed again). Backends that cannot fork keep this default, which
+    /// refuses.
+    fn fork(&self, id: &SandboxId, req: ForkRequest) -> Result<ForkResult, ApiError> {
+        let _ = req;
+        self.info(id)?;
+        Err(ApiError::invalid(format!(
+            "sandbox {id}: this backend cannot fork a sandbox"
+        )))
+    }
+
     /// Replaces the egress rules of a live sandbox with network mode "proxy" and returns the
     /// rules now in force; later connections are decided by them, open ones keep running.
     /// Backends without a live egress proxy keep this default, which refuses.
@@ -1404,6 +1494,7 @@ mod tests {
         assert!(std::error::Error::source(&e).is_some());
         assert!(std::error::Error::source(&ApiError::internal("x")).is_none());
         assert!(e.is_infrastructure() && ApiError::internal("x").is_infrastructure());
+        assert!(ApiError::Infrastructure("lost".into()).is_infrastructure());
         assert!(!ApiError::not_found("x").is_infrastructure());
     }
 

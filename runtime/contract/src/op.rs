@@ -99,6 +99,8 @@ pub enum Op<'a> {
     SetNetwork(NetworkRules),
     /// [`SandboxApi::set_secret`]
     SetSecret(SecretUpdate),
+    /// [`SandboxApi::fork`]
+    Fork(ForkRequest),
 }
 
 /// The answer to an [`Op`]: one variant per result type. It serialises as the result itself
@@ -132,6 +134,8 @@ pub enum Answer {
     Network(NetworkRules),
     /// set_secret: the secret's state (never its value)
     Secret(SecretStatus),
+    /// fork: the new sandboxes
+    Fork(ForkResult),
     /// write_stdin, remove, rename, restore, destroy: nothing to say but that it was done
     Done,
 }
@@ -168,11 +172,12 @@ pub enum OpName {
     Deny,
     SetNetwork,
     SetSecret,
+    Fork,
 }
 
 impl OpName {
     /// Every name.
-    pub const ALL: [OpName; 28] = [
+    pub const ALL: [OpName; 29] = [
         OpName::Create,
         OpName::Info,
         OpName::Exec,
@@ -201,6 +206,7 @@ impl OpName {
         OpName::Deny,
         OpName::SetNetwork,
         OpName::SetSecret,
+        OpName::Fork,
     ];
 
     /// The name as traces record it (and as the HTTP routes mostly spell it: `list`, `move`,
@@ -235,6 +241,7 @@ impl OpName {
             OpName::Deny => "deny",
             OpName::SetNetwork => "network",
             OpName::SetSecret => "secret",
+            OpName::Fork => "fork",
         }
     }
 
@@ -379,6 +386,7 @@ impl Op<'_> {
             Op::Deny { .. } => OpName::Deny,
             Op::SetNetwork(_) => OpName::SetNetwork,
             Op::SetSecret(_) => OpName::SetSecret,
+            Op::Fork(_) => OpName::Fork,
         }
     }
 
@@ -489,6 +497,7 @@ impl Op<'_> {
                 }
                 .to_owned(),
             }),
+            Op::Fork(r) => to_value(r),
         }
     }
 }
@@ -585,6 +594,7 @@ impl Op<'static> {
                     value: None,
                 })
             }
+            OpName::Fork => Op::Fork(parse(request)?),
         })
     }
 }
@@ -617,6 +627,7 @@ impl Answer {
             Answer::Approval(_) => "an approval",
             Answer::Network(_) => "network rules",
             Answer::Secret(_) => "a secret's state",
+            Answer::Fork(_) => "the forks",
             Answer::Done => "nothing",
         }
     }
@@ -646,6 +657,7 @@ impl Answer {
             OpName::Approve | OpName::Deny => Answer::Approval(Deserialize::deserialize(v)?),
             OpName::SetNetwork => Answer::Network(Deserialize::deserialize(v)?),
             OpName::SetSecret => Answer::Secret(Deserialize::deserialize(v)?),
+            OpName::Fork => Answer::Fork(Deserialize::deserialize(v)?),
             OpName::WriteStdin
             | OpName::Remove
             | OpName::Rename
@@ -706,6 +718,7 @@ pub fn dispatch<A: SandboxApi + ?Sized>(
         Op::Deny { approval, reason } => Answer::Approval(api.deny(id, &approval, &reason)?),
         Op::SetNetwork(r) => Answer::Network(api.set_network(id, r)?),
         Op::SetSecret(u) => Answer::Secret(api.set_secret(id, u)?),
+        Op::Fork(r) => Answer::Fork(api.fork(id, r)?),
     })
 }
 
@@ -795,5 +808,6 @@ impl<H: OpHandler> SandboxApi for H {
             => Approval;
         set_network(rules: NetworkRules) -> NetworkRules = Op::SetNetwork(rules) => Network;
         set_secret(update: SecretUpdate) -> SecretStatus = Op::SetSecret(update) => Secret;
+        fork(req: ForkRequest) -> ForkResult = Op::Fork(req) => Fork;
     }
 }

@@ -233,6 +233,16 @@ impl<B: SandboxApi> OpHandler for CommandPolicy<B> {
                         .answer(id, &approval, Reply::Denied(reason_kept(&reason)))?;
                 Ok(Answer::Approval(answered))
             }
+            Op::Fork(req) => {
+                // A fork is under its parent's rules, whatever its policy's name resolves to now.
+                let rules = self.rules_for(id)?;
+                let forked = self.inner.fork(id, req)?;
+                let mut known = lock(&self.rules);
+                for f in &forked.sandboxes {
+                    known.insert(f.id.clone(), rules.clone());
+                }
+                Ok(Answer::Fork(forked))
+            }
             op => self.inner.call(id, op),
         }
     }
@@ -539,6 +549,8 @@ mod tests {
                 expires_at_ms: None,
                 state: "running".into(),
                 checkpoints: Vec::new(),
+                lost_cause: None,
+                forked_from: None,
             };
             lock(&self.sandboxes).insert(info.id.clone(), info.clone());
             Ok(info)

@@ -110,7 +110,16 @@ impl OpHandler for BackendRouter {
 
     fn handle(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
         let destroy = matches!(op, Op::Destroy);
-        let r = self.owner(id)?.call(id, op);
+        let backend = self.owner(id)?;
+        let r = backend.call(id, op);
+        // Forks live in their parent's backend.
+        if let Ok(Answer::Fork(forked)) = &r
+            && let Some(name) = self.owners.read().ok().and_then(|m| m.get(id).cloned())
+        {
+            for f in &forked.sandboxes {
+                self.remember(&f.id, &name);
+            }
+        }
         if destroy
             && r.is_ok()
             && let Ok(mut m) = self.owners.write()

@@ -22,7 +22,7 @@ use taskbox_core::egress::{self, EgressLog, EgressService, SandboxEgress};
 use taskbox_core::image::{ImageResolver, ImageRoot};
 use taskbox_core::kit::layers::overlay_workspace;
 use taskbox_core::kit::{
-    Backend, Common, ExecBase, Layers, SPILL_MOUNT, Sandboxes, Table, lock, now_ms,
+    Backend, Common, ExecBase, Layers, SPILL_MOUNT, Sandboxes, Seed, Table, lock, now_ms,
 };
 use taskbox_core::native;
 use taskbox_core::policy::{self, NetworkMode, Policy, RootMode, WorkspaceMode};
@@ -700,7 +700,9 @@ impl Inner {
         found
     }
 
-    fn create(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
+    /// A sandbox for `req`; a fork's layers from `seed`, put on its disk before its overlay is
+    /// mounted (its `/tmp`, bound in a pooled container already, is filled in place).
+    fn create(&self, req: &CreateRequest, seed: Option<&Seed>) -> Result<Arc<Sandbox>, ApiError> {
         if req.backend.as_deref() != Some("docker") {
             return Err(ApiError::invalid(format!(
                 "backend {:?} is not this one; the docker backend takes backend \"docker\"",
@@ -807,6 +809,9 @@ impl Inner {
                 masked: masked.clone(),
             };
             overlay.prepare_upper(&dirs.upper())?;
+            if let Some(seed) = seed {
+                seed.plant(&dirs.disk())?;
+            }
             overlay.mount(&dirs, &dirs.upper(), &dirs.work(), &policy)?;
             Ok(overlay)
         })();
@@ -871,6 +876,8 @@ impl Inner {
             expires_at_ms: expires,
             state: "running".into(),
             checkpoints: Vec::new(),
+            lost_cause: None,
+            forked_from: None,
         };
         tracing::debug!(sandbox = %prepared.id, age_ms = prepared.created.elapsed().as_millis() as u64, "container ready");
         let layers = Layers::new(
@@ -880,7 +887,8 @@ impl Inner {
             dirs.out(),
         )
         .with_exports(self.exports.clone())
-        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay);
+        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay)
+        .with_scratch("tmp", dirs.tmp());
         let exec_base = ExecBase {
             workdir: image.config.workdir.clone(),
             env: base_env,
@@ -1089,7 +1097,11 @@ impl Backend for Docker {
     }
 
     fn start(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
-        self.inner.create(req)
+        self.inner.create(req, None)
+    }
+
+    fn start_fork(&self, req: &CreateRequest, seed: &Seed) -> Result<Arc<Sandbox>, ApiError> {
+        self.inner.create(req, Some(seed))
     }
 
     fn end(&self, sandbox: Arc<Sandbox>) {

@@ -275,6 +275,10 @@ impl StdinSink for StdinChannel {
     }
 }
 
+/// The cause of a lost container when nothing more precise is known.
+const CONTAINER_GONE: &str =
+    "its container is gone or stopped (e.g. the Docker daemon went away or restarted)";
+
 /// One live sandbox.
 pub struct Sandbox {
     pub common: Common<DockerProc>,
@@ -290,11 +294,10 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn lost_error(&self) -> ApiError {
-        ApiError::Conflict(format!(
-            "sandbox {} is lost (its container is gone or stopped, e.g. the Docker daemon \
-             restarted); destroy it",
-            self.common.id
-        ))
+        if self.common.lost_cause().is_none() {
+            self.mark_lost(CONTAINER_GONE);
+        }
+        self.common.lost_error()
     }
 
     /// Whether the container still runs (its pid 1 is alive). Marks the sandbox lost if not.
@@ -305,13 +308,66 @@ impl Sandbox {
         if procfs::alive(&self.init) {
             return true;
         }
-        self.mark_lost();
+        self.mark_lost(&self.why_gone());
         false
     }
 
-    pub fn mark_lost(&self) {
+    /// Why the container's init is gone, as far as the daemon can say: its exit (a signal,
+    /// the OOM killer), or the daemon itself being gone.
+    fn why_gone(&self) -> String {
+        let d = &self.daemon;
+        // On a thread of its own: this may be asked from a thread that drives the daemon's
+        // runtime (an exec's end), which must not block on it.
+        let inspected = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    d.block_on(async {
+                        d.call(
+                            "inspect a container",
+                            Duration::from_secs(5),
+                            d.docker.inspect_container(
+                                &self.container,
+                                None::<bollard::query_parameters::InspectContainerOptions>,
+                            ),
+                        )
+                        .await
+                    })
+                })
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(DaemonError::Refused {
+                        what: "inspect a container".into(),
+                        message: "the inspection panicked".into(),
+                    })
+                })
+        });
+        match inspected {
+            Ok(c) => {
+                let st = c.state.unwrap_or_default();
+                let code = st.exit_code.unwrap_or(0);
+                let how = if code > 128 {
+                    format!(
+                        "its init was killed by signal {} (exit status {code})",
+                        code - 128
+                    )
+                } else {
+                    format!("its init exited with status {code}")
+                };
+                if st.oom_killed == Some(true) {
+                    format!("its container stopped: {how}, by the OOM killer")
+                } else {
+                    format!("its container stopped: {how}")
+                }
+            }
+            Err(DaemonError::NotFound(_)) => "its container was removed".to_owned(),
+            Err(e) => format!("{CONTAINER_GONE} ({e})"),
+        }
+    }
+
+    pub fn mark_lost(&self, cause: &str) {
+        // The cause first: whoever sees the flag finds it.
+        self.common.mark_lost(cause);
         self.lost.store(true, Ordering::SeqCst);
-        self.common.mark_lost();
     }
 
     fn enforcement(&self) -> Enforcement {
@@ -486,7 +542,7 @@ impl Sandbox {
             Ok(s) => s,
             Err(DaemonError::Conflict(m)) | Err(DaemonError::NotFound(m)) => {
                 tracing::warn!(sandbox = %self.common.id, message = %m, "the container is not running");
-                self.mark_lost();
+                self.mark_lost(&format!("its container is not running ({m})"));
                 return Err(self.lost_error());
             }
             Err(e) => {
@@ -816,6 +872,15 @@ impl Sandbox {
             }
             None if driven.timed_out => ExecEnd::default(),
             None => {
+                // The container's end takes the wrapper with it: the sandbox's loss, not the
+                // command's (the init is looked at again, it may take a moment to be reaped).
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < deadline {
+                    if !self.check_alive() {
+                        return Err(self.lost_error());
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 return Err(ApiError::internal(
                     "the exec ended without a status from its wrapper (was it killed from \
                      inside the sandbox?)",
@@ -937,18 +1002,18 @@ impl Handle for Sandbox {
     fn remount(&self, staged: &StagedLayers, name: &str) -> Result<(), ApiError> {
         self.overlay.prepare_upper(&staged.upper)?;
         hostmount::detach(&self.dirs.mnt()).map_err(|e| {
-            self.mark_lost();
-            ApiError::internal(format!("restore: {e}; destroy the sandbox"))
+            self.mark_lost(&format!("a restore could not detach its workspace: {e}"));
+            self.lost_error()
         })?;
         let policy = &self.common.policy;
         if let Err(e) = self
             .overlay
             .mount(&self.dirs, &staged.upper, &staged.work, policy)
         {
-            self.mark_lost();
-            return Err(ApiError::internal(format!(
-                "restore of checkpoint {name} failed: {e}; destroy the sandbox"
-            )));
+            self.mark_lost(&format!(
+                "the restore of checkpoint {name} could not mount its workspace again: {e}"
+            ));
+            return Err(self.lost_error());
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! Lifecycle of Docker sandboxes: a supervisor killed mid-exec leaves orphans that the next one
-//! removes; dockerd restarted under a live sandbox is reported and recovered from; the warm pool.
+//! removes; dockerd restarted under a live sandbox is reported and recovered from; a container
+//! whose init is killed is an infrastructure failure; the warm pool.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -275,7 +276,7 @@ fn a_dockerd_restart_is_reported_and_recovered_from() {
             None,
         )
         .unwrap_err();
-    assert_eq!(e.code(), "conflict", "{e}");
+    assert_eq!(e.code(), "infrastructure", "{e}");
     assert!(e.to_string().contains("lost"), "{e}");
     let e = h.backend.create(h.create_req()).unwrap_err();
     assert_eq!(e.code(), "unavailable", "{e}");
@@ -299,7 +300,7 @@ fn a_dockerd_restart_is_reported_and_recovered_from() {
             },
         )
         .unwrap_err();
-    assert_eq!(e.code(), "conflict");
+    assert_eq!(e.code(), "infrastructure");
 
     drop(restart);
     assert_eq!(h.backend.info(&id).unwrap().state, "lost");
@@ -309,6 +310,68 @@ fn a_dockerd_restart_is_reported_and_recovered_from() {
     assert_eq!(h.sh(&id, "cat f").stdout.text, "x\n");
     h.backend.destroy(&id).unwrap();
     assert!(mounts_under(&h.state().join("docker/sandboxes")).is_empty());
+}
+
+#[test]
+fn a_container_whose_init_is_killed_is_an_infrastructure_failure() {
+    if !docker_ready() {
+        return;
+    }
+    let h = Harness::new().unwrap();
+    let id = h.create();
+    // The command's own failures are observations.
+    let r = h.sh(&id, "kill -9 $$");
+    assert_eq!((r.exit_code, r.signal), (None, Some(9)), "{r:?}");
+    let info = h.backend.info(&id).unwrap();
+    assert_eq!(info.state, "running");
+    // An exec in flight when the container's init is killed from the host.
+    let backend = &h.backend;
+    let container = backend.container_name(&id).unwrap();
+    let pid = inspect(&container)["State"]["Pid"].as_i64().unwrap() as i32;
+    let e = std::thread::scope(|s| {
+        let fg = s.spawn(|| {
+            h.exec_err(
+                &id,
+                ExecRequest {
+                    shell: Some("sleep 300".into()),
+                    ..Default::default()
+                },
+            )
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        // SAFETY: kill has no memory arguments; the pid is this test's container's init.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        fg.join().unwrap()
+    });
+    assert_eq!(e.code(), "infrastructure", "{e}");
+    // Every later operation, and the sandbox's info, say so with the cause.
+    for e in [
+        h.exec_err(
+            &id,
+            ExecRequest {
+                argv: Some(vec!["true".into()]),
+                ..Default::default()
+            },
+        ),
+        h.backend
+            .read(
+                &id,
+                ReadRequest {
+                    path: "f".into(),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err(),
+        h.backend.diff(&id, DiffRequest::default()).unwrap_err(),
+    ] {
+        assert_eq!(e.code(), "infrastructure", "{e}");
+        assert!(e.to_string().contains("container"), "{e}");
+    }
+    let info = h.backend.info(&id).unwrap();
+    assert_eq!(info.state, "lost");
+    let cause = info.lost_cause.unwrap();
+    assert!(cause.contains("container"), "{cause}");
+    h.backend.destroy(&id).unwrap();
 }
 
 /// Starts dockerd again when dropped (also when the test fails midway).

@@ -363,6 +363,18 @@ fn mount_disk(plan: &DiskPlan) -> Result<(), String> {
         &[std::os::fd::AsRawFd::as_raw_fd(&root)],
     )
     .map_err(|e| format!("cannot hand the disk to the runtime: {e}"));
+    if sent.is_ok() && plan.hold {
+        // A fork: the runtime copies its parent's layers onto the disk before anything is
+        // mounted from it, and says when it is done (or that it failed, or it dies: the end of
+        // the stream).
+        let mut buf = Vec::new();
+        match crate::control::recv::<crate::config::DiskGo>(sock, &mut buf) {
+            Ok(Some((crate::config::DiskGo { ok: true }, _))) => {}
+            Ok(Some(_)) => return Err("the runtime could not fill the disk of a fork".into()),
+            Ok(None) => return Err("the runtime went away while it filled the disk".into()),
+            Err(e) => return Err(format!("cannot hear from the runtime about the disk: {e}")),
+        }
+    }
     let _ = nix::unistd::close(DISK_FD);
     sent
 }

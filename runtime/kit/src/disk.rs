@@ -186,6 +186,7 @@ impl Disk {
                 .collect(),
             device: self.device.as_ref().map(|d| d.path.clone()),
             owners: Vec::new(),
+            hold: false,
         }
     }
 
@@ -218,6 +219,13 @@ impl Disk {
         // The mount holds the device now.
         self.device = None;
         Ok(())
+    }
+
+    /// Tells a helper that holds (`DiskPlan::hold`) that the disk is filled (`ok`), or that it
+    /// could not be and the sandbox is not to be built.
+    pub fn release(sock: &OwnedFd, ok: bool) -> Result<(), String> {
+        taskbox_protocol::control::send(sock.as_fd(), &taskbox_protocol::config::DiskGo { ok }, &[])
+            .map_err(|e| format!("cannot tell the sandbox its disk is ready: {e}"))
     }
 
     pub fn kind(&self) -> DiskKind {

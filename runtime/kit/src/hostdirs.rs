@@ -14,6 +14,8 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// A path to hide, and what it is (for error messages).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -152,25 +154,80 @@ pub fn own_for_workspace(
 /// that failed), it waits for its thread: a one-shot run forks later, which is only safe in a
 /// single-threaded process.
 #[derive(Debug)]
-pub struct SocketScan(Option<std::thread::JoinHandle<Vec<PathBuf>>>);
+pub struct SocketScan(Option<(Arc<Scan>, Option<std::thread::JoinHandle<()>>)>);
+
+/// One scan of the host's sockets, shared by the set-ups that start within [`SCAN_SHARED`] of
+/// it (the forks of one request start together).
+#[derive(Debug, Default)]
+struct Scan {
+    found: Mutex<Option<Vec<PathBuf>>>,
+    done: Condvar,
+}
+
+/// How long after its start a scan serves other set-ups too: a few milliseconds, the window
+/// a set-up's own scan already leaves between the scan and its mounts.
+const SCAN_SHARED: Duration = Duration::from_millis(20);
+
+/// The latest scan and when it started.
+static LATEST: Mutex<Option<(Instant, Arc<Scan>)>> = Mutex::new(None);
+
+impl Scan {
+    fn wait(&self) -> Vec<PathBuf> {
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(f) = found.as_ref() {
+                return f.clone();
+            }
+            found = self.done.wait(found).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn finish(&self, found: Vec<PathBuf>) {
+        *self.found.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
+        self.done.notify_all();
+    }
+}
 
 impl SocketScan {
-    /// Starts the scan (on the calling thread, later, when no thread can be made).
+    /// Starts the scan (on the calling thread, later, when no thread can be made), or joins
+    /// one that started within [`SCAN_SHARED`].
     pub fn start() -> SocketScan {
-        SocketScan(
-            std::thread::Builder::new()
-                .name("taskbox-sockets".into())
-                .spawn(bound_unix_sockets)
-                .ok(),
-        )
+        let now = Instant::now();
+        let mut latest = LATEST.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, scan)) = latest.as_ref()
+            && now.saturating_duration_since(*at) <= SCAN_SHARED
+        {
+            return SocketScan(Some((scan.clone(), None)));
+        }
+        let scan = Arc::new(Scan::default());
+        let theirs = scan.clone();
+        let spawned = std::thread::Builder::new()
+            .name("taskbox-sockets".into())
+            .spawn(move || {
+                // Whatever happens, the waiters get an answer (a second try after a panic).
+                let found = std::panic::catch_unwind(bound_unix_sockets)
+                    .unwrap_or_else(|_| bound_unix_sockets());
+                theirs.finish(found)
+            });
+        let Ok(thread) = spawned else {
+            return SocketScan(None);
+        };
+        *latest = Some((now, scan.clone()));
+        SocketScan(Some((scan, Some(thread))))
     }
 
     /// `hidden` with the sockets found, sorted and without repeats; a scan that could not run
-    /// on its own thread (or whose thread panicked) runs here.
+    /// on its own thread runs here.
     pub fn add_to(mut self, mut hidden: Vec<PathBuf>) -> Vec<PathBuf> {
-        hidden.extend(match self.0.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(found)) => found,
-            _ => bound_unix_sockets(),
+        hidden.extend(match self.0.take() {
+            Some((scan, thread)) => {
+                // The scan's own thread is joined by the set-up that started it.
+                if let Some(t) = thread {
+                    let _ = t.join();
+                }
+                scan.wait()
+            }
+            None => bound_unix_sockets(),
         });
         hidden.sort();
         hidden.dedup();
@@ -180,8 +237,13 @@ impl SocketScan {
 
 impl Drop for SocketScan {
     fn drop(&mut self) {
-        if let Some(thread) = self.0.take() {
-            let _ = thread.join();
+        // A set-up that failed waits for its scan: a one-shot run forks later, which is only
+        // safe in a single-threaded process.
+        if let Some((scan, thread)) = self.0.take() {
+            match thread {
+                Some(t) => drop(t.join()),
+                None => drop(scan.wait()),
+            }
         }
     }
 }
@@ -243,12 +305,15 @@ pub fn bound_unix_sockets() -> Vec<PathBuf> {
                 continue;
             }
             let dir = e.path();
+            // The mount namespace first: most processes of a busy host are sandboxes', in
+            // mount namespaces of their own, and one look skips each.
+            if fs::read_link(dir.join("ns/mnt")).ok().as_ref() != Some(&own_mnt) {
+                continue;
+            }
             let Ok(net) = fs::read_link(dir.join("ns/net")) else {
                 continue;
             };
-            if seen.contains(&net)
-                || fs::read_link(dir.join("ns/mnt")).ok().as_ref() != Some(&own_mnt)
-            {
+            if seen.contains(&net) {
                 continue;
             }
             seen.insert(net);

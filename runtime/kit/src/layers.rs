@@ -39,6 +39,9 @@ pub struct Layers {
     pub exports: PathBuf,
     /// The workspace is an overlay (not the host directory itself): execs report changes.
     pub overlay: bool,
+    /// The sandbox's scratch directories a fork takes with it, by the name of the disk's
+    /// directory they are (`tmp`: the sandbox's `/tmp`), as this process reaches them.
+    pub scratch: Vec<(String, PathBuf)>,
     /// Execs and file operations hold it shared; checkpoint and restore exclusively.
     lock: RwLock<()>,
     /// The paths the host repository tracks (which ignore rules never hide).
@@ -107,6 +110,7 @@ impl Layers {
             spill,
             exports: PathBuf::new(),
             overlay: true,
+            scratch: Vec::new(),
             lock: RwLock::new(()),
             tracked: TrackedFiles::default(),
             last_end: Mutex::new(LastEnd::default()),
@@ -116,6 +120,12 @@ impl Layers {
     /// Where `export` writes tars.
     pub fn with_exports(mut self, dir: PathBuf) -> Layers {
         self.exports = dir;
+        self
+    }
+
+    /// A scratch directory a fork takes with it (see [`Layers::scratch`]).
+    pub fn with_scratch(mut self, name: &str, dir: PathBuf) -> Layers {
+        self.scratch.push((name.to_owned(), dir));
         self
     }
 
@@ -344,6 +354,51 @@ impl Layers {
         })
     }
 
+    /// What forks start from: a copy of the upper layer and the scratch directories as they are
+    /// now, made in `dir` (which must not exist) while the layers are held exclusively (no exec
+    /// or file operation of the API runs meanwhile; a background process may still write), or,
+    /// with `checkpoint`, that checkpoint's layer as it is (and no scratch: a checkpoint holds
+    /// the workspace only). O(changes) either way.
+    pub fn freeze(&self, dir: &Path, checkpoint: Option<&str>) -> Result<Seed, ApiError> {
+        if let Some(name) = checkpoint {
+            let upper = self.existing_checkpoint(name)?;
+            return Ok(Seed {
+                upper,
+                scratch: Vec::new(),
+                enforcement: None,
+                staged: None,
+            });
+        }
+        if !self.overlay {
+            return Err(ApiError::invalid(
+                "the sandbox's workspace is not an overlay (its policy's filesystem.workspace \
+                 is not \"overlay\"): it has no layer of its own to fork",
+            ));
+        }
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).map_err(|e| {
+                ApiError::internal(format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
+        fs::create_dir(dir)
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+        // From here on the directory goes with the seed, whatever happens.
+        let mut seed = Seed {
+            upper: dir.join("upper"),
+            scratch: Vec::new(),
+            enforcement: None,
+            staged: Some(dir.to_path_buf()),
+        };
+        let _g = self.exclusive()?;
+        layers::copy_layer(&self.upper, &seed.upper).map_err(layers_err)?;
+        for (name, src) in &self.scratch {
+            let copy = dir.join(format!("scratch-{name}"));
+            layers::copy_layer(src, &copy).map_err(layers_err)?;
+            seed.scratch.push((name.clone(), copy));
+        }
+        Ok(seed)
+    }
+
     /// Rolls the workspace back to checkpoint `name`, holding the layers exclusively: `stop`
     /// ends every process of the sandbox, `remount` mounts the staged copy of the checkpoint
     /// where the workspace was; then the staged layers take the place of the old ones.
@@ -568,6 +623,45 @@ pub fn take_checkpoint(host: &Path, upper: &Path, dir: &Path, name: &str) -> Res
         return Err(layers_err(e));
     }
     Ok(changes::scan(upper, host).map_err(changes_err)?.len() as u64)
+}
+
+/// What a fork starts from ([`Layers::freeze`]): a frozen upper layer and scratch directories,
+/// which [`Seed::plant`] copies onto each fork's disk. A copy made for the fork is removed when
+/// the seed is dropped; a checkpoint's layer stays.
+#[derive(Debug)]
+pub struct Seed {
+    /// The upper layer each fork's starts as.
+    pub upper: PathBuf,
+    /// Scratch directories (by the name of the disk's directory) each fork's start as.
+    pub scratch: Vec<(String, PathBuf)>,
+    /// What the parent's execs found in force (the same policy on the same host): a fork whose
+    /// parent has run a command need not run one to learn it.
+    pub enforcement: Option<crate::result::Enforcement>,
+    /// The directory made for this seed, if it was made.
+    staged: Option<PathBuf>,
+}
+
+impl Seed {
+    /// Copies the seed onto a new sandbox's disk `disk` (the directory that holds its `upper`
+    /// and scratch directories, each there already and empty), before its overlay is mounted:
+    /// into the same directories (a scratch directory may be mounted in the sandbox already), which
+    /// take the parent's owners and modes.
+    pub fn plant(&self, disk: &Path) -> Result<(), ApiError> {
+        let upper = std::iter::once(("upper", self.upper.as_path()));
+        let scratch = self.scratch.iter().map(|(n, p)| (n.as_str(), p.as_path()));
+        for (name, src) in upper.chain(scratch) {
+            layers::copy_layer_into(src, &disk.join(name)).map_err(layers_err)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Seed {
+    fn drop(&mut self) {
+        if let Some(dir) = self.staged.take() {
+            remove_tree(&dir);
+        }
+    }
 }
 
 /// The layers a restore mounts, made in a sandbox's directory `dir` before the swap:

@@ -34,11 +34,11 @@ pub(crate) use taskbox_workspace::{capture, changes, fsops};
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 pub use fsuser::{FsLandlock, SandboxUser};
-pub use layers::{ExecChanges, Layers, SPILL_MOUNT, StagedLayers};
+pub use layers::{ExecChanges, Layers, SPILL_MOUNT, Seed, StagedLayers};
 pub use slots::{Captured, ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
 pub use taskbox_contract::exec_plan::ExecPlan;
@@ -65,6 +65,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Ends a sandbox taken out of the table: its processes, its mounts, its directories. The
     /// sandbox's last handles are those of its background execs' drivers, which end with it.
     fn end(&self, sandbox: Arc<Self::Sandbox>);
+
+    /// Starts a fork: a sandbox for `req` (the parent's create request, as the kit rebuilds it)
+    /// whose workspace's upper layer and scratch directories start as `seed`'s
+    /// ([`Seed::plant`], before its overlay is mounted). Backends that cannot keep this default,
+    /// which refuses.
+    fn start_fork(&self, req: &CreateRequest, seed: &Seed) -> Result<Arc<Self::Sandbox>, ApiError> {
+        let _ = (req, seed);
+        Err(ApiError::invalid(format!(
+            "the {} backend cannot fork a sandbox",
+            Self::NAME
+        )))
+    }
 
     /// Ends the sandboxes left when the backend is dropped.
     fn end_all(&self, sandboxes: Vec<Arc<Self::Sandbox>>) {
@@ -136,6 +148,9 @@ pub struct Common<P> {
     /// The Landlock rules of the sandbox's execs, which file operations on its root obey too
     /// (`None`: its execs have none, as in a container).
     pub fs_landlock: Option<FsLandlock>,
+    /// The create request the sandbox was made from (its policy resolved), set by the kit once
+    /// it is made: what its forks are made from.
+    pub origin: OnceLock<CreateRequest>,
 }
 
 /// What a sandbox's execs run in.
@@ -166,6 +181,7 @@ impl<P: ProcState> Common<P> {
             egress: None,
             user: SandboxUser::of_this_process(),
             fs_landlock: None,
+            origin: OnceLock::new(),
         }
     }
 
@@ -222,10 +238,36 @@ impl<P: ProcState> Common<P> {
         )
     }
 
-    /// Marks the sandbox lost in its info.
-    pub fn mark_lost(&self) {
-        lock(&self.info).state = "lost".into();
+    /// Marks the sandbox lost in its info, with why (the first cause given stays).
+    pub fn mark_lost(&self, cause: &str) {
+        let mut info = lock(&self.info);
+        info.state = "lost".into();
+        if info.lost_cause.is_none() {
+            info.lost_cause = Some(cause.to_owned());
+        }
     }
+
+    /// Why the sandbox is lost, when it is.
+    pub fn lost_cause(&self) -> Option<String> {
+        lock(&self.info).lost_cause.clone()
+    }
+
+    /// The one error of every operation on a lost sandbox: an infrastructure failure, with its
+    /// cause.
+    pub fn lost_error(&self) -> ApiError {
+        let cause = self
+            .lost_cause()
+            .unwrap_or_else(|| "its processes are gone".to_owned());
+        lost_error(&self.id, &cause)
+    }
+}
+
+/// The error of an operation on sandbox `id`, lost because of `cause`.
+pub fn lost_error(id: &SandboxId, cause: &str) -> ApiError {
+    ApiError::Infrastructure(format!(
+        "sandbox {id} is lost: {cause}. This is an infrastructure failure, not the command's: \
+         nothing more runs in the sandbox; destroy it (and drop the episode rather than score it)"
+    ))
 }
 
 /// A backend's live sandboxes by id.
@@ -341,6 +383,17 @@ impl<B: Backend> Sandboxes<B> {
         self.0.table().get(id)
     }
 
+    /// A sandbox that still runs: a lost one answers every operation but info, destroy and
+    /// renew with its infrastructure error ([`Common::lost_error`]).
+    fn live(&self, id: &SandboxId) -> Result<Arc<B::Sandbox>, ApiError> {
+        let sb = self.get(id)?;
+        sb.refresh();
+        if sb.common().lost_cause().is_some() {
+            return Err(sb.common().lost_error());
+        }
+        Ok(sb)
+    }
+
     /// Destroys every sandbox whose lease has run out; returns their ids.
     pub fn reap_expired(&self) -> Vec<SandboxId> {
         let now = now_ms();
@@ -377,7 +430,7 @@ impl<B: Backend> Sandboxes<B> {
         place: Place,
         op: impl FnOnce(&WorkspaceFs) -> Result<T, ApiError> + Send,
     ) -> Result<T, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let _g = sb.common().layers.shared()?;
         fs_at(&*sb, place, op)
     }
@@ -543,9 +596,67 @@ impl<B: Backend + std::fmt::Debug> std::fmt::Debug for Sandboxes<B> {
     }
 }
 
+/// The create request of a fork of a sandbox made from `origin` whose info is `parent`: the same
+/// workspace, image (by digest), policy and environment, the parent's labels with `req`'s over
+/// them, and `req`'s lease or the parent's.
+fn fork_request(origin: &CreateRequest, parent: &SandboxInfo, req: &ForkRequest) -> CreateRequest {
+    let mut labels = parent.labels.clone();
+    labels.extend(req.labels.clone());
+    CreateRequest {
+        workspace: parent.workspace.clone(),
+        workspace_id: None,
+        image: (parent.image != "host").then(|| parent.image.clone()),
+        labels,
+        ttl_secs: req.ttl_secs.or(origin.ttl_secs),
+        ..origin.clone()
+    }
+}
+
+impl<B: Backend> Sandboxes<B> {
+    /// Starts `count` forks from `seed` side by side: all of them, or none (those started
+    /// before a failure are ended again).
+    fn start_forks(
+        &self,
+        req: &CreateRequest,
+        seed: &Seed,
+        count: u32,
+    ) -> Result<Vec<Arc<B::Sandbox>>, ApiError> {
+        let started: Vec<Result<Arc<B::Sandbox>, ApiError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..count)
+                .map(|_| scope.spawn(|| self.0.start_fork(req, seed)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(ApiError::internal("a fork's start panicked")))
+                })
+                .collect()
+        });
+        let mut forks = Vec::with_capacity(started.len());
+        let mut failed = None;
+        for r in started {
+            match r {
+                Ok(sb) => forks.push(sb),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            for sb in forks {
+                self.0.end(sb);
+            }
+            return Err(e);
+        }
+        Ok(forks)
+    }
+}
+
 impl<B: Backend> SandboxApi for Sandboxes<B> {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         let sb = self.0.start(&req)?;
+        let _ = sb.common().origin.set(req);
         let info = Self::info_of(&sb);
         self.0.table().insert(info.id.clone(), sb)?;
         tracing::info!(sandbox = %info.id, backend = B::NAME, workspace = %info.workspace,
@@ -576,7 +687,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         req: ExecRequest,
         events: Option<&mut (dyn FnMut(ExecEvent) + Send)>,
     ) -> Result<ExecOutcome, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let _g = sb.common().layers.exec_shared()?;
         let mut plan = sb.common().plan(&req)?;
         if let Some(spec) = &plan.user {
@@ -605,7 +716,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn process(&self, id: &SandboxId, exec_id: u64) -> Result<ProcessInfo, ApiError> {
-        Ok(self.get(id)?.common().slots.get(exec_id)?.info())
+        Ok(self.live(id)?.common().slots.get(exec_id)?.info())
     }
 
     fn wait(
@@ -614,11 +725,11 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         exec_id: u64,
         timeout: Duration,
     ) -> Result<ProcessInfo, ApiError> {
-        Ok(self.get(id)?.common().slots.get(exec_id)?.wait(timeout))
+        Ok(self.live(id)?.common().slots.get(exec_id)?.wait(timeout))
     }
 
     fn kill(&self, id: &SandboxId, exec_id: u64, signal: i32) -> Result<ProcessInfo, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let slot = sb.common().slots.get(exec_id)?;
         if !(1..=64).contains(&signal) {
             return Err(ApiError::invalid(format!("invalid signal {signal}")));
@@ -636,12 +747,12 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         data: &[u8],
         close: bool,
     ) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         sb.common().slots.get(exec_id)?.write_stdin(data, close)
     }
 
     fn read(&self, id: &SandboxId, req: ReadRequest) -> Result<ReadResult, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let _g = sb.common().layers.shared()?;
         if let Some(r) = sb.common().layers.read_spill(&req) {
             return r;
@@ -679,7 +790,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn rename(&self, id: &SandboxId, req: MoveRequest) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         let (place, req) = rename_place(&req, &sb.common().exec_base.workdir);
         let _g = sb.common().layers.shared()?;
         fs_at(&*sb, place, |fs| fs.rename(&req))
@@ -732,7 +843,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn diff(&self, id: &SandboxId, req: DiffRequest) -> Result<DiffResult, ApiError> {
-        self.get(id)?.common().layers.diff(&req)
+        self.live(id)?.common().layers.diff(&req)
     }
 
     fn checkpoint(
@@ -740,12 +851,12 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         id: &SandboxId,
         req: CheckpointRequest,
     ) -> Result<CheckpointInfo, ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         sb.common().layers.checkpoint(req, &sb.common().info)
     }
 
     fn restore(&self, id: &SandboxId, req: CheckpointRequest) -> Result<(), ApiError> {
-        let sb = self.get(id)?;
+        let sb = self.live(id)?;
         sb.common().layers.restore(
             &req.name,
             || sb.stop_all(),
@@ -754,7 +865,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn export(&self, id: &SandboxId, req: ExportRequest) -> Result<ExportResult, ApiError> {
-        self.get(id)?.common().layers.export(&req, id)
+        self.live(id)?.common().layers.export(&req, id)
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
@@ -765,7 +876,58 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn set_network(&self, id: &SandboxId, rules: NetworkRules) -> Result<NetworkRules, ApiError> {
-        self.get(id)?.common().set_network(rules)
+        self.live(id)?.common().set_network(rules)
+    }
+
+    fn fork(&self, id: &SandboxId, req: ForkRequest) -> Result<ForkResult, ApiError> {
+        let count = req.count()?;
+        let parent = self.live(id)?;
+        let common = parent.common();
+        let info = Self::info_of(&parent);
+        let origin = common.origin.get().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "sandbox {id} was not created by this backend's create, so its create request \
+                 is unknown: it cannot be forked"
+            ))
+        })?;
+        let child = fork_request(origin, &info, &req);
+        let stage = common
+            .layers
+            .checkpoints
+            .with_file_name("forks")
+            .join(SandboxId::generate().as_str());
+        let t = std::time::Instant::now();
+        let mut seed = common.layers.freeze(&stage, req.checkpoint.as_deref())?;
+        seed.enforcement = Some(info.enforcement.clone());
+        let frozen_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let from = ForkOrigin {
+            parent: id.clone(),
+            checkpoint: req.checkpoint.clone(),
+            forked_at_ms: now_ms(),
+        };
+        let forks = self.start_forks(&child, &seed, count)?;
+        drop(seed);
+        let mut infos: Vec<SandboxInfo> = Vec::with_capacity(forks.len());
+        let mut left = forks.into_iter();
+        while let Some(sb) = left.next() {
+            let _ = sb.common().origin.set(child.clone());
+            lock(&sb.common().info).forked_from = Some(from.clone());
+            let info = Self::info_of(&sb);
+            if let Err(e) = self.0.table().insert(info.id.clone(), sb.clone()) {
+                // All or none: the table cannot take them (it is poisoned).
+                self.0.end(sb);
+                left.for_each(|sb| self.0.end(sb));
+                for done in &infos {
+                    let _ = self.destroy(&done.id);
+                }
+                return Err(e);
+            }
+            infos.push(info);
+        }
+        tracing::info!(sandbox = %id, backend = B::NAME, forks = infos.len(),
+            checkpoint = ?req.checkpoint, frozen_ms, total_ms = t.elapsed().as_secs_f64() * 1000.0,
+            "sandbox forked");
+        Ok(ForkResult { sandboxes: infos })
     }
 
     fn set_secret(&self, id: &SandboxId, update: SecretUpdate) -> Result<SecretStatus, ApiError> {

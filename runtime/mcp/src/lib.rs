@@ -3,7 +3,7 @@
 //! [`serve_stdio`] creates one sandbox, serves it over stdin/stdout until the client disconnects,
 //! then destroys it; `taskbox mcp` is a thin wrapper around it. The tools are the sandbox tools
 //! of `taskbox_tools` (`exec`, `read_file`, `write_file`, `edit_file`, `apply_patch`, `list`,
-//! `search`, `diff`): their names, descriptions, input schemas, argument parsing and the text of
+//! `search`, `diff`) and its session tool `fork`: their names, descriptions, input schemas, argument parsing and the text of
 //! their results are that crate's, the same the agent offers its model; this crate adds MCP's
 //! annotations, the full JSON of each result as structured content, and the transport. API
 //! errors and invalid arguments come back as tool results with `isError` set, naming the error
@@ -13,6 +13,10 @@
 //! user through MCP elicitation (a form: approve or not, and a reason), if the client declared
 //! the capability; otherwise, or when the question cannot be asked, the exec is denied with the
 //! reason, which the model reads in the exec's result (see [`approvals`]).
+//!
+//! `fork` makes new sandboxes from the session's (or from one of its forks), up to
+//! [`tools::MAX_SESSION_FORKS`]; every tool takes a `sandbox` argument naming the one it acts on
+//! (default: the session's own), and the forks are destroyed with the session.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -98,8 +102,16 @@ where
     let id = info.id.clone();
     tracing::info!(sandbox = %id, workspace = %info.workspace, "serving sandbox over mcp");
 
-    let served = run_session(Arc::clone(&backend), info, read, write).await;
+    let forks = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let served = run_session(Arc::clone(&backend), info, Arc::clone(&forks), read, write).await;
 
+    // The session's forks go with it.
+    let made: Vec<SandboxId> = std::mem::take(&mut *lock_forks(&forks));
+    for fork in made {
+        if let Err(e) = blocking(&backend, move |b| b.destroy(&fork)).await {
+            tracing::warn!(sandbox = %id, error = %e, "cannot destroy a fork of the session");
+        }
+    }
     let destroy_id = id.clone();
     let destroyed = blocking(&backend, move |b| b.destroy(&destroy_id)).await;
     tracing::info!(sandbox = %id, "mcp session ended; sandbox destroyed");
@@ -117,6 +129,7 @@ where
 async fn run_session<R, W>(
     backend: Arc<dyn SandboxApi>,
     info: SandboxInfo,
+    forks: Arc<std::sync::Mutex<Vec<SandboxId>>>,
     read: R,
     write: W,
 ) -> Result<(), McpError>
@@ -125,7 +138,7 @@ where
     W: AsyncWrite + Send + Unpin + 'static,
 {
     let id = info.id.clone();
-    let server = tools::SandboxServer::new(Arc::clone(&backend), info);
+    let server = tools::SandboxServer::new(Arc::clone(&backend), info, forks);
     let running = server
         .serve((read, write))
         .await
@@ -140,6 +153,13 @@ where
             Ok(())
         }
     }
+}
+
+/// The session's forks, whatever a panic left of the lock.
+pub(crate) fn lock_forks(
+    forks: &std::sync::Mutex<Vec<SandboxId>>,
+) -> std::sync::MutexGuard<'_, Vec<SandboxId>> {
+    forks.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs a blocking backend call on the blocking thread pool; a panic in it becomes an internal

@@ -17,26 +17,54 @@ use rmcp::service::{RequestContext, RoleServer};
 use serde::Serialize;
 use serde_json::Value;
 use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
-use taskbox_tools::{ArgsError, Call, Effect, SANDBOX_TOOLS, render};
+use taskbox_tools::{ArgsError, Call, Effect, SANDBOX_TOOLS, SESSION_TOOLS, render};
 
 use crate::instructions;
 
-/// The tools' names, in the order they are listed (the names are the contract).
-pub const TOOL_NAMES: [&str; 8] = taskbox_tools::names(SANDBOX_TOOLS);
+/// The tools' names, in the order they are listed (the names are the contract): the sandbox
+/// tools, then `fork`.
+pub const TOOL_NAMES: [&str; 9] = {
+    let sandbox = taskbox_tools::names(SANDBOX_TOOLS);
+    let session = taskbox_tools::names(SESSION_TOOLS);
+    let mut all = [""; 9];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = if i < sandbox.len() {
+            sandbox[i]
+        } else {
+            session[i - sandbox.len()]
+        };
+        i += 1;
+    }
+    all
+};
 
-/// The MCP server of one sandbox.
+/// The argument every tool takes besides its own: the sandbox it acts on.
+pub const SANDBOX_ARG: &str = "sandbox";
+
+/// The most forks one session keeps alive.
+pub const MAX_SESSION_FORKS: usize = 16;
+
+/// The MCP server of one sandbox and the forks made from it in the session.
 pub(crate) struct SandboxServer {
     backend: Arc<dyn SandboxApi>,
     info: SandboxInfo,
     tools: Vec<Tool>,
+    /// The forks made in this session (destroyed when it ends, by whoever holds this too).
+    forks: Arc<std::sync::Mutex<Vec<SandboxId>>>,
 }
 
 impl SandboxServer {
-    pub(crate) fn new(backend: Arc<dyn SandboxApi>, info: SandboxInfo) -> SandboxServer {
+    pub(crate) fn new(
+        backend: Arc<dyn SandboxApi>,
+        info: SandboxInfo,
+        forks: Arc<std::sync::Mutex<Vec<SandboxId>>>,
+    ) -> SandboxServer {
         SandboxServer {
             backend,
             info,
             tools: tool_list(),
+            forks,
         }
     }
 
@@ -44,10 +72,33 @@ impl SandboxServer {
         &self.info.id
     }
 
-    /// Runs `op` on the blocking pool and renders its result (or error).
+    /// The sandbox a call names in its `sandbox` argument (taken out of `args`): the session's
+    /// own, or one of its forks; the session's own when it names none.
+    fn target(&self, args: &mut JsonObject) -> Result<SandboxId, ApiError> {
+        let Some(v) = args.remove(SANDBOX_ARG) else {
+            return Ok(self.id().clone());
+        };
+        let Some(raw) = v.as_str() else {
+            return Err(ApiError::invalid(
+                "invalid arguments: field `sandbox`: expected a sandbox id (a string)",
+            ));
+        };
+        let id = SandboxId::parse(raw)?;
+        let known = id == *self.id() || crate::lock_forks(&self.forks).contains(&id);
+        if !known {
+            return Err(ApiError::SandboxNotFound(format!(
+                "sandbox {id} is not this session's: give {} or the id of one of its forks",
+                self.id()
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Runs `op` on sandbox `id` on the blocking pool and renders its result (or error).
     async fn run<Res, Op>(
         &self,
         tool: &'static str,
+        id: &SandboxId,
         op: Op,
         text: impl Fn(&Res) -> String,
     ) -> CallToolResult
@@ -55,59 +106,102 @@ impl SandboxServer {
         Res: Serialize + Send + 'static,
         Op: FnOnce(&dyn SandboxApi, &SandboxId) -> Result<Res, ApiError> + Send + 'static,
     {
-        let id = self.id().clone();
+        let target = id.clone();
         let backend = Arc::clone(&self.backend);
-        let outcome = tokio::task::spawn_blocking(move || op(backend.as_ref(), &id))
+        let outcome = tokio::task::spawn_blocking(move || op(backend.as_ref(), &target))
             .await
             .unwrap_or_else(|e| Err(ApiError::internal(format!("{tool} failed: {e}"))));
         match outcome {
             Ok(res) => success_result(text(&res), &res),
             Err(e) => {
-                tracing::debug!(sandbox = %self.id(), tool, code = e.code(), error = %e, "tool failed");
+                tracing::debug!(sandbox = %id, tool, code = e.code(), error = %e, "tool failed");
                 error_result(&e)
             }
         }
     }
 
+    /// A fork of `id` for this session, within [`MAX_SESSION_FORKS`].
+    async fn fork(&self, id: &SandboxId, req: taskbox_core::api::ForkRequest) -> CallToolResult {
+        let asked = req.count.unwrap_or(1) as usize;
+        let live = crate::lock_forks(&self.forks).len();
+        if live + asked > MAX_SESSION_FORKS {
+            return error_result(&ApiError::LimitExceeded(format!(
+                "this session has {live} forks and keeps at most {MAX_SESSION_FORKS}: fork \
+                 fewer"
+            )));
+        }
+        let forks = Arc::clone(&self.forks);
+        self.run(
+            "fork",
+            id,
+            move |b, id| {
+                let r = b.fork(id, req)?;
+                crate::lock_forks(&forks).extend(r.sandboxes.iter().map(|i| i.id.clone()));
+                Ok(r)
+            },
+            render::fork,
+        )
+        .await
+    }
+
     /// The result of a call of the sandbox tool `name`; `None` when there is no such tool.
-    async fn dispatch(&self, name: &str, args: JsonObject) -> Option<CallToolResult> {
-        let tool = SANDBOX_TOOLS.into_iter().find(|t| t.name() == name)?;
+    async fn dispatch(&self, name: &str, mut args: JsonObject) -> Option<CallToolResult> {
+        let tool = SANDBOX_TOOLS
+            .into_iter()
+            .chain(SESSION_TOOLS)
+            .find(|t| t.name() == name)?;
+        let id = match self.target(&mut args) {
+            Ok(id) => id,
+            Err(e) => return Some(error_result(&e)),
+        };
         let call = match tool.parse(Value::Object(args)) {
             Ok(call) => call,
             Err(e) => return Some(args_error_result(&e)),
         };
         let name = tool.name();
+        let id = &id;
         Some(match call {
             Call::Exec(req) => {
                 let limit = req.timeout_ms;
                 self.run(
                     name,
+                    id,
                     |b, id| b.exec(id, req, None),
                     |o| render::exec_outcome(o, limit),
                 )
                 .await
             }
-            Call::Read(req) => self.run(name, |b, id| b.read(id, req), render::read).await,
-            Call::Write(req) => {
-                self.run(name, |b, id| b.write(id, req), render::write)
+            Call::Read(req) => {
+                self.run(name, id, |b, id| b.read(id, req), render::read)
                     .await
             }
-            Call::Edit(req) => self.run(name, |b, id| b.edit(id, req), render::edit).await,
+            Call::Write(req) => {
+                self.run(name, id, |b, id| b.write(id, req), render::write)
+                    .await
+            }
+            Call::Edit(req) => {
+                self.run(name, id, |b, id| b.edit(id, req), render::edit)
+                    .await
+            }
             Call::Patch(req) => {
-                self.run(name, |b, id| b.patch(id, req), render::patch)
+                self.run(name, id, |b, id| b.patch(id, req), render::patch)
                     .await
             }
             Call::List(req) => {
-                self.run(name, |b, id| b.list_dir(id, req), render::list)
+                self.run(name, id, |b, id| b.list_dir(id, req), render::list)
                     .await
             }
             Call::Search(req) => {
-                self.run(name, |b, id| b.search(id, req), render::search)
+                self.run(name, id, |b, id| b.search(id, req), render::search)
                     .await
             }
-            Call::Diff(req) => self.run(name, |b, id| b.diff(id, req), render::diff).await,
-            // Harness tools are not among SANDBOX_TOOLS.
-            Call::Plan { .. } | Call::Finish { .. } => return None,
+            Call::Diff(req) => {
+                self.run(name, id, |b, id| b.diff(id, req), render::diff)
+                    .await
+            }
+            Call::Fork(req) => self.fork(id, req).await,
+            // Harness tools are not offered here.
+            Call::Plan { .. } | Call::Finish { .. } | Call::Subtask(_) => return None,
         })
     }
 }
@@ -151,11 +245,12 @@ impl rmcp::ServerHandler for SandboxServer {
     }
 }
 
-/// The sandbox tools as MCP tools: `taskbox_tools`'s names, descriptions and input schemas, and
-/// annotations from each tool's effect.
+/// The sandbox tools and `fork` as MCP tools: `taskbox_tools`'s names, descriptions and input
+/// schemas, each with the `sandbox` argument added, and annotations from each tool's effect.
 pub fn tool_list() -> Vec<Tool> {
     SANDBOX_TOOLS
         .into_iter()
+        .chain(SESSION_TOOLS)
         .map(|t| {
             let annotations = match t.effect() {
                 Effect::ReadOnly | Effect::Harness => {
@@ -167,9 +262,30 @@ pub fn tool_list() -> Vec<Tool> {
                     .idempotent(idempotent)
                     .open_world(false),
             };
-            Tool::new(t.name(), t.description(), t.input_schema().clone()).annotate(annotations)
+            Tool::new(
+                t.name(),
+                t.description(),
+                with_sandbox_arg(t.input_schema()),
+            )
+            .annotate(annotations)
         })
         .collect()
+}
+
+/// A tool's input schema with the `sandbox` argument.
+pub fn with_sandbox_arg(schema: &JsonObject) -> Arc<JsonObject> {
+    let mut schema = schema.clone();
+    if let Some(Value::Object(props)) = schema.get_mut("properties") {
+        props.insert(
+            SANDBOX_ARG.into(),
+            serde_json::json!({
+                "type": "string",
+                "description": "The sandbox to act on: this session's own (the default) or \
+                    one of its forks, by the id `fork` returned."
+            }),
+        );
+    }
+    Arc::new(schema)
 }
 
 fn success_result<T: Serialize>(text: String, structured: &T) -> CallToolResult {
@@ -209,9 +325,13 @@ mod tests {
         let tools = tool_list();
         let names: Vec<_> = tools.iter().map(|t| t.name.as_ref()).collect();
         assert_eq!(names, TOOL_NAMES);
-        for (t, def) in tools.iter().zip(SANDBOX_TOOLS) {
+        for (t, def) in tools
+            .iter()
+            .zip(SANDBOX_TOOLS.into_iter().chain(SESSION_TOOLS))
+        {
             assert_eq!(t.description.as_deref(), Some(def.description()));
-            assert_eq!(t.input_schema.as_ref(), def.input_schema());
+            assert_eq!(t.input_schema, with_sandbox_arg(def.input_schema()));
+            assert!(t.input_schema["properties"][SANDBOX_ARG].is_object());
             let a = t.annotations.as_ref().unwrap();
             assert_eq!(
                 a.read_only_hint,

@@ -331,7 +331,7 @@ fn a_python_mcp_client_drives_a_sandbox() {
     assert_eq!(summary["tools"], serde_json::json!(names));
     assert_eq!(
         summary["schema_fields"]["edit_file"],
-        serde_json::json!(["expected_count", "new", "old", "path"])
+        serde_json::json!(["expected_count", "new", "old", "path", "sandbox"])
     );
     assert!(
         summary["ambiguous_text"]

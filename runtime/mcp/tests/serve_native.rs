@@ -137,13 +137,75 @@ async fn tool_errors_are_results_and_the_sandbox_ends_with_the_session() {
     let t = text(&r);
     let listed = t.find("src/calc.rs:7").unwrap_or(usize::MAX);
     assert!(listed < t.find("stdout:").unwrap_or(0), "{t}");
+    // Fork: the new sandboxes start as this one is, and each tool works in the one it names.
+    let r = c.call("fork", json!({"count": 2})).await;
+    assert_eq!(r["isError"], false, "{r}");
+    let forks: Vec<String> = r["structuredContent"]["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forks.len(), 2, "{r}");
+    assert!(text(&r).contains(&forks[0]), "{r}");
+    let r = c
+        .call(
+            "exec",
+            json!({"shell": "cat b.txt; echo fork > c.txt", "sandbox": forks[0]}),
+        )
+        .await;
+    assert_eq!(r["structuredContent"]["exit_code"], 0, "{r}");
+    assert!(text(&r).contains("two"), "{r}");
+    for (where_, sandbox) in [("the session's", None), ("the other fork", Some(&forks[1]))] {
+        let mut args = json!({"path": "c.txt"});
+        if let Some(s) = sandbox {
+            args["sandbox"] = json!(s);
+        }
+        let r = c.call("read_file", args).await;
+        assert_eq!(
+            r["structuredContent"]["error"]["code"], "not_found",
+            "c.txt in {where_}: {r}"
+        );
+    }
+    // A fork of a fork, and a sandbox that is not the session's.
+    let r = c.call("fork", json!({"sandbox": forks[0]})).await;
+    let grandchild = r["structuredContent"]["sandboxes"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c
+        .call("read_file", json!({"path": "c.txt", "sandbox": grandchild}))
+        .await;
+    assert_eq!(
+        r["structuredContent"]["content"],
+        "fork
+",
+        "{r}"
+    );
+    let r = c
+        .call("diff", json!({"sandbox": "sb-00000000deadbeef"}))
+        .await;
+    assert_eq!(
+        r["structuredContent"]["error"]["code"], "sandbox_not_found",
+        "{r}"
+    );
+    let r = c.call("fork", json!({"count": 20})).await;
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(text(&r).contains("field `count`"), "{r}");
+    let r = c.call("fork", json!({"checkpoint": "x"})).await;
+    assert!(text(&r).contains("not offered"), "{r}");
+    assert_eq!(
+        taskbox_core::api::SandboxApi::list(backend.as_ref()).len(),
+        4
+    );
+
     // An unknown tool is a protocol error (the client asked for something not listed).
     let r = c
         .request("tools/call", json!({"name": "nope", "arguments": {}}))
         .await;
     assert!(r.get("error").is_some(), "{r}");
 
-    // The client leaves: the server destroys the sandbox and returns.
+    // The client leaves: the server destroys the sandbox and its forks, and returns.
     drop(c);
     tokio::time::timeout(std::time::Duration::from_secs(30), server)
         .await

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use taskbox_protocol::config::{
-    DISK_FD, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan, STATUS_FD, Status,
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan,
+    STATUS_FD, Status,
 };
 use taskbox_protocol::control::{self, CONTROL_FD, Event, ExecIds, Request};
 
@@ -38,11 +39,12 @@ use crate::exec_limits;
 use crate::fsops::WorkspaceFs;
 use crate::image::ImageResolver;
 use crate::image_view::{Identity, ImageView, ImageViewError};
+use crate::kit::disk::Disk;
 use crate::kit::layers::overlay_workspace;
 use crate::kit::layers::{ExecChanges, ExecStart};
 use crate::kit::{
     self, Backend, Common, ExecBase, ExecEnd, ExecPlan, ExecSlot, FsLandlock, Handle, Layers, Open,
-    Options, ProcState, SPILL_MOUNT, Sandboxes, StagedLayers, Table, lock, now_ms,
+    Options, ProcState, SPILL_MOUNT, Sandboxes, Seed, StagedLayers, Table, lock, now_ms,
 };
 use crate::native::{self, RunDir};
 use crate::policy::{LandlockMode, NetworkMode, RootMode, WorkspaceMode};
@@ -292,6 +294,11 @@ pub struct Sandbox {
     /// The cgroup's OOM-kill counter, kept open: read before and after every exec.
     oom: Option<OomCounter>,
     lost: AtomicBool,
+    /// Set when it is being destroyed: the end of its pid 1 is then expected.
+    ending: AtomicBool,
+    /// The OOM kills of its cgroup and of the host when it started (see `death_cause`).
+    oom_at_start: u64,
+    host_oom_at_start: u64,
     /// What pid 1 sent that a caller waits for.
     mail: Mutex<Mail>,
     mail_cond: Condvar,
@@ -313,32 +320,84 @@ impl Sandbox {
                 Err(ApiError::Unavailable(format!("sandbox {}: {e}", self.id())))
             }
             Err(e) => {
-                let why = format!("its control channel failed: {e}");
-                self.mark_lost(&why);
-                Err(ApiError::Conflict(format!(
-                    "sandbox {} is lost ({why}); its processes are ended; destroy it",
-                    self.id()
-                )))
+                let channel =
+                    format!("its control channel to pid 1 failed ({e}); its processes are ended");
+                self.mark_lost(&self.death_cause(&channel));
+                Err(self.lost_error())
             }
         }
     }
 
     fn lost_error(&self) -> ApiError {
-        ApiError::Conflict(format!(
-            "sandbox {} is lost (its processes are gone); destroy it",
-            self.id()
-        ))
+        self.common.lost_error()
+    }
+
+    /// Why the sandbox ended, from its helper's exit status (the helper exits with pid 1's
+    /// status, 128+N for signal N), waited for a moment (the helper ends right after pid 1);
+    /// `otherwise` when the helper still runs.
+    fn death_cause(&self, otherwise: &str) -> String {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let status = loop {
+            // The lock is held for one look at a time: a destroy takes the helper meanwhile.
+            let looked = match lock(&self.helper).as_mut() {
+                Some(child) => child.try_wait().map_err(drop),
+                None => Err(()),
+            };
+            match looked {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline && !self.ending.load(Ordering::SeqCst) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => break None,
+            }
+        };
+        let how = match status {
+            Some(st) => {
+                use std::os::unix::process::ExitStatusExt;
+                match (st.code(), st.signal()) {
+                    (Some(code), _) if code > 128 => {
+                        format!("its init (pid 1) was killed by {}", signal_name(code - 128))
+                    }
+                    (Some(code), _) => format!("its init (pid 1) exited with status {code}"),
+                    (None, Some(sig)) => {
+                        format!("its helper process was killed by {}", signal_name(sig))
+                    }
+                    (None, None) => "its init (pid 1) ended".to_owned(),
+                }
+            }
+            None => otherwise.to_owned(),
+        };
+        match self.oom_since_start() {
+            Some(what) => format!("{how}; {what}"),
+            None => how,
+        }
+    }
+
+    /// Whether an OOM killer ran since the sandbox started: its cgroup's (its memory limit) or
+    /// the host's (`/proc/vmstat`).
+    fn oom_since_start(&self) -> Option<String> {
+        if self.oom_kills() > self.oom_at_start {
+            return Some(format!(
+                "its cgroup's OOM killer ran (the sandbox's memory limit of {} bytes)",
+                self.common.policy.limits.memory_bytes
+            ));
+        }
+        if host_oom_kills() > self.host_oom_at_start {
+            return Some("the host ran out of memory (the kernel's OOM killer ran)".to_owned());
+        }
+        None
     }
 
     /// The sandbox can no longer be driven: say so everywhere (its state, its running execs,
     /// every later call) and end its processes, so nothing lives on that no one can reach.
     /// Destroy removes the rest.
     fn mark_lost(&self, why: &str) {
+        // The cause first: whoever sees the flag finds it (the first cause given stays).
+        self.common.mark_lost(why);
         if self.lost.swap(true, Ordering::SeqCst) {
             return;
         }
         tracing::warn!(sandbox = %self.id(), reason = why, "sandbox lost");
-        self.common.mark_lost();
         self.common
             .slots
             .end_all(&format!("the sandbox is lost ({why})"));
@@ -369,10 +428,17 @@ impl Sandbox {
         loop {
             let msg = control::recv::<Event>(control.as_fd(), &mut buf);
             let Some(sb) = weak.upgrade() else { return };
+            // The end of a sandbox being destroyed is no loss.
+            if msg.as_ref().map_or(true, Option::is_none) && sb.ending.load(Ordering::SeqCst) {
+                return;
+            }
             match msg {
                 Ok(Some((event, fds))) => sb.on_event(event, fds),
-                Ok(None) => return sb.mark_lost("its pid 1 ended"),
-                Err(e) => return sb.mark_lost(&e.to_string()),
+                Ok(None) => return sb.mark_lost(&sb.death_cause("its init (pid 1) ended")),
+                Err(e) => {
+                    let channel = format!("its control channel to pid 1 failed ({e})");
+                    return sb.mark_lost(&sb.death_cause(&channel));
+                }
             }
         }
     }
@@ -486,6 +552,26 @@ fn disk_kind(dirs: &RunDir) -> &'static str {
     dirs.disk.as_ref().map_or("none", |d| d.kind().as_str())
 }
 
+/// The OOM kills of the host so far (`oom_kill` of `/proc/vmstat`; 0 when unknown).
+fn host_oom_kills() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ").map(|n| n.trim().parse().ok()))
+        })
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// A signal's name and number, as `SIGKILL (signal 9)`.
+fn signal_name(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => format!("{} (signal {sig})", s.as_str()),
+        Err(_) => format!("signal {sig}"),
+    }
+}
+
 /// The root of the sandbox whose pid 1 is `pid`, as this process reaches it.
 fn proc_root(pid: i32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root"))
@@ -508,7 +594,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 }
 
 impl Native {
-    fn launch(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
+    fn launch(&self, req: &CreateRequest, seed: Option<&Seed>) -> Result<Arc<Sandbox>, ApiError> {
         if let Some(b) = &req.backend
             && b != "native"
         {
@@ -777,10 +863,11 @@ impl Native {
                 .unwrap_or_default(),
             control: true,
             egress: egress.as_ref().map(|_| EgressPlan { port: PROXY_PORT }),
-            disk: dirs
-                .disk
-                .as_mut()
-                .map(|d| native::ranged_disk_plan(d.plan(), &identity)),
+            disk: dirs.disk.as_mut().map(|d| DiskPlan {
+                // A fork's layers go on the disk before the helper mounts anything from it.
+                hold: seed.is_some(),
+                ..native::ranged_disk_plan(d.plan(), &identity)
+            }),
             id_range: identity.id_range,
             root_capabilities: identity.root_capabilities(&policy),
         };
@@ -836,9 +923,19 @@ impl Native {
         // The helper mounts the disk first; then pid 1 reports that the sandbox is built (or
         // why it is not). It made the egress listener before it said so: the proxy can serve
         // it from now on.
-        let received = match dirs.disk.as_mut() {
-            Some(disk) => disk.receive(&disk_channel.ours, Duration::from_secs(30)),
-            None => Ok(()),
+        let received = match (dirs.disk.as_mut(), seed) {
+            (Some(disk), seed) => disk
+                .receive(&disk_channel.ours, Duration::from_secs(30))
+                .and_then(|()| match seed {
+                    None => Ok(()),
+                    Some(seed) => {
+                        let planted = seed.plant(disk.path()).map_err(|e| e.to_string());
+                        let told = Disk::release(&disk_channel.ours, planted.is_ok());
+                        planted.and(told)
+                    }
+                }),
+            (None, None) => Ok(()),
+            (None, Some(_)) => Err("a fork needs a disk of its own to hold its layers".into()),
         };
         let started = wait_ready(&status_read, &ours, Duration::from_secs(30));
         let started = match (received, started) {
@@ -890,6 +987,8 @@ impl Native {
             expires_at_ms: req.ttl_secs.map(|t| created + t * 1000),
             state: "running".into(),
             checkpoints: Vec::new(),
+            lost_cause: None,
+            forked_from: None,
         };
         let control_reader = ours
             .try_clone()
@@ -903,7 +1002,8 @@ impl Native {
             dirs.on_disk("out"),
         )
         .with_exports(exports)
-        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay);
+        .with_overlay(policy.filesystem.workspace == WorkspaceMode::Overlay)
+        .with_scratch("tmp", dirs.on_disk("tmp"));
         let exec_base = ExecBase {
             workdir: ws.inside.display().to_string(),
             env: base_env,
@@ -927,8 +1027,11 @@ impl Native {
             starters: Mutex::new(vec![Arc::new(StarterLink::new(None, starter))]),
             _status: status_read,
             oom: cgroup.as_ref().and_then(Cgroup::oom_counter),
+            oom_at_start: cgroup.as_ref().map_or(0, Cgroup::oom_kills),
+            host_oom_at_start: host_oom_kills(),
             cgroup,
             lost: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
             mail: Mutex::new(Mail::default()),
             mail_cond: Condvar::new(),
             identity,
@@ -1441,11 +1544,22 @@ impl Sandbox {
             }
         }
         let Some(exited) = exited else {
+            // A reaper that ends without a report went down with the sandbox, as a rule: the
+            // event reader says so in a moment (it waits for the helper's status for the
+            // cause); the exec's answer is then the sandbox's loss, not an internal error.
+            let t0 = Instant::now();
+            while !self.lost.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(2) {
+                let helper_runs = lock(&self.helper)
+                    .as_mut()
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+                if helper_runs && t0.elapsed() > Duration::from_millis(500) {
+                    // The sandbox lives on: this reaper alone failed.
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
             return Err(if self.lost.load(Ordering::SeqCst) {
-                ApiError::Conflict(format!(
-                    "sandbox {} ended while the command ran; destroy it",
-                    self.id()
-                ))
+                self.lost_error()
             } else {
                 ApiError::internal(format!(
                     "sandbox {}: the exec's reaper (or, before it, the sandbox's exec starter) \
@@ -1516,6 +1630,7 @@ impl Sandbox {
 
     /// Ends the sandbox: closing the control socket ends pid 1 and with it every process.
     fn shutdown(&self) {
+        self.ending.store(true, Ordering::SeqCst);
         let _ = self.kill_all();
         let _ =
             nix::sys::socket::shutdown(self.control.as_raw_fd(), nix::sys::socket::Shutdown::Both);
@@ -1576,7 +1691,35 @@ impl Backend for Native {
     }
 
     fn start(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
-        let sandbox = self.launch(req)?;
+        self.start_seeded(req, None)
+    }
+
+    fn start_fork(&self, req: &CreateRequest, seed: &Seed) -> Result<Arc<Sandbox>, ApiError> {
+        self.start_seeded(req, Some(seed))
+    }
+
+    fn end(&self, sandbox: Arc<Sandbox>) {
+        sandbox.shutdown();
+        kit::release(sandbox);
+    }
+}
+
+impl Native {
+    /// A sandbox for `req`, its layers from `seed` when it is a fork, proven by a first exec.
+    fn start_seeded(
+        &self,
+        req: &CreateRequest,
+        seed: Option<&Seed>,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        let sandbox = self.launch(req, seed)?;
+        // A fork's parent has learnt what is in force (the same policy on this host): its
+        // first exec is the caller's.
+        if let Some(e) = seed.and_then(|s| s.enforcement.as_ref())
+            && e.landlock != "unknown"
+        {
+            lock(&sandbox.common.info).enforcement = e.clone();
+            return Ok(sandbox);
+        }
         // A first exec proves the sandbox works and reports the enforcement in force.
         let probe = sandbox
             .common
@@ -1590,11 +1733,6 @@ impl Backend for Native {
             return Err(e);
         }
         Ok(sandbox)
-    }
-
-    fn end(&self, sandbox: Arc<Sandbox>) {
-        sandbox.shutdown();
-        kit::release(sandbox);
     }
 }
 

@@ -135,6 +135,20 @@ pub struct DiskPlan {
     /// namespace of its own.
     #[serde(default)]
     pub device: Option<PathBuf>,
+    /// Once the disk's root is sent, wait for the runtime's word ([`DiskGo`]) on `DISK_FD`
+    /// before anything is mounted from it: the runtime puts a fork's layers on it meanwhile
+    /// (the parent's upper layer and `/tmp`), so the overlay is mounted on them, never changed
+    /// under a mounted overlay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
+}
+
+/// The runtime's word to a helper whose [`DiskPlan::hold`] is set: the disk is ready (`ok`), or
+/// it could not be filled and the sandbox is not to be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskGo {
+    pub ok: bool,
 }
 
 /// The egress proxy's way into the sandbox: a TCP listener on `127.0.0.1:port` inside the

@@ -88,13 +88,69 @@ impl Default for Connections {
     }
 }
 
-/// Quotas. A request that would pass one is answered 429 naming the limit and its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A rate of events: `per_sec` on average, up to `burst` at once (a token bucket).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub per_sec: f64,
+    pub burst: u32,
+}
+
+impl Rate {
+    /// `per_sec` events a second, a second's worth at once (at least one).
+    pub fn per_second(per_sec: f64) -> Rate {
+        Rate {
+            per_sec,
+            burst: per_sec.ceil().max(1.0) as u32,
+        }
+    }
+
+    /// Parses `N` or `N/s` (events a second), `N/m` (a minute) or `N/h` (an hour); the burst is
+    /// a second's worth, at least one.
+    pub fn parse(s: &str) -> Result<Rate, String> {
+        let (n, per) = match s.split_once('/') {
+            Some((n, unit)) => (n, unit.trim()),
+            None => (s, "s"),
+        };
+        let secs = match per {
+            "s" | "sec" | "second" => 1.0,
+            "m" | "min" | "minute" => 60.0,
+            "h" | "hour" => 3600.0,
+            other => {
+                return Err(format!(
+                    "unknown unit {other:?} in rate {s:?}: use /s, /m or /h"
+                ));
+            }
+        };
+        let n: f64 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid rate {s:?}: expected N, N/s, N/m or N/h"))?;
+        if !(n.is_finite() && n > 0.0) {
+            return Err(format!("invalid rate {s:?}: it must be greater than zero"));
+        }
+        Ok(Rate::per_second(n / secs))
+    }
+}
+
+/// Quotas. A request that would pass one is answered 429 naming the limit and its value, with
+/// `Retry-After`, at once: nothing waits for a place.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    /// Live sandboxes across all tenants (default 64).
+    /// Live sandboxes across all tenants, those still starting included (default 64).
     pub max_sandboxes_total: usize,
-    /// Live sandboxes of one tenant (default 16).
+    /// Live sandboxes of one tenant, those still starting included (default 16).
     pub max_sandboxes_per_tenant: usize,
+    /// Sandboxes being created or forked at once across all tenants (default 16).
+    pub max_starting_total: usize,
+    /// Sandboxes being created or forked at once by one tenant (default 8).
+    pub max_starting_per_tenant: usize,
+    /// Sandboxes created (or forked) per second across all tenants (default: unbounded).
+    pub create_rate_total: Option<Rate>,
+    /// Sandboxes created (or forked) per second by one tenant (default: unbounded).
+    pub create_rate_per_tenant: Option<Rate>,
+    /// The hard lifetime of a sandbox, from its creation: no lease, and no renew, goes past it
+    /// (default one week; `None`: none).
+    pub max_lifetime: Option<Duration>,
     /// Exec requests in flight across all tenants, streaming ones included (default 64).
     pub max_execs_total: usize,
     /// Exec requests in flight of one tenant (default 16).
@@ -128,6 +184,11 @@ impl Default for Limits {
         Limits {
             max_sandboxes_total: 64,
             max_sandboxes_per_tenant: 16,
+            max_starting_total: 16,
+            max_starting_per_tenant: 8,
+            create_rate_total: None,
+            create_rate_per_tenant: None,
+            max_lifetime: Some(Duration::from_secs(7 * 24 * 3600)),
             max_execs_total: 64,
             max_execs_per_tenant: 16,
             max_body_bytes: 16 << 20,
@@ -142,6 +203,26 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The lease end (ms since the epoch) of a create or renew at `now_ms` asking for `asked`
+    /// seconds, of a sandbox created at `created_ms`: [`Limits::lease`] from now, never past the
+    /// hard lifetime. `None` means no lease.
+    pub fn lease_end(&self, asked: Option<u64>, created_ms: u64, now_ms: u64) -> Option<u64> {
+        let lease = self
+            .lease(asked)
+            .map(|d| now_ms.saturating_add(d.as_millis() as u64));
+        let hard = self.hard_end(created_ms);
+        match (lease, hard) {
+            (Some(l), Some(h)) => Some(l.min(h)),
+            (l, h) => l.or(h),
+        }
+    }
+
+    /// When a sandbox created at `created_ms` must end, whatever its lease says.
+    pub fn hard_end(&self, created_ms: u64) -> Option<u64> {
+        self.max_lifetime
+            .map(|d| created_ms.saturating_add(d.as_millis() as u64))
+    }
+
     /// The lease a create or renew gets for `asked` seconds: the default when not asked, capped
     /// by `max_ttl`. `None` means no lease.
     pub fn lease(&self, asked: Option<u64>) -> Option<Duration> {
@@ -169,5 +250,41 @@ mod tests {
         l.max_ttl = None;
         assert_eq!(l.lease(None), None);
         assert_eq!(l.lease(Some(5)), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn no_lease_passes_the_hard_lifetime() {
+        let l = Limits {
+            max_lifetime: Some(Duration::from_secs(100)),
+            ..Limits::default()
+        };
+        // At creation: the asked lease, under the lifetime.
+        assert_eq!(l.lease_end(Some(10), 1_000, 1_000), Some(11_000));
+        // A renew late in life is cut at the lifetime, however long it asks.
+        assert_eq!(l.lease_end(Some(3600), 1_000, 90_000), Some(101_000));
+        assert_eq!(l.lease_end(None, 1_000, 1_000), Some(101_000));
+        let unbounded = Limits {
+            max_lifetime: None,
+            default_ttl: None,
+            max_ttl: None,
+            ..Limits::default()
+        };
+        assert_eq!(unbounded.lease_end(None, 1_000, 5_000), None);
+        let only_life = Limits {
+            default_ttl: None,
+            max_ttl: None,
+            ..l
+        };
+        assert_eq!(only_life.lease_end(None, 1_000, 5_000), Some(101_000));
+    }
+
+    #[test]
+    fn rates_parse() {
+        assert_eq!(Rate::parse("5").unwrap(), Rate::per_second(5.0));
+        assert_eq!(Rate::parse("10/s").unwrap().burst, 10);
+        let m = Rate::parse("30/m").unwrap();
+        assert!((m.per_sec - 0.5).abs() < 1e-9 && m.burst == 1, "{m:?}");
+        assert!(Rate::parse("0").is_err() && Rate::parse("x/s").is_err());
+        assert!(Rate::parse("3/d").unwrap_err().contains("unit"));
     }
 }

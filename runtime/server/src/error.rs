@@ -84,6 +84,13 @@ pub enum HttpError {
     /// the `Idempotency-Key` was sent before with another request (see [`crate::idempotency`])
     #[error("{0}")]
     IdempotencyKeyReused(String),
+    /// a limit of the server refused the request now; it may succeed `retry_after` from now
+    /// (answered 429 `limit_exceeded` with `Retry-After`)
+    #[error("{error}")]
+    Limited {
+        error: ApiError,
+        retry_after: std::time::Duration,
+    },
 }
 
 impl HttpError {
@@ -95,6 +102,7 @@ impl HttpError {
             HttpError::MethodNotAllowed(_) => "method_not_allowed",
             HttpError::RequestTimeout(_) => "request_timeout",
             HttpError::IdempotencyKeyReused(_) => "idempotency_key_reused",
+            HttpError::Limited { error, .. } => error.code(),
         }
     }
 
@@ -108,6 +116,7 @@ impl HttpError {
             HttpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             HttpError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             HttpError::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            HttpError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -144,6 +153,17 @@ impl HttpError {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), Json(self.body())).into_response();
+        // Every 429 says when to try again: a limit's own estimate, else a second.
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+            let secs = match &self {
+                HttpError::Limited { retry_after, .. } => {
+                    retry_after.as_millis().div_ceil(1000).max(1) as u64
+                }
+                _ => 1,
+            };
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         match self {
             HttpError::Unauthorized(_) => {
                 resp.headers_mut()

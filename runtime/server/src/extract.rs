@@ -99,7 +99,17 @@ impl FromRequestParts<AppState> for Owned {
         let Tenant(tenant) = Tenant::from_request_parts(parts, state).await?;
         let params = raw_params(parts, state).await?;
         let raw = path_param(&params, "id")?;
-        let id = state.owned(&tenant, &raw)?;
+        // A destroy of a sandbox lost to a restart is done already: it only forgets it.
+        let destroying = parts.method == axum::http::Method::DELETE
+            && parts
+                .extensions
+                .get::<axum::extract::MatchedPath>()
+                .is_some_and(|p| p.as_str() == "/v1/sandboxes/{id}");
+        let id = if destroying {
+            state.owned_or_forget_lost(&tenant, &raw)?
+        } else {
+            state.owned(&tenant, &raw)?
+        };
         tracing::Span::current().record("sandbox", id.as_str());
         Ok(Owned { tenant, id })
     }

@@ -528,9 +528,14 @@ impl Front {
             caller,
             body_timeout: limits.body_timeout,
         };
+        // Half-close: a client that sends its request and shuts down its side (or goes away)
+        // still has its request served; a destroy it sent completes, whether or not anyone
+        // reads the answer. Without it hyper drops the request at the end of the client's
+        // stream, before the handler has run.
         let mut conn = Box::pin(
             http1::Builder::new()
                 .max_buf_size(MAX_BUF)
+                .half_close(true)
                 .serve_connection(io, svc),
         );
         let mut draining = false;

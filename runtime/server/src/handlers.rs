@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use taskbox_core::api::{
     ApiError, Approval, CreateRequest, ExecEvent, ExecOutcome, ExecRequest, ExportRequest,
-    PolicySources, SandboxApi, SandboxId, SandboxInfo, SecretRotation, SecretStatus, SecretUpdate,
-    SecretValue, WORKSPACE_DIGEST_LABEL, excerpt,
+    ForkRequest, ForkResult, PolicySources, SandboxApi, SandboxId, SandboxInfo, SecretRotation,
+    SecretStatus, SecretUpdate, SecretValue, WORKSPACE_DIGEST_LABEL, excerpt,
 };
 use tokio::sync::mpsc;
 
@@ -22,7 +22,7 @@ use crate::caller::Caller;
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, ApprovalPath, ExecId, Owned, SecretPath};
 use crate::idempotency::{Answer, Fingerprint, KeyHeader};
-use crate::state::{AppState, now_ms};
+use crate::state::AppState;
 use crate::types::{
     ApprovalsQuery, DenyRequest, Health, KillRequest, RenewRequest, StdinQuery, StdinRequest,
     WaitQuery,
@@ -71,11 +71,6 @@ where
     } else {
         blocking(f).await
     }
-}
-
-/// The lease end for a lease of `d` from now.
-fn lease_end(d: Option<Duration>) -> Option<u64> {
-    d.map(|d| now_ms().saturating_add(d.as_millis() as u64))
 }
 
 /// `POST /v1/sandboxes`. With an `Idempotency-Key`, a retry gets the first sandbox (see
@@ -128,6 +123,9 @@ async fn create_sandbox(
     // Resolved once, here, before anything starts: a profile name or inline text, never a path
     // on the supervisor's host (which the supervisor would read with its own rights).
     req.resolve_policy(PolicySources::Remote)?;
+    // A place in the limits first: a create over one is refused at once, before anything else
+    // is looked at (the workspace's check waits for the blocking pool, busy in a burst).
+    let slot = state.reserve_create(&tenant)?;
     // The workspace: an upload of this tenant, or a directory the operator lets this caller
     // name (checked on the blocking pool: it asks the file system).
     let st = state.clone();
@@ -153,23 +151,69 @@ async fn create_sandbox(
                 .insert(WORKSPACE_DIGEST_LABEL.to_string(), sha256);
         }
     }
-    let lease = state.limits().lease(req.ttl_secs);
+    let asked = req.ttl_secs;
+    let lease = state.limits().lease(asked);
     req.ttl_secs = lease.map(|d| d.as_secs().max(1));
     req.labels.insert(TENANT_LABEL.to_string(), tenant.clone());
-    let slot = state.reserve_create(&tenant)?;
     let backend = state.backend().clone();
-    let expires = lease_end(lease);
     // Registered on the blocking thread: a client that goes away mid-create still leaves an owned,
     // leased sandbox behind, never an orphan.
-    let info = blocking(move || {
+    let (info, expires) = blocking(move || {
         let info = backend.create(req)?;
-        slot.commit(&info.id, expires);
-        Ok(info)
+        let expires = slot.commit(&info, asked);
+        Ok((info, expires))
     })
     .await?;
     tracing::Span::current().record("sandbox", info.id.as_str());
     tracing::info!(sandbox = %info.id, tenant = %tenant, expires_at_ms = ?expires, "sandbox created");
     Ok(state.with_lease(info))
+}
+
+/// `POST /v1/sandboxes/{id}/fork`: `count` new sandboxes of the caller's from one of its own,
+/// each taking a place in the quotas and a lease of its own, as a create does.
+pub async fn fork(
+    State(state): State<AppState>,
+    o: Owned,
+    ApiJson(mut req): ApiJson<ForkRequest>,
+) -> Result<(StatusCode, Json<ForkResult>), HttpError> {
+    if let Some(key) = req
+        .labels
+        .keys()
+        .find(|k| k.starts_with(RESERVED_LABEL_PREFIX))
+    {
+        return Err(ApiError::invalid(format!(
+            "label {key:?} is reserved: labels starting with {RESERVED_LABEL_PREFIX:?} are set by the server"
+        ))
+        .into());
+    }
+    if req.ttl_secs == Some(0) {
+        return Err(ApiError::invalid("ttl_secs must be at least 1").into());
+    }
+    let count = req.count()?;
+    let slots = state.reserve_creates(&o.tenant, count as usize)?;
+    let asked = req.ttl_secs;
+    let lease = state.limits().lease(asked);
+    req.ttl_secs = lease.map(|d| d.as_secs().max(1));
+    let backend = state.backend().clone();
+    let id = o.id.clone();
+    // Registered on the blocking thread, as a create's: a client that goes away mid-fork leaves
+    // owned, leased sandboxes behind, never orphans.
+    let forked = blocking(move || {
+        let forked = backend.fork(&id, req)?;
+        for (slot, info) in slots.into_iter().zip(&forked.sandboxes) {
+            slot.commit(info, asked);
+        }
+        Ok(forked)
+    })
+    .await?;
+    let ids: Vec<&str> = forked.sandboxes.iter().map(|i| i.id.as_str()).collect();
+    tracing::info!(sandbox = %o.id, tenant = %o.tenant, forks = ?ids, "sandbox forked");
+    let sandboxes = forked
+        .sandboxes
+        .into_iter()
+        .map(|i| state.with_lease(i))
+        .collect();
+    Ok((StatusCode::CREATED, Json(ForkResult { sandboxes })))
 }
 
 pub async fn list(
@@ -223,8 +267,8 @@ pub async fn renew(
     if req.ttl_secs == 0 {
         return Err(ApiError::invalid("ttl_secs must be at least 1").into());
     }
-    let lease = state.limits().lease(Some(req.ttl_secs));
-    state.set_lease(&o.id, lease_end(lease));
+    // Never past the sandbox's hard lifetime, however long the renew asks.
+    state.renew(&o.id, Some(req.ttl_secs));
     let backend = state.backend().clone();
     let id = o.id.clone();
     let info = blocking(move || backend.info(&id)).await?;
@@ -637,7 +681,9 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
 }
 
 pub async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
-    let text = state.metrics().render(&state.live_per_tenant());
+    let text = state
+        .metrics()
+        .render(&state.live_per_tenant(), &state.starting_per_tenant());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 

@@ -40,6 +40,7 @@
 //! | `POST /v1/sandboxes/{id}/read`, `write`, `edit`, `patch`, `list`, `search`, `stat`, `diff`, `export` (optional `Idempotency-Key` with `apply`) | the request type | 200 the result type |
 //! | `POST /v1/sandboxes/{id}/checkpoints` | `CheckpointRequest` | 201 `CheckpointInfo` |
 //! | `POST /v1/sandboxes/{id}/remove`, `move`, `restore` | the request type | 204 |
+//! | `POST /v1/sandboxes/{id}/fork` | `ForkRequest` | 201 `ForkResult` (each fork a place in the quotas) |
 //! | `PUT /v1/sandboxes/{id}/files?path=` | the file's raw content, streamed | 200 `WriteResult` |
 //! | `GET /v1/sandboxes/{id}/files?path=` | | 200 the file's raw content, streamed |
 //!
@@ -75,10 +76,18 @@
 //!   (`Idempotent-Replayed: true`), one sent while it runs waits for it, the same key with
 //!   another request is 422 `idempotency_key_reused`. Errors are not kept. Kept a day, in
 //!   memory, bounded per tenant.
-//! - **Quotas** (429 naming the limit): live sandboxes per tenant and in total (creates in flight
-//!   count); exec requests in flight per tenant and in total, streamed ones included, held until
-//!   the command ends even if the client leaves. Background execs hold a place only while the
-//!   request runs.
+//! - **Quotas** (429 naming the limit, always with `Retry-After`, at once: nothing waits for a
+//!   place): live sandboxes per tenant and in total (creates in flight count), sandboxes starting
+//!   (being created or forked) per tenant and in total, and a creation rate per tenant and in
+//!   total (token buckets), all checked and taken under one lock before the request does
+//!   anything else, so no burst passes them (`docs/limits.md`); exec requests in flight per
+//!   tenant and in total, streamed ones included, held until the command ends even if the client
+//!   leaves. Background execs hold a place only while the request runs.
+//! - **A hard lifetime** (`max_lifetime`, default a week): no lease, however renewed, goes past a
+//!   sandbox's creation plus it; the reaper ends it then.
+//! - **A request is served to its end when its client goes away**: connections are half-closed
+//!   (a client that sends a destroy and hangs up still has it done), and a create, fork or
+//!   destroy runs on the blocking pool, which a dropped request does not stop.
 
 pub mod auth;
 mod body;
@@ -106,7 +115,7 @@ pub mod workspaces;
 
 pub use auth::{Auth, Tenant, Tokens};
 pub use caller::Caller;
-pub use config::{Connections, Limits, ServerConfig};
+pub use config::{Connections, Limits, Rate, ServerConfig};
 pub use error::{ErrorBody, HttpError, ServerError};
 pub use routes::{RouteSpec, route_specs, router};
 pub use serve::{DRAIN, serve, shutdown_signal};

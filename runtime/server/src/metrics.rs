@@ -47,6 +47,11 @@ struct ReasonLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabel {
+    limit: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
     code: String,
 }
@@ -70,6 +75,8 @@ pub struct Metrics {
     /// that two scrapes at once do not interleave their gauges.
     registry: Mutex<Registry>,
     sandboxes_live: Family<TenantLabel, Gauge>,
+    sandboxes_starting: Family<TenantLabel, Gauge>,
+    creates_refused: Family<LimitLabel, Counter>,
     execs: Counter,
     exec_duration: Histogram,
     http: Family<RouteLabels, Counter>,
@@ -88,6 +95,8 @@ impl Default for Metrics {
         let m = Metrics {
             registry: Mutex::new(Registry::default()),
             sandboxes_live: Family::default(),
+            sandboxes_starting: Family::default(),
+            creates_refused: Family::default(),
             execs: Counter::default(),
             exec_duration: Histogram::new(EXEC_BUCKETS),
             http: Family::default(),
@@ -105,6 +114,16 @@ impl Default for Metrics {
                 "taskbox_sandboxes_live",
                 "Live sandboxes per tenant",
                 m.sandboxes_live.clone(),
+            );
+            r.register(
+                "taskbox_sandboxes_starting",
+                "Sandboxes being created or forked per tenant",
+                m.sandboxes_starting.clone(),
+            );
+            r.register(
+                "taskbox_creates_refused",
+                "Creates and forks refused by a limit, by limit",
+                m.creates_refused.clone(),
             );
             r.register(
                 "taskbox_execs",
@@ -239,8 +258,22 @@ impl Metrics {
             .inc();
     }
 
-    /// The exposition text ([`CONTENT_TYPE`]); `live` is the number of live sandboxes per tenant.
-    pub fn render(&self, live: &BTreeMap<String, usize>) -> String {
+    /// A create (or fork) was refused by `limit`.
+    pub fn create_refused(&self, limit: &str) {
+        self.creates_refused
+            .get_or_create(&LimitLabel {
+                limit: limit.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The exposition text ([`CONTENT_TYPE`]); `live` is the number of live sandboxes per
+    /// tenant, `starting` of those being created.
+    pub fn render(
+        &self,
+        live: &BTreeMap<String, usize>,
+        starting: &BTreeMap<String, usize>,
+    ) -> String {
         let mut out = String::new();
         let Ok(registry) = self.registry.lock() else {
             return out;
@@ -268,6 +301,14 @@ impl Metrics {
                 counter.inc_by(u.uses - seen);
             }
         }
+        self.sandboxes_starting.clear();
+        for (tenant, n) in starting {
+            self.sandboxes_starting
+                .get_or_create(&TenantLabel {
+                    tenant: tenant.clone(),
+                })
+                .set(gauge_value(*n));
+        }
         // Writing to a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &registry);
         out
@@ -291,8 +332,9 @@ mod tests {
         m.error("a\"b");
         let mut live = BTreeMap::new();
         live.insert("alice".to_string(), 2);
-        let text = m.render(&live);
+        let text = m.render(&live, &BTreeMap::from([("bob".to_string(), 3)]));
         assert!(text.contains("taskbox_sandboxes_live{tenant=\"alice\"} 2\n"));
+        assert!(text.contains("taskbox_sandboxes_starting{tenant=\"bob\"} 3\n"));
         assert!(text.contains("taskbox_exec_duration_seconds_bucket{le=\"0.01\"} 1\n"));
         assert!(text.contains("taskbox_exec_duration_seconds_bucket{le=\"2.5\"} 2\n"));
         assert!(text.contains("taskbox_exec_duration_seconds_bucket{le=\"900\"} 2\n"));
@@ -312,15 +354,26 @@ mod tests {
         m.idempotent_replay("create_sandbox");
         let mut live = BTreeMap::new();
         live.insert("alice".to_string(), 1);
-        m.render(&live);
+        m.create_refused("max_starting_total");
+        m.render(&live, &BTreeMap::new());
         live.clear();
         live.insert("bob".to_string(), 1);
-        let text = m.render(&live);
+        let text = m.render(&live, &BTreeMap::from([("bob".to_string(), 1)]));
         for (name, kind, help) in [
             (
                 "taskbox_sandboxes_live",
                 "gauge",
                 "Live sandboxes per tenant.",
+            ),
+            (
+                "taskbox_sandboxes_starting",
+                "gauge",
+                "Sandboxes being created or forked per tenant.",
+            ),
+            (
+                "taskbox_creates_refused_total",
+                "counter",
+                "Creates and forks refused by a limit, by limit.",
             ),
             (
                 "taskbox_execs_total",

@@ -11,9 +11,10 @@ use axum::routing::{MethodRouter, on};
 use taskbox_core::api::{
     Approval, CheckpointInfo, CheckpointRequest, CreateRequest, DiffRequest, DiffResult,
     EditRequest, EditResult, ExecEvent, ExecOutcome, ExecRequest, ExportRequest, ExportResult,
-    ListRequest, ListResult, MoveRequest, NetworkRules, PatchRequest, PatchResult, PathRequest,
-    ProcessInfo, ReadRequest, ReadResult, RemoveRequest, SandboxInfo, SearchRequest, SearchResult,
-    SecretRotation, SecretStatus, StatResult, WriteRequest, WriteResult,
+    ForkRequest, ForkResult, ListRequest, ListResult, MoveRequest, NetworkRules, PatchRequest,
+    PatchResult, PathRequest, ProcessInfo, ReadRequest, ReadResult, RemoveRequest, SandboxInfo,
+    SearchRequest, SearchResult, SecretRotation, SecretStatus, StatResult, WriteRequest,
+    WriteResult,
 };
 use tracing::Instrument;
 
@@ -393,6 +394,17 @@ fn table() -> Vec<Route> {
         fs_route!("diff", "diff", "diff against the baseline or a checkpoint: what git ignores and .git/ counted in `ignored` (listed with `include_ignored`), files that run on their own in `flagged`", DiffRequest => DiffResult, 200, |b, id, r| b.diff(id, r)),
         fs_route!("checkpoints", "create_checkpoint", "checkpoint the workspace", CheckpointRequest => CheckpointInfo, 201, |b, id, r| b.checkpoint(id, r)),
         fs_route!("restore", "restore", "roll the workspace back to a checkpoint", CheckpointRequest => (), |b, id, r| b.restore(id, r)),
+        route(
+            RouteSpec::new(
+                Post,
+                "/v1/sandboxes/{id}/fork",
+                "fork",
+                "`count` new sandboxes (1-64) from this one as it is now or from one of its checkpoints: same image, policy, environment, workspace and /tmp, each with a fresh upper layer and its own lease; processes are not copied. Each fork counts against the quotas as a create does",
+            )
+            .takes(schema::<ForkRequest>)
+            .answers(201, Body::Json(schema::<ForkResult>)),
+            handlers::fork,
+        ),
         route(
             RouteSpec::new(
                 Post,

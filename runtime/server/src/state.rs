@@ -22,7 +22,7 @@ use axum::http::request::Parts;
 use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
 
 use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL, Tenant};
-use crate::config::Limits;
+use crate::config::{Limits, Rate};
 use crate::error::{HttpError, ServerError};
 use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
@@ -36,8 +36,71 @@ struct Registry {
     owners: HashMap<SandboxId, String>,
     /// Sandbox -> lease end (ms since the epoch).
     leases: HashMap<SandboxId, u64>,
+    /// Sandbox -> when it was created (ms since the epoch): where its hard lifetime starts.
+    created: HashMap<SandboxId, u64>,
     /// Tenant -> creates in flight (they count against the sandbox limits).
     pending: HashMap<String, usize>,
+    /// The creation rate of each tenant, and of all together.
+    buckets: HashMap<String, Bucket>,
+    bucket_total: Bucket,
+    /// Sandboxes lost to a restart of the supervisor: what the last one owned and this one does
+    /// not find. Every call on one answers `infrastructure` with the cause, until it is
+    /// destroyed (which only forgets it) or [`LOST_KEPT_MS`] passes.
+    lost: HashMap<SandboxId, Lost>,
+}
+
+/// A sandbox lost to a restart, as the server remembers it.
+#[derive(Debug, Clone)]
+struct Lost {
+    tenant: String,
+    cause: String,
+    /// When it is forgotten (ms since the epoch).
+    until_ms: u64,
+}
+
+/// How long a sandbox lost to a restart is remembered: a day.
+pub const LOST_KEPT_MS: u64 = 24 * 3600 * 1000;
+
+/// Why the sandboxes the last supervisor owned are gone after a restart.
+const RESTARTED: &str = "the supervisor restarted, and the sandbox's processes ended with the \
+    supervisor that ran it";
+
+/// A token bucket of a creation rate: full at first, one token per sandbox.
+#[derive(Debug, Default)]
+struct Bucket {
+    /// Tokens and when they were counted (`None`: never used, full).
+    state: Option<(f64, std::time::Instant)>,
+}
+
+impl Bucket {
+    /// The tokens now, refilled at `rate` since they were last counted.
+    fn tokens(&self, rate: Rate, now: std::time::Instant) -> f64 {
+        match self.state {
+            None => f64::from(rate.burst),
+            Some((t, at)) => {
+                let refill = now.saturating_duration_since(at).as_secs_f64() * rate.per_sec;
+                (t + refill).min(f64::from(rate.burst))
+            }
+        }
+    }
+
+    /// How long until `n` tokens are there (zero: they are).
+    fn wait_for(&self, n: usize, rate: Rate, now: std::time::Instant) -> Duration {
+        let missing = n as f64 - self.tokens(rate, now);
+        if missing <= 0.0 {
+            return Duration::ZERO;
+        }
+        if n as f64 > f64::from(rate.burst) {
+            // Never at once: as long as the burst takes to fill.
+            return Duration::from_secs_f64(f64::from(rate.burst) / rate.per_sec);
+        }
+        Duration::from_secs_f64(missing / rate.per_sec)
+    }
+
+    fn take(&mut self, n: usize, rate: Rate, now: std::time::Instant) {
+        let left = self.tokens(rate, now) - n as f64;
+        self.state = Some((left.max(0.0), now));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -132,14 +195,42 @@ impl AppStateBuilder {
                 .get(TENANT_LABEL)
                 .cloned()
                 .unwrap_or_else(|| LOCAL_TENANT.to_string());
-            if let Some(exp) = saved.get(info.id.as_str()).copied().or(info.expires_at_ms) {
+            let lease = saved.get(info.id.as_str()).copied().or(info.expires_at_ms);
+            // The hard lifetime holds across restarts, whatever a saved lease says.
+            let lease = match (lease, self.limits.hard_end(info.created_at_ms)) {
+                (Some(l), Some(h)) => Some(l.min(h)),
+                (l, h) => l.or(h),
+            };
+            if let Some(exp) = lease {
                 reg.leases.insert(info.id.clone(), exp);
             }
+            reg.created.insert(info.id.clone(), info.created_at_ms);
             reg.owners.insert(info.id, tenant);
+        }
+        // What the last supervisor owned and this one does not find was lost with it.
+        if let Some(path) = &self.lease_file {
+            let now = now_ms();
+            for (id, tenant) in load_owners(&owners_file(path)) {
+                let Ok(id) = SandboxId::parse(&id) else {
+                    continue;
+                };
+                if !reg.owners.contains_key(&id) {
+                    tracing::warn!(sandbox = %id, tenant = %tenant, "sandbox lost to a restart");
+                    reg.lost.insert(
+                        id,
+                        Lost {
+                            tenant,
+                            cause: RESTARTED.to_owned(),
+                            until_ms: now + LOST_KEPT_MS,
+                        },
+                    );
+                }
+            }
         }
         tracing::info!(
             sandboxes = reg.owners.len(),
             leases = reg.leases.len(),
+            lost = reg.lost.len(),
             "server state rebuilt from the backend"
         );
         let state = AppState {
@@ -179,6 +270,31 @@ fn load_leases(path: &Path) -> Result<HashMap<String, u64>, ServerError> {
     }
 }
 
+/// Where the owners of the live sandboxes are saved, beside the lease table: a restarted server
+/// tells the sandboxes it lost from those that never were.
+fn owners_file(lease_file: &Path) -> PathBuf {
+    lease_file.with_file_name("owners.json")
+}
+
+/// The saved owners (sandbox -> tenant); none when there is no file or it does not parse.
+fn load_owners(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_owners(path: &Path, owners: &HashMap<SandboxId, String>) -> std::io::Result<()> {
+    let map: BTreeMap<&str, &str> = owners
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let text = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
 fn write_leases(path: &Path, leases: &HashMap<SandboxId, u64>) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = path.parent() {
@@ -202,17 +318,24 @@ pub(crate) struct CreateSlot {
 }
 
 impl CreateSlot {
-    /// Records the new sandbox as the tenant's, with its lease end.
-    pub fn commit(mut self, id: &SandboxId, expires_at_ms: Option<u64>) {
+    /// Records the new sandbox `info` as the tenant's, with the lease `asked` (seconds; the
+    /// server's default when `None`) from now, within its hard lifetime. Returns the lease end.
+    pub fn commit(mut self, info: &SandboxInfo, asked: Option<u64>) -> Option<u64> {
+        let expires = self
+            .state
+            .limits()
+            .lease_end(asked, info.created_at_ms, now_ms());
         let mut reg = self.state.registry();
         release_pending(&mut reg, &self.tenant);
-        reg.owners.insert(id.clone(), self.tenant.clone());
-        match expires_at_ms {
-            Some(t) => reg.leases.insert(id.clone(), t),
-            None => reg.leases.remove(id),
+        reg.owners.insert(info.id.clone(), self.tenant.clone());
+        reg.created.insert(info.id.clone(), info.created_at_ms);
+        match expires {
+            Some(t) => reg.leases.insert(info.id.clone(), t),
+            None => reg.leases.remove(&info.id),
         };
         self.state.save_leases(&reg);
         self.done = true;
+        expires
     }
 }
 
@@ -319,10 +442,15 @@ impl AppState {
     }
 
     fn save_leases(&self, reg: &Registry) {
-        if let Some(path) = &self.inner.lease_file
-            && let Err(e) = write_leases(path, &reg.leases)
-        {
+        let Some(path) = &self.inner.lease_file else {
+            return;
+        };
+        if let Err(e) = write_leases(path, &reg.leases) {
             tracing::warn!(path = %path.display(), error = %e, "cannot save the lease table");
+        }
+        let owners = owners_file(path);
+        if let Err(e) = write_owners(&owners, &reg.owners) {
+            tracing::warn!(path = %owners.display(), error = %e, "cannot save the owners");
         }
     }
 
@@ -333,8 +461,28 @@ impl AppState {
         let reg = self.registry();
         match reg.owners.get(&id) {
             Some(owner) if owner == tenant => Ok(id),
-            _ => Err(not_found(&id).into()),
+            _ => match reg.lost.get(&id) {
+                // Lost to a restart: an infrastructure failure, with its cause.
+                Some(lost) if lost.tenant == tenant && lost.until_ms > now_ms() => Err(
+                    HttpError::Api(taskbox_core::kit::lost_error(&id, &lost.cause)),
+                ),
+                _ => Err(not_found(&id).into()),
+            },
         }
+    }
+
+    /// [`AppState::owned`] for a destroy: a sandbox lost to a restart is forgotten (its destroy
+    /// has nothing left to do) and its id given back.
+    pub fn owned_or_forget_lost(&self, tenant: &str, raw: &str) -> Result<SandboxId, HttpError> {
+        let id = SandboxId::parse(raw)?;
+        {
+            let mut reg = self.registry();
+            if reg.lost.get(&id).is_some_and(|l| l.tenant == tenant) {
+                reg.lost.remove(&id);
+                return Ok(id);
+            }
+        }
+        self.owned(tenant, raw)
     }
 
     /// The tenant's sandbox ids.
@@ -362,29 +510,161 @@ impl AppState {
 
     /// Reserves a place for a new sandbox of `tenant`, or says which limit is reached.
     pub(crate) fn reserve_create(&self, tenant: &str) -> Result<CreateSlot, HttpError> {
+        let mut slots = self.reserve_creates(tenant, 1)?;
+        slots
+            .pop()
+            .ok_or_else(|| HttpError::Api(ApiError::internal("no place was reserved")))
+    }
+
+    /// Reserves `n` places for new sandboxes of `tenant` (a create's one, a fork's count): all
+    /// of them, or none and which limit is reached, with when to try again. Checked and taken
+    /// under one lock, so that a burst of requests never passes a limit: live sandboxes (those
+    /// starting included), sandboxes starting, and the creation rate, each per tenant and in
+    /// total. Nothing waits: a request over a limit is answered at once.
+    pub(crate) fn reserve_creates(
+        &self,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<CreateSlot>, HttpError> {
+        let refused = match self.try_reserve(tenant, n) {
+            Ok(()) => None,
+            Err((which, e)) => Some((which, e)),
+        };
+        if let Some((which, e)) = refused {
+            self.metrics().create_refused(which);
+            return Err(e);
+        }
+        Ok((0..n)
+            .map(|_| CreateSlot {
+                state: self.clone(),
+                tenant: tenant.to_string(),
+                done: false,
+            })
+            .collect())
+    }
+
+    fn try_reserve(&self, tenant: &str, n: usize) -> Result<(), (&'static str, HttpError)> {
         let limits = &self.inner.limits;
+        let now = std::time::Instant::now();
         let mut reg = self.registry();
-        let pending_total: usize = reg.pending.values().sum();
-        if reg.owners.len() + pending_total >= limits.max_sandboxes_total {
-            return Err(limit(format!(
-                "the server has reached its limit of {} live sandboxes (max_sandboxes_total); destroy one or try later",
-                limits.max_sandboxes_total
-            )));
+        let starting_total: usize = reg.pending.values().sum();
+        let starting_mine = reg.pending.get(tenant).copied().unwrap_or(0);
+        // Creates take well under a second: try again in one.
+        let soon = Duration::from_secs(1);
+        if starting_total + n > limits.max_starting_total {
+            return Err((
+                "max_starting_total",
+                limit(
+                    format!(
+                        "the server is starting {starting_total} sandboxes, its limit is {} \
+                         (max_starting_total); try again in a moment",
+                        limits.max_starting_total
+                    ),
+                    soon,
+                ),
+            ));
         }
-        let mine = reg.owners.values().filter(|t| t.as_str() == tenant).count()
-            + reg.pending.get(tenant).copied().unwrap_or(0);
-        if mine >= limits.max_sandboxes_per_tenant {
-            return Err(limit(format!(
-                "tenant {tenant} has reached its limit of {} live sandboxes (max_sandboxes_per_tenant); destroy one first",
-                limits.max_sandboxes_per_tenant
-            )));
+        if starting_mine + n > limits.max_starting_per_tenant {
+            return Err((
+                "max_starting_per_tenant",
+                limit(
+                    format!(
+                        "tenant {tenant} is starting {starting_mine} sandboxes, its limit is {} \
+                         (max_starting_per_tenant); try again in a moment",
+                        limits.max_starting_per_tenant
+                    ),
+                    soon,
+                ),
+            ));
         }
-        *reg.pending.entry(tenant.to_string()).or_default() += 1;
-        Ok(CreateSlot {
-            state: self.clone(),
-            tenant: tenant.to_string(),
-            done: false,
-        })
+        let live_total = reg.owners.len() + starting_total;
+        if live_total + n > limits.max_sandboxes_total {
+            let after = next_lease_end(&reg, None);
+            return Err((
+                "max_sandboxes_total",
+                limit(
+                    format!(
+                        "the server has {live_total} live sandboxes, its limit is {} \
+                         (max_sandboxes_total); destroy one or try later",
+                        limits.max_sandboxes_total
+                    ),
+                    after,
+                ),
+            ));
+        }
+        let live_mine =
+            reg.owners.values().filter(|t| t.as_str() == tenant).count() + starting_mine;
+        if live_mine + n > limits.max_sandboxes_per_tenant {
+            let after = next_lease_end(&reg, Some(tenant));
+            return Err((
+                "max_sandboxes_per_tenant",
+                limit(
+                    format!(
+                        "tenant {tenant} has {live_mine} live sandboxes, its limit is {} \
+                         (max_sandboxes_per_tenant); destroy one first",
+                        limits.max_sandboxes_per_tenant
+                    ),
+                    after,
+                ),
+            ));
+        }
+        if let Some(rate) = limits.create_rate_total {
+            let wait = reg.bucket_total.wait_for(n, rate, now);
+            if !wait.is_zero() {
+                return Err((
+                    "create_rate_total",
+                    limit(
+                        format!(
+                            "the server creates at most {} sandboxes a second \
+                             (create_rate_total); try again in {} ms",
+                            rate.per_sec,
+                            wait.as_millis()
+                        ),
+                        wait,
+                    ),
+                ));
+            }
+        }
+        if let Some(rate) = limits.create_rate_per_tenant {
+            let wait = reg
+                .buckets
+                .get(tenant)
+                .map_or(Duration::ZERO, |b| b.wait_for(n, rate, now));
+            if !wait.is_zero() {
+                return Err((
+                    "create_rate_per_tenant",
+                    limit(
+                        format!(
+                            "tenant {tenant} creates at most {} sandboxes a second \
+                             (create_rate_per_tenant); try again in {} ms",
+                            rate.per_sec,
+                            wait.as_millis()
+                        ),
+                        wait,
+                    ),
+                ));
+            }
+        }
+        if let Some(rate) = limits.create_rate_total {
+            reg.bucket_total.take(n, rate, now);
+        }
+        if let Some(rate) = limits.create_rate_per_tenant {
+            reg.buckets
+                .entry(tenant.to_string())
+                .or_default()
+                .take(n, rate, now);
+        }
+        *reg.pending.entry(tenant.to_string()).or_default() += n;
+        Ok(())
+    }
+
+    /// Sandboxes being created per tenant.
+    pub fn starting_per_tenant(&self) -> BTreeMap<String, usize> {
+        self.registry()
+            .pending
+            .iter()
+            .map(|(t, n)| (t.clone(), *n))
+            .collect()
     }
 
     /// Takes a place for one exec of `tenant`, or says which limit is reached.
@@ -396,17 +676,23 @@ impl AppState {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if c.total >= limits.max_execs_total {
-            return Err(limit(format!(
-                "the server has reached its limit of {} concurrent execs (max_execs_total); try again when one ends",
-                limits.max_execs_total
-            )));
+            return Err(limit(
+                format!(
+                    "the server has reached its limit of {} concurrent execs (max_execs_total); try again when one ends",
+                    limits.max_execs_total
+                ),
+                Duration::from_secs(1),
+            ));
         }
         let mine = c.per_tenant.get(tenant).copied().unwrap_or(0);
         if mine >= limits.max_execs_per_tenant {
-            return Err(limit(format!(
-                "tenant {tenant} has reached its limit of {} concurrent execs (max_execs_per_tenant); wait for one to end",
-                limits.max_execs_per_tenant
-            )));
+            return Err(limit(
+                format!(
+                    "tenant {tenant} has reached its limit of {} concurrent execs (max_execs_per_tenant); wait for one to end",
+                    limits.max_execs_per_tenant
+                ),
+                Duration::from_secs(1),
+            ));
         }
         c.total += 1;
         *c.per_tenant.entry(tenant.to_string()).or_default() += 1;
@@ -419,6 +705,16 @@ impl AppState {
     /// The lease end the server holds for `id`.
     pub fn lease(&self, id: &SandboxId) -> Option<u64> {
         self.registry().leases.get(id).copied()
+    }
+
+    /// Renews the lease of `id` to `asked` seconds from now (the default when `None`), within
+    /// its hard lifetime; returns the new lease end.
+    pub fn renew(&self, id: &SandboxId, asked: Option<u64>) -> Option<u64> {
+        let now = now_ms();
+        let created = self.registry().created.get(id).copied().unwrap_or(now);
+        let end = self.inner.limits.lease_end(asked, created, now);
+        self.set_lease(id, end);
+        end
     }
 
     /// Sets (or with `None` clears) the lease of `id`.
@@ -441,9 +737,10 @@ impl AppState {
     pub fn forget(&self, id: &SandboxId) {
         let mut reg = self.registry();
         reg.owners.remove(id);
-        if reg.leases.remove(id).is_some() {
-            self.save_leases(&reg);
-        }
+        reg.created.remove(id);
+        reg.leases.remove(id);
+        // Saved whether or not it had a lease: the owners are saved with the leases.
+        self.save_leases(&reg);
     }
 
     /// Sandboxes whose lease ended by `now_ms`.
@@ -512,13 +809,33 @@ impl AppState {
             tick.tick().await;
             self.reap_expired().await;
             self.reap_uploads().await;
+            let now = now_ms();
+            self.registry().lost.retain(|_, l| l.until_ms > now);
             self.inner.idempotency.purge();
         }
     }
 }
 
-fn limit(msg: String) -> HttpError {
-    HttpError::Api(ApiError::LimitExceeded(msg))
+/// A 429 for `msg`, to be tried again `after` from now (`Retry-After`, whole seconds).
+fn limit(msg: String, after: Duration) -> HttpError {
+    HttpError::Limited {
+        error: ApiError::LimitExceeded(msg),
+        retry_after: after,
+    }
+}
+
+/// How long until the first lease ends (of `tenant`'s sandboxes, or of all), between one and
+/// thirty seconds: when a place may free up without a destroy.
+fn next_lease_end(reg: &Registry, tenant: Option<&str>) -> Duration {
+    let now = now_ms();
+    let first = reg
+        .leases
+        .iter()
+        .filter(|(id, _)| tenant.is_none_or(|t| reg.owners.get(*id).is_some_and(|o| o == t)))
+        .map(|(_, end)| *end)
+        .min();
+    let secs = first.map_or(30, |end| end.saturating_sub(now).div_ceil(1000));
+    Duration::from_secs(secs.clamp(1, 30))
 }
 
 /// The one answer for a sandbox the caller cannot see: the same as for one that does not exist.

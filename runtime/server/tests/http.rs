@@ -949,6 +949,11 @@ async fn ownership_and_leases_are_rebuilt_from_the_backend() {
         AppState::builder(Arc::new(b))
             .auth(Auth::Tokens(tokens()))
             .lease_file(lf)
+            // Without a hard lifetime, which would cut the saved lease (see native.rs).
+            .limits(Limits {
+                max_lifetime: None,
+                ..Limits::default()
+            })
             .build()
             .unwrap()
     })

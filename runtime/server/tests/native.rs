@@ -46,6 +46,10 @@ impl Drop for Native {
 
 impl Native {
     async fn start() -> Native {
+        Native::start_with(Limits::default()).await
+    }
+
+    async fn start_with(limits: Limits) -> Native {
         let dir = tempfile::Builder::new()
             .prefix("taskbox-server-")
             .tempdir()
@@ -63,7 +67,7 @@ impl Native {
                     .with_git_hosts(vec!["127.0.0.1".into()]);
             AppState::builder(b)
                 .auth(Auth::Tokens(tokens()))
-                .limits(Limits::default())
+                .limits(limits)
                 .workspaces(rules)
                 .uploads(taskbox_server::workspaces::Uploads::open(&state_dir, 64 << 20).unwrap())
                 .build()
@@ -899,4 +903,119 @@ async fn a_workspace_is_cloned_from_a_git_url_and_commit() {
         .unwrap();
     let list: Value = r.json().await.unwrap();
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_over_http_is_the_callers_with_leases_and_quotas() {
+    if !helper_available() {
+        return;
+    }
+    let n = Native::start_with(Limits {
+        max_sandboxes_per_tenant: 4,
+        ..Limits::default()
+    })
+    .await;
+    let id = n.create(ALICE, json!({"labels": {"task": "t1"}})).await;
+    let sb = format!("/v1/sandboxes/{id}");
+    n.ok(
+        ALICE,
+        &format!("{sb}/exec"),
+        json!({"shell": "echo forked > hello.txt; echo t > /tmp/t"}),
+    )
+    .await;
+    n.ok(ALICE, &format!("{sb}/checkpoints"), json!({"name": "c1"}))
+        .await;
+
+    // Someone else's sandbox cannot be forked, nor can a label of the server's be set.
+    let r = n
+        .post(BOB, &format!("{sb}/fork"), json!({"count": 1}))
+        .await;
+    expect_error(r, 404, "sandbox_not_found").await;
+    let r = n
+        .post(
+            ALICE,
+            &format!("{sb}/fork"),
+            json!({"labels": {"taskbox.tenant": "bob"}}),
+        )
+        .await;
+    expect_error(r, 400, "invalid_argument").await;
+    // Past the tenant's quota: 429 before anything is made (1 live + 4 > 4).
+    let r = n
+        .post(ALICE, &format!("{sb}/fork"), json!({"count": 4}))
+        .await;
+    expect_error(r, 429, "limit_exceeded").await;
+    assert_eq!(n.backend.list().len(), 1);
+
+    let r = n
+        .post(
+            ALICE,
+            &format!("{sb}/fork"),
+            json!({"count": 2, "ttl_secs": 120, "labels": {"attempt": "x"}}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let forked: Value = r.json().await.unwrap();
+    let forks = forked["sandboxes"].as_array().unwrap();
+    assert_eq!(forks.len(), 2, "{forked}");
+    let mine: Vec<Value> = n
+        .client
+        .get(format!("{}/v1/sandboxes", n.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for f in forks {
+        let fid = f["id"].as_str().unwrap();
+        assert_eq!(f["forked_from"]["parent"], id.as_str(), "{f}");
+        assert_eq!(f["labels"]["taskbox.tenant"], "alice");
+        assert_eq!(
+            (&f["labels"]["task"], &f["labels"]["attempt"]),
+            (&json!("t1"), &json!("x"))
+        );
+        let lease = f["expires_at_ms"].as_u64().unwrap();
+        let created = f["created_at_ms"].as_u64().unwrap();
+        assert!(
+            (created + 118_000..=created + 122_000).contains(&lease),
+            "{f}"
+        );
+        assert!(mine.iter().any(|i| i["id"] == fid), "listed as alice's");
+        let r = n
+            .ok(
+                ALICE,
+                &format!("/v1/sandboxes/{fid}/exec"),
+                json!({"shell": "cat hello.txt /tmp/t"}),
+            )
+            .await;
+        assert_eq!(r["stdout"]["text"], "forked\nt\n", "{r}");
+        let r = n
+            .client
+            .get(format!("{}/v1/sandboxes/{fid}", n.base))
+            .bearer_auth(BOB)
+            .send()
+            .await
+            .unwrap();
+        expect_error(r, 404, "sandbox_not_found").await;
+    }
+    // 3 live now: one more fork fits, from the checkpoint; then the quota is full.
+    let r = n
+        .ok(ALICE, &format!("{sb}/fork"), json!({"checkpoint": "c1"}))
+        .await;
+    assert_eq!(r["sandboxes"][0]["forked_from"]["checkpoint"], "c1", "{r}");
+    let r = n.post(ALICE, &format!("{sb}/fork"), json!({})).await;
+    expect_error(r, 429, "limit_exceeded").await;
+    assert_eq!(n.backend.list().len(), 4);
+    for info in n.backend.list() {
+        let r = n
+            .client
+            .delete(format!("{}/v1/sandboxes/{}", n.base, info.id))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+    }
+    assert!(n.backend.list().is_empty());
 }

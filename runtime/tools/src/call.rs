@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use taskbox_contract::api::{
-    DiffRequest, EditRequest, ExecRequest, ListRequest, PatchRequest, ReadRequest, SearchRequest,
-    WriteRequest,
+    DiffRequest, EditRequest, ExecRequest, ForkRequest, ListRequest, PatchRequest, ReadRequest,
+    SearchRequest, WriteRequest,
 };
 
 use crate::{JsonObject, Tool};
@@ -24,6 +24,7 @@ pub enum Call {
     List(ListRequest),
     Search(SearchRequest),
     Diff(DiffRequest),
+    Fork(ForkRequest),
     Plan {
         steps: Vec<String>,
         files: Vec<String>,
@@ -31,6 +32,7 @@ pub enum Call {
     Finish {
         summary: String,
     },
+    Subtask(SubtaskArgs),
 }
 
 impl Call {
@@ -45,8 +47,10 @@ impl Call {
             Call::List(_) => Tool::List,
             Call::Search(_) => Tool::Search,
             Call::Diff(_) => Tool::Diff,
+            Call::Fork(_) => Tool::Fork,
             Call::Plan { .. } => Tool::Plan,
             Call::Finish { .. } => Tool::Finish,
+            Call::Subtask(_) => Tool::Subtask,
         }
     }
 
@@ -137,6 +141,22 @@ pub(crate) struct PlanArgs {
     files: Vec<String>,
 }
 
+/// Hand a sub-goal to a sub-agent in a fork.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubtaskArgs {
+    /// The sub-goal, in one or two sentences: what the sub-agent must achieve.
+    pub goal: String,
+    /// The paths the sub-agent may change (prefixes or globs, within yours).
+    pub scope: Vec<String>,
+    /// The sub-agent's turns (default 10, at most 30).
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    /// Commands that must exit 0 for its change to count (default: the contract's).
+    #[serde(default)]
+    pub verify: Option<Vec<String>>,
+}
+
 /// Say you are done.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +214,7 @@ pub(crate) fn parse(tool: Tool, args: Value) -> Result<Call, ArgsError> {
         Tool::List => Call::List(typed(name, args)?),
         Tool::Search => Call::Search(typed(name, args)?),
         Tool::Diff => Call::Diff(typed(name, args)?),
+        Tool::Fork => Call::Fork(typed(name, args)?),
         Tool::Plan => {
             let PlanArgs { steps, files } = typed(name, args)?;
             if steps.is_empty() {
@@ -208,6 +229,31 @@ pub(crate) fn parse(tool: Tool, args: Value) -> Result<Call, ArgsError> {
         Tool::Finish => {
             let FinishArgs { summary } = typed(name, args)?;
             Call::Finish { summary }
+        }
+        Tool::Subtask => {
+            let a: SubtaskArgs = typed(name, args)?;
+            if a.goal.trim().is_empty() {
+                return Err(ArgsError::Value {
+                    tool: name,
+                    field: "goal".into(),
+                    reason: "is empty: say what the sub-agent must achieve".into(),
+                });
+            }
+            if a.scope.is_empty() {
+                return Err(ArgsError::Value {
+                    tool: name,
+                    field: "scope".into(),
+                    reason: "is empty: give the paths the sub-agent may change".into(),
+                });
+            }
+            if a.max_turns.is_some_and(|n| n == 0 || n > 30) {
+                return Err(ArgsError::Value {
+                    tool: name,
+                    field: "max_turns".into(),
+                    reason: "must be 1 to 30".into(),
+                });
+            }
+            Call::Subtask(a)
         }
     })
 }

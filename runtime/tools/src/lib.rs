@@ -26,7 +26,7 @@ mod call;
 pub mod render;
 mod schema;
 
-pub use call::{ArgsError, Call, parse_call};
+pub use call::{ArgsError, Call, SubtaskArgs, parse_call};
 
 /// A JSON object: a tool's input schema or its arguments.
 pub type JsonObject = Map<String, Value>;
@@ -47,6 +47,8 @@ pub const LIST_MAX: u64 = 1000;
 pub const SEARCH_LIMIT: u64 = 100;
 /// The most a search call may ask for.
 pub const SEARCH_MAX: u64 = 1000;
+/// The most sandboxes one fork call may ask for.
+pub const FORK_MAX: u64 = 8;
 
 /// A model-facing tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,8 +61,10 @@ pub enum Tool {
     List,
     Search,
     Diff,
+    Fork,
     Plan,
     Finish,
+    Subtask,
 }
 
 /// The narrow API's operations on one sandbox, in the order they are listed.
@@ -75,9 +79,18 @@ pub const SANDBOX_TOOLS: [Tool; 8] = [
     Tool::Diff,
 ];
 
+/// The tools over a session's set of sandboxes: `fork` makes more, which the sandbox tools then
+/// name. The MCP server offers them (its tools take a `sandbox` argument); the agent forks
+/// through its own attempts and sub-tasks instead.
+pub const SESSION_TOOLS: [Tool; 1] = [Tool::Fork];
+
 /// The tools only a harness answers: a plan for the contract, and the claim of being done that
 /// runs the verification gate.
 pub const HARNESS_TOOLS: [Tool; 2] = [Tool::Plan, Tool::Finish];
+
+/// The tools of a harness that can run sub-agents: `subtask` hands a sub-goal to one, in a fork.
+/// The agent offers it when it can build models for sub-agents.
+pub const DELEGATION_TOOLS: [Tool; 1] = [Tool::Subtask];
 
 /// What calling a tool does (MCP clients show it as annotations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,15 +187,25 @@ const PATH_DOC: &str =
     "Relative to the workspace root (an absolute path inside the sandbox works too).";
 
 impl Tool {
-    /// Every tool: the sandbox tools, then the harness tools.
-    pub const ALL: [Tool; 10] = {
-        let mut all = [Tool::Exec; 10];
+    /// Every tool: the sandbox tools, the session tools, the harness tools, then the
+    /// delegation tools.
+    pub const ALL: [Tool; 12] = {
+        let mut all = [Tool::Exec; 12];
+        let (s, f, h) = (
+            SANDBOX_TOOLS.len(),
+            SESSION_TOOLS.len(),
+            HARNESS_TOOLS.len(),
+        );
         let mut i = 0;
         while i < all.len() {
-            all[i] = if i < SANDBOX_TOOLS.len() {
+            all[i] = if i < s {
                 SANDBOX_TOOLS[i]
+            } else if i < s + f {
+                SESSION_TOOLS[i - s]
+            } else if i < s + f + h {
+                HARNESS_TOOLS[i - s - f]
             } else {
-                HARNESS_TOOLS[i - SANDBOX_TOOLS.len()]
+                DELEGATION_TOOLS[i - s - f - h]
             };
             i += 1;
         }
@@ -200,8 +223,10 @@ impl Tool {
             Tool::List => "list",
             Tool::Search => "search",
             Tool::Diff => "diff",
+            Tool::Fork => "fork",
             Tool::Plan => "plan",
             Tool::Finish => "finish",
+            Tool::Subtask => "subtask",
         }
     }
 
@@ -414,9 +439,54 @@ impl Tool {
                 hidden: &[],
                 aliases: &[],
             },
+            Tool::Fork => Def {
+                description: "Fork the sandbox: `count` new sandboxes, each starting from its \
+                    workspace and /tmp as they are now (no process is copied), to try \
+                    alternatives side by side. Returns their ids: give one as `sandbox` to the \
+                    other tools to work in it. What you do in one fork is seen in no other \
+                    sandbox. Forks end with the session.",
+                effect: Effect::Writes { idempotent: false },
+                fields: const {
+                    &[Field {
+                        name: "count",
+                        doc: Some("How many sandboxes (default 1, at most 8 per call)."),
+                        default: Some(Preset::Int(1)),
+                        max: Some(FORK_MAX),
+                    }]
+                },
+                hidden: &[
+                    Hidden {
+                        name: "checkpoint",
+                        why: "a fork starts from the sandbox as it is now",
+                    },
+                    Hidden {
+                        name: "ttl_secs",
+                        why: "a fork lives as long as the session",
+                    },
+                    Hidden {
+                        name: "labels",
+                        why: "forks are told apart by their ids",
+                    },
+                ],
+                aliases: &[],
+            },
             Tool::Plan => Def {
                 description: "Submit your plan: the steps and the files you expect to change. \
                     Required before the first edit when the contract asks for a plan.",
+                effect: Effect::Harness,
+                fields: const { &[] },
+                hidden: &[],
+                aliases: &[],
+            },
+            Tool::Subtask => Def {
+                description: "Hand a sub-goal to a sub-agent. It works in a fork of the sandbox \
+                    taken at the start of this turn, within its own `scope` (paths it may change, \
+                    inside yours) and budget (`max_turns`), and must pass the verification \
+                    commands (`verify`, default the contract's) before its change counts. Its \
+                    verified change is then merged into your workspace, at the end of this turn: \
+                    three-way against your own changes made meanwhile; when both change the same \
+                    lines, nothing of it is applied and the conflicting files and hunks come \
+                    back. Several subtask calls in one answer run side by side.",
                 effect: Effect::Harness,
                 fields: const { &[] },
                 hidden: &[],
@@ -443,7 +513,12 @@ mod tests {
 
     #[test]
     fn the_groups_make_up_every_tool_and_names_are_unique() {
-        let joined: Vec<Tool> = SANDBOX_TOOLS.into_iter().chain(HARNESS_TOOLS).collect();
+        let joined: Vec<Tool> = SANDBOX_TOOLS
+            .into_iter()
+            .chain(SESSION_TOOLS)
+            .chain(HARNESS_TOOLS)
+            .chain(DELEGATION_TOOLS)
+            .collect();
         assert_eq!(joined, Tool::ALL);
         for (i, t) in Tool::ALL.into_iter().enumerate() {
             assert_eq!(t as usize, i, "ALL is in declaration order");
@@ -470,7 +545,7 @@ mod tests {
         for t in Tool::ALL {
             assert_eq!(
                 t.effect() == Effect::Harness,
-                HARNESS_TOOLS.contains(&t),
+                HARNESS_TOOLS.contains(&t) || DELEGATION_TOOLS.contains(&t),
                 "{t:?}"
             );
         }

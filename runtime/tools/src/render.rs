@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 
 use taskbox_contract::api::{
-    ApiError, DiffResult, EditResult, EntryKind, ExecOutcome, ListResult, PatchResult, ReadResult,
-    SearchResult, WriteResult,
+    ApiError, DiffResult, EditResult, EntryKind, ExecOutcome, ForkResult, ListResult, PatchResult,
+    ReadResult, SearchResult, WriteResult,
 };
 use taskbox_contract::result::{
     Change, ChangeKind, ExecResult, Finding, FindingKind, Output, TestCounts,
@@ -337,6 +337,17 @@ pub fn diff(r: &DiffResult) -> String {
 }
 
 /// An API error: `code: message`.
+/// A fork's result: the new sandboxes' ids, and how to work in one.
+pub fn fork(r: &ForkResult) -> String {
+    let ids: Vec<&str> = r.sandboxes.iter().map(|i| i.id.as_str()).collect();
+    format!(
+        "forked {}: {}\nGive one of these ids as `sandbox` to the other tools to work in that \
+         fork; each starts as the sandbox was, and what happens in one is seen in no other.",
+        counted(ids.len(), "sandbox", "sandboxes"),
+        ids.join(", ")
+    )
+}
+
 pub fn api_error(e: &ApiError) -> String {
     format!("{}: {e}", e.code())
 }

@@ -5,11 +5,11 @@
 use schemars::JsonSchema;
 use serde_json::Value;
 use taskbox_contract::api::{
-    DiffRequest, EditRequest, ExecRequest, ListRequest, PatchRequest, ReadRequest, SearchRequest,
-    WriteRequest,
+    DiffRequest, EditRequest, ExecRequest, ForkRequest, ListRequest, PatchRequest, ReadRequest,
+    SearchRequest, WriteRequest,
 };
 
-use crate::call::{FinishArgs, PlanArgs};
+use crate::call::{FinishArgs, PlanArgs, SubtaskArgs};
 use crate::{JsonObject, Tool};
 
 /// The schema of the type a tool's arguments are parsed into, as schemars derives it.
@@ -23,8 +23,10 @@ pub(crate) fn derived(tool: Tool) -> JsonObject {
         Tool::List => of::<ListRequest>(),
         Tool::Search => of::<SearchRequest>(),
         Tool::Diff => of::<DiffRequest>(),
+        Tool::Fork => of::<ForkRequest>(),
         Tool::Plan => of::<PlanArgs>(),
         Tool::Finish => of::<FinishArgs>(),
+        Tool::Subtask => of::<SubtaskArgs>(),
     }
 }
 

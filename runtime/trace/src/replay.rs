@@ -94,6 +94,9 @@ pub enum ReplayError {
     /// The replay sandbox could not be created.
     #[error("cannot create the replay sandbox: {0}")]
     Create(ApiError),
+    /// The trace is a fork's, and its ancestors' traces are missing or do not lead to it.
+    #[error("cannot rebuild the fork: {0}")]
+    Ancestors(String),
     /// Local I/O around the replay failed.
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
@@ -617,6 +620,44 @@ impl ReplayReport {
 #[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
     pub normalize: Vec<Normalization>,
+    /// For the trace of a fork: the traces of its ancestors, the first sandbox first
+    /// ([`ancestors_of`]). The replay rebuilds the fork by replaying each up to the fork it
+    /// made, forking there, and going on in the fork.
+    pub ancestors: Vec<Trace>,
+}
+
+/// The traces of the ancestors of a fork whose trace is `trace` (read from `path`): its
+/// parent's, its parent's parent's, ..., read from the same directory, the first sandbox first.
+/// Empty for a trace that is no fork's.
+pub fn ancestors_of(trace: &Trace, path: &Path) -> Result<Vec<Trace>, ReplayError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut chain = Vec::new();
+    let mut point = trace.header.fork.clone();
+    while let Some(p) = point {
+        if chain.len() >= 64 {
+            return Err(ReplayError::Ancestors(format!(
+                "the chain of forks above {} is longer than 64 sandboxes",
+                trace.header.sandbox
+            )));
+        }
+        let parent_path = dir.join(format!("{}.jsonl", p.parent));
+        let parent = trace::read_trace(&parent_path).map_err(|e| {
+            ReplayError::Ancestors(format!(
+                "the trace of the fork's parent {} cannot be read: {e}",
+                p.parent
+            ))
+        })?;
+        if !parent.ops.iter().any(|o| o.seq == p.seq && o.op == "fork") {
+            return Err(ReplayError::Ancestors(format!(
+                "the trace of {} has no fork at seq {}",
+                p.parent, p.seq
+            )));
+        }
+        point = parent.header.fork.clone();
+        chain.push(parent);
+    }
+    chain.reverse();
+    Ok(chain)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -678,6 +719,75 @@ pub fn replay(
         processes: HashMap::new(),
         ws_subst: None,
     };
+    if !opts.ancestors.is_empty() {
+        // A fork: replay each ancestor up to the fork it made, then go on in the fork.
+        if let Some(rec_ws) = opts.ancestors[0]
+            .ops
+            .first()
+            .and_then(|o| match &o.outcome {
+                Outcome::Ok(v) => v.get("workspace").and_then(Value::as_str),
+                Outcome::Error(_) => None,
+            })
+            && rec_ws != info.workspace
+            && image == "host"
+        {
+            engine.ws_subst = Some((info.workspace.clone(), rec_ws.to_string()));
+        }
+        let points = opts
+            .ancestors
+            .iter()
+            .skip(1)
+            .map(|t| &t.header)
+            .chain(std::iter::once(&trace.header))
+            .filter_map(|h| h.fork.clone());
+        for (ancestor, point) in opts.ancestors.iter().zip(points) {
+            let prefix = ancestor
+                .ops
+                .iter()
+                .skip_while(|o| o.name() == Some(OpName::Create))
+                .take_while(|o| o.seq < point.seq);
+            let (mut matched, mut diverged, mut skipped) = (0, 0, 0);
+            for op in prefix {
+                match engine.step(op).status {
+                    OpStatus::Match => matched += 1,
+                    OpStatus::Diverged => diverged += 1,
+                    OpStatus::Skipped => skipped += 1,
+                }
+            }
+            notes.push(format!(
+                "rebuilt from {}: its operations up to its fork at seq {} replayed first \
+                 ({matched} matched, {diverged} diverged, {skipped} skipped), then forked{}",
+                ancestor.header.sandbox,
+                point.seq,
+                point
+                    .checkpoint
+                    .as_ref()
+                    .map(|c| format!(" from checkpoint {c}"))
+                    .unwrap_or_default()
+            ));
+            let forked = api.fork(
+                &engine.id,
+                ForkRequest {
+                    count: Some(1),
+                    checkpoint: point.checkpoint.clone(),
+                    ..ForkRequest::default()
+                },
+            );
+            let _ = api.destroy(&engine.id);
+            let fork = forked
+                .map_err(ReplayError::Create)?
+                .sandboxes
+                .into_iter()
+                .next()
+                .ok_or_else(|| ReplayError::Ancestors("the fork made no sandbox".into()))?;
+            engine.id = fork.id;
+            engine.processes.clear();
+        }
+    }
+    let info = match opts.ancestors.is_empty() {
+        true => info,
+        false => api.info(&engine.id).map_err(ReplayError::Create)?,
+    };
     let mut ops = Vec::with_capacity(trace.ops.len());
     let mut destroyed = false;
     for (i, op) in trace.ops.iter().enumerate() {
@@ -687,6 +797,7 @@ pub fn replay(
                 // Outputs mention the workspace where commands see it: the host path with the
                 // host view, so a replay in another directory rewrites its own path back.
                 if let Some(rec_ws) = rec.get("workspace").and_then(Value::as_str)
+                    && engine.ws_subst.is_none()
                     && rec_ws != info.workspace
                     && image == "host"
                 {
@@ -895,6 +1006,12 @@ impl Engine<'_> {
             _ => {}
         }
         let r = self.api.call(&self.id, call);
+        // The forks it made have traces of their own, replayed on their own: they go at once.
+        if let Ok(Answer::Fork(forked)) = &r {
+            for f in &forked.sandboxes {
+                let _ = self.api.destroy(&f.id);
+            }
+        }
         if let (true, Ok(Answer::Exec(ExecOutcome::Background(p))), Outcome::Ok(rec)) =
             (background, &r, &op.outcome)
             && let Some(old) = rec.get("exec_id").and_then(Value::as_u64)
@@ -962,6 +1079,18 @@ impl Engine<'_> {
                     && !b.is_null()
                 {
                     self.compare_exec(&mut m, "result.", a, b);
+                }
+            }
+            // The forks' ids and times are new; how many were made is the observation.
+            OpName::Fork => {
+                let count = |v: &Value| v["sandboxes"].as_array().map(Vec::len);
+                if count(rec) != count(new) {
+                    m.push(Mismatch {
+                        field: "sandboxes".into(),
+                        expected: json!(count(rec)),
+                        actual: json!(count(new)),
+                        diff: None,
+                    });
                 }
             }
             // Snapshots of a running process and the answer to a signal depend on timing.

@@ -222,6 +222,22 @@ pub struct TraceHeader {
     /// sandbox's info later, and the create request's env is unknown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopted: bool,
+    /// For a fork: where it came from (an addition to version 2; absent for other sandboxes).
+    /// Its image, policy, workspace, env and base are its parent's; replay rebuilds it by
+    /// replaying the parent's trace up to the fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkPoint>,
+}
+
+/// The point a fork was made from: its parent's trace (`STATE/traces/PARENT.jsonl`, beside the
+/// fork's own), the `seq` of the `fork` op in it, and the parent's checkpoint it started from,
+/// if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkPoint {
+    pub parent: String,
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 /// A failed operation's error, as on the wire.
@@ -280,7 +296,7 @@ pub struct TraceStart {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Line {
-    Header(TraceHeader),
+    Header(Box<TraceHeader>),
     Op(TraceOp),
     Started(TraceStart),
 }
@@ -537,6 +553,12 @@ impl<B: SandboxApi> Traced<B> {
     /// Creates the trace file of a new sandbox and writes its header (synced, as is the new
     /// directory entry). The caller registers the handle.
     fn start_trace(&self, header: &TraceHeader) -> Result<Handle, TraceError> {
+        self.start_trace_with(header, true)
+    }
+
+    /// [`Traced::start_trace`]; with `sync` false neither the header nor the directory entry is
+    /// synced (the caller syncs them, several traces at once).
+    fn start_trace_with(&self, header: &TraceHeader, sync: bool) -> Result<Handle, TraceError> {
         let path = self.dir.join(format!("{}.jsonl", header.sandbox));
         let write_err = |source| TraceError::Write {
             path: path.clone(),
@@ -554,9 +576,11 @@ impl<B: SandboxApi> Traced<B> {
             .mode(0o600)
             .open(&path)
             .map_err(write_err)?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(write_err)?;
+        if sync {
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(write_err)?;
+        }
         let sync_file = Arc::new(file.try_clone().map_err(write_err)?);
         let mut tf = TraceFile {
             path: path.clone(),
@@ -567,7 +591,7 @@ impl<B: SandboxApi> Traced<B> {
             closed: false,
             sync_file,
         };
-        tf.append(&header_line(header), true)?;
+        tf.append(&header_line(header), sync)?;
         Ok(Arc::new(Mutex::new(tf)))
     }
 
@@ -667,6 +691,135 @@ impl<B: SandboxApi> Traced<B> {
     }
 }
 
+impl<B: SandboxApi> Traced<B> {
+    /// Forks sandbox `id` and records it: the `fork` op in the parent's trace, and a trace of
+    /// each fork whose header is the parent's with the point it forked from ([`ForkPoint`]: the
+    /// seq of that op) and whose op 1 is its `create`. When a fork's trace cannot be started,
+    /// every fork is destroyed again and the caller gets an `internal` error, as for a create.
+    fn record_fork(&self, id: &SandboxId, op: Op<'_>) -> Result<Answer, ApiError> {
+        let mut call = Call::start(OpName::Fork, op.request());
+        let checkpoint = match &op {
+            Op::Fork(req) => req.checkpoint.clone(),
+            _ => None,
+        };
+        self.begin(id, &mut call)?;
+        let r = self.inner.call(id, op);
+        let duration_ms = call.elapsed_ms();
+        let line = call.into_op(duration_ms, outcome_of(&r));
+        let Some(parent) = self
+            .trace_of(id)
+            .map_err(|e| record_failed(OpName::Fork, e))?
+        else {
+            return r;
+        };
+        let seq = append_op_seq(&parent, line, false, self.syncer.as_deref())
+            .map_err(|e| record_failed(OpName::Fork, e))?;
+        let Ok(Answer::Fork(forked)) = &r else {
+            return r;
+        };
+        let started = (|| -> Result<(), TraceError> {
+            let path = lock(&parent).path.clone();
+            let header = read_header(&path)?;
+            let point = ForkPoint {
+                parent: id.to_string(),
+                seq: seq.unwrap_or(0),
+                checkpoint: checkpoint.clone(),
+            };
+            // Written first, synced after, all at once: one sync of the directory and the
+            // files' syncs side by side, not two syncs in a row per fork.
+            let mut made = Vec::with_capacity(forked.sandboxes.len());
+            for info in &forked.sandboxes {
+                let h = TraceHeader {
+                    sandbox: info.id.to_string(),
+                    created_at_ms: info.created_at_ms,
+                    labels: info.labels.clone(),
+                    version: TRACE_VERSION,
+                    taskbox: env!("CARGO_PKG_VERSION").to_string(),
+                    fork: Some(point.clone()),
+                    ..header.clone()
+                };
+                let handle = self.start_trace_with(&h, false)?;
+                lock(&self.open).insert(info.id.clone(), handle.clone());
+                let mut create = TraceOp {
+                    seq: 0,
+                    op: OpName::Create.as_str().to_owned(),
+                    started_at_ms: info.created_at_ms,
+                    duration_ms,
+                    request: json!({ "fork": point }),
+                    outcome: Outcome::Ok(to_json(info)),
+                    start: None,
+                };
+                sanitize_outcome(&mut create.outcome);
+                {
+                    let mut tf = lock(&handle);
+                    create.seq = tf.next_seq;
+                    tf.append(&op_line(&create), false)?;
+                    tf.next_seq += 1;
+                }
+                made.push(handle);
+            }
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|source| TraceError::Write {
+                    path: self.dir.clone(),
+                    source,
+                })?;
+            std::thread::scope(|scope| {
+                let syncs: Vec<_> = made
+                    .iter()
+                    .map(|h| {
+                        let (file, path) = {
+                            let tf = lock(h);
+                            (tf.sync_file.clone(), tf.path.clone())
+                        };
+                        scope.spawn(move || {
+                            file.sync_data()
+                                .map_err(|source| TraceError::Write { path, source })
+                        })
+                    })
+                    .collect();
+                syncs.into_iter().try_for_each(|s| {
+                    s.join().unwrap_or_else(|_| {
+                        Err(TraceError::Write {
+                            path: self.dir.clone(),
+                            source: io::Error::other("a trace sync panicked"),
+                        })
+                    })
+                })
+            })?;
+            Ok(())
+        })();
+        if let Err(e) = started {
+            tracing::error!(sandbox = %id, error = %e, "cannot start the traces of forks; destroying them");
+            for info in &forked.sandboxes {
+                lock(&self.open).remove(&info.id);
+                let _ = self.inner.destroy(&info.id);
+            }
+            let message =
+                format!("sandbox not forked: the forks' traces could not be recorded: {e}");
+            return Err(ApiError::internal_with(message, e));
+        }
+        r
+    }
+}
+
+/// The header of the trace at `path` (its first line).
+pub fn read_header(path: &Path) -> Result<TraceHeader, TraceError> {
+    let read_err = |source| TraceError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(read_err)?;
+    let mut first = String::new();
+    io::BufRead::read_line(&mut io::BufReader::new(file), &mut first).map_err(read_err)?;
+    match serde_json::from_str::<Line>(&first) {
+        Ok(Line::Header(h)) => Ok(*h),
+        _ => Err(TraceError::MissingHeader {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
 fn begin_failed(op: OpName, e: TraceError) -> ApiError {
     let message = format!(
         "the {op} was refused before it ran: the trace cannot be written ({e}); free space \
@@ -685,27 +838,38 @@ fn record_failed(op: OpName, e: TraceError) -> ApiError {
 /// syncer syncs it soon.
 fn append_op(
     handle: &Handle,
-    mut op: TraceOp,
+    op: TraceOp,
     closes: bool,
     syncer: Option<&Syncer>,
 ) -> Result<(), TraceError> {
+    append_op_seq(handle, op, closes, syncer).map(|_| ())
+}
+
+/// [`append_op`], returning the seq the op was given (`None` when the trace was closed).
+fn append_op_seq(
+    handle: &Handle,
+    mut op: TraceOp,
+    closes: bool,
+    syncer: Option<&Syncer>,
+) -> Result<Option<u64>, TraceError> {
     // The request was sanitised when its call started.
     sanitize_outcome(&mut op.outcome);
     let later = syncer.filter(|_| !closes);
-    {
+    let seq = {
         let mut tf = lock(handle);
         if tf.closed {
-            return Ok(());
+            return Ok(None);
         }
         op.seq = tf.next_seq;
         tf.append(&op_line(&op), later.is_none())?;
         tf.next_seq += 1;
         tf.closed = closes;
-    }
+        op.seq
+    };
     if let Some(s) = later {
         s.mark(handle);
     }
-    Ok(())
+    Ok(Some(seq))
 }
 
 /// Opens an existing trace for appending: cuts off a torn tail, continues its seq.
@@ -755,7 +919,7 @@ fn header_line(h: &TraceHeader) -> Vec<u8> {
     sanitize(&mut v);
     // Back through the struct so "type" stays first (a JSON map would sort the keys).
     let mut bytes = match serde_json::from_value::<TraceHeader>(v.clone()) {
-        Ok(h) => serde_json::to_vec(&Line::Header(h)),
+        Ok(h) => serde_json::to_vec(&Line::Header(Box::new(h))),
         Err(_) => {
             if let Some(o) = v.as_object_mut() {
                 o.insert("type".into(), "header".into());
@@ -941,6 +1105,7 @@ fn header_for(info: &SandboxInfo, req: Option<&CreateRequest>) -> TraceHeader {
         env: req.map(|r| r.env.clone()).unwrap_or_default(),
         labels: info.labels.clone(),
         adopted: req.is_none(),
+        fork: None,
     }
 }
 
@@ -1051,6 +1216,7 @@ impl<B: SandboxApi> OpHandler for Traced<B> {
             // They report on the sandbox itself and are not recorded (see the module docs).
             OpName::Info | OpName::ListApprovals => return self.inner.call(id, op),
             OpName::Destroy => return self.record_destroy(id),
+            OpName::Fork => return self.record_fork(id, op),
             _ => {}
         }
         let mut request = op.request();
@@ -1291,7 +1457,7 @@ fn parse_trace(path: &Path, bytes: &[u8]) -> Result<(Trace, u64, u64), TraceErro
         }
     }
     let header = match serde_json::from_value::<Line>(hvalue) {
-        Ok(Line::Header(h)) => h,
+        Ok(Line::Header(h)) => *h,
         Ok(Line::Op(_) | Line::Started(_)) => {
             return Err(TraceError::MissingHeader {
                 path: path.to_path_buf(),
@@ -1554,7 +1720,21 @@ pub(crate) fn op_detail(op: &TraceOp) -> String {
     let r = &op.request;
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     let d = match op.name() {
-        Some(OpName::Create) => s("workspace"),
+        Some(OpName::Create) => match r.get("fork") {
+            Some(f) => format!(
+                "fork of {} at seq {}",
+                f.get("parent").and_then(Value::as_str).unwrap_or("?"),
+                f.get("seq").and_then(Value::as_u64).unwrap_or(0)
+            ),
+            None => s("workspace"),
+        },
+        Some(OpName::Fork) => {
+            let n = r.get("count").and_then(Value::as_u64).unwrap_or(1);
+            match r.get("checkpoint").and_then(Value::as_str) {
+                Some(c) => format!("{n} from checkpoint {c}"),
+                None => format!("{n}"),
+            }
+        }
         Some(OpName::Exec) => match (r.get("argv").and_then(Value::as_array), r.get("shell")) {
             (Some(argv), _) => argv
                 .iter()
@@ -1874,6 +2054,7 @@ mod tests {
             env: BTreeMap::new(),
             labels: BTreeMap::new(),
             adopted: false,
+            fork: None,
         }
     }
 

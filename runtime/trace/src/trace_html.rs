@@ -451,6 +451,7 @@ mod tests {
                 env: BTreeMap::new(),
                 labels: BTreeMap::new(),
                 adopted: false,
+                fork: None,
             },
             ops: vec![
                 op(1, "create", json!({}), Outcome::Ok(json!({}))),

@@ -19,7 +19,7 @@ use common::{Scripted, session};
 
 /// The names traces have always recorded, in [`OpName::ALL`]'s order (`info` and `approvals`
 /// are never recorded; they are named for logs).
-const NAMES: [&str; 28] = [
+const NAMES: [&str; 29] = [
     "create",
     "info",
     "exec",
@@ -48,6 +48,7 @@ const NAMES: [&str; 28] = [
     "deny",
     "network",
     "secret",
+    "fork",
 ];
 
 #[test]
@@ -161,6 +162,11 @@ fn every_op() -> Vec<Op<'static>> {
             name: "gh".into(),
             value: None,
         }),
+        Op::Fork(ForkRequest {
+            count: Some(2),
+            checkpoint: Some("one".into()),
+            ..ForkRequest::default()
+        }),
         Op::Destroy,
     ]
 }
@@ -207,6 +213,7 @@ fn typed(api: &dyn SandboxApi, id: &SandboxId, op: Op<'_>) -> Value {
         Op::Deny { approval, reason } => seen(api.deny(id, &approval, &reason)),
         Op::SetNetwork(r) => seen(api.set_network(id, r)),
         Op::SetSecret(u) => seen(api.set_secret(id, u)),
+        Op::Fork(r) => seen(api.fork(id, r)),
     }
 }
 
@@ -290,6 +297,7 @@ fn what_changes_a_sandbox_is_what_the_trace_writes_ahead() {
             "approve",
             "network",
             "secret",
+            "fork",
             "destroy"
         ]
     );
@@ -391,6 +399,12 @@ fn a_decorator_on_the_handler_trait_sees_every_operation_and_changes_no_trace() 
     let api = Traced::new(counting, dir.path().join("traces"));
     let id = session(&api);
     streamed(&api, &sandbox(&api));
+    // The scripted backend cannot fork (the default of the trait): the pinned session leaves
+    // it out too.
+    let e = api
+        .fork(&sandbox(&api), ForkRequest::default())
+        .unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
     let seen: BTreeSet<OpName> = api.inner().seen.lock().unwrap().iter().copied().collect();
     let all: BTreeSet<OpName> = OpName::ALL.into_iter().collect();
     assert_eq!(

@@ -193,6 +193,30 @@ pub fn copy_layer(src: &Path, dst: &Path) -> Result<u64, LayersError> {
         links: HashMap::new(),
         // SAFETY: geteuid/getegid cannot fail and touch no memory.
         ids: unsafe { (libc::geteuid(), libc::getegid()) },
+        merge: false,
+    };
+    copier.copy_dir_contents(root_rel)?;
+    copier.finish_dir(root_rel, root.meta(), &xattrs)?;
+    Ok(copier.count)
+}
+
+/// As [`copy_layer`], into `dst`, a directory that exists: the layer's entries are copied
+/// beneath it (a directory there already, such as a mount point, is copied into) and it takes
+/// the layer root's owner, mode and attributes. For a directory something is mounted from
+/// already (a sandbox's `/tmp`), which must stay the same inode.
+pub fn copy_layer_into(src: &Path, dst: &Path) -> Result<u64, LayersError> {
+    let tree = Tree::open(src, LAYER)?;
+    let root = tree.root_node()?;
+    let root_rel = Path::new("");
+    let xattrs = overlay_xattrs(&root)?;
+    let mut copier = Copier {
+        src: &tree,
+        dst,
+        count: 0,
+        links: HashMap::new(),
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        ids: unsafe { (libc::geteuid(), libc::getegid()) },
+        merge: true,
     };
     copier.copy_dir_contents(root_rel)?;
     copier.finish_dir(root_rel, root.meta(), &xattrs)?;
@@ -207,6 +231,8 @@ struct Copier<'a> {
     links: HashMap<(u64, u64), PathBuf>,
     /// Our effective uid and gid: entries owned by others need a chown.
     ids: (u32, u32),
+    /// A directory that exists at the destination (and is no link) is copied into.
+    merge: bool,
 }
 
 impl Copier<'_> {
@@ -230,11 +256,13 @@ impl Copier<'_> {
             let xattrs = overlay_xattrs(&node)?;
             // No descriptor is held while the copy goes deeper.
             drop(node);
-            fs::DirBuilder::new().mode(0o700).create(&dst).map_err(lio(
-                "create directory",
-                COPY,
-                rel,
-            ))?;
+            match fs::DirBuilder::new().mode(0o700).create(&dst) {
+                Err(e)
+                    if self.merge
+                        && e.kind() == io::ErrorKind::AlreadyExists
+                        && fs::symlink_metadata(&dst).is_ok_and(|m| m.is_dir()) => {}
+                r => r.map_err(lio("create directory", COPY, rel))?,
+            }
             self.copy_dir_contents(rel)?;
             self.finish_dir(rel, &meta, &xattrs)?;
         } else if ft.is_file() {

@@ -175,6 +175,8 @@ fn info(
         expires_at_ms,
         state: "running".into(),
         checkpoints: Vec::new(),
+        lost_cause: None,
+        forked_from: None,
     }
 }
 
@@ -422,6 +424,27 @@ impl OpHandler for FakeBackend {
             }
             // No egress proxy: no secrets.
             Op::SetSecret(_) => return Err(no_secrets(id)),
+            // New entries with the parent's labels (the native suite forks for real).
+            Op::Fork(req) => {
+                let mut g = self.inner.lock().unwrap();
+                let parent = info;
+                let mut made = Vec::new();
+                for _ in 0..req.count()? {
+                    let fid = SandboxId::generate();
+                    let mut labels = parent.labels.clone();
+                    labels.extend(req.labels.clone());
+                    let exp = req.ttl_secs.map(|s| now_ms() + s * 1000);
+                    let mut i = self::info(&fid, labels, exp);
+                    i.forked_from = Some(ForkOrigin {
+                        parent: id.clone(),
+                        checkpoint: req.checkpoint.clone(),
+                        forked_at_ms: now_ms(),
+                    });
+                    g.sandboxes.insert(fid, i.clone());
+                    made.push(i);
+                }
+                Answer::Fork(ForkResult { sandboxes: made })
+            }
             // No command policy: nothing waits for approval.
             Op::ListApprovals { .. } => Answer::Approvals(Vec::new()),
             Op::Approve { approval } | Op::Deny { approval, .. } => {

@@ -108,6 +108,8 @@ impl SandboxApi for Scripted {
             expires_at_ms: None,
             state: "running".into(),
             checkpoints: Vec::new(),
+            lost_cause: None,
+            forked_from: None,
         };
         self.sandboxes
             .lock()

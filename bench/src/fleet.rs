@@ -1,0 +1,486 @@
+//! The fleet figures of issue 19 (`scripts/bench.sh fork`), against a supervisor on its Unix
+//! socket and through the library in this process:
+//!
+//! - `fork`: a parent with CHANGED changed files in the workspace, forked into COUNT; the time
+//!   from the fork request until every fork has answered an `exec /bin/true` (each fork's exec
+//!   on a connection of its own, all at once), and the fork request alone;
+//! - `density`: sandboxes created one after the other, each with one exec, until a create fails
+//!   or MAX is reached or the host's available memory falls under a floor; the host memory they
+//!   take each (`MemAvailable` before and after) and the supervisor's RSS;
+//! - `rate`: CLIENTS clients each creating a sandbox, running one exec in it and destroying it,
+//!   over and over for SECS seconds: cycles per second, and each cycle's latency.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use clap::Args;
+use serde_json::{Value, json};
+use taskbox_core::api::{
+    CreateRequest, ExecOutcome, ForkRequest, SandboxApi, SandboxId, WriteRequest,
+};
+use taskbox_core::sandbox::NativeBackend;
+
+use crate::{EXEC_TRUE, exec_true_req, http, procfs, stats};
+
+#[derive(Args)]
+pub struct ForkArgs {
+    /// The supervisor's Unix socket: the series "http".
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Also through the library in this process, state kept under DIR: the series "lib".
+    #[arg(long, value_name = "DIR")]
+    lib_state_dir: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    /// Forks per request.
+    #[arg(long, default_value_t = 16)]
+    count: u32,
+    /// Files changed in the parent (d{k}/f1.txt, which must exist).
+    #[arg(long, default_value_t = 10)]
+    changed: usize,
+    /// Measured forks per series.
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Pause after each round's destroys, so that their cleanup (a detached removal of each
+    /// sandbox's directory) is not measured as the next fork's.
+    #[arg(long, default_value_t = 1000)]
+    settle_ms: u64,
+}
+
+#[derive(Args)]
+pub struct DensityArgs {
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// The supervisor's process id (its VmRSS).
+    #[arg(long)]
+    pid: u32,
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    /// At most this many sandboxes.
+    #[arg(long, default_value_t = 768)]
+    max: usize,
+    /// Stop before the host's available memory falls under this many MiB (the machine is
+    /// shared).
+    #[arg(long, default_value_t = 4096)]
+    floor_mib: u64,
+    #[arg(long, default_value_t = 5)]
+    settle_secs: u64,
+}
+
+#[derive(Args)]
+pub struct RateArgs {
+    /// The supervisor's Unix socket: the series "http".
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Also through the library in this process, state under DIR: the series "lib".
+    #[arg(long, value_name = "DIR")]
+    lib_state_dir: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    #[arg(long, default_value_t = 20)]
+    secs: u64,
+}
+
+/// A client of the supervisor's API for one thread: JSON in, JSON out.
+fn post(c: &mut http::Client, path: &str, body: &Value, want: u16) -> Result<Value> {
+    let body = serde_json::to_vec(body)?;
+    c.post(path, &body)?.expect_status(want, path)?.json()
+}
+
+/// What a series drives: the supervisor over HTTP, or the library.
+#[derive(Clone)]
+enum Api {
+    Http(PathBuf),
+    Lib(Arc<dyn SandboxApi>),
+}
+
+impl Api {
+    fn name(&self) -> &'static str {
+        match self {
+            Api::Http(_) => "http",
+            Api::Lib(_) => "lib",
+        }
+    }
+
+    fn create(&self, ws: &Path) -> Result<String> {
+        match self {
+            Api::Http(socket) => {
+                let mut c = http::Client::connect(socket)?;
+                let info = post(&mut c, "/v1/sandboxes", &json!({ "workspace": ws }), 201)?;
+                Ok(info["id"]
+                    .as_str()
+                    .ok_or_else(|| anyhow!("no id: {info}"))?
+                    .to_string())
+            }
+            Api::Lib(api) => Ok(api
+                .create(CreateRequest {
+                    workspace: ws.display().to_string(),
+                    ..CreateRequest::default()
+                })
+                .map_err(|e| anyhow!("create: {e}"))?
+                .id
+                .to_string()),
+        }
+    }
+
+    fn write(&self, id: &str, path: &str, content: &str) -> Result<()> {
+        match self {
+            Api::Http(socket) => {
+                let mut c = http::Client::connect(socket)?;
+                post(
+                    &mut c,
+                    &format!("/v1/sandboxes/{id}/write"),
+                    &json!({"path": path, "content": content}),
+                    200,
+                )
+                .map(drop)
+            }
+            Api::Lib(api) => api
+                .write(
+                    &SandboxId::parse(id)?,
+                    WriteRequest {
+                        path: path.into(),
+                        content: content.into(),
+                        ..WriteRequest::default()
+                    },
+                )
+                .map(drop)
+                .map_err(|e| anyhow!("write: {e}")),
+        }
+    }
+
+    fn fork(&self, id: &str, count: u32) -> Result<Vec<String>> {
+        match self {
+            Api::Http(socket) => {
+                let mut c = http::Client::connect(socket)?;
+                let r = post(
+                    &mut c,
+                    &format!("/v1/sandboxes/{id}/fork"),
+                    &json!({ "count": count }),
+                    201,
+                )?;
+                Ok(r["sandboxes"]
+                    .as_array()
+                    .ok_or_else(|| anyhow!("no sandboxes: {r}"))?
+                    .iter()
+                    .filter_map(|i| i["id"].as_str().map(str::to_string))
+                    .collect())
+            }
+            Api::Lib(api) => Ok(api
+                .fork(
+                    &SandboxId::parse(id)?,
+                    ForkRequest {
+                        count: Some(count),
+                        ..ForkRequest::default()
+                    },
+                )
+                .map_err(|e| anyhow!("fork: {e}"))?
+                .sandboxes
+                .into_iter()
+                .map(|i| i.id.to_string())
+                .collect()),
+        }
+    }
+
+    /// One `exec /bin/true`, checked.
+    fn exec_true(&self, c: Option<&mut http::Client>, id: &str) -> Result<()> {
+        match self {
+            Api::Http(_) => {
+                let c = c.ok_or_else(|| anyhow!("no connection"))?;
+                let r = c.post(&format!("/v1/sandboxes/{id}/exec"), EXEC_TRUE)?;
+                let v = r.expect_status(200, "exec")?.json()?;
+                ensure!(v["exit_code"] == 0, "exec /bin/true failed: {v}");
+                Ok(())
+            }
+            Api::Lib(api) => match api
+                .exec(&SandboxId::parse(id)?, exec_true_req(), None)
+                .map_err(|e| anyhow!("exec: {e}"))?
+            {
+                ExecOutcome::Finished(r) if r.exit_code == Some(0) => Ok(()),
+                other => bail!("exec /bin/true failed: {other:?}"),
+            },
+        }
+    }
+
+    fn destroy(&self, c: Option<&mut http::Client>, id: &str) -> Result<()> {
+        match self {
+            Api::Http(_) => {
+                let c = c.ok_or_else(|| anyhow!("no connection"))?;
+                c.delete(&format!("/v1/sandboxes/{id}"))?
+                    .expect_status(204, "destroy")
+                    .map(drop)
+            }
+            Api::Lib(api) => api
+                .destroy(&SandboxId::parse(id)?)
+                .map_err(|e| anyhow!("destroy: {e}")),
+        }
+    }
+
+    /// A connection of its own for a thread (HTTP), or none (the library).
+    fn connection(&self) -> Result<Option<http::Client>> {
+        match self {
+            Api::Http(socket) => http::Client::connect(socket).map(Some),
+            Api::Lib(_) => Ok(None),
+        }
+    }
+}
+
+fn lib(state: &Path) -> Result<Api> {
+    let backend = NativeBackend::new(state.to_path_buf()).map_err(|e| anyhow!("{e}"))?;
+    Ok(Api::Lib(Arc::new(backend)))
+}
+
+/// `fork`: see the module docs.
+pub fn fork(a: &ForkArgs) -> Result<Value> {
+    let mut apis = Vec::new();
+    if let Some(s) = &a.socket {
+        apis.push(Api::Http(s.clone()));
+    }
+    if let Some(d) = &a.lib_state_dir {
+        apis.push(lib(d)?);
+    }
+    ensure!(!apis.is_empty(), "give --socket and/or --lib-state-dir");
+    let mut series = Vec::new();
+    for api in apis {
+        let parent = api.create(&a.workspace)?;
+        for k in 0..a.changed {
+            api.write(&parent, &format!("d{k}/f1.txt"), &format!("changed {k}\n"))?;
+        }
+        let (mut all, mut forks_only, mut first) = (Vec::new(), Vec::new(), Vec::new());
+        // One connection per fork, opened ahead: what is timed is the fork and the execs.
+        let mut conns: Vec<Option<http::Client>> = (0..a.count)
+            .map(|_| api.connection())
+            .collect::<Result<_>>()?;
+        for i in 0..a.warmup + a.runs {
+            let t = Instant::now();
+            let ids = api.fork(&parent, a.count)?;
+            let forked = t.elapsed();
+            ensure!(ids.len() == a.count as usize, "{} forks", ids.len());
+            let firsts: Vec<Result<Duration>> = std::thread::scope(|s| {
+                let handles: Vec<_> = ids
+                    .iter()
+                    .zip(conns.iter_mut())
+                    .map(|(id, c)| {
+                        let api = &api;
+                        s.spawn(move || {
+                            api.exec_true(c.as_mut(), id)?;
+                            Ok(t.elapsed())
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked"))))
+                    .collect()
+            });
+            let firsts: Vec<Duration> = firsts.into_iter().collect::<Result<_>>()?;
+            let last = firsts.iter().max().copied().unwrap_or_default();
+            if i >= a.warmup {
+                all.push(last);
+                forks_only.push(forked);
+                first.extend(firsts);
+            }
+            let mut c = api.connection()?;
+            for id in &ids {
+                api.destroy(c.as_mut(), id)?;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(a.settle_ms));
+            eprintln!(
+                "  fork {}/{}: {:.1} ms to all {} answering ({:.1} ms the fork)",
+                i + 1,
+                a.warmup + a.runs,
+                last.as_secs_f64() * 1000.0,
+                a.count,
+                forked.as_secs_f64() * 1000.0
+            );
+        }
+        let mut c = api.connection()?;
+        api.destroy(c.as_mut(), &parent)?;
+        series.push(json!({
+            "api": api.name(),
+            "fork_to_all_answering": stats::summary("fork -> all answered an exec", &all),
+            "fork_request": stats::summary("fork request alone", &forks_only),
+            "each_fork_first_exec": stats::summary("fork -> each fork's exec answered", &first),
+        }));
+    }
+    Ok(json!({
+        "figure": "fork",
+        "count": a.count,
+        "changed": a.changed,
+        "series": series,
+    }))
+}
+
+/// `MemAvailable` of the host, KiB.
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("MemAvailable:")
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// `density`: see the module docs.
+pub fn density(a: &DensityArgs) -> Result<Value> {
+    let settle = Duration::from_secs(a.settle_secs);
+    let before = procfs::snapshot(a.pid);
+    let avail_before = mem_available_kib();
+    let mut c = http::Client::connect(&a.socket)?;
+    let mut ids = Vec::new();
+    let mut stopped = String::from("the maximum was reached");
+    let mut creates = Vec::new();
+    while ids.len() < a.max {
+        if mem_available_kib() < a.floor_mib * 1024 {
+            stopped = format!(
+                "the host's available memory fell under {} MiB (a floor for a shared machine)",
+                a.floor_mib
+            );
+            break;
+        }
+        let t = Instant::now();
+        let body = serde_json::to_vec(&json!({ "workspace": a.workspace }))?;
+        let r = c.post("/v1/sandboxes", &body)?;
+        if r.status != 201 {
+            stopped = format!(
+                "create {} failed: {} {}",
+                ids.len() + 1,
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+            break;
+        }
+        creates.push(t.elapsed());
+        let id = r.json()?["id"].as_str().unwrap_or_default().to_string();
+        let e = c.post(&format!("/v1/sandboxes/{id}/exec"), EXEC_TRUE)?;
+        ids.push(id);
+        if e.status != 200 {
+            stopped = format!(
+                "the exec in sandbox {} failed: {} {}",
+                ids.len(),
+                e.status,
+                String::from_utf8_lossy(&e.body)
+            );
+            break;
+        }
+        if ids.len() % 64 == 0 {
+            eprintln!(
+                "  density: {} sandboxes, MemAvailable {} MiB",
+                ids.len(),
+                mem_available_kib() / 1024
+            );
+        }
+    }
+    std::thread::sleep(settle);
+    let avail_with = mem_available_kib();
+    let with = procfs::snapshot(a.pid);
+    // Every one still answers.
+    let mut answering = 0;
+    for id in &ids {
+        let r = c.post(&format!("/v1/sandboxes/{id}/exec"), EXEC_TRUE)?;
+        if r.status == 200 {
+            answering += 1;
+        }
+    }
+    eprintln!("  density: {} sandboxes ({stopped}); destroying", ids.len());
+    for id in &ids {
+        c.delete(&format!("/v1/sandboxes/{id}"))?
+            .expect_status(204, "destroy")
+            .with_context(|| format!("destroy {id}"))?;
+    }
+    std::thread::sleep(settle);
+    let after = procfs::snapshot(a.pid);
+    let n = ids.len().max(1) as u64;
+    Ok(json!({
+        "figure": "density",
+        "sandboxes": ids.len(),
+        "answering_at_the_end": answering,
+        "stopped_because": stopped,
+        "host_mem_available_mib": {
+            "before": avail_before / 1024,
+            "with_sandboxes": avail_with / 1024,
+            "per_sandbox_kib": avail_before.saturating_sub(avail_with) / n,
+        },
+        "supervisor": {"before": before, "with_sandboxes": with, "after_destroy": after},
+        "create": stats::summary("create (one after the other)", &creates),
+    }))
+}
+
+/// `rate`: see the module docs.
+pub fn rate(a: &RateArgs) -> Result<Value> {
+    let mut apis = Vec::new();
+    if let Some(s) = &a.socket {
+        apis.push(Api::Http(s.clone()));
+    }
+    if let Some(d) = &a.lib_state_dir {
+        apis.push(lib(d)?);
+    }
+    ensure!(!apis.is_empty(), "give --socket and/or --lib-state-dir");
+    let mut series = Vec::new();
+    for api in apis {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let t0 = Instant::now();
+        let workers: Vec<_> = (0..a.clients)
+            .map(|_| {
+                let (api, stop, done, ws) =
+                    (api.clone(), stop.clone(), done.clone(), a.workspace.clone());
+                std::thread::spawn(move || -> Result<Vec<Duration>> {
+                    let mut c = api.connection()?;
+                    let mut cycles = Vec::new();
+                    while !stop.load(Ordering::SeqCst) {
+                        let t = Instant::now();
+                        let id = match &mut c {
+                            Some(conn) => {
+                                let info =
+                                    post(conn, "/v1/sandboxes", &json!({ "workspace": ws }), 201)?;
+                                info["id"].as_str().unwrap_or_default().to_string()
+                            }
+                            None => api.create(&ws)?,
+                        };
+                        api.exec_true(c.as_mut(), &id)?;
+                        api.destroy(c.as_mut(), &id)?;
+                        cycles.push(t.elapsed());
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(cycles)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(a.secs));
+        stop.store(true, Ordering::SeqCst);
+        let mut cycles = Vec::new();
+        for w in workers {
+            cycles.extend(w.join().map_err(|_| anyhow!("a client panicked"))??);
+        }
+        let elapsed = t0.elapsed().as_secs_f64();
+        let n = done.load(Ordering::SeqCst);
+        eprintln!(
+            "  rate ({}): {n} cycles in {elapsed:.1} s: {:.1}/s",
+            api.name(),
+            n as f64 / elapsed
+        );
+        series.push(json!({
+            "api": api.name(),
+            "cycles": n,
+            "seconds": elapsed,
+            "per_second": n as f64 / elapsed,
+            "cycle": stats::summary("create + exec + destroy", &cycles),
+        }));
+    }
+    Ok(json!({
+        "figure": "rate",
+        "clients": a.clients,
+        "series": series,
+    }))
+}
