@@ -301,6 +301,7 @@ impl Sandbox {
     }
 
     /// Whether the container still runs (its pid 1 is alive). Marks the sandbox lost if not.
+    /// Not from a task of the daemon's runtime: it blocks ([`Self::check_alive_async`] there).
     pub fn check_alive(&self) -> bool {
         if self.lost.load(Ordering::SeqCst) {
             return false;
@@ -312,35 +313,47 @@ impl Sandbox {
         false
     }
 
-    /// Why the container's init is gone, as far as the daemon can say: its exit (a signal,
-    /// the OOM killer), or the daemon itself being gone.
+    /// [`Self::check_alive`] for a task of the daemon's runtime (an exec's driver): a worker
+    /// thread of the runtime blocked on the daemon's answer would hold the very tasks (in its
+    /// own queue) that bring the answer in.
+    async fn check_alive_async(&self) -> bool {
+        if self.lost.load(Ordering::SeqCst) {
+            return false;
+        }
+        if procfs::alive(&self.init) {
+            return true;
+        }
+        self.mark_lost(&self.inspect_gone().await);
+        false
+    }
+
+    /// Why the container's init is gone, from a synchronous caller.
     fn why_gone(&self) -> String {
         let d = &self.daemon;
-        // On a thread of its own: this may be asked from a thread that drives the daemon's
-        // runtime (an exec's end), which must not block on it.
-        let inspected = std::thread::scope(|scope| {
+        // On a thread of its own: the caller may be inside a runtime's context (`block_on`
+        // refuses to nest).
+        std::thread::scope(|scope| {
             scope
-                .spawn(|| {
-                    d.block_on(async {
-                        d.call(
-                            "inspect a container",
-                            Duration::from_secs(5),
-                            d.docker.inspect_container(
-                                &self.container,
-                                None::<bollard::query_parameters::InspectContainerOptions>,
-                            ),
-                        )
-                        .await
-                    })
-                })
+                .spawn(|| d.block_on(self.inspect_gone()))
                 .join()
-                .unwrap_or_else(|_| {
-                    Err(DaemonError::Refused {
-                        what: "inspect a container".into(),
-                        message: "the inspection panicked".into(),
-                    })
-                })
-        });
+                .unwrap_or_else(|_| format!("{CONTAINER_GONE} (the inspection panicked)"))
+        })
+    }
+
+    /// Why the container's init is gone, as far as the daemon can say: its exit (a signal,
+    /// the OOM killer), or the daemon itself being gone.
+    async fn inspect_gone(&self) -> String {
+        let d = &self.daemon;
+        let inspected = d
+            .call(
+                "inspect a container",
+                Duration::from_secs(5),
+                d.docker.inspect_container(
+                    &self.container,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                ),
+            )
+            .await;
         match inspected {
             Ok(c) => {
                 let st = c.state.unwrap_or_default();
@@ -775,7 +788,7 @@ impl Sandbox {
         }
         let ended = self.read_status(slot.id);
         if ended.is_none() {
-            if !self.check_alive() {
+            if !self.check_alive_async().await {
                 return Err(self.lost_error());
             }
             if let Some(e) = stream_error {
