@@ -236,6 +236,18 @@ fn one_supervisor_serves_both_backends_and_a_restart_reaps_orphans() {
     let sup = Supervisor::start(&env, &["--docker"]);
     assert!(!container_exists(&name), "the orphaned container is gone");
     assert_eq!(mounts_under(&env.state().join("docker/sandboxes")), 0);
+    // The sandbox it owned is an infrastructure failure, not an unknown id, until destroyed.
+    let (status, v) = sup.call("GET", &format!("/v1/sandboxes/{did}"), None);
+    assert_eq!(status, 500, "{v}");
+    assert_eq!(v["error"]["code"], "infrastructure", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the supervisor restarted")),
+        "{v}"
+    );
+    let (status, _) = sup.call("DELETE", &format!("/v1/sandboxes/{did}"), None);
+    assert_eq!(status, 204);
     let (status, _) = sup.call("GET", &format!("/v1/sandboxes/{did}"), None);
     assert_eq!(status, 404);
     assert_eq!(
