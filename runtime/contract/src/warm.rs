@@ -3,7 +3,7 @@
 //! in the host's live total; they belong to no tenant, so they count in no tenant's; and they
 //! never take a place a create or a fork needs.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 type Room = Arc<dyn Fn() -> usize + Send + Sync>;
@@ -14,6 +14,7 @@ type Waker = Arc<dyn Fn() + Send + Sync>;
 #[derive(Default)]
 pub struct WarmGauge {
     held: AtomicUsize,
+    served: AtomicU64,
     room: RwLock<Option<Room>>,
     waker: RwLock<Option<Waker>>,
 }
@@ -34,6 +35,17 @@ impl WarmGauge {
     /// Sandboxes the pool holds now, started or starting.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Forks served from the pool so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::SeqCst)
+    }
+
+    /// Counts `n` forks served from the pool, whose places it gives back.
+    pub fn serve(&self, n: usize) {
+        self.served.fetch_add(n as u64, Ordering::SeqCst);
+        self.release(n);
     }
 
     /// How many places the pool may hold at most, asked each time it would start a sandbox
@@ -110,6 +122,9 @@ mod tests {
         assert_eq!((g.held(), g.excess()), (1, 0));
         g.release(5);
         assert_eq!(g.held(), 0);
+        assert!(g.try_hold());
+        g.serve(1);
+        assert_eq!((g.held(), g.served()), (0, 1));
         let woken = Arc::new(AtomicUsize::new(0));
         let w = woken.clone();
         g.set_waker(move || {

@@ -221,7 +221,7 @@ impl<B: Backend> ForkPool<B> {
             }
         }
         if let Some(g) = &shared.config.gauge {
-            g.release(taken.len());
+            g.serve(taken.len());
         }
         shared
             .served

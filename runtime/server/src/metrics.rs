@@ -77,6 +77,7 @@ pub struct Metrics {
     sandboxes_live: Family<TenantLabel, Gauge>,
     sandboxes_starting: Family<TenantLabel, Gauge>,
     fork_pool: Gauge,
+    fork_pool_served: Gauge,
     creates_refused: Family<LimitLabel, Counter>,
     execs: Counter,
     exec_duration: Histogram,
@@ -98,6 +99,7 @@ impl Default for Metrics {
             sandboxes_live: Family::default(),
             sandboxes_starting: Family::default(),
             fork_pool: Gauge::default(),
+            fork_pool_served: Gauge::default(),
             creates_refused: Family::default(),
             execs: Counter::default(),
             exec_duration: Histogram::new(EXEC_BUCKETS),
@@ -126,6 +128,11 @@ impl Default for Metrics {
                 "taskbox_fork_pool_sandboxes",
                 "Sandboxes the warm pool of forks holds (counted in the total, no tenant's)",
                 m.fork_pool.clone(),
+            );
+            r.register(
+                "taskbox_fork_pool_served",
+                "Forks served from the warm pool since the start (a count)",
+                m.fork_pool_served.clone(),
             );
             r.register(
                 "taskbox_creates_refused",
@@ -275,8 +282,10 @@ impl Metrics {
     }
 
     /// Sets the number of sandboxes the warm pool of forks holds, before a render.
-    pub fn set_pooled(&self, n: usize) {
+    pub fn set_pooled(&self, n: usize, served: u64) {
         self.fork_pool.set(gauge_value(n));
+        self.fork_pool_served
+            .set(i64::try_from(served).unwrap_or(i64::MAX));
     }
 
     /// The exposition text ([`CONTENT_TYPE`]); `live` is the number of live sandboxes per

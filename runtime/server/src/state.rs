@@ -543,6 +543,11 @@ impl AppState {
         self.inner.warm.as_ref().map_or(0, |g| g.held())
     }
 
+    /// Forks served from the backend's warm pool so far.
+    pub fn pooled_served(&self) -> u64 {
+        self.inner.warm.as_ref().map_or(0, |g| g.served())
+    }
+
     /// Reserves a place for a new sandbox of `tenant`, or says which limit is reached.
     pub(crate) fn reserve_create(&self, tenant: &str) -> Result<CreateSlot, HttpError> {
         let mut slots = self.reserve_creates(tenant, 1)?;
