@@ -683,7 +683,7 @@ impl<B: Backend> Sandboxes<B> {
         req: &CreateRequest,
         seed: &Seed,
         count: u32,
-    ) -> Result<(Vec<Arc<B::Sandbox>>, usize), ApiError> {
+    ) -> Result<Forks<B::Sandbox>, ApiError> {
         // A pooled sandbox has run nothing, so it knows nothing of what is in force: it takes
         // its parent's, as a cold fork does (else the cold path's probe learns it).
         let warm = match (&self.pool, &seed.enforcement) {
@@ -691,7 +691,7 @@ impl<B: Backend> Sandboxes<B> {
             _ => Vec::new(),
         };
         let cold = count as usize - warm.len();
-        let made: Vec<(Result<Arc<B::Sandbox>, ApiError>, bool)> = std::thread::scope(|scope| {
+        let made: Vec<Made<B::Sandbox>> = std::thread::scope(|scope| {
             let backend = &self.backend;
             let pool = self.pool.as_ref();
             let planted: Vec<_> = warm
@@ -743,8 +743,20 @@ impl<B: Backend> Sandboxes<B> {
             }
             return Err(e);
         }
-        Ok((forks, from_pool))
+        Ok(Forks {
+            sandboxes: forks,
+            from_pool,
+        })
     }
+}
+
+/// One fork's start: the sandbox, and whether it came from the warm pool.
+type Made<S> = (Result<Arc<S>, ApiError>, bool);
+
+/// The sandboxes of a fork request, and how many came from the warm pool.
+struct Forks<S> {
+    sandboxes: Vec<Arc<S>>,
+    from_pool: usize,
 }
 
 /// Plants `seed` into `sb`, a sandbox of the warm pool started from `req`'s origin, which has
@@ -1025,7 +1037,10 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
             checkpoint: req.checkpoint.clone(),
             forked_at_ms: now_ms(),
         };
-        let (forks, from_pool) = self.start_forks(&child, &seed, count)?;
+        let Forks {
+            sandboxes: forks,
+            from_pool,
+        } = self.start_forks(&child, &seed, count)?;
         drop(seed);
         let mut infos: Vec<SandboxInfo> = Vec::with_capacity(forks.len());
         let mut left = forks.into_iter();

@@ -143,7 +143,7 @@ pub(crate) fn origin_key(req: &CreateRequest) -> String {
 
 enum Job<S> {
     End(Vec<Arc<S>>),
-    Start(String, CreateRequest),
+    Start(String, Box<CreateRequest>),
 }
 
 impl<B: Backend> ForkPool<B> {
@@ -394,7 +394,7 @@ impl<B: Backend> Shared<B> {
             return None;
         }
         short.starting += 1;
-        Some(Job::Start(short.key.clone(), short.req.clone()))
+        Some(Job::Start(short.key.clone(), Box::new(short.req.clone())))
     }
 
     /// Starts one sandbox for origin `key` and puts it in the pool (or ends it, when the pool
