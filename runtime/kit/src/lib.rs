@@ -768,11 +768,19 @@ fn plant_warm<H: Handle>(sb: &Arc<H>, seed: &Seed, req: &CreateRequest) -> Resul
     let common = sb.common();
     let layers = &common.layers;
     {
+        let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1000.0;
         let _g = layers.exclusive()?;
+        let t = std::time::Instant::now();
         let staged = StagedLayers::stage(&layers.disk, &seed.upper)?;
+        let stage_ms = ms(t);
+        let t = std::time::Instant::now();
         sb.remount(&staged, "(the fork point)")?;
+        let remount_ms = ms(t);
+        let t = std::time::Instant::now();
         staged.swap_in(&layers.disk, &layers.upper, &layers.work)?;
         seed.plant_scratch(&layers.scratch)?;
+        tracing::debug!(sandbox = %common.id, stage_ms, remount_ms, swap_and_scratch_ms = ms(t),
+            "fork planted into a pooled sandbox");
     }
     let now = now_ms();
     let mut info = lock(&common.info);
