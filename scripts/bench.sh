@@ -91,7 +91,9 @@
 #   fork     the fleet figures of issue 19, by `taskbox-bench fork|density|rate` against a
 #            supervisor of this build (and through the library in the client's process): fork 1 -> 16
 #            of a sandbox with 10 changed files in the 100,000-file workspace, timed until all 16
-#            have answered an `exec /bin/true` (target < 50 ms on native); density: live idle
+#            have answered an `exec /bin/true` (target < 50 ms on native), with the warm pool of
+#            forks (BENCH_FORK_POOL, 16) and without it (a second supervisor, and a second library
+#            backend), interleaved round by round, with each round's ratio; density: live idle
 #            sandboxes (one exec each) created until a create fails, BENCH_DENSITY_MAX (768) or the
 #            host's MemAvailable falls under BENCH_DENSITY_FLOOR_MIB (4096), with host memory per
 #            sandbox and the supervisor's RSS (target >= 512); sustained create + one exec +
@@ -153,6 +155,8 @@
 #   BENCH_PEERS_DIR   peers: where the npm peers are installed (default ~/.cache/taskbox-bench/peers)
 #   BENCH_PEERS_ROUNDS  peers: measured rounds (default 20)
 #   BENCH_FORK_RUNS   fork: measured forks 1 -> 16 per series (default 20)
+#   BENCH_FORK_POOL   fork: the warm pool of forks per origin of the "pool" series (default 16;
+#                     the "cold" series has none)
 #   BENCH_RATE_SECS   fork: seconds of the sustained creation rate per series (default 20)
 #   BENCH_DENSITY_MAX fork: the most sandboxes the density figure makes (default 768)
 #   BENCH_DENSITY_FLOOR_MIB  fork: the density figure stops before the host's MemAvailable falls
@@ -1174,12 +1178,15 @@ bench_api() {
 
 # ---- fork (issue 19) -------------------------------------------------------------------------
 # A supervisor whose limits do not bound the figure: density and rate measure the machine.
+# FLEET_FLAGS: more flags for it (the warm pool of forks; none by default, so that density and
+# rate count only the sandboxes they make).
 fleet_serve() {
   local i
   SERVE_SOCK=$SCRATCH/$1.sock
+  # shellcheck disable=SC2086
   "$TASKBOX" --state-dir "$SCRATCH/$1-state" --socket "$SERVE_SOCK" serve \
     --max-sandboxes 100000 --max-sandboxes-per-tenant 100000 --max-starting 64 \
-    --max-starting-per-tenant 64 2>"$SCRATCH/$1.log" &
+    --max-starting-per-tenant 64 ${FLEET_FLAGS:---fork-pool 0} 2>"$SCRATCH/$1.log" &
   SERVE_PID=$!
   for ((i = 0; i < 100; i++)); do
     [ -S "$SERVE_SOCK" ] && return 0
@@ -1192,11 +1199,20 @@ fleet_serve() {
 bench_fork() {
   make_repo
   local repo=$SCRATCH/repo ws=$SCRATCH/ws
-  fleet_serve fork
-  log "fork: 1 -> 16 of a sandbox with 10 changed files in $FILES files, until all 16 answer an exec"
-  "$BENCH_CLIENT" fork --socket "$SERVE_SOCK" --lib-state-dir "$SCRATCH/fork-lib" \
+  local pool=${BENCH_FORK_POOL:-16} cold_sock cold_pid
+  # Two supervisors side by side: without the warm pool of forks, and with it.
+  FLEET_FLAGS="--fork-pool 0" fleet_serve fork-cold
+  cold_sock=$SERVE_SOCK cold_pid=$SERVE_PID
+  FLEET_FLAGS="--fork-pool $pool" fleet_serve fork
+  log "fork: 1 -> 16 of a sandbox with 10 changed files in $FILES files, until all 16 answer an exec; a warm pool of $pool against none, interleaved"
+  "$BENCH_CLIENT" fork --socket "$SERVE_SOCK" --cold-socket "$cold_sock" \
+    --lib-state-dir "$SCRATCH/fork-lib" --lib-pool "$pool" \
     --workspace "$repo" --count 16 --changed 10 --runs "${BENCH_FORK_RUNS:-20}" --warmup 2 \
     >"$SCRATCH/fork.json"
+  serve_stop
+  SERVE_PID=$cold_pid
+  serve_stop
+  fleet_serve fork-rate
   log "rate: create + exec + destroy by 8 clients for ${BENCH_RATE_SECS:-20} s"
   "$BENCH_CLIENT" rate --socket "$SERVE_SOCK" --lib-state-dir "$SCRATCH/rate-lib" \
     --workspace "$ws" --clients 8 --secs "${BENCH_RATE_SECS:-20}" >"$SCRATCH/rate.json"
@@ -1217,7 +1233,12 @@ out = []
 for s in fork["series"]:
     a, f = s["fork_to_all_answering"], s["fork_request"]
     met = "yes" if s["api"] == "http" and a["p50_ms"] < 50 else ("no" if s["api"] == "http" else "")
-    out.append(f"| fork 1 -> 16, 10 changed files in the 100,000-file workspace, until all 16 answer an exec ({s['api']}) | p50 {a['p50_ms']} ms, p90 {a['p90_ms']}, max {a['max_ms']} (n={a['n']}); the fork request alone p50 {f['p50_ms']} ms | | | < 50 ms | {met} |")
+    pooled = f"; {s.get('forks_from_the_pool', 0)} of {s.get('forks_measured', 0)} forks from the pool"
+    ab = s.get("ab")
+    ratio = ""
+    if ab:
+        ratio = f"; pool / no pool, round by round: p50 {ab['pool_over_no_pool_p50']:.2f} (min {ab['min']:.2f}, max {ab['max']:.2f})"
+    out.append(f"| fork 1 -> 16, 10 changed files in the 100,000-file workspace, until all 16 answer an exec ({s['api']}) | p50 {a['p50_ms']} ms, p90 {a['p90_ms']}, max {a['max_ms']} (n={a['n']}); the fork request alone p50 {f['p50_ms']} ms{pooled}{ratio} | | | < 50 ms | {met} |")
 for s in rate["series"]:
     c = s["cycle"]
     met = "yes" if s["api"] == "http" and s["per_second"] >= 100 else ("no" if s["api"] == "http" else "")

@@ -3,7 +3,11 @@
 //!
 //! - `fork`: a parent with CHANGED changed files in the workspace, forked into COUNT; the time
 //!   from the fork request until every fork has answered an `exec /bin/true` (each fork's exec
-//!   on a connection of its own, all at once), and the fork request alone;
+//!   on a connection of its own, all at once), and the fork request alone. With a second
+//!   supervisor (`--cold-socket`, started without a warm pool) and `--lib-pool N`, the same
+//!   series with and without the warm pool of forks are measured round by round, interleaved
+//!   (A, B, then B, A), and each round's ratio pool / no pool is reported: the machine is
+//!   shared, so only figures taken side by side compare;
 //! - `density`: sandboxes created one after the other, each with one exec, until a create fails
 //!   or MAX is reached or the host's available memory falls under a floor; the host memory they
 //!   take each (`MemAvailable` before and after) and the supervisor's RSS;
@@ -21,6 +25,7 @@ use serde_json::{Value, json};
 use taskbox_core::api::{
     CreateRequest, ExecOutcome, ForkRequest, SandboxApi, SandboxId, WriteRequest,
 };
+use taskbox_core::kit::ForkPoolConfig;
 use taskbox_core::sandbox::NativeBackend;
 
 use crate::{EXEC_TRUE, exec_true_req, http, procfs, stats};
@@ -33,6 +38,15 @@ pub struct ForkArgs {
     /// Also through the library in this process, state kept under DIR: the series "lib".
     #[arg(long, value_name = "DIR")]
     lib_state_dir: Option<PathBuf>,
+    /// A second supervisor, without a warm pool of forks: the series "http-cold", measured
+    /// interleaved with "http".
+    #[arg(long, value_name = "PATH")]
+    cold_socket: Option<PathBuf>,
+    /// The library series with a warm pool of N forks per origin ("lib"), and a second library
+    /// backend without one ("lib-cold", state in DIR-cold), interleaved (0: "lib" alone, no
+    /// pool).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    lib_pool: usize,
     #[arg(long, value_name = "DIR")]
     workspace: PathBuf,
     /// Forks per request.
@@ -237,78 +251,210 @@ fn lib(state: &Path) -> Result<Api> {
     Ok(Api::Lib(Arc::new(backend)))
 }
 
-/// `fork`: see the module docs.
-pub fn fork(a: &ForkArgs) -> Result<Value> {
-    let mut apis = Vec::new();
-    if let Some(s) = &a.socket {
-        apis.push(Api::Http(s.clone()));
-    }
-    if let Some(d) = &a.lib_state_dir {
-        apis.push(lib(d)?);
-    }
-    ensure!(!apis.is_empty(), "give --socket and/or --lib-state-dir");
-    let mut series = Vec::new();
-    for api in apis {
+/// Forks served from the pool so far: `/metrics`' `taskbox_fork_pool_served` of a supervisor, or
+/// the status of a library backend's pool.
+type Served = Box<dyn Fn() -> Option<u64>>;
+
+fn served_over_http(socket: PathBuf) -> Served {
+    Box::new(move || {
+        let mut c = http::Client::connect(&socket).ok()?;
+        let r = c.request("GET", "/metrics", None).ok()?;
+        String::from_utf8_lossy(&r.body).lines().find_map(|l| {
+            l.strip_prefix("taskbox_fork_pool_served ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+    })
+}
+
+/// One series of the fork figure: what it drives, its parent and connections, its samples.
+struct Arm {
+    name: String,
+    api: Api,
+    served: Served,
+    parent: String,
+    conns: Vec<Option<http::Client>>,
+    all: Vec<Duration>,
+    forks_only: Vec<Duration>,
+    first: Vec<Duration>,
+    from_pool: u64,
+    measured_forks: u64,
+}
+
+impl Arm {
+    fn new(name: &str, api: Api, served: Served, a: &ForkArgs) -> Result<Arm> {
         let parent = api.create(&a.workspace)?;
         for k in 0..a.changed {
             api.write(&parent, &format!("d{k}/f1.txt"), &format!("changed {k}\n"))?;
         }
-        let (mut all, mut forks_only, mut first) = (Vec::new(), Vec::new(), Vec::new());
         // One connection per fork, opened ahead: what is timed is the fork and the execs.
-        let mut conns: Vec<Option<http::Client>> = (0..a.count)
+        let conns: Vec<Option<http::Client>> = (0..a.count)
             .map(|_| api.connection())
             .collect::<Result<_>>()?;
-        for i in 0..a.warmup + a.runs {
-            let t = Instant::now();
-            let ids = api.fork(&parent, a.count)?;
-            let forked = t.elapsed();
-            ensure!(ids.len() == a.count as usize, "{} forks", ids.len());
-            let firsts: Vec<Result<Duration>> = std::thread::scope(|s| {
-                let handles: Vec<_> = ids
-                    .iter()
-                    .zip(conns.iter_mut())
-                    .map(|(id, c)| {
-                        let api = &api;
-                        s.spawn(move || {
-                            api.exec_true(c.as_mut(), id)?;
-                            Ok(t.elapsed())
-                        })
+        Ok(Arm {
+            name: name.to_string(),
+            api,
+            served,
+            parent,
+            conns,
+            all: Vec::new(),
+            forks_only: Vec::new(),
+            first: Vec::new(),
+            from_pool: 0,
+            measured_forks: 0,
+        })
+    }
+
+    /// One round: fork, every fork's exec, destroys, the pause; kept unless a warm-up. The time
+    /// to all answering.
+    fn round(&mut self, a: &ForkArgs, label: &str, keep: bool) -> Result<Duration> {
+        let api = &self.api;
+        let served_before = (self.served)();
+        let t = Instant::now();
+        let ids = api.fork(&self.parent, a.count)?;
+        let forked = t.elapsed();
+        ensure!(ids.len() == a.count as usize, "{} forks", ids.len());
+        let firsts: Vec<Result<Duration>> = std::thread::scope(|s| {
+            let handles: Vec<_> = ids
+                .iter()
+                .zip(self.conns.iter_mut())
+                .map(|(id, c)| {
+                    s.spawn(move || {
+                        api.exec_true(c.as_mut(), id)?;
+                        Ok(t.elapsed())
                     })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked"))))
-                    .collect()
-            });
-            let firsts: Vec<Duration> = firsts.into_iter().collect::<Result<_>>()?;
-            let last = firsts.iter().max().copied().unwrap_or_default();
-            if i >= a.warmup {
-                all.push(last);
-                forks_only.push(forked);
-                first.extend(firsts);
-            }
-            let mut c = api.connection()?;
-            for id in &ids {
-                api.destroy(c.as_mut(), id)?;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(a.settle_ms));
-            eprintln!(
-                "  fork {}/{}: {:.1} ms to all {} answering ({:.1} ms the fork)",
-                i + 1,
-                a.warmup + a.runs,
-                last.as_secs_f64() * 1000.0,
-                a.count,
-                forked.as_secs_f64() * 1000.0
-            );
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked"))))
+                .collect()
+        });
+        let firsts: Vec<Duration> = firsts.into_iter().collect::<Result<_>>()?;
+        let last = firsts.iter().max().copied().unwrap_or_default();
+        let pooled = match (served_before, (self.served)()) {
+            (Some(b), Some(a)) => a.saturating_sub(b),
+            _ => 0,
+        };
+        if keep {
+            self.all.push(last);
+            self.forks_only.push(forked);
+            self.first.extend(firsts);
+            self.from_pool += pooled;
+            self.measured_forks += u64::from(a.count);
         }
         let mut c = api.connection()?;
-        api.destroy(c.as_mut(), &parent)?;
-        series.push(json!({
-            "api": api.name(),
-            "fork_to_all_answering": stats::summary("fork -> all answered an exec", &all),
-            "fork_request": stats::summary("fork request alone", &forks_only),
-            "each_fork_first_exec": stats::summary("fork -> each fork's exec answered", &first),
-        }));
+        for id in &ids {
+            api.destroy(c.as_mut(), id)?;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(a.settle_ms));
+        eprintln!(
+            "  fork {label} {}: {:.1} ms to all {} answering ({:.1} ms the fork, {pooled} from the pool)",
+            self.name,
+            last.as_secs_f64() * 1000.0,
+            a.count,
+            forked.as_secs_f64() * 1000.0
+        );
+        Ok(last)
+    }
+
+    fn finish(self) -> Result<Value> {
+        let mut c = self.api.connection()?;
+        self.api.destroy(c.as_mut(), &self.parent)?;
+        Ok(json!({
+            "api": self.name,
+            "fork_to_all_answering": stats::summary("fork -> all answered an exec", &self.all),
+            "fork_request": stats::summary("fork request alone", &self.forks_only),
+            "each_fork_first_exec": stats::summary("fork -> each fork's exec answered", &self.first),
+            "forks_from_the_pool": self.from_pool,
+            "forks_measured": self.measured_forks,
+        }))
+    }
+}
+
+/// `fork`: see the module docs.
+pub fn fork(a: &ForkArgs) -> Result<Value> {
+    // Pairs (with the pool, without): measured round by round, interleaved.
+    let mut pairs: Vec<(Arm, Option<Arm>)> = Vec::new();
+    if let Some(s) = &a.socket {
+        let warm = Arm::new("http", Api::Http(s.clone()), served_over_http(s.clone()), a)?;
+        let cold = match &a.cold_socket {
+            Some(c) => Some(Arm::new(
+                "http-cold",
+                Api::Http(c.clone()),
+                served_over_http(c.clone()),
+                a,
+            )?),
+            None => None,
+        };
+        pairs.push((warm, cold));
+    }
+    if let Some(d) = &a.lib_state_dir {
+        let backend = NativeBackend::new(d.clone()).map_err(|e| anyhow!("{e}"))?;
+        let backend = Arc::new(if a.lib_pool > 0 {
+            backend.with_fork_pool(ForkPoolConfig::new(a.lib_pool))
+        } else {
+            backend
+        });
+        let b = backend.clone();
+        let served: Served = Box::new(move || b.fork_pool_status().map(|s| s.served));
+        let warm = Arm::new("lib", Api::Lib(backend), served, a)?;
+        let cold = if a.lib_pool > 0 {
+            let mut dir = d.as_os_str().to_owned();
+            dir.push("-cold");
+            Some(Arm::new(
+                "lib-cold",
+                lib(Path::new(&dir))?,
+                Box::new(|| None),
+                a,
+            )?)
+        } else {
+            None
+        };
+        pairs.push((warm, cold));
+    }
+    ensure!(!pairs.is_empty(), "give --socket and/or --lib-state-dir");
+    let mut series = Vec::new();
+    for (mut warm, mut cold) in pairs {
+        let mut ratios = Vec::new();
+        for i in 0..a.warmup + a.runs {
+            let keep = i >= a.warmup;
+            let label = format!("{}/{}", i + 1, a.warmup + a.runs);
+            let Some(cold) = cold.as_mut() else {
+                warm.round(a, &label, keep)?;
+                continue;
+            };
+            // A, B then B, A: neither side always runs first.
+            let (w, c) = if i % 2 == 0 {
+                let w = warm.round(a, &label, keep)?;
+                (w, cold.round(a, &label, keep)?)
+            } else {
+                let c = cold.round(a, &label, keep)?;
+                (warm.round(a, &label, keep)?, c)
+            };
+            if keep {
+                ratios.push(w.as_secs_f64() / c.as_secs_f64());
+            }
+        }
+        let mut sorted = ratios.clone();
+        sorted.sort_by(f64::total_cmp);
+        let ab = (!ratios.is_empty()).then(|| {
+            json!({
+                "pool_over_no_pool_p50": stats::median(&ratios),
+                "min": sorted.first(),
+                "max": sorted.last(),
+                "rounds": ratios,
+            })
+        });
+        let mut w = warm.finish()?;
+        if let Some(ab) = ab {
+            w["ab"] = ab;
+        }
+        series.push(w);
+        if let Some(c) = cold {
+            series.push(c.finish()?);
+        }
     }
     Ok(json!({
         "figure": "fork",

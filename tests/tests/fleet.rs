@@ -3,7 +3,9 @@
 //! sandbox table and the host while it runs), every refusal is an immediate 429 with
 //! `Retry-After`, and everything made is gone at the end; the creation rate refuses past its
 //! burst and lets through again when `Retry-After` says; no renew passes a sandbox's hard
-//! lifetime; a destroy whose client hangs up mid-request completes.
+//! lifetime; a destroy whose client hangs up mid-request completes; the warm pool of forks
+//! counts in the total and in no tenant's, gives its places back when tenants need them, is
+//! never listed, and leaves nothing on the host.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed expectation fails the test
 
@@ -473,7 +475,19 @@ fn the_creation_rate_refuses_past_its_burst_and_lets_through_after_retry_after()
 #[test]
 fn no_renew_passes_the_hard_lifetime() {
     let env = Env::new();
-    let sup = Supervisor::start(&env, &["--max-lifetime", "3s", "--default-ttl", "1h"]);
+    // No warm pool of forks: its sandboxes would be on the host while the supervisor runs,
+    // and this test counts the host's.
+    let sup = Supervisor::start(
+        &env,
+        &[
+            "--max-lifetime",
+            "3s",
+            "--default-ttl",
+            "1h",
+            "--fork-pool",
+            "0",
+        ],
+    );
     let socket = sup.socket.clone();
     let (r, _) = send(
         &socket,
@@ -593,4 +607,162 @@ fn a_destroy_whose_client_hangs_up_completes() {
         let (r, _) = send(&socket, None, "GET", &format!("/v1/sandboxes/{id}"), None);
         assert_eq!(r.status, 404);
     }
+}
+
+/// The one value of an unlabelled gauge in a Prometheus text.
+fn plain_gauge(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn the_fork_pool_counts_in_the_total_not_in_a_tenants_and_yields_its_places() {
+    let env = Env::new();
+    env.write("README", "pool\n");
+    let tokens = tokens_file(&env);
+    let sup = Supervisor::start(
+        &env,
+        &[
+            "--tokens",
+            tokens.to_str().unwrap(),
+            "--max-sandboxes",
+            "6",
+            "--max-sandboxes-per-tenant",
+            "4",
+            "--fork-pool",
+            "3",
+        ],
+    );
+    let socket = sup.socket.clone();
+    let metrics = || {
+        let (m, _) = send(&socket, Some(ALICE), "GET", "/metrics", None);
+        String::from_utf8_lossy(&m.body).into_owned()
+    };
+    let pooled = || plain_gauge(&metrics(), "taskbox_fork_pool_sandboxes");
+    let wait_pooled = |what: &str, want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pooled() != want {
+            assert!(Instant::now() < deadline, "{what}: {}", metrics());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let create = |token: &str| {
+        send(
+            &socket,
+            Some(token),
+            "POST",
+            "/v1/sandboxes",
+            Some(&json!({"workspace": env.ws().display().to_string()})),
+        )
+        .0
+    };
+    let listed = |token: &str| -> Vec<String> {
+        let (r, _) = send(&socket, Some(token), "GET", "/v1/sandboxes", None);
+        json_of(&r)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // Alice's parent and one fork: the pool of that origin fills to 3 (room: 6 - 2).
+    let r = create(ALICE);
+    assert_eq!(r.status, 201);
+    let parent = json_of(&r)["id"].as_str().unwrap().to_string();
+    let (r, _) = send(
+        &socket,
+        Some(ALICE),
+        "POST",
+        &format!("/v1/sandboxes/{parent}/exec"),
+        Some(&json!({"shell": "echo forked > f.txt"})),
+    );
+    assert_eq!(r.status, 200);
+    let fork_path = format!("/v1/sandboxes/{parent}/fork");
+    let (r, _) = send(&socket, Some(ALICE), "POST", &fork_path, Some(&json!({})));
+    assert_eq!(r.status, 201, "{}", json_of(&r));
+    wait_pooled("the pool fills", 3);
+    // No tenant sees a pooled sandbox, nor counts it.
+    assert_eq!(listed(ALICE).len(), 2);
+    assert_eq!(listed(BOB), Vec::<String>::new());
+    let text = metrics();
+    assert_eq!(
+        gauge(&text, "taskbox_sandboxes_live"),
+        BTreeMap::from([("alice".to_string(), 2)])
+    );
+    assert_eq!(
+        host_sandboxes(&env.state()),
+        5,
+        "2 live and 3 pooled on the host"
+    );
+
+    // Bob's creates take the places the pool held: none refused, and the pool shrinks so that
+    // the host never holds more than the total.
+    for n in 1..=4 {
+        let r = create(BOB);
+        assert_eq!(r.status, 201, "bob's create {n}: {}", json_of(&r));
+    }
+    wait_pooled("the pool gives its places back", 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_sandboxes(&env.state()) > 6 {
+        assert!(Instant::now() < deadline, "the host holds past the total");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The total is reached by tenants' sandboxes alone: the next create is refused.
+    let r = create(ALICE);
+    assert_eq!(r.status, 429, "{}", json_of(&r));
+    assert!(
+        json_of(&r)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_sandboxes_total"),
+        "{}",
+        json_of(&r)
+    );
+
+    // Once bob's are gone, a fork is served from the pool again (it refills within the room).
+    let mut ids: Vec<String> = listed(BOB);
+    for id in &ids {
+        let (r, _) = send(
+            &socket,
+            Some(BOB),
+            "DELETE",
+            &format!("/v1/sandboxes/{id}"),
+            None,
+        );
+        assert_eq!(r.status, 204);
+    }
+    wait_pooled("the pool refills", 3);
+    let served = plain_gauge(&metrics(), "taskbox_fork_pool_served");
+    let (r, _) = send(
+        &socket,
+        Some(ALICE),
+        "POST",
+        &fork_path,
+        Some(&json!({"count": 2})),
+    );
+    assert_eq!(r.status, 201, "{}", json_of(&r));
+    let text = metrics();
+    assert_eq!(
+        plain_gauge(&text, "taskbox_fork_pool_served"),
+        served + 2,
+        "{text}"
+    );
+    for f in json_of(&r)["sandboxes"].as_array().unwrap() {
+        let id = f["id"].as_str().unwrap();
+        let (r, _) = send(
+            &socket,
+            Some(ALICE),
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&json!({"shell": "cat f.txt"})),
+        );
+        assert_eq!(json_of(&r)["stdout"]["text"], "forked\n", "{}", json_of(&r));
+    }
+    ids.extend(listed(ALICE));
+
+    // A supervisor that stops leaves nothing of its pool, or of anything else, on the host.
+    drop(sup);
+    assert_eq!(leftovers(&env, &ids), Vec::<String>::new());
 }

@@ -937,7 +937,26 @@ fn verb(env: &Env, sup: &Supervisor, args: &[&str]) -> String {
 fn a_fork_is_traced_from_its_parent_and_replays_from_the_parents_trace() {
     let env = Env::new();
     repo(&env);
-    let sup = Supervisor::start(&env, &[]);
+    // A warm pool of 2: the first fork (of 2) is started, the later ones are served from the
+    // pool once it is filled; both kinds are traced and replayed alike.
+    let sup = Supervisor::start(&env, &["--fork-pool", "2"]);
+    let pool = |name: &str| -> u64 {
+        let req = taskbox_agent::http::Request::new("GET", "/metrics");
+        let r = taskbox_agent::http::Client::unix(&sup.socket)
+            .and_then(|c| c.send(&req, Duration::from_secs(30)))
+            .unwrap();
+        String::from_utf8_lossy(&r.body)
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let pool_filled = || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pool("taskbox_fork_pool_sandboxes") != 2 {
+            assert!(Instant::now() < deadline, "the pool does not fill");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
     let info = ok(
         &sup,
         "POST",
@@ -969,9 +988,11 @@ fn a_fork_is_traced_from_its_parent_and_replays_from_the_parents_trace() {
         .map(str::to_string)
         .collect();
     assert_eq!(forks.len(), 2, "{forks:?}");
+    pool_filled();
     let from_ckpt = verb(&env, &sup, &["fork", &id, "--from", "first"])
         .trim()
         .to_string();
+    assert_eq!(pool("taskbox_fork_pool_served"), 1, "served from the pool");
     // What happens in the parent after the fork is not the fork's.
     exec(&id, "echo three >> notes.txt");
     let r = exec(
@@ -984,8 +1005,10 @@ fn a_fork_is_traced_from_its_parent_and_replays_from_the_parents_trace() {
         "cat notes.txt; test -e /tmp/scratch || echo no-scratch",
     );
     assert_eq!(r["stdout"]["text"], "one\nno-scratch\n", "{r}");
-    // A fork of a fork.
+    // A fork of a fork (the same origin: from the pool).
+    pool_filled();
     let grandchild = verb(&env, &sup, &["fork", &forks[0]]).trim().to_string();
+    assert_eq!(pool("taskbox_fork_pool_served"), 2, "served from the pool");
     let r = exec(&grandchild, "cat notes.txt");
     assert_eq!(r["stdout"]["text"], "one\ntwo\nfork\n", "{r}");
     for sb in [&grandchild, &from_ckpt, &forks[1], &forks[0], &id] {

@@ -208,6 +208,16 @@ struct ServeArgs {
     /// the disk
     #[arg(long, value_name = "WHEN", default_value = "batched", value_parser = parse_trace_sync)]
     trace_sync: taskbox_core::trace::TraceSync,
+    /// Native sandboxes kept started ahead for each fork origin (a parent's workspace, image,
+    /// policy, environment and limits), filled after the origin's first fork: a fork takes
+    /// them instead of starting sandboxes (0: no pool). They count in --max-sandboxes and in no
+    /// tenant's limit, and give their places back when a create needs them
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    fork_pool: usize,
+    /// How long a pooled sandbox waits for a fork before it is retired (an origin not forked
+    /// for as long is let go)
+    #[arg(long, value_name = "DUR", default_value = "5m", value_parser = parse_duration)]
+    fork_pool_idle: Duration,
     #[command(flatten)]
     docker: docker::ServeDocker,
 }
@@ -546,11 +556,18 @@ fn serve(args: ServeArgs, conn: &verbs::Conn) -> Result<u8> {
     }
     // One egress service (its own threads) for the proxies of both backends' sandboxes.
     let egress = egress_service(2)?;
+    let warm = taskbox_core::warm::WarmGauge::new();
+    config.warm = Some(warm.clone());
     let native = RuntimeBuilder::new()
         .native(state_dir.clone())
         .images(docker::image_resolver(&state_dir))
         .egress(egress.clone())
-        .hidden_paths(hidden);
+        .hidden_paths(hidden)
+        .fork_pool(taskbox_core::kit::ForkPoolConfig {
+            max_idle: args.fork_pool_idle,
+            gauge: Some(warm),
+            ..taskbox_core::kit::ForkPoolConfig::new(args.fork_pool)
+        });
     // Every exec is checked against its sandbox's command rules; every operation of every
     // surface, refusals and approvals included, is recorded in STATE/traces/ID.jsonl.
     let backend = docker::serve_docker(native, &args.docker, &state_dir, egress)

@@ -9,7 +9,8 @@
 //! every backend checks on a command before it runs ([`exec_plan`], [`exec_limits`]). It depends
 //! on policies only for the resolved policy a create carries. The users an exec may name are
 //! read from a sandbox's own account files by [`accounts`]. A secret's value, which never appears
-//! in a log, a message or a trace, is a [`secret::SecretValue`].
+//! in a log, a message or a trace, is a [`secret::SecretValue`]. What a backend's warm pool holds is counted in the fleet by
+//! [`warm::WarmGauge`].
 
 pub mod accounts;
 pub mod api;
@@ -20,6 +21,7 @@ pub mod op;
 pub mod result;
 pub mod secret;
 pub mod support;
+pub mod warm;
 
 /// The policy model, as `crate::policy` for the contract's own modules.
 pub(crate) use taskbox_policy as policy;

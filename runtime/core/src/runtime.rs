@@ -24,6 +24,7 @@ use crate::api::{ApiError, SandboxApi};
 use crate::approvals::CommandPolicy;
 use crate::egress::EgressService;
 use crate::image::ImageResolver;
+use crate::kit::ForkPoolConfig;
 use crate::router::{BackendRouter, DEFAULT_BACKEND};
 use crate::sandbox::NativeBackend;
 use crate::trace::{TraceSync, Traced};
@@ -40,6 +41,7 @@ struct Native {
     images: Option<Arc<dyn ImageResolver>>,
     egress: Option<Arc<dyn EgressService>>,
     hidden: Vec<PathBuf>,
+    fork_pool: Option<ForkPoolConfig>,
 }
 
 /// Builds the [`SandboxApi`] a surface serves: backends, router, command policy, trace (see the
@@ -80,6 +82,7 @@ impl RuntimeBuilder {
             images: None,
             egress: None,
             hidden: Vec::new(),
+            fork_pool: None,
         });
         self
     }
@@ -107,6 +110,15 @@ impl RuntimeBuilder {
     pub fn hidden_paths(mut self, paths: Vec<PathBuf>) -> Self {
         if let Some(n) = &mut self.native {
             n.hidden = paths;
+        }
+        self
+    }
+
+    /// The native backend's warm pool of forks ([`NativeBackend::with_fork_pool`]); nothing
+    /// without [`native`](Self::native).
+    pub fn fork_pool(mut self, config: ForkPoolConfig) -> Self {
+        if let Some(n) = &mut self.native {
+            n.fork_pool = Some(config);
         }
         self
     }
@@ -156,6 +168,9 @@ impl RuntimeBuilder {
             }
             if let Some(egress) = n.egress {
                 native = native.with_egress(egress);
+            }
+            if let Some(pool) = n.fork_pool {
+                native = native.with_fork_pool(pool);
             }
             router = router.with(DEFAULT_BACKEND, Arc::new(native));
         }

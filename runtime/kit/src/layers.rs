@@ -654,6 +654,21 @@ impl Seed {
         }
         Ok(())
     }
+
+    /// Copies the seed's scratch directories into a live sandbox's (`scratch`, by name, as
+    /// [`Layers::scratch`] lists them), in place: a warm fork's `/tmp` is mounted already. The
+    /// upper layer goes in through a remount instead ([`StagedLayers::stage`]).
+    pub fn plant_scratch(&self, scratch: &[(String, PathBuf)]) -> Result<(), ApiError> {
+        for (name, src) in &self.scratch {
+            let Some((_, dst)) = scratch.iter().find(|(n, _)| n == name) else {
+                return Err(ApiError::internal(format!(
+                    "the sandbox has no scratch directory {name} to plant the fork's into"
+                )));
+            };
+            layers::copy_layer_into(src, dst).map_err(layers_err)?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Seed {

@@ -13,7 +13,9 @@
 //!
 //! [`Sandboxes`] then implements [`SandboxApi`] for it: ids and the table, leases, background
 //! processes (wait, kill, stdin, their state) over [`Slots`], and the workspace operations (file
-//! operations, diff, checkpoint, restore, export) over the shared overlay type [`Layers`].
+//! operations, diff, checkpoint, restore, export) over the shared overlay type [`Layers`],
+//! and forks, from a warm pool of started sandboxes when the backend can start one ahead
+//! ([`pool`]).
 //! `docs/backends.md` walks through adding a backend.
 
 pub mod disk;
@@ -24,6 +26,7 @@ pub mod hostdirs;
 pub mod image;
 pub mod layers;
 pub mod loopdev;
+pub mod pool;
 pub mod slots;
 pub mod users;
 
@@ -39,6 +42,7 @@ use std::time::Duration;
 
 pub use fsuser::{FsLandlock, SandboxUser};
 pub use layers::{ExecChanges, Layers, SPILL_MOUNT, Seed, StagedLayers};
+pub use pool::{ForkPoolConfig, PoolStatus};
 pub use slots::{Captured, ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
 pub use taskbox_contract::exec_plan::ExecPlan;
@@ -74,6 +78,22 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (req, seed);
         Err(ApiError::invalid(format!(
             "the {} backend cannot fork a sandbox",
+            Self::NAME
+        )))
+    }
+
+    /// Whether [`Backend::start_warm`] starts sandboxes (a warm pool of forks is kept only
+    /// then).
+    const WARM_FORKS: bool = false;
+
+    /// Starts a sandbox for the warm pool of forks ([`pool`]): as [`Backend::start`] would for
+    /// `req`, with an empty upper layer, running nothing in it (not even a probe), so that a
+    /// fork can plant its layers into it through [`Handle::remount`]. Backends that cannot
+    /// keep this default, which refuses.
+    fn start_warm(&self, req: &CreateRequest) -> Result<Arc<Self::Sandbox>, ApiError> {
+        let _ = req;
+        Err(ApiError::invalid(format!(
+            "the {} backend cannot start a sandbox ahead",
             Self::NAME
         )))
     }
@@ -327,7 +347,11 @@ impl<S> Table<S> {
 
 /// A backend with the operations of [`SandboxApi`]: the one implementation of the contract
 /// that every backend shares. It derefs to the backend for what is the backend's own.
-pub struct Sandboxes<B: Backend>(B);
+pub struct Sandboxes<B: Backend> {
+    backend: Arc<B>,
+    /// The warm pool of forks, when asked for ([`Sandboxes::with_fork_pool`]).
+    pool: Option<pool::ForkPool<B>>,
+}
 
 /// A backend opened from its configuration alone (`Sandboxes::new`).
 pub trait Open: Backend + Sized {
@@ -346,22 +370,37 @@ pub trait Options: Backend {
 impl<B: Open> Sandboxes<B> {
     /// The backend opened from `config`.
     pub fn new(config: B::Config) -> Result<Sandboxes<B>, ApiError> {
-        B::open(config).map(Sandboxes)
+        B::open(config).map(Sandboxes::of)
     }
 }
 
 impl<B: Options> Sandboxes<B> {
+    /// The backend, to set an option on: only while nothing else holds it (the builder
+    /// methods below run before the backend serves anything, and the pool's thread starts at
+    /// the first fork).
+    fn options(&mut self) -> Option<&mut B> {
+        let b = Arc::get_mut(&mut self.backend);
+        if b.is_none() {
+            tracing::error!("an option was set on a backend already in use; it is ignored");
+        }
+        b
+    }
+
     /// Gives the backend an image store: sandboxes may then have an image as their root
     /// (`CreateRequest.image`, a name or digest the store resolves).
     pub fn with_images(mut self, images: Arc<dyn crate::image::ImageResolver>) -> Sandboxes<B> {
-        self.0.set_images(images);
+        if let Some(b) = self.options() {
+            b.set_images(images);
+        }
         self
     }
 
     /// Gives the backend an egress service: sandboxes whose policy has network mode "proxy" get
     /// a proxy of their own from it (see [`crate::egress`]).
     pub fn with_egress(mut self, egress: Arc<dyn crate::egress::EgressService>) -> Sandboxes<B> {
-        self.0.set_egress(egress);
+        if let Some(b) = self.options() {
+            b.set_egress(egress);
+        }
         self
     }
 
@@ -369,18 +408,41 @@ impl<B: Options> Sandboxes<B> {
     /// besides taskbox's state directories and the host's bound sockets, which are always
     /// hidden; none of them can be a workspace.
     pub fn with_hidden_paths(mut self, paths: Vec<std::path::PathBuf>) -> Sandboxes<B> {
-        self.0.set_hidden_paths(paths);
+        if let Some(b) = self.options() {
+            b.set_hidden_paths(paths);
+        }
         self
     }
 }
 
 impl<B: Backend> Sandboxes<B> {
     pub fn of(backend: B) -> Sandboxes<B> {
-        Sandboxes(backend)
+        Sandboxes {
+            backend: Arc::new(backend),
+            pool: None,
+        }
+    }
+
+    /// Keeps a warm pool of forks ([`pool`]): `config.size` sandboxes started ahead for each
+    /// fork origin, after its first fork. Nothing for a backend that cannot start sandboxes
+    /// ahead ([`Backend::WARM_FORKS`]), or with a size of 0.
+    pub fn with_fork_pool(mut self, config: ForkPoolConfig) -> Sandboxes<B> {
+        if let Some(old) = self.pool.take() {
+            old.stop();
+        }
+        if B::WARM_FORKS && config.size > 0 {
+            self.pool = Some(pool::ForkPool::new(Arc::clone(&self.backend), config));
+        }
+        self
+    }
+
+    /// What the warm pool of forks holds and has done (`None`: no pool).
+    pub fn fork_pool_status(&self) -> Option<PoolStatus> {
+        self.pool.as_ref().map(pool::ForkPool::status)
     }
 
     fn get(&self, id: &SandboxId) -> Result<Arc<B::Sandbox>, ApiError> {
-        self.0.table().get(id)
+        self.backend.table().get(id)
     }
 
     /// A sandbox that still runs: a lost one answers every operation but info, destroy and
@@ -573,26 +635,24 @@ fn hex(digest: &[u8]) -> String {
 impl<B: Backend> Deref for Sandboxes<B> {
     type Target = B;
     fn deref(&self) -> &B {
-        &self.0
-    }
-}
-
-impl<B: Backend> std::ops::DerefMut for Sandboxes<B> {
-    fn deref_mut(&mut self) -> &mut B {
-        &mut self.0
+        &self.backend
     }
 }
 
 impl<B: Backend> Drop for Sandboxes<B> {
     fn drop(&mut self) {
-        let all = self.0.table().drain();
-        self.0.end_all(all);
+        // The pool first: its thread holds the backend and starts nothing more.
+        if let Some(pool) = self.pool.take() {
+            pool.stop();
+        }
+        let all = self.backend.table().drain();
+        self.backend.end_all(all);
     }
 }
 
 impl<B: Backend + std::fmt::Debug> std::fmt::Debug for Sandboxes<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        self.backend.fmt(f)
     }
 }
 
@@ -613,31 +673,65 @@ fn fork_request(origin: &CreateRequest, parent: &SandboxInfo, req: &ForkRequest)
 }
 
 impl<B: Backend> Sandboxes<B> {
-    /// Starts `count` forks from `seed` side by side: all of them, or none (those started
-    /// before a failure are ended again).
+    /// Makes `count` forks from `seed` side by side: as many as the warm pool has ready take
+    /// one of its sandboxes and have the seed planted into it ([`plant_warm`]), the rest are
+    /// started ([`Backend::start_fork`]), as is any whose planting fails. All of them, or none
+    /// (those made before a failure are ended again). Returns them and how many came from the
+    /// pool.
     fn start_forks(
         &self,
         req: &CreateRequest,
         seed: &Seed,
         count: u32,
-    ) -> Result<Vec<Arc<B::Sandbox>>, ApiError> {
-        let started: Vec<Result<Arc<B::Sandbox>, ApiError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..count)
-                .map(|_| scope.spawn(|| self.0.start_fork(req, seed)))
-                .collect();
-            handles
+    ) -> Result<Forks<B::Sandbox>, ApiError> {
+        // A pooled sandbox has run nothing, so it knows nothing of what is in force: it takes
+        // its parent's, as a cold fork does (else the cold path's probe learns it).
+        let warm = match (&self.pool, &seed.enforcement) {
+            (Some(pool), Some(e)) if e.landlock != "unknown" => pool.take(req, count as usize),
+            _ => Vec::new(),
+        };
+        let cold = count as usize - warm.len();
+        let made: Vec<Made<B::Sandbox>> = std::thread::scope(|scope| {
+            let backend = &self.backend;
+            let pool = self.pool.as_ref();
+            let planted: Vec<_> = warm
                 .into_iter()
+                .map(|sb| {
+                    scope.spawn(move || match plant_warm(&sb, seed, req) {
+                        Ok(()) => (Ok(sb), true),
+                        Err(e) => {
+                            tracing::warn!(sandbox = %sb.common().id, error = %e,
+                                "cannot plant a fork into a pooled sandbox; starting one");
+                            if let Some(pool) = pool {
+                                pool.discard(sb);
+                            }
+                            (backend.start_fork(req, seed), false)
+                        }
+                    })
+                })
+                .collect();
+            let started: Vec<_> = (0..cold)
+                .map(|_| scope.spawn(|| (backend.start_fork(req, seed), false)))
+                .collect();
+            planted
+                .into_iter()
+                .chain(started)
                 .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(ApiError::internal("a fork's start panicked")))
+                    h.join().unwrap_or_else(|_| {
+                        (Err(ApiError::internal("a fork's start panicked")), false)
+                    })
                 })
                 .collect()
         });
-        let mut forks = Vec::with_capacity(started.len());
+        let mut forks = Vec::with_capacity(made.len());
+        let mut from_pool = 0;
         let mut failed = None;
-        for r in started {
+        for (r, warm) in made {
             match r {
-                Ok(sb) => forks.push(sb),
+                Ok(sb) => {
+                    from_pool += usize::from(warm);
+                    forks.push(sb);
+                }
                 Err(e) => {
                     failed.get_or_insert(e);
                 }
@@ -645,20 +739,66 @@ impl<B: Backend> Sandboxes<B> {
         }
         if let Some(e) = failed {
             for sb in forks {
-                self.0.end(sb);
+                self.backend.end(sb);
             }
             return Err(e);
         }
-        Ok(forks)
+        Ok(Forks {
+            sandboxes: forks,
+            from_pool,
+        })
     }
+}
+
+/// One fork's start: the sandbox, and whether it came from the warm pool.
+type Made<S> = (Result<Arc<S>, ApiError>, bool);
+
+/// The sandboxes of a fork request, and how many came from the warm pool.
+struct Forks<S> {
+    sandboxes: Vec<Arc<S>>,
+    from_pool: usize,
+}
+
+/// Plants `seed` into `sb`, a sandbox of the warm pool started from `req`'s origin, which has
+/// run nothing: the seed's upper layer is staged on its disk and mounted as its workspace (the
+/// path of a restore, with nothing to stop), its scratch directories copied into the mounted
+/// ones; then the sandbox takes `req`'s labels and lease from now on, and what its parent found
+/// in force, as a started fork would.
+fn plant_warm<H: Handle>(sb: &Arc<H>, seed: &Seed, req: &CreateRequest) -> Result<(), ApiError> {
+    let common = sb.common();
+    let layers = &common.layers;
+    {
+        let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1000.0;
+        let _g = layers.exclusive()?;
+        let t = std::time::Instant::now();
+        let staged = StagedLayers::stage(&layers.disk, &seed.upper)?;
+        let stage_ms = ms(t);
+        let t = std::time::Instant::now();
+        sb.remount(&staged, "(the fork point)")?;
+        let remount_ms = ms(t);
+        let t = std::time::Instant::now();
+        staged.swap_in(&layers.disk, &layers.upper, &layers.work)?;
+        seed.plant_scratch(&layers.scratch)?;
+        tracing::debug!(sandbox = %common.id, stage_ms, remount_ms, swap_and_scratch_ms = ms(t),
+            "fork planted into a pooled sandbox");
+    }
+    let now = now_ms();
+    let mut info = lock(&common.info);
+    info.labels = req.labels.clone();
+    info.created_at_ms = now;
+    info.expires_at_ms = req.ttl_secs.map(|t| now + t * 1000);
+    if let Some(e) = &seed.enforcement {
+        info.enforcement = e.clone();
+    }
+    Ok(())
 }
 
 impl<B: Backend> SandboxApi for Sandboxes<B> {
     fn create(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
-        let sb = self.0.start(&req)?;
+        let sb = self.backend.start(&req)?;
         let _ = sb.common().origin.set(req);
         let info = Self::info_of(&sb);
-        self.0.table().insert(info.id.clone(), sb)?;
+        self.backend.table().insert(info.id.clone(), sb)?;
         tracing::info!(sandbox = %info.id, backend = B::NAME, workspace = %info.workspace,
             image = %info.image, "sandbox created");
         Ok(info)
@@ -666,7 +806,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
 
     fn list(&self) -> Vec<SandboxInfo> {
         let mut v: Vec<SandboxInfo> = self
-            .0
+            .backend
             .table()
             .all()
             .iter()
@@ -869,8 +1009,8 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<(), ApiError> {
-        let sb = self.0.table().remove(id)?;
-        self.0.end(sb);
+        let sb = self.backend.table().remove(id)?;
+        self.backend.end(sb);
         tracing::info!(sandbox = %id, backend = B::NAME, "sandbox destroyed");
         Ok(())
     }
@@ -905,7 +1045,10 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
             checkpoint: req.checkpoint.clone(),
             forked_at_ms: now_ms(),
         };
-        let forks = self.start_forks(&child, &seed, count)?;
+        let Forks {
+            sandboxes: forks,
+            from_pool,
+        } = self.start_forks(&child, &seed, count)?;
         drop(seed);
         let mut infos: Vec<SandboxInfo> = Vec::with_capacity(forks.len());
         let mut left = forks.into_iter();
@@ -913,10 +1056,10 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
             let _ = sb.common().origin.set(child.clone());
             lock(&sb.common().info).forked_from = Some(from.clone());
             let info = Self::info_of(&sb);
-            if let Err(e) = self.0.table().insert(info.id.clone(), sb.clone()) {
+            if let Err(e) = self.backend.table().insert(info.id.clone(), sb.clone()) {
                 // All or none: the table cannot take them (it is poisoned).
-                self.0.end(sb);
-                left.for_each(|sb| self.0.end(sb));
+                self.backend.end(sb);
+                left.for_each(|sb| self.backend.end(sb));
                 for done in &infos {
                     let _ = self.destroy(&done.id);
                 }
@@ -924,7 +1067,7 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
             }
             infos.push(info);
         }
-        tracing::info!(sandbox = %id, backend = B::NAME, forks = infos.len(),
+        tracing::info!(sandbox = %id, backend = B::NAME, forks = infos.len(), from_pool,
             checkpoint = ?req.checkpoint, frozen_ms, total_ms = t.elapsed().as_secs_f64() * 1000.0,
             "sandbox forked");
         Ok(ForkResult { sandboxes: infos })

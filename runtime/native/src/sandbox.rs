@@ -1698,6 +1698,14 @@ impl Backend for Native {
         self.start_seeded(req, Some(seed))
     }
 
+    const WARM_FORKS: bool = true;
+
+    /// A sandbox started as a create's, but proven by no probe: nothing runs in it until a
+    /// fork takes it from the pool and plants its layers (through [`Handle::remount`]).
+    fn start_warm(&self, req: &CreateRequest) -> Result<Arc<Sandbox>, ApiError> {
+        self.launch(req, None)
+    }
+
     fn end(&self, sandbox: Arc<Sandbox>) {
         sandbox.shutdown();
         kit::release(sandbox);

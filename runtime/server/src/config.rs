@@ -26,6 +26,9 @@ pub struct ServerConfig {
     /// Hosts a workspace clone may reach although they resolve to internal addresses
     /// (`--git-allow-host`).
     pub git_allow_hosts: Vec<String>,
+    /// The places the backend's warm pool of forks holds: counted in the total of live
+    /// sandboxes (never a tenant's), and given back when a create needs them.
+    pub warm: Option<std::sync::Arc<taskbox_core::warm::WarmGauge>>,
 }
 
 impl ServerConfig {
@@ -49,6 +52,7 @@ impl ServerConfig {
             connections: Connections::default(),
             workspace_roots: Vec::new(),
             git_allow_hosts: Vec::new(),
+            warm: None,
         }
     }
 }

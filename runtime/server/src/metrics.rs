@@ -76,6 +76,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     sandboxes_live: Family<TenantLabel, Gauge>,
     sandboxes_starting: Family<TenantLabel, Gauge>,
+    fork_pool: Gauge,
+    fork_pool_served: Gauge,
     creates_refused: Family<LimitLabel, Counter>,
     execs: Counter,
     exec_duration: Histogram,
@@ -96,6 +98,8 @@ impl Default for Metrics {
             registry: Mutex::new(Registry::default()),
             sandboxes_live: Family::default(),
             sandboxes_starting: Family::default(),
+            fork_pool: Gauge::default(),
+            fork_pool_served: Gauge::default(),
             creates_refused: Family::default(),
             execs: Counter::default(),
             exec_duration: Histogram::new(EXEC_BUCKETS),
@@ -119,6 +123,16 @@ impl Default for Metrics {
                 "taskbox_sandboxes_starting",
                 "Sandboxes being created or forked per tenant",
                 m.sandboxes_starting.clone(),
+            );
+            r.register(
+                "taskbox_fork_pool_sandboxes",
+                "Sandboxes the warm pool of forks holds (counted in the total, no tenant's)",
+                m.fork_pool.clone(),
+            );
+            r.register(
+                "taskbox_fork_pool_served",
+                "Forks served from the warm pool since the start (a count)",
+                m.fork_pool_served.clone(),
             );
             r.register(
                 "taskbox_creates_refused",
@@ -265,6 +279,13 @@ impl Metrics {
                 limit: limit.to_owned(),
             })
             .inc();
+    }
+
+    /// Sets the number of sandboxes the warm pool of forks holds, before a render.
+    pub fn set_pooled(&self, n: usize, served: u64) {
+        self.fork_pool.set(gauge_value(n));
+        self.fork_pool_served
+            .set(i64::try_from(served).unwrap_or(i64::MAX));
     }
 
     /// The exposition text ([`CONTENT_TYPE`]); `live` is the number of live sandboxes per

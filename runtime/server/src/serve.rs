@@ -76,6 +76,7 @@ pub async fn serve(
     let roots = config.workspace_roots.clone();
     let git_hosts = config.git_allow_hosts.clone();
     let state_dir = config.state_dir.clone();
+    let warm = config.warm.clone();
     let state = tokio::task::spawn_blocking(move || {
         let uploads = Uploads::open(&state_dir, limits.max_upload_bytes)?;
         let rules = WorkspaceRules::new(&roots, &state_dir, &hidden)?.with_git_hosts(git_hosts);
@@ -85,6 +86,7 @@ pub async fn serve(
             .lease_file(lease_file)
             .workspaces(rules)
             .uploads(uploads)
+            .warm(warm)
             .build()
     })
     .await

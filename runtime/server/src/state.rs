@@ -20,6 +20,7 @@ use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use taskbox_core::api::{ApiError, SandboxApi, SandboxId, SandboxInfo};
+use taskbox_core::warm::WarmGauge;
 
 use crate::auth::{Auth, LOCAL_TENANT, TENANT_LABEL, Tenant};
 use crate::config::{Limits, Rate};
@@ -123,6 +124,8 @@ struct Inner {
     idempotency: Arc<Idempotency>,
     /// Set when the server closes its connections (see [`AppState::closing`]).
     closing: std::sync::atomic::AtomicBool,
+    /// The backend's warm pool of forks, as the fleet counts it.
+    warm: Option<Arc<WarmGauge>>,
 }
 
 /// Everything a request handler needs; cheap to clone.
@@ -148,6 +151,7 @@ pub struct AppStateBuilder {
     lease_file: Option<PathBuf>,
     workspaces: Option<WorkspaceRules>,
     uploads: Option<Uploads>,
+    warm: Option<Arc<WarmGauge>>,
 }
 
 impl AppStateBuilder {
@@ -172,6 +176,14 @@ impl AppStateBuilder {
     /// Where uploaded workspaces live (default: nowhere, `POST /v1/workspaces` answers 404).
     pub fn uploads(mut self, uploads: Uploads) -> Self {
         self.uploads = Some(uploads);
+        self
+    }
+
+    /// The backend's warm pool of forks (default: none): its sandboxes count in the total of
+    /// live sandboxes and in no tenant's; the pool fills only within the room the total limit
+    /// leaves it, and gives places back at once when a create or a fork needs them.
+    pub fn warm(mut self, gauge: Option<Arc<WarmGauge>>) -> Self {
+        self.warm = gauge;
         self
     }
 
@@ -249,8 +261,24 @@ impl AppStateBuilder {
                 idempotency: Arc::new(Idempotency::new(&self.limits)),
                 limits: self.limits,
                 closing: std::sync::atomic::AtomicBool::new(false),
+                warm: self.warm,
             }),
         };
+        if let Some(gauge) = &state.inner.warm {
+            // The pool's room: the total limit less the tenants' live and starting sandboxes.
+            let weak = Arc::downgrade(&state.inner);
+            gauge.set_room(move || {
+                let Some(inner) = weak.upgrade() else {
+                    return 0;
+                };
+                let reg = inner
+                    .registry
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let used = reg.owners.len() + reg.pending.values().sum::<usize>();
+                inner.limits.max_sandboxes_total.saturating_sub(used)
+            });
+        }
         state.save_leases(&state.registry());
         Ok(state)
     }
@@ -385,6 +413,7 @@ impl AppState {
             lease_file: None,
             workspaces: None,
             uploads: None,
+            warm: None,
         }
     }
 
@@ -508,6 +537,17 @@ impl AppState {
         self.registry().owners.len()
     }
 
+    /// Sandboxes the backend's warm pool of forks holds (no tenant's; see
+    /// [`AppStateBuilder::warm`]).
+    pub fn pooled(&self) -> usize {
+        self.inner.warm.as_ref().map_or(0, |g| g.held())
+    }
+
+    /// Forks served from the backend's warm pool so far.
+    pub fn pooled_served(&self) -> u64 {
+        self.inner.warm.as_ref().map_or(0, |g| g.served())
+    }
+
     /// Reserves a place for a new sandbox of `tenant`, or says which limit is reached.
     pub(crate) fn reserve_create(&self, tenant: &str) -> Result<CreateSlot, HttpError> {
         let mut slots = self.reserve_creates(tenant, 1)?;
@@ -533,6 +573,13 @@ impl AppState {
         if let Some((which, e)) = refused {
             self.metrics().create_refused(which);
             return Err(e);
+        }
+        // The pool's sandboxes yield their places: past the total with them, the pool retires
+        // what is in excess now.
+        if let Some(gauge) = &self.inner.warm
+            && gauge.excess() > 0
+        {
+            gauge.nudge();
         }
         Ok((0..n)
             .map(|_| CreateSlot {
