@@ -628,6 +628,21 @@ impl Queue {
         Ok(Some(out))
     }
 
+    /// Pulls waiting at the workers' consumer: how many workers (or slots) stand ready to take
+    /// a task now. 0 when no worker has made the consumer yet.
+    pub async fn waiting_pulls(&self) -> Result<usize, QueueError> {
+        let s = tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(STREAM))
+            .await
+            .map_err(|e| js_err("the task stream", format!("no answer ({e})")))?
+            .map_err(|e| js_err("the task stream", e))?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, s.consumer_info(CONSUMER)).await {
+            Ok(Ok(info)) => Ok(info.num_waiting),
+            Ok(Err(e)) if e.to_string().contains("not found") => Ok(0),
+            Ok(Err(e)) => Err(js_err("the workers' consumer", e)),
+            Err(e) => Err(js_err("the workers' consumer", format!("no answer ({e})"))),
+        }
+    }
+
     /// Messages waiting in the work queue (not yet taken by a worker).
     pub async fn depth(&self) -> Result<u64, QueueError> {
         let mut s = self

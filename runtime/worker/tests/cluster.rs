@@ -97,6 +97,21 @@ impl Fleet {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // ...and each has a pull waiting at the consumer's leader: a pull sent while the
+        // consumer's replicas elected their leader is lost, and its worker waits out its bound
+        // (5 s) before it pulls again, by when one worker may have taken all the tasks.
+        let since = Instant::now();
+        loop {
+            match q.waiting_pulls().await {
+                Ok(n) if n >= workers.len() => break,
+                r => assert!(
+                    since.elapsed() < Duration::from_secs(60),
+                    "the workers' pulls never all waited at the consumer: {r:?}\n{}",
+                    workers.iter().map(|w| w.log()).collect::<String>()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         Some(Fleet {
             dir,
             repo,
