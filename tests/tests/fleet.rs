@@ -639,10 +639,18 @@ fn the_fork_pool_counts_in_the_total_not_in_a_tenants_and_yields_its_places() {
         let (m, _) = send(&socket, Some(ALICE), "GET", "/metrics", None);
         String::from_utf8_lossy(&m.body).into_owned()
     };
-    let pooled = || plain_gauge(&metrics(), "taskbox_fork_pool_sandboxes");
+    // The places the pool holds, and of them those started (not starting): a fork finds only
+    // the started ones.
+    let pooled = || {
+        let text = metrics();
+        (
+            plain_gauge(&text, "taskbox_fork_pool_sandboxes"),
+            plain_gauge(&text, "taskbox_fork_pool_ready"),
+        )
+    };
     let wait_pooled = |what: &str, want: u64| {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while pooled() != want {
+        while pooled() != (want, want) {
             assert!(Instant::now() < deadline, "{what}: {}", metrics());
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -952,7 +952,8 @@ fn a_fork_is_traced_from_its_parent_and_replays_from_the_parents_trace() {
     };
     let pool_filled = || {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while pool("taskbox_fork_pool_sandboxes") != 2 {
+        // Held and started: a place still starting serves no fork.
+        while pool("taskbox_fork_pool_sandboxes") != 2 || pool("taskbox_fork_pool_ready") != 2 {
             assert!(Instant::now() < deadline, "the pool does not fill");
             std::thread::sleep(Duration::from_millis(20));
         }

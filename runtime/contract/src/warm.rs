@@ -14,6 +14,7 @@ type Waker = Arc<dyn Fn() + Send + Sync>;
 #[derive(Default)]
 pub struct WarmGauge {
     held: AtomicUsize,
+    ready: AtomicUsize,
     served: AtomicU64,
     room: RwLock<Option<Room>>,
     waker: RwLock<Option<Waker>>,
@@ -35,6 +36,17 @@ impl WarmGauge {
     /// Sandboxes the pool holds now, started or starting.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Sandboxes the pool holds started, ready for a fork (the places it holds less those
+    /// still starting).
+    pub fn ready(&self) -> usize {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The pool says how many of its sandboxes are ready now.
+    pub fn set_ready(&self, n: usize) {
+        self.ready.store(n, Ordering::SeqCst);
     }
 
     /// Forks served from the pool so far.

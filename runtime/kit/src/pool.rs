@@ -232,6 +232,7 @@ impl<B: Backend> ForkPool<B> {
         }
         if let Some(g) = &shared.config.gauge {
             g.serve(taken.len());
+            g.set_ready(ready_count(&lock(&shared.state)));
         }
         shared
             .served
@@ -301,6 +302,9 @@ impl<B: Backend> ForkPool<B> {
             }
             left
         };
+        if let Some(g) = &shared.config.gauge {
+            g.set_ready(0);
+        }
         shared.cond.notify_all();
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -317,6 +321,11 @@ impl<B: Backend> ForkPool<B> {
         drop(st);
         shared.end(left);
     }
+}
+
+/// The sandboxes ready in every origin's pool.
+fn ready_count<S>(st: &State<S>) -> usize {
+    st.origins.iter().map(|o| o.ready.len()).sum()
 }
 
 impl<B: Backend> Shared<B> {
@@ -414,6 +423,9 @@ impl<B: Backend> Shared<B> {
         st.origins.retain(|o| {
             !(o.ready.is_empty() && o.starting == 0 && now.duration_since(o.last_fork) >= max_idle)
         });
+        if let Some(g) = &self.config.gauge {
+            g.set_ready(ready_count(st));
+        }
         if !due.is_empty() {
             return Some(Job::End(due));
         }
@@ -450,6 +462,9 @@ impl<B: Backend> Shared<B> {
                 self.started.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(sandbox = %sb.common().id, "pooled sandbox ready");
                 o.ready.push_back((sb, Instant::now()));
+                if let Some(g) = &self.config.gauge {
+                    g.set_ready(ready_count(&st));
+                }
             }
             (Ok(sb), origin) => {
                 if let Some(o) = origin {

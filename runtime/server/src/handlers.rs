@@ -683,7 +683,7 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
 pub async fn metrics(State(state): State<AppState>, _tenant: Tenant) -> Response {
     state
         .metrics()
-        .set_pooled(state.pooled(), state.pooled_served());
+        .set_pooled(state.pooled(), state.pooled_ready(), state.pooled_served());
     let text = state
         .metrics()
         .render(&state.live_per_tenant(), &state.starting_per_tenant());

@@ -77,6 +77,7 @@ pub struct Metrics {
     sandboxes_live: Family<TenantLabel, Gauge>,
     sandboxes_starting: Family<TenantLabel, Gauge>,
     fork_pool: Gauge,
+    fork_pool_ready: Gauge,
     fork_pool_served: Gauge,
     creates_refused: Family<LimitLabel, Counter>,
     execs: Counter,
@@ -99,6 +100,7 @@ impl Default for Metrics {
             sandboxes_live: Family::default(),
             sandboxes_starting: Family::default(),
             fork_pool: Gauge::default(),
+            fork_pool_ready: Gauge::default(),
             fork_pool_served: Gauge::default(),
             creates_refused: Family::default(),
             execs: Counter::default(),
@@ -128,6 +130,11 @@ impl Default for Metrics {
                 "taskbox_fork_pool_sandboxes",
                 "Sandboxes the warm pool of forks holds (counted in the total, no tenant's)",
                 m.fork_pool.clone(),
+            );
+            r.register(
+                "taskbox_fork_pool_ready",
+                "Sandboxes of the warm pool of forks started and ready (the rest are starting)",
+                m.fork_pool_ready.clone(),
             );
             r.register(
                 "taskbox_fork_pool_served",
@@ -281,9 +288,11 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the number of sandboxes the warm pool of forks holds, before a render.
-    pub fn set_pooled(&self, n: usize, served: u64) {
+    /// Sets the number of sandboxes the warm pool of forks holds (`n`, of which `ready` are
+    /// started) and has served, before a render.
+    pub fn set_pooled(&self, n: usize, ready: usize, served: u64) {
         self.fork_pool.set(gauge_value(n));
+        self.fork_pool_ready.set(gauge_value(ready));
         self.fork_pool_served
             .set(i64::try_from(served).unwrap_or(i64::MAX));
     }

@@ -543,6 +543,11 @@ impl AppState {
         self.inner.warm.as_ref().map_or(0, |g| g.held())
     }
 
+    /// Sandboxes of the backend's warm pool that are started and ready for a fork.
+    pub fn pooled_ready(&self) -> usize {
+        self.inner.warm.as_ref().map_or(0, |g| g.ready())
+    }
+
     /// Forks served from the backend's warm pool so far.
     pub fn pooled_served(&self) -> u64 {
         self.inner.warm.as_ref().map_or(0, |g| g.served())
