@@ -303,28 +303,35 @@ impl Sandbox {
     /// Whether the container still runs (its pid 1 is alive). Marks the sandbox lost if not.
     /// Not from a task of the daemon's runtime: it blocks ([`Self::check_alive_async`] there).
     pub fn check_alive(&self) -> bool {
-        if self.lost.load(Ordering::SeqCst) {
-            return false;
+        match self.seen_alive() {
+            Some(alive) => alive,
+            None => {
+                self.mark_lost(&self.why_gone());
+                false
+            }
         }
-        if procfs::alive(&self.init) {
-            return true;
-        }
-        self.mark_lost(&self.why_gone());
-        false
     }
 
     /// [`Self::check_alive`] for a task of the daemon's runtime (an exec's driver): a worker
     /// thread of the runtime blocked on the daemon's answer would hold the very tasks (in its
     /// own queue) that bring the answer in.
     async fn check_alive_async(&self) -> bool {
+        match self.seen_alive() {
+            Some(alive) => alive,
+            None => {
+                self.mark_lost(&self.inspect_gone().await);
+                false
+            }
+        }
+    }
+
+    /// What is known without the daemon: lost already (false), or its init alive (true);
+    /// `None` when the init just went and the daemon must say why.
+    fn seen_alive(&self) -> Option<bool> {
         if self.lost.load(Ordering::SeqCst) {
-            return false;
+            return Some(false);
         }
-        if procfs::alive(&self.init) {
-            return true;
-        }
-        self.mark_lost(&self.inspect_gone().await);
-        false
+        procfs::alive(&self.init).then_some(true)
     }
 
     /// Why the container's init is gone, from a synchronous caller.

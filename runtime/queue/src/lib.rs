@@ -430,6 +430,14 @@ impl Queue {
         .await
     }
 
+    /// The work queue's stream, looked up within [`REQUEST_TIMEOUT`].
+    async fn task_stream(&self) -> Result<jetstream::stream::Stream, QueueError> {
+        tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(STREAM))
+            .await
+            .map_err(|e| js_err("the task stream", format!("no answer ({e})")))?
+            .map_err(|e| js_err("the task stream", e))
+    }
+
     /// The workers' shared pull consumer of the work queue. A message a worker took and then
     /// stopped answering for (no ack, no progress) for `claim_timeout` goes to another worker.
     /// The first worker makes it; later ones use it as it is (its claim timeout included).
@@ -442,10 +450,7 @@ impl Queue {
         let bounded = |what: &'static str| {
             move |e: tokio::time::error::Elapsed| js_err(what, format!("no answer ({e})"))
         };
-        let s = tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(STREAM))
-            .await
-            .map_err(bounded("the task stream"))?
-            .map_err(|e| js_err("the task stream", e))?;
+        let s = self.task_stream().await?;
         let found = tokio::time::timeout(
             REQUEST_TIMEOUT,
             s.get_consumer::<jetstream::consumer::pull::Config>(CONSUMER),
@@ -631,10 +636,7 @@ impl Queue {
     /// Pulls waiting at the workers' consumer: how many workers (or slots) stand ready to take
     /// a task now. 0 when no worker has made the consumer yet.
     pub async fn waiting_pulls(&self) -> Result<usize, QueueError> {
-        let s = tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(STREAM))
-            .await
-            .map_err(|e| js_err("the task stream", format!("no answer ({e})")))?
-            .map_err(|e| js_err("the task stream", e))?;
+        let s = self.task_stream().await?;
         match tokio::time::timeout(REQUEST_TIMEOUT, s.consumer_info(CONSUMER)).await {
             Ok(Ok(info)) => Ok(info.num_waiting),
             Ok(Err(e)) if e.to_string().contains("not found") => Ok(0),

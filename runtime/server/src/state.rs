@@ -312,18 +312,12 @@ fn load_owners(path: &Path) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-fn write_owners(path: &Path, owners: &HashMap<SandboxId, String>) -> std::io::Result<()> {
-    let map: BTreeMap<&str, &str> = owners
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let text = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
-}
-
-fn write_leases(path: &Path, leases: &HashMap<SandboxId, u64>) -> std::io::Result<()> {
+/// Writes a table keyed by sandbox (the leases, the owners) as sorted JSON, replacing the file
+/// whole (a temporary file renamed over it) in a directory only the server reads.
+fn write_table<V: serde::Serialize>(
+    path: &Path,
+    table: &HashMap<SandboxId, V>,
+) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
@@ -331,7 +325,7 @@ fn write_leases(path: &Path, leases: &HashMap<SandboxId, u64>) -> std::io::Resul
             .mode(0o700)
             .create(dir)?;
     }
-    let map: BTreeMap<&str, u64> = leases.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let map: BTreeMap<&str, &V> = table.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let text = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, text)?;
@@ -474,11 +468,11 @@ impl AppState {
         let Some(path) = &self.inner.lease_file else {
             return;
         };
-        if let Err(e) = write_leases(path, &reg.leases) {
+        if let Err(e) = write_table(path, &reg.leases) {
             tracing::warn!(path = %path.display(), error = %e, "cannot save the lease table");
         }
         let owners = owners_file(path);
-        if let Err(e) = write_owners(&owners, &reg.owners) {
+        if let Err(e) = write_table(&owners, &reg.owners) {
             tracing::warn!(path = %owners.display(), error = %e, "cannot save the owners");
         }
     }
