@@ -64,9 +64,11 @@ pub fn run(config: &InitConfig) -> ! {
     };
     // An ext4 disk needs the host's privilege to mount: before the user namespace, in a mount
     // namespace of its own, which the sandbox's (below) copies.
+    let mut own_mount_namespace = false;
     if let Some(plan) = &config.disk
         && plan.device.is_some()
     {
+        own_mount_namespace = true;
         if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
             fail("disk", format!("unshare(CLONE_NEWNS): {e}"));
         }
@@ -82,13 +84,18 @@ pub fn run(config: &InitConfig) -> ! {
     {
         fail("user namespace", e);
     }
-    let mut flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
+    let mut flags = CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWIPC
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWCGROUP;
     if config.isolate_network {
         flags |= CloneFlags::CLONE_NEWNET;
+    }
+    // The disk's mount namespace is already this helper's own, and private: without a user
+    // namespace in between (whose mounts must be its own), a second copy of the host's mount
+    // table would only cost its making and its teardown.
+    if !own_mount_namespace || config.user_namespace {
+        flags |= CloneFlags::CLONE_NEWNS;
     }
     if let Err(e) = unshare(flags) {
         fail("namespaces", format!("unshare: {e}"));

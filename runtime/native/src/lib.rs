@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod image_view;
 pub mod native;
 pub mod sandbox;
+mod spawn;
 
 // The crates below, under the names the modules use.
 pub(crate) use taskbox_contract::{accounts, api, exec_end, exec_limits, result};

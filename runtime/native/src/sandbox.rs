@@ -14,9 +14,7 @@ use std::fs;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -49,6 +47,7 @@ use crate::kit::{
 use crate::native::{self, RunDir};
 use crate::policy::{LandlockMode, NetworkMode, RootMode, WorkspaceMode};
 use crate::result::{Enforcement, ExecResult};
+use crate::spawn;
 
 /// pid 1's private mount of the sandbox's state directory and the host workspace.
 const PRIVATE: &str = "/run/.taskbox";
@@ -281,7 +280,7 @@ pub struct Sandbox {
     dirs: RunDir,
     /// The workspace on the host (the overlay's lower layer) and inside the sandbox.
     ws: native::WorkspacePaths,
-    helper: Mutex<Option<Child>>,
+    helper: Mutex<Option<spawn::Spawned>>,
     init_pid: i32,
     /// The id of the workspace's mount inside the sandbox (it changes on restore).
     ws_mount: Mutex<u64>,
@@ -888,34 +887,33 @@ impl Native {
         let helper = native::helper_path().map_err(|e| ApiError::internal(e.to_string()))?;
         let log = fs::File::create(dirs.dir.join("helper.log"))
             .map_err(|e| ApiError::internal(format!("cannot create the helper log: {e}")))?;
-        let (sw, cs) = (status_write.as_raw_fd(), theirs.as_raw_fd());
         let ef = egress.as_ref().and_then(native::EgressWiring::helper_fd);
         let mut disk_channel =
             native::DiskChannel::new().map_err(|e| ApiError::internal(e.to_string()))?;
-        let df = disk_channel.helper_fd().unwrap_or(-1);
-        let mut cmd = Command::new(helper);
-        cmd.arg(&plan_path)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
-        // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
-        // dup2, which are async-signal-safe; the descriptors stay open in this process until
-        // spawn returns.
-        unsafe {
-            cmd.pre_exec(move || match ef {
-                Some(ef) => native::install_fds(&[
-                    (sw, STATUS_FD),
-                    (cs, CONTROL_FD),
-                    (df, DISK_FD),
-                    (ef, EGRESS_FD),
-                ]),
-                None => native::install_fds(&[(sw, STATUS_FD), (cs, CONTROL_FD), (df, DISK_FD)]),
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| ApiError::internal(format!("cannot start the sandbox helper: {e}")))?;
+        let ef = ef.map(|fd| {
+            // SAFETY: the egress wiring keeps its descriptor open until this function returns.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+        });
+        let df = disk_channel.helper_fd().map(|fd| {
+            // SAFETY: `disk_channel` keeps its end open until it is dropped below.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+        });
+        let mut fds = vec![
+            (status_write.as_fd(), STATUS_FD),
+            (theirs.as_fd(), CONTROL_FD),
+        ];
+        fds.extend(df.map(|fd| (fd, DISK_FD)));
+        fds.extend(ef.map(|fd| (fd, EGRESS_FD)));
+        let child = spawn::spawn(
+            helper.as_os_str(),
+            &[plan_path.as_os_str()],
+            spawn::Stream::Null,
+            spawn::Stream::Null,
+            spawn::Stream::To(log.as_fd()),
+            &fds,
+        )
+        .map_err(|e| ApiError::internal(format!("cannot start the sandbox helper: {e}")))?;
+        drop(fds);
         drop(status_write);
         drop(theirs);
         disk_channel.theirs = None;

@@ -118,6 +118,9 @@ struct Inner {
     execs: Mutex<ExecCounts>,
     metrics: Metrics,
     lease_file: Option<PathBuf>,
+    /// Who saves the tables now, and whether a change waits for a save (see `save_leases`).
+    saving: Mutex<bool>,
+    unsaved: std::sync::atomic::AtomicBool,
     workspaces: WorkspaceRules,
     uploads: Option<Uploads>,
     /// Idempotency keys of creates and applying exports.
@@ -253,6 +256,8 @@ impl AppStateBuilder {
                 execs: Mutex::new(ExecCounts::default()),
                 metrics: Metrics::default(),
                 lease_file: self.lease_file,
+                saving: Mutex::new(false),
+                unsaved: std::sync::atomic::AtomicBool::new(false),
                 workspaces: match self.workspaces {
                     Some(w) => w,
                     None => WorkspaceRules::new(&[], Path::new("/nonexistent"), &[])?,
@@ -279,14 +284,14 @@ impl AppStateBuilder {
                 inner.limits.max_sandboxes_total.saturating_sub(used)
             });
         }
-        state.save_leases(&state.registry());
+        state.save_leases();
         Ok(state)
     }
 }
 
 fn load_leases(path: &Path) -> Result<HashMap<String, u64>, ServerError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ServerError::Leases {
+        Ok(bytes) => first_value(&bytes).map_err(|e| ServerError::Leases {
             path: path.to_path_buf(),
             why: e.to_string(),
         }),
@@ -308,28 +313,56 @@ fn owners_file(lease_file: &Path) -> PathBuf {
 fn load_owners(path: &Path) -> BTreeMap<String, String> {
     std::fs::read(path)
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+        .and_then(|b| first_value(&b).ok())
         .unwrap_or_default()
 }
 
-/// Writes a table keyed by sandbox (the leases, the owners) as sorted JSON, replacing the file
-/// whole (a temporary file renamed over it) in a directory only the server reads.
-fn write_table<V: serde::Serialize>(
-    path: &Path,
-    table: &HashMap<SandboxId, V>,
-) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+fn lock_plain<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A table keyed by sandbox (the leases, the owners) as sorted JSON.
+fn table_text<V: serde::Serialize>(table: &HashMap<SandboxId, V>) -> std::io::Result<Vec<u8>> {
+    let map: BTreeMap<&str, &V> = table.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)
+}
+
+/// Writes `text` over the table file at `path`, in place, in a directory only the server
+/// reads. In place rather than a new file renamed over it: each rename freed one inode and
+/// took another, on every create and destroy, and on an ext4 without a journal each new inode
+/// is found past every inode freed in the last minutes (the kernel's `recently_deleted`), which
+/// under a burst of creates cost more CPU than anything else the server did. A crash between
+/// the write and the truncation leaves the end of a longer old table behind the new one; the
+/// loaders read the first JSON value and ignore what follows it.
+fn write_table(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
     }
-    let map: BTreeMap<&str, &V> = table.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let text = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text)?;
+    file.set_len(text.len() as u64)
+}
+
+/// The first JSON value of `bytes` (a table file may hold the end of an older, longer table
+/// after it: see [`write_table`]).
+fn first_value<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> serde_json::Result<T> {
+    match serde_json::Deserializer::from_slice(bytes)
+        .into_iter::<T>()
+        .next()
+    {
+        Some(v) => v,
+        None => serde_json::from_slice(bytes),
+    }
 }
 
 /// A reserved place for a sandbox being created; dropping it without `commit` frees it.
@@ -355,7 +388,8 @@ impl CreateSlot {
             Some(t) => reg.leases.insert(info.id.clone(), t),
             None => reg.leases.remove(&info.id),
         };
-        self.state.save_leases(&reg);
+        drop(reg);
+        self.state.save_leases();
         self.done = true;
         expires
     }
@@ -464,16 +498,42 @@ impl AppState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn save_leases(&self, reg: &Registry) {
+    /// Saves the lease and owner tables after a change, outside the registry's lock. Saves
+    /// combine: a change made while another thread saves is left to that thread, which saves
+    /// again before it stops, so every change is on file once the last saver returns, and a
+    /// burst of creates costs a few saves rather than one each under the lock.
+    fn save_leases(&self) {
+        use std::sync::atomic::Ordering;
         let Some(path) = &self.inner.lease_file else {
             return;
         };
-        if let Err(e) = write_table(path, &reg.leases) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot save the lease table");
-        }
-        let owners = owners_file(path);
-        if let Err(e) = write_table(&owners, &reg.owners) {
-            tracing::warn!(path = %owners.display(), error = %e, "cannot save the owners");
+        self.inner.unsaved.store(true, Ordering::SeqCst);
+        loop {
+            {
+                let mut saving = lock_plain(&self.inner.saving);
+                if *saving {
+                    return;
+                }
+                *saving = true;
+            }
+            while self.inner.unsaved.swap(false, Ordering::SeqCst) {
+                let (leases, owners) = {
+                    let reg = self.registry();
+                    (table_text(&reg.leases), table_text(&reg.owners))
+                };
+                if let Err(e) = leases.and_then(|t| write_table(path, &t)) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot save the lease table");
+                }
+                let owners_path = owners_file(path);
+                if let Err(e) = owners.and_then(|t| write_table(&owners_path, &t)) {
+                    tracing::warn!(path = %owners_path.display(), error = %e, "cannot save the owners");
+                }
+            }
+            *lock_plain(&self.inner.saving) = false;
+            // A change that came after the last look and found the saver still busy.
+            if !self.inner.unsaved.load(Ordering::SeqCst) {
+                return;
+            }
         }
     }
 
@@ -770,7 +830,8 @@ impl AppState {
             Some(t) => reg.leases.insert(id.clone(), t),
             None => reg.leases.remove(id),
         };
-        self.save_leases(&reg);
+        drop(reg);
+        self.save_leases();
     }
 
     /// `info` with the server's lease end.
@@ -786,7 +847,8 @@ impl AppState {
         reg.created.remove(id);
         reg.leases.remove(id);
         // Saved whether or not it had a lease: the owners are saved with the leases.
-        self.save_leases(&reg);
+        drop(reg);
+        self.save_leases();
     }
 
     /// Sandboxes whose lease ended by `now_ms`.
@@ -904,5 +966,42 @@ impl FromRequestParts<AppState> for Tenant {
         let tenant = state.auth().authenticate(header)?;
         tracing::Span::current().record("tenant", tenant.as_str());
         Ok(Tenant(tenant))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_written_over_a_longer_one_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server/leases.json");
+        let mut long = HashMap::new();
+        for i in 0..50 {
+            long.insert(SandboxId::parse(&format!("sb-{i:016x}")).unwrap(), 7u64);
+        }
+        write_table(&path, &table_text(&long).unwrap()).unwrap();
+        let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        let short: HashMap<SandboxId, u64> =
+            [(SandboxId::parse("sb-00000000000000aa").unwrap(), 9)].into();
+        write_table(&path, &table_text(&short).unwrap()).unwrap();
+        // The same file, no longer than its content.
+        let md = std::fs::metadata(&path).unwrap();
+        assert_eq!(std::os::unix::fs::MetadataExt::ino(&md), inode);
+        assert_eq!(md.len() as usize, table_text(&short).unwrap().len());
+        let back = load_leases(&path).unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back["sb-00000000000000aa"], 9);
+        // As a crash between the write and the truncation leaves it: the old table's end.
+        let mut torn = table_text(&short).unwrap();
+        torn.extend_from_slice(b"\n  \"sb-0000000000000031\": 7\n}");
+        std::fs::write(&path, &torn).unwrap();
+        assert_eq!(load_leases(&path).unwrap().len(), 1);
+        assert_eq!(
+            load_owners(&path).len(),
+            0,
+            "a lease table is no owner table"
+        );
     }
 }

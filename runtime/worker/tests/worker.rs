@@ -624,4 +624,17 @@ async fn a_worker_on_the_docker_backend_runs_its_task_in_a_container() {
         .map(|e| std::fs::read_to_string(e.path()).unwrap())
         .collect::<String>();
     assert!(trace.contains("\"backend\":\"docker\""), "{trace}");
+    // Stopped as a worker is: it finishes the ended attempt's cleanup (which runs after the
+    // ack), and the container's host mounts (its disk, overlay and lower layer) go with it.
+    let mut w = w;
+    let status = w.term(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        w.log()
+    );
+    let state_dir = w.state.display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state_dir)).collect();
+    assert!(left.is_empty(), "mounts left on the host: {left:#?}");
 }

@@ -1,0 +1,293 @@
+//! Starting the helper with `posix_spawn` instead of `fork` + `exec`.
+//!
+//! The supervisor is a large, many-threaded process. `fork` copies its page tables (and the
+//! child's first writes and its `exec` tear the copy down again, while the parent's own writes
+//! take copy-on-write faults meanwhile): a fifth of the supervisor's CPU per sandbox start in
+//! `scripts/bench.sh fork`'s creation-rate profile. glibc's `posix_spawn` starts the child
+//! with `clone(CLONE_VM | CLONE_VFORK)` on a stack of its own, so nothing is copied. The
+//! standard library takes that path too, but only when no `pre_exec` closure is set, and the
+//! helper needs its descriptors on fixed numbers (`STATUS_FD`, `CONTROL_FD`, ...), which
+//! `Command` cannot do without one. Here the file actions do it.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+/// Where one of the child's standard streams goes.
+pub(crate) enum Stream<'a> {
+    Null,
+    To(BorrowedFd<'a>),
+}
+
+/// A helper started by [`spawn`]: the parts of `std::process::Child` the backend uses.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    pid: libc::pid_t,
+    status: Option<ExitStatus>,
+}
+
+impl Spawned {
+    /// The exit status, if the child has ended (reaping it).
+    pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.wait_with(libc::WNOHANG)
+    }
+
+    /// Waits for the child to end (reaping it).
+    pub(crate) fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(st) = self.wait_with(0)? {
+                return Ok(st);
+            }
+        }
+    }
+
+    /// SIGKILL, unless the child was reaped already (its pid may be another process's now).
+    pub(crate) fn kill(&mut self) -> io::Result<()> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        // SAFETY: kill takes integers.
+        if unsafe { libc::kill(self.pid, libc::SIGKILL) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn wait_with(&mut self, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
+        if let Some(st) = self.status {
+            return Ok(Some(st));
+        }
+        let mut raw = 0;
+        loop {
+            // SAFETY: waitpid writes the status into `raw`, a live local.
+            let r = unsafe { libc::waitpid(self.pid, &mut raw, flags) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Ok(None);
+            }
+            let st = ExitStatus::from_raw(raw);
+            self.status = Some(st);
+            return Ok(Some(st));
+        }
+    }
+}
+
+fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} holds a NUL byte", s.to_string_lossy()),
+        )
+    })
+}
+
+fn check(r: libc::c_int) -> io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
+}
+
+/// Owns initialised `posix_spawn` objects so that every return path destroys them.
+struct Actions(libc::posix_spawn_file_actions_t);
+impl Drop for Actions {
+    fn drop(&mut self) {
+        // SAFETY: initialised by posix_spawn_file_actions_init in `spawn`.
+        unsafe { libc::posix_spawn_file_actions_destroy(&mut self.0) };
+    }
+}
+struct Attr(libc::posix_spawnattr_t);
+impl Drop for Attr {
+    fn drop(&mut self) {
+        // SAFETY: initialised by posix_spawnattr_init in `spawn`.
+        unsafe { libc::posix_spawnattr_destroy(&mut self.0) };
+    }
+}
+
+/// Starts `program` with `args`, an empty environment, the three streams, and each `(fd, to)`
+/// of `fds` installed as descriptor `to` (without close-on-exec; every other descriptor of
+/// this process is close-on-exec, as the standard library and the backend open them).
+///
+/// The signal mask is emptied and SIGPIPE set back to its default, as `Command` does.
+pub(crate) fn spawn(
+    program: &OsStr,
+    args: &[&OsStr],
+    stdin: Stream,
+    stdout: Stream,
+    stderr: Stream,
+    fds: &[(BorrowedFd, RawFd)],
+) -> io::Result<Spawned> {
+    let prog = cstr(program)?;
+    let mut argv_c = vec![prog.clone()];
+    for a in args {
+        argv_c.push(cstr(a)?);
+    }
+    let mut argv: Vec<*mut libc::c_char> = argv_c.iter().map(|c| c.as_ptr().cast_mut()).collect();
+    argv.push(std::ptr::null_mut());
+    let mut envp: [*mut libc::c_char; 1] = [std::ptr::null_mut()];
+
+    // Each source first moves above every target number (close-on-exec, in this process), so
+    // that installing one target cannot overwrite a source still to be installed, and a source
+    // already on its target still loses close-on-exec (dup2 onto itself would keep it).
+    let mut moved: Vec<(OwnedFd, RawFd)> = Vec::with_capacity(fds.len() + 3);
+    let lift = |fd: RawFd| -> io::Result<OwnedFd> {
+        // SAFETY: fcntl on a descriptor the caller keeps open for this call.
+        let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 64) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just made, owned by nothing else.
+        Ok(unsafe { OwnedFd::from_raw_fd(r) })
+    };
+    let mut nulls = Vec::new();
+    for (stream, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
+        match stream {
+            Stream::To(fd) => moved.push((lift(fd.as_raw_fd())?, to)),
+            Stream::Null => nulls.push(to),
+        }
+    }
+    for (fd, to) in fds {
+        moved.push((lift(fd.as_raw_fd())?, *to));
+    }
+
+    // SAFETY: zeroed storage is what the init functions expect to initialise.
+    let mut actions = Actions(unsafe { std::mem::zeroed() });
+    // SAFETY: initialising the object just allocated; destroyed by Actions' drop.
+    check(unsafe { libc::posix_spawn_file_actions_init(&mut actions.0) })?;
+    let dev_null = c"/dev/null";
+    for to in nulls {
+        let mode = if to == 0 {
+            libc::O_RDONLY
+        } else {
+            libc::O_WRONLY
+        };
+        // SAFETY: the path is a static C string; the actions object is initialised.
+        check(unsafe {
+            libc::posix_spawn_file_actions_addopen(&mut actions.0, to, dev_null.as_ptr(), mode, 0)
+        })?;
+    }
+    for (fd, to) in &moved {
+        // SAFETY: the actions object is initialised; the descriptor stays open until spawn ends.
+        check(unsafe {
+            libc::posix_spawn_file_actions_adddup2(&mut actions.0, fd.as_raw_fd(), *to)
+        })?;
+    }
+
+    // SAFETY: as for the actions above.
+    let mut attr = Attr(unsafe { std::mem::zeroed() });
+    // SAFETY: initialising the object just allocated; destroyed by Attr's drop.
+    check(unsafe { libc::posix_spawnattr_init(&mut attr.0) })?;
+    // SAFETY: sigset_t is plain data that sigemptyset/sigaddset initialise.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        check(libc::posix_spawnattr_setsigmask(&mut attr.0, &none))?;
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        check(libc::posix_spawnattr_setsigdefault(&mut attr.0, &pipe))?;
+        check(libc::posix_spawnattr_setflags(
+            &mut attr.0,
+            (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
+        ))?;
+    }
+
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: every pointer is to a live, NUL-terminated array or an initialised object; glibc
+    // reports the exec's failure as the return value (the child's exit code 127 otherwise).
+    check(unsafe {
+        libc::posix_spawn(
+            &mut pid,
+            prog.as_ptr(),
+            &actions.0,
+            &attr.0,
+            argv.as_mut_ptr(),
+            envp.as_mut_ptr(),
+        )
+    })
+    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", program.to_string_lossy())))?;
+    drop(moved);
+    Ok(Spawned { pid, status: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn installs_descriptors_on_their_numbers_even_when_they_cross() {
+        // Two pipes whose write ends go to 3 and 4; the sources may sit on 3 or 4 themselves.
+        let (r1, w1) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (r2, w2) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let mut child = spawn(
+            OsStr::new("/bin/sh"),
+            &[
+                OsStr::new("-c"),
+                OsStr::new("echo one >&3; echo two >&4; echo out; echo $PATH; cat"),
+            ],
+            Stream::Null,
+            Stream::To(out_w.as_fd()),
+            Stream::Null,
+            &[(w2.as_fd(), 4), (w1.as_fd(), 3)],
+        )
+        .unwrap();
+        drop((w1, w2, out_w));
+        let read = |fd: OwnedFd| {
+            let mut s = String::new();
+            std::fs::File::from(fd).read_to_string(&mut s).unwrap();
+            s
+        };
+        assert_eq!(read(r1), "one\n");
+        assert_eq!(read(r2), "two\n");
+        // The environment is empty (sh's own default PATH or none), stdin is /dev/null.
+        let out = read(out_r);
+        assert!(out.starts_with("out\n"), "{out:?}");
+        assert!(child.wait().unwrap().success());
+        // Reaped once: the status is kept, and kill does not signal a reused pid.
+        assert!(child.try_wait().unwrap().unwrap().success());
+        child.kill().unwrap();
+    }
+
+    #[test]
+    fn a_missing_program_is_an_error_naming_it() {
+        let e = spawn(
+            OsStr::new("/nonexistent/taskbox-init"),
+            &[],
+            Stream::Null,
+            Stream::Null,
+            Stream::Null,
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/taskbox-init"), "{e}");
+    }
+
+    #[test]
+    fn kill_and_wait_report_the_signal() {
+        let mut child = spawn(
+            OsStr::new("/bin/sleep"),
+            &[OsStr::new("60")],
+            Stream::Null,
+            Stream::Null,
+            Stream::Null,
+            &[],
+        )
+        .unwrap();
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+}
