@@ -13,7 +13,6 @@
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -59,6 +58,8 @@ pub type NativeBackend = Sandboxes<Native>;
 /// control mode.
 pub struct Native {
     state_dir: PathBuf,
+    /// The root's mount point and the mask file every sandbox shares.
+    shared: native::SharedFiles,
     table: Table<Sandbox>,
     /// The image store, which resolves `CreateRequest.image`; without it only the host view.
     images: Option<Arc<dyn ImageResolver>>,
@@ -107,7 +108,14 @@ impl Open for Native {
                 state_dir.display()
             )));
         }
+        let shared = native::SharedFiles::make(&sandboxes).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot make the shared mount point and mask file in {}: {e}",
+                sandboxes.display()
+            ))
+        })?;
         let backend = Native {
+            shared,
             state_dir,
             table: Table::default(),
             images: None,
@@ -666,11 +674,13 @@ impl Native {
 
         let id = SandboxId::generate();
         tracing::debug!(sandbox = %id, "starting a sandbox");
-        let mut dirs = RunDir::new(self.state_dir.join("sandboxes").join(id.as_str()));
-        for d in [dirs.dir.clone(), dirs.root()] {
-            fs::create_dir_all(&d)
-                .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", d.display())))?;
-        }
+        let mut dirs = RunDir::shared(
+            self.state_dir.join("sandboxes").join(id.as_str()),
+            self.shared.clone(),
+        );
+        fs::create_dir(&dirs.dir).map_err(|e| {
+            ApiError::internal(format!("cannot create {}: {e}", dirs.dir.display()))
+        })?;
         // The disk quota: the helper mounts it, and the layers, the scratch mounts and the
         // spill files live on it.
         dirs.disk = Some(
@@ -681,9 +691,6 @@ impl Native {
             )
             .map_err(|e| ApiError::internal(e.to_string()))?,
         );
-        fs::write(dirs.empty_file(), b"")
-            .map_err(|e| ApiError::internal(format!("cannot create the mask file: {e}")))?;
-        let _ = fs::set_permissions(dirs.empty_file(), fs::Permissions::from_mode(0o444));
 
         let writable_root = policy.filesystem.root == RootMode::Writable;
         let (root_plan, root_view, identity) = match &view {
