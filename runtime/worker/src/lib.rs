@@ -316,8 +316,10 @@ async fn fetch_one(
         }
     };
     // A pull whose answer never comes (a request lost while a cluster forms or a server goes)
-    // must not stop the worker: after the expiry and a margin, pull again.
-    match tokio::time::timeout(Duration::from_secs(5), pull).await {
+    // must not stop the worker: after the expiry and a margin, pull again. The server ends a
+    // pull at its expiry (1 s) with a status message; 1.5 s more covers a slow link, and a lost
+    // pull costs a worker 2.5 s of idling, not 5.
+    match tokio::time::timeout(Duration::from_millis(2500), pull).await {
         Ok(r) => r,
         Err(_) => {
             tracing::debug!("a pull went unanswered; pulling again");

@@ -99,7 +99,7 @@ impl Fleet {
         }
         // ...and each has a pull waiting at the consumer's leader: a pull sent while the
         // consumer's replicas elected their leader is lost, and its worker waits out its bound
-        // (5 s) before it pulls again, by when one worker may have taken all the tasks.
+        // (2.5 s) before it pulls again, by when one worker may have taken all the tasks.
         let since = Instant::now();
         loop {
             match q.waiting_pulls().await {
