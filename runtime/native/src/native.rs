@@ -5,11 +5,9 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -979,15 +977,17 @@ pub fn run_with(
             source,
         })?;
     }
-    let mut run_dir = RunDir::new(runs.join(&id));
-    for d in [run_dir.dir.clone(), run_dir.root()] {
-        fs::create_dir_all(&d).map_err(|source| NativeError::State {
-            path: d.display().to_string(),
-            source,
-        })?;
-    }
-    fs::write(run_dir.empty_file(), b"").map_err(io_err("cannot create the mask file"))?;
-    let _ = fs::set_permissions(run_dir.empty_file(), fs::Permissions::from_mode(0o444));
+    // The root's mount point and the mask file are shared by the runs of this state
+    // directory, side by side or one after the other (see `SharedFiles`).
+    let shared = SharedFiles::make(&runs).map_err(|source| NativeError::State {
+        path: runs.display().to_string(),
+        source,
+    })?;
+    let mut run_dir = RunDir::shared(runs.join(&id), shared);
+    fs::create_dir(&run_dir.dir).map_err(|source| NativeError::State {
+        path: run_dir.dir.display().to_string(),
+        source,
+    })?;
     // The disk quota, which the helper mounts; the workspace's layers and the scratch mounts
     // live on it.
     run_dir.disk = Some(Disk::prepare(
@@ -1339,38 +1339,43 @@ fn supervise(
     let helper = helper_path()?;
     let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| NativeError::Spawn(e.into()))?;
-    let status_write_raw = status_write.as_raw_fd();
-    let mut cmd = Command::new(&helper);
-    cmd.arg(plan_path)
-        .env_clear()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(match req.stdin {
-            StdinSource::Inherit => Stdio::inherit(),
-            StdinSource::Null => Stdio::null(),
-        });
-    let egress_raw = egress.as_ref().and_then(|e| e.helper_fd());
+    let (stdout_read, stdout_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| NativeError::Spawn(e.into()))?;
+    let (stderr_read, stderr_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| NativeError::Spawn(e.into()))?;
+    let egress_fd = egress.as_ref().and_then(|e| e.helper_fd()).map(|fd| {
+        // SAFETY: the egress wiring keeps its descriptor open until this function returns.
+        unsafe { BorrowedFd::borrow_raw(fd) }
+    });
     let (disk, disk_channel) = match disk {
         Some((d, c)) => (Some(d), Some(c)),
         None => (None, None),
     };
-    let disk_raw = disk_channel.as_ref().and_then(DiskChannel::helper_fd);
-    let mut pairs = [(status_write_raw, STATUS_FD); 3];
-    let mut n = 1;
-    for (fd, to) in [(egress_raw, EGRESS_FD), (disk_raw, DISK_FD)] {
-        if let Some(fd) = fd {
-            pairs[n] = (fd, to);
-            n += 1;
-        }
-    }
-    // SAFETY: the closure runs in the forked child before exec and only calls fcntl and dup2,
-    // which are async-signal-safe (it allocates nothing); the descriptors in `pairs` stay open
-    // in this process until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || install_fds(&pairs[..n]));
-    }
+    let disk_fd = disk_channel
+        .as_ref()
+        .and_then(DiskChannel::helper_fd)
+        .map(|fd| {
+            // SAFETY: the channel keeps its end open until it is dropped below.
+            unsafe { BorrowedFd::borrow_raw(fd) }
+        });
+    let mut fds = vec![(status_write.as_fd(), STATUS_FD)];
+    fds.extend(egress_fd.map(|fd| (fd, EGRESS_FD)));
+    fds.extend(disk_fd.map(|fd| (fd, DISK_FD)));
     let start = Instant::now();
-    let mut child = cmd.spawn().map_err(NativeError::Spawn)?;
+    let mut child = crate::spawn::spawn(
+        helper.as_os_str(),
+        &[plan_path.as_os_str()],
+        match req.stdin {
+            StdinSource::Inherit => crate::spawn::Stream::Inherit,
+            StdinSource::Null => crate::spawn::Stream::Null,
+        },
+        crate::spawn::Stream::To(stdout_write.as_fd()),
+        crate::spawn::Stream::To(stderr_write.as_fd()),
+        &fds,
+    )
+    .map_err(NativeError::Spawn)?;
+    drop(fds);
+    drop((stdout_write, stderr_write));
     drop(status_write);
     // The helper mounts the disk before it starts the sandbox, or fails set-up (reported on
     // the status pipe).
@@ -1413,11 +1418,7 @@ fn supervise(
         }
     }
     let helper_pid = child.id() as i32;
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(NativeError::Spawn(io::Error::other("no output pipes")));
-    };
-    let stdout: OwnedFd = stdout.into();
-    let stderr: OwnedFd = stderr.into();
+    let (stdout, stderr) = (stdout_read, stderr_read);
 
     let limit = req.policy.limits.output_bytes as usize;
     // The spill files outlive the run (and its disk), so they are bounded on their own: half
@@ -1671,31 +1672,6 @@ fn wait_helper(pid: i32) -> (u64, u64) {
     let tv_ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
     let cpu = tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime);
     (cpu, usage.ru_maxrss as u64 * 1024)
-}
-
-/// In a forked child before exec: puts each `(source, target)` descriptor at its target number,
-/// inheritable. Sources are first moved above every target, so one target can never clobber
-/// another's source, and a source already at its target number still loses close-on-exec.
-///
-/// # Safety
-/// Only async-signal-safe calls (fcntl, dup2); call it only between fork and exec.
-pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> io::Result<()> {
-    let mut moved = [0i32; 8];
-    for (i, (src, _)) in pairs.iter().enumerate().take(8) {
-        // SAFETY: fcntl on an integer descriptor touches no memory.
-        let fd = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        moved[i] = fd;
-    }
-    for (i, (_, dst)) in pairs.iter().enumerate().take(8) {
-        // SAFETY: dup2 on integer descriptors touches no memory.
-        if unsafe { libc::dup2(moved[i], *dst) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// The socket pair on which the helper sends a descriptor of the disk it mounted

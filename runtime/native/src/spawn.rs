@@ -18,6 +18,8 @@ use std::process::ExitStatus;
 
 /// Where one of the child's standard streams goes.
 pub(crate) enum Stream<'a> {
+    /// This process's own descriptor of that number, as it is.
+    Inherit,
     Null,
     To(BorrowedFd<'a>),
 }
@@ -30,6 +32,10 @@ pub(crate) struct Spawned {
 }
 
 impl Spawned {
+    pub(crate) fn id(&self) -> u32 {
+        self.pid as u32
+    }
+
     /// The exit status, if the child has ended (reaping it).
     pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         self.wait_with(libc::WNOHANG)
@@ -154,6 +160,7 @@ pub(crate) fn spawn(
         match stream {
             Stream::To(fd) => moved.push((lift(fd.as_raw_fd())?, to)),
             Stream::Null => nulls.push(to),
+            Stream::Inherit => {}
         }
     }
     for (fd, to) in fds {
