@@ -90,6 +90,33 @@ fn deny_read_paths_are_unreadable_directly_via_symlinks_and_via_proc_self_root()
     }
 }
 
+/// The empty file bound over masked files is one per state directory, shared by every run: a
+/// run that could write it would change what the next run finds there. Every way in fails.
+#[test]
+fn the_shared_mask_file_cannot_be_written_from_a_sandbox() {
+    let env = Env::new();
+    let tries = "for f in /etc/shadow /etc/gshadow; do \
+                   (echo PLANTED > $f) 2>/dev/null && echo wrote $f; \
+                   (echo PLANTED >> $f) 2>/dev/null && echo appended $f; \
+                   truncate -s 9 $f 2>/dev/null && echo truncated $f; \
+                   chmod 666 $f 2>/dev/null && echo chmodded $f; \
+                   mount -o remount,rw,bind $f 2>/dev/null && echo remounted $f; \
+                   umount $f 2>/dev/null && echo unmounted $f; \
+                 done; cat /etc/shadow; true";
+    let r = env.sh(tries);
+    assert_eq!(r.stdout(), "", "a masked file gave way: {}", r.stdout());
+    let shared = env.state().join("runs/.empty");
+    let md = std::fs::metadata(&shared).unwrap();
+    assert_eq!(md.len(), 0, "{} holds bytes", shared.display());
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777,
+        0o444
+    );
+    // The next run finds the mask as empty as the first did.
+    let r = env.sh("wc -c < /etc/shadow");
+    assert_eq!(r.stdout().trim(), "0", "{}", r.stdout());
+}
+
 #[test]
 fn home_is_hidden_except_toolchains_and_credential_stores_stay_hidden() {
     let env = Env::new();
