@@ -34,8 +34,12 @@ pub fn free_port() -> u16 {
 impl NatsServer {
     /// Starts one and waits until it listens; `Err` says why none can be started here.
     pub fn start() -> Result<NatsServer, String> {
+        NatsServer::start_on(free_port())
+    }
+
+    /// [`NatsServer::start`] on `port` (one a test reserved, for a client started before it).
+    pub fn start_on(port: u16) -> Result<NatsServer, String> {
         let bin = nats_server()?;
-        let port = free_port();
         let store = tempfile::tempdir().unwrap();
         let child = Command::new(bin)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])

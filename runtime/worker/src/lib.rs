@@ -145,13 +145,7 @@ impl Worker {
         api: Arc<dyn SandboxApi>,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Worker>, WorkerError> {
-        let queue = Queue::connect_with(
-            &cfg.nats,
-            Settings {
-                replicas: cfg.replicas,
-            },
-        )
-        .await?;
+        let queue = connect_patiently(&cfg).await?;
         let slots = cfg.concurrency.max(1);
         Ok(Arc::new(Worker {
             cleanups: Arc::new(tokio::sync::Semaphore::new(slots)),
@@ -291,6 +285,31 @@ impl Worker {
                         .map(|e| e.saturating_sub(record.submitted_unix_ms) as f64 / 1000.0),
                 );
                 let _ = msg.ack().await;
+            }
+        }
+    }
+}
+
+/// How long a starting worker keeps trying to reach its queue: a worker may start before its
+/// NATS servers, or while a cluster elects the leader of its streams (whose requests then time
+/// out), as deployments start their parts in any order.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// [`Queue::connect_with`], tried again every second for [`CONNECT_PATIENCE`] while the queue
+/// cannot be reached or does not answer; a URL that is not one fails at once.
+async fn connect_patiently(cfg: &WorkerConfig) -> Result<Queue, WorkerError> {
+    let since = std::time::Instant::now();
+    loop {
+        let settings = Settings {
+            replicas: cfg.replicas,
+        };
+        let bad_url = |e: &QueueError| matches!(e, QueueError::Connect { why, .. } if why.contains("is not a NATS URL"));
+        match Queue::connect_with(&cfg.nats, settings).await {
+            Ok(q) => return Ok(q),
+            Err(e) if bad_url(&e) || since.elapsed() >= CONNECT_PATIENCE => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "the queue does not answer yet; trying again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }

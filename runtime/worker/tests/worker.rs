@@ -7,7 +7,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use taskbox_queue::{ActionState, Queue, TaskState, WorkspaceSource};
@@ -637,4 +637,54 @@ async fn a_worker_on_the_docker_backend_runs_its_task_in_a_container() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state_dir)).collect();
     assert!(left.is_empty(), "mounts left on the host: {left:#?}");
+}
+
+/// A worker started before its queue answers waits for it (saying so), and one given a
+/// `--nats` that is no URL stops at once with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_before_its_queue_waits_for_it() {
+    let Some(_nats) = ready() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mock = model("127.0.0.1:0", vec![]);
+    let port = taskbox_queue::testserver::free_port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let mut w = start_worker(
+        dir.path(),
+        "early",
+        &WorkerOpts::new(&url, &mock.base_url()),
+    );
+    let until = |w: &WorkerProc, what: &str, within: Duration| {
+        let since = Instant::now();
+        while !w.log().contains(what) {
+            assert!(since.elapsed() < within, "no {what:?} in: {}", w.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until(&w, "does not answer yet", Duration::from_secs(30));
+    assert!(w.child.try_wait().unwrap().is_none(), "{}", w.log());
+    let _late = taskbox_queue::testserver::NatsServer::start_on(port).unwrap();
+    until(&w, "takes tasks from", Duration::from_secs(30));
+    let status = w.term(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        w.log()
+    );
+
+    let bad = start_worker(
+        dir.path(),
+        "bad",
+        &WorkerOpts::new("http://127.0.0.1:1", &mock.base_url()),
+    );
+    let mut bad = bad;
+    let since = Instant::now();
+    let status = loop {
+        if let Some(st) = bad.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(since.elapsed() < Duration::from_secs(20), "{}", bad.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success());
+    assert!(bad.log().contains("is not a NATS URL"), "{}", bad.log());
 }
