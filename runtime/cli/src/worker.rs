@@ -140,19 +140,25 @@ pub fn run(args: WorkerArgs, conn: &Conn) -> Result<u8> {
         .context("cannot start the async runtime")?;
     let metrics = Arc::new(Metrics::new());
     let served = runtime.block_on(async {
+        // Listened for from here on: a stop asked while the worker connects, or right after it
+        // says it takes tasks, is kept, not the signal's default (death).
+        let mut stop = Box::pin(shutdown());
         if let Some(addr) = args.metrics_listen {
             let bound = taskbox_worker::metrics::serve(addr, metrics.clone())
                 .await
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
             eprintln!("taskbox: worker {name}: metrics on http://{bound}/metrics");
         }
-        let worker = Worker::connect(cfg, api.clone(), metrics.clone()).await?;
+        let worker = tokio::select! {
+            w = Worker::connect(cfg, api.clone(), metrics.clone()) => w?,
+            () = &mut stop => return anyhow::Ok(()),
+        };
         eprintln!(
             "taskbox: worker {name} takes tasks from {} ({} at once)",
             args.nats.url(),
             args.concurrency
         );
-        worker.run(shutdown()).await?;
+        worker.run(stop).await?;
         anyhow::Ok(())
     });
     for info in api.list() {
@@ -164,22 +170,22 @@ pub fn run(args: WorkerArgs, conn: &Conn) -> Result<u8> {
     Ok(0)
 }
 
-/// SIGTERM or SIGINT.
-async fn shutdown() {
+/// SIGTERM or SIGINT, listened for from the call on (not from the first poll: a signal in
+/// between would otherwise kill the process). Call it inside the runtime.
+fn shutdown() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    let mut int = match signal(SignalKind::interrupt()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+    let signals =
+        signal(SignalKind::terminate()).and_then(|t| Ok((t, signal(SignalKind::interrupt())?)));
+    async move {
+        let Ok((mut term, mut int)) = signals else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        eprintln!(
+            "taskbox: stopping: no new tasks; the running ones are handed back at their next step"
+        );
     }
-    eprintln!(
-        "taskbox: stopping: no new tasks; the running ones are handed back at their next step"
-    );
 }
