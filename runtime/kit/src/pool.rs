@@ -229,10 +229,10 @@ impl<B: Backend> ForkPool<B> {
                     });
                 }
             }
+            shared.show_ready(&st);
         }
         if let Some(g) = &shared.config.gauge {
             g.serve(taken.len());
-            g.set_ready(ready_count(&lock(&shared.state)));
         }
         shared
             .served
@@ -254,7 +254,7 @@ impl<B: Backend> ForkPool<B> {
         let st = lock(&shared.state);
         PoolStatus {
             origins: st.origins.len(),
-            ready: st.origins.iter().map(|o| o.ready.len()).sum(),
+            ready: ready_count(&st),
             starting: st.origins.iter().map(|o| o.starting).sum(),
             ids: st
                 .origins
@@ -300,11 +300,9 @@ impl<B: Backend> ForkPool<B> {
             for o in st.origins.drain(..) {
                 left.extend(o.ready.into_iter().map(|(sb, _)| sb));
             }
+            shared.show_ready(&st);
             left
         };
-        if let Some(g) = &shared.config.gauge {
-            g.set_ready(0);
-        }
         shared.cond.notify_all();
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -329,6 +327,13 @@ fn ready_count<S>(st: &State<S>) -> usize {
 }
 
 impl<B: Backend> Shared<B> {
+    /// Tells the gauge how many sandboxes are ready now (under the state's lock, after a change).
+    fn show_ready(&self, st: &State<B::Sandbox>) {
+        if let Some(g) = &self.config.gauge {
+            g.set_ready(ready_count(st));
+        }
+    }
+
     fn end(&self, sandboxes: Vec<Arc<B::Sandbox>>) {
         if sandboxes.is_empty() {
             return;
@@ -423,9 +428,7 @@ impl<B: Backend> Shared<B> {
         st.origins.retain(|o| {
             !(o.ready.is_empty() && o.starting == 0 && now.duration_since(o.last_fork) >= max_idle)
         });
-        if let Some(g) = &self.config.gauge {
-            g.set_ready(ready_count(st));
-        }
+        self.show_ready(st);
         if !due.is_empty() {
             return Some(Job::End(due));
         }
@@ -462,9 +465,7 @@ impl<B: Backend> Shared<B> {
                 self.started.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(sandbox = %sb.common().id, "pooled sandbox ready");
                 o.ready.push_back((sb, Instant::now()));
-                if let Some(g) = &self.config.gauge {
-                    g.set_ready(ready_count(&st));
-                }
+                self.show_ready(&st);
             }
             (Ok(sb), origin) => {
                 if let Some(o) = origin {

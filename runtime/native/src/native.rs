@@ -209,16 +209,17 @@ impl SharedFiles {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
             _ => {}
         }
-        // Made again, read-only, unless an earlier process left it as it must be.
+        // Made again, read-only, unless an earlier process (or run) left it as it must be.
         match fs::symlink_metadata(&empty) {
-            Ok(md) if md.is_file() && md.len() == 0 => {}
-            Ok(_) => {
-                fs::remove_file(&empty)?;
+            Ok(md) if md.is_file() && md.len() == 0 && md.mode() & 0o777 == 0o444 => {}
+            found => {
+                if found.is_ok() {
+                    fs::remove_file(&empty)?;
+                }
                 fs::write(&empty, b"")?;
+                fs::set_permissions(&empty, fs::Permissions::from_mode(0o444))?;
             }
-            Err(_) => fs::write(&empty, b"")?,
         }
-        fs::set_permissions(&empty, fs::Permissions::from_mode(0o444))?;
         Ok(SharedFiles { root, empty })
     }
 }
@@ -1343,24 +1344,23 @@ fn supervise(
         .map_err(|e| NativeError::Spawn(e.into()))?;
     let (stderr_read, stderr_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| NativeError::Spawn(e.into()))?;
-    let egress_fd = egress.as_ref().and_then(|e| e.helper_fd()).map(|fd| {
-        // SAFETY: the egress wiring keeps its descriptor open until this function returns.
-        unsafe { BorrowedFd::borrow_raw(fd) }
-    });
     let (disk, disk_channel) = match disk {
         Some((d, c)) => (Some(d), Some(c)),
         None => (None, None),
     };
-    let disk_fd = disk_channel
-        .as_ref()
-        .and_then(DiskChannel::helper_fd)
-        .map(|fd| {
-            // SAFETY: the channel keeps its end open until it is dropped below.
-            unsafe { BorrowedFd::borrow_raw(fd) }
-        });
     let mut fds = vec![(status_write.as_fd(), STATUS_FD)];
-    fds.extend(egress_fd.map(|fd| (fd, EGRESS_FD)));
-    fds.extend(disk_fd.map(|fd| (fd, DISK_FD)));
+    fds.extend(
+        egress
+            .as_ref()
+            .and_then(|e| e.helper_fd())
+            .map(|fd| (fd, EGRESS_FD)),
+    );
+    fds.extend(
+        disk_channel
+            .as_ref()
+            .and_then(DiskChannel::helper_fd)
+            .map(|fd| (fd, DISK_FD)),
+    );
     let start = Instant::now();
     let mut child = crate::spawn::spawn(
         helper.as_os_str(),
@@ -1383,7 +1383,7 @@ fn supervise(
         channel.theirs = None;
         if let Err(why) = disk.receive(&channel.ours, Duration::from_secs(30)) {
             kill_tree(child.id() as i32, cgroup);
-            let _ = wait_helper(child.id() as i32);
+            let _ = child.wait();
             let mut rest = Vec::new();
             let _ = fs::File::from(status_read).read_to_end(&mut rest);
             for s in parse_status(&rest) {
@@ -1404,7 +1404,7 @@ fn supervise(
             tracing::debug!(run = %id, %why, "no egress listener");
             let statuses = {
                 kill_tree(child.id() as i32, cgroup);
-                let _ = wait_helper(child.id() as i32);
+                let _ = child.wait();
                 let mut rest = Vec::new();
                 let _ = fs::File::from(status_read).read_to_end(&mut rest);
                 parse_status(&rest)
@@ -1542,8 +1542,8 @@ fn supervise(
     // Make sure nothing survives (the helper is not reaped yet, so its pid cannot have been
     // reused), then collect it.
     kill_tree(helper_pid, cgroup);
-    let (rusage_cpu_ms, rusage_rss) = wait_helper(helper_pid);
-    let _ = child.try_wait();
+    let _ = child.wait();
+    let (rusage_cpu_ms, rusage_rss) = child.usage().unwrap_or((0, 0));
     let duration_ms = start.elapsed().as_millis() as u64;
 
     let mut rest = Vec::new();
@@ -1653,27 +1653,6 @@ fn kill_tree(helper: i32, cgroup: Option<&Cgroup>) {
     }
 }
 
-/// Reaps the helper and returns (cpu ms, max rss bytes) of the helper and its reaped descendants.
-fn wait_helper(pid: i32) -> (u64, u64) {
-    let mut status = 0;
-    // SAFETY: rusage is plain old data; all-zero is valid.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `status` and `usage` are valid for writes; wait4 only writes into them.
-        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-        if rc == pid {
-            break;
-        }
-        if rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
-        }
-        return (0, 0);
-    }
-    let tv_ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
-    let cpu = tv_ms(usage.ru_utime) + tv_ms(usage.ru_stime);
-    (cpu, usage.ru_maxrss as u64 * 1024)
-}
-
 /// The socket pair on which the helper sends a descriptor of the disk it mounted
 /// (`taskbox_protocol::config::DISK_FD`).
 pub(crate) struct DiskChannel {
@@ -1697,8 +1676,8 @@ impl DiskChannel {
         })
     }
 
-    pub(crate) fn helper_fd(&self) -> Option<i32> {
-        self.theirs.as_ref().map(AsRawFd::as_raw_fd)
+    pub(crate) fn helper_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.theirs.as_ref().map(AsFd::as_fd)
     }
 }
 
@@ -1761,8 +1740,8 @@ impl EgressWiring {
     }
 
     /// The descriptor to install as `EGRESS_FD` in the helper.
-    pub(crate) fn helper_fd(&self) -> Option<i32> {
-        self.theirs.as_ref().map(AsRawFd::as_raw_fd)
+    pub(crate) fn helper_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.theirs.as_ref().map(AsFd::as_fd)
     }
 
     /// Receives the listener pid 1 made (waiting up to `timeout`) and lets the proxy serve it.

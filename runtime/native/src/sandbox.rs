@@ -894,23 +894,15 @@ impl Native {
         let helper = native::helper_path().map_err(|e| ApiError::internal(e.to_string()))?;
         let log = fs::File::create(dirs.dir.join("helper.log"))
             .map_err(|e| ApiError::internal(format!("cannot create the helper log: {e}")))?;
-        let ef = egress.as_ref().and_then(native::EgressWiring::helper_fd);
         let mut disk_channel =
             native::DiskChannel::new().map_err(|e| ApiError::internal(e.to_string()))?;
-        let ef = ef.map(|fd| {
-            // SAFETY: the egress wiring keeps its descriptor open until this function returns.
-            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
-        });
-        let df = disk_channel.helper_fd().map(|fd| {
-            // SAFETY: `disk_channel` keeps its end open until it is dropped below.
-            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
-        });
         let mut fds = vec![
             (status_write.as_fd(), STATUS_FD),
             (theirs.as_fd(), CONTROL_FD),
         ];
-        fds.extend(df.map(|fd| (fd, DISK_FD)));
-        fds.extend(ef.map(|fd| (fd, EGRESS_FD)));
+        fds.extend(disk_channel.helper_fd().map(|fd| (fd, DISK_FD)));
+        let egress_fd = egress.as_ref().and_then(native::EgressWiring::helper_fd);
+        fds.extend(egress_fd.map(|fd| (fd, EGRESS_FD)));
         let child = spawn::spawn(
             helper.as_os_str(),
             &[plan_path.as_os_str()],

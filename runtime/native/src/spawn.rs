@@ -28,7 +28,9 @@ pub(crate) enum Stream<'a> {
 #[derive(Debug)]
 pub(crate) struct Spawned {
     pid: libc::pid_t,
-    status: Option<ExitStatus>,
+    /// Once reaped: how it ended, and the CPU time (ms) and peak RSS (bytes) of it and the
+    /// descendants it reaped.
+    reaped: Option<(ExitStatus, (u64, u64))>,
 }
 
 impl Spawned {
@@ -43,16 +45,19 @@ impl Spawned {
 
     /// Waits for the child to end (reaping it).
     pub(crate) fn wait(&mut self) -> io::Result<ExitStatus> {
-        loop {
-            if let Some(st) = self.wait_with(0)? {
-                return Ok(st);
-            }
-        }
+        self.wait_with(0)?
+            .ok_or_else(|| io::Error::other("a blocking wait returned no status"))
+    }
+
+    /// The CPU time (ms) and peak RSS (bytes) of the reaped child and of the descendants it
+    /// reaped; `None` before it is reaped.
+    pub(crate) fn usage(&self) -> Option<(u64, u64)> {
+        self.reaped.map(|(_, usage)| usage)
     }
 
     /// SIGKILL, unless the child was reaped already (its pid may be another process's now).
     pub(crate) fn kill(&mut self) -> io::Result<()> {
-        if self.status.is_some() {
+        if self.reaped.is_some() {
             return Ok(());
         }
         // SAFETY: kill takes integers.
@@ -63,13 +68,15 @@ impl Spawned {
     }
 
     fn wait_with(&mut self, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
-        if let Some(st) = self.status {
+        if let Some((st, _)) = self.reaped {
             return Ok(Some(st));
         }
         let mut raw = 0;
+        // SAFETY: rusage is plain old data; all-zero is valid.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         loop {
-            // SAFETY: waitpid writes the status into `raw`, a live local.
-            let r = unsafe { libc::waitpid(self.pid, &mut raw, flags) };
+            // SAFETY: wait4 writes only into `raw` and `ru`, live locals.
+            let r = unsafe { libc::wait4(self.pid, &mut raw, flags, &mut ru) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -81,7 +88,12 @@ impl Spawned {
                 return Ok(None);
             }
             let st = ExitStatus::from_raw(raw);
-            self.status = Some(st);
+            let ms = |tv: libc::timeval| tv.tv_sec as u64 * 1000 + tv.tv_usec as u64 / 1000;
+            let usage = (
+                ms(ru.ru_utime) + ms(ru.ru_stime),
+                ru.ru_maxrss as u64 * 1024,
+            );
+            self.reaped = Some((st, usage));
             return Ok(Some(st));
         }
     }
@@ -224,7 +236,7 @@ pub(crate) fn spawn(
     })
     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", program.to_string_lossy())))?;
     drop(moved);
-    Ok(Spawned { pid, status: None })
+    Ok(Spawned { pid, reaped: None })
 }
 
 #[cfg(test)]

@@ -64,6 +64,9 @@ pub struct Submitted {
 pub enum QueueError {
     #[error("cannot reach NATS at {url}: {why} (is nats-server running with JetStream, -js?)")]
     Connect { url: String, why: String },
+    /// A server address that is no NATS URL: no later try reaches it either.
+    #[error("cannot reach NATS at {url}: {why} (is nats-server running with JetStream, -js?)")]
+    BadUrl { url: String, why: String },
     #[error("NATS JetStream: {0}")]
     JetStream(String),
     #[error("no task {0}")]
@@ -121,6 +124,15 @@ fn js_err(context: &str, e: impl std::fmt::Display) -> QueueError {
     QueueError::JetStream(format!("{context}: {e}"))
 }
 
+/// `request` within [`REQUEST_TIMEOUT`]: a clustered server may not answer a request at all
+/// (while it elects a leader, or another client makes what is asked for), and the caller tries
+/// again. The request's own answer is left to the caller.
+async fn within<F: std::future::Future>(what: &str, request: F) -> Result<F::Output, QueueError> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .map_err(|e| js_err(what, format!("no answer ({e})")))
+}
+
 /// A connection to the queue.
 #[derive(Clone)]
 pub struct Queue {
@@ -148,7 +160,7 @@ impl Queue {
 
     /// [`Queue::connect`] with the settings of the parts it makes.
     pub async fn connect_with(url: &str, settings: Settings) -> Result<Queue, QueueError> {
-        let bad = |why: String| QueueError::Connect {
+        let bad = |why: String| QueueError::BadUrl {
             url: url.to_string(),
             why,
         };
@@ -432,9 +444,8 @@ impl Queue {
 
     /// The work queue's stream, looked up within [`REQUEST_TIMEOUT`].
     async fn task_stream(&self) -> Result<jetstream::stream::Stream, QueueError> {
-        tokio::time::timeout(REQUEST_TIMEOUT, self.js.get_stream(STREAM))
-            .await
-            .map_err(|e| js_err("the task stream", format!("no answer ({e})")))?
+        within("the task stream", self.js.get_stream(STREAM))
+            .await?
             .map_err(|e| js_err("the task stream", e))
     }
 
@@ -445,23 +456,19 @@ impl Queue {
         &self,
         claim_timeout: Duration,
     ) -> Result<jetstream::consumer::PullConsumer, QueueError> {
-        // A clustered server may not answer a consumer's lookup while another client makes
-        // it: every call is bounded, and the caller tries again.
-        let bounded = |what: &'static str| {
-            move |e: tokio::time::error::Elapsed| js_err(what, format!("no answer ({e})"))
-        };
+        // Every call is bounded (see `within`).
+        const WHAT: &str = "the workers' consumer";
         let s = self.task_stream().await?;
-        let found = tokio::time::timeout(
-            REQUEST_TIMEOUT,
+        let found = within(
+            WHAT,
             s.get_consumer::<jetstream::consumer::pull::Config>(CONSUMER),
         )
-        .await
-        .map_err(bounded("the workers' consumer"))?;
+        .await?;
         if let Ok(c) = found {
             return Ok(c);
         }
-        let made = tokio::time::timeout(
-            REQUEST_TIMEOUT,
+        let made = within(
+            WHAT,
             s.create_consumer(jetstream::consumer::pull::Config {
                 durable_name: Some(CONSUMER.to_string()),
                 description: Some("taskbox workers".to_string()),
@@ -472,15 +479,13 @@ impl Queue {
                 ..Default::default()
             }),
         )
-        .await
-        .map_err(bounded("the workers' consumer"))?;
+        .await?;
         match made {
             Ok(c) => Ok(c),
             // Another worker made it first.
-            Err(_) => tokio::time::timeout(REQUEST_TIMEOUT, s.get_consumer(CONSUMER))
-                .await
-                .map_err(bounded("the workers' consumer"))?
-                .map_err(|e| js_err("the workers' consumer", e)),
+            Err(_) => within(WHAT, s.get_consumer(CONSUMER))
+                .await?
+                .map_err(|e| js_err(WHAT, e)),
         }
     }
 
@@ -637,21 +642,16 @@ impl Queue {
     /// a task now. 0 when no worker has made the consumer yet.
     pub async fn waiting_pulls(&self) -> Result<usize, QueueError> {
         let s = self.task_stream().await?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, s.consumer_info(CONSUMER)).await {
-            Ok(Ok(info)) => Ok(info.num_waiting),
-            Ok(Err(e)) if e.to_string().contains("not found") => Ok(0),
-            Ok(Err(e)) => Err(js_err("the workers' consumer", e)),
-            Err(e) => Err(js_err("the workers' consumer", format!("no answer ({e})"))),
+        match within("the workers' consumer", s.consumer_info(CONSUMER)).await? {
+            Ok(info) => Ok(info.num_waiting),
+            Err(e) if e.to_string().contains("not found") => Ok(0),
+            Err(e) => Err(js_err("the workers' consumer", e)),
         }
     }
 
     /// Messages waiting in the work queue (not yet taken by a worker).
     pub async fn depth(&self) -> Result<u64, QueueError> {
-        let mut s = self
-            .js
-            .get_stream(STREAM)
-            .await
-            .map_err(|e| js_err("the task stream", e))?;
+        let mut s = self.task_stream().await?;
         let info = s.info().await.map_err(|e| js_err("the task stream", e))?;
         Ok(info.state.messages)
     }

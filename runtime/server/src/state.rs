@@ -118,8 +118,9 @@ struct Inner {
     execs: Mutex<ExecCounts>,
     metrics: Metrics,
     lease_file: Option<PathBuf>,
-    /// Who saves the tables now, and whether a change waits for a save (see `save_leases`).
-    saving: Mutex<bool>,
+    /// Held by the thread saving the tables, and whether a change waits for a save (see
+    /// `save_leases`).
+    saving: Mutex<()>,
     unsaved: std::sync::atomic::AtomicBool,
     workspaces: WorkspaceRules,
     uploads: Option<Uploads>,
@@ -256,7 +257,7 @@ impl AppStateBuilder {
                 execs: Mutex::new(ExecCounts::default()),
                 metrics: Metrics::default(),
                 lease_file: self.lease_file,
-                saving: Mutex::new(false),
+                saving: Mutex::new(()),
                 unsaved: std::sync::atomic::AtomicBool::new(false),
                 workspaces: match self.workspaces {
                     Some(w) => w,
@@ -315,10 +316,6 @@ fn load_owners(path: &Path) -> BTreeMap<String, String> {
         .ok()
         .and_then(|b| first_value(&b).ok())
         .unwrap_or_default()
-}
-
-fn lock_plain<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A table keyed by sandbox (the leases, the owners) as sorted JSON.
@@ -509,13 +506,12 @@ impl AppState {
         };
         self.inner.unsaved.store(true, Ordering::SeqCst);
         loop {
-            {
-                let mut saving = lock_plain(&self.inner.saving);
-                if *saving {
-                    return;
-                }
-                *saving = true;
-            }
+            let saver = match self.inner.saving.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                // The saver saves this change too before it lets go.
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
             while self.inner.unsaved.swap(false, Ordering::SeqCst) {
                 let (leases, owners) = {
                     let reg = self.registry();
@@ -529,7 +525,7 @@ impl AppState {
                     tracing::warn!(path = %owners_path.display(), error = %e, "cannot save the owners");
                 }
             }
-            *lock_plain(&self.inner.saving) = false;
+            drop(saver);
             // A change that came after the last look and found the saver still busy.
             if !self.inner.unsaved.load(Ordering::SeqCst) {
                 return;

@@ -296,17 +296,18 @@ impl Worker {
 const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
 
 /// [`Queue::connect_with`], tried again every second for [`CONNECT_PATIENCE`] while the queue
-/// cannot be reached or does not answer; a URL that is not one fails at once.
+/// cannot be reached or does not answer (a transient error); a URL that is not one fails at once.
 async fn connect_patiently(cfg: &WorkerConfig) -> Result<Queue, WorkerError> {
     let since = std::time::Instant::now();
+    let settings = Settings {
+        replicas: cfg.replicas,
+    };
     loop {
-        let settings = Settings {
-            replicas: cfg.replicas,
-        };
-        let bad_url = |e: &QueueError| matches!(e, QueueError::Connect { why, .. } if why.contains("is not a NATS URL"));
         match Queue::connect_with(&cfg.nats, settings).await {
             Ok(q) => return Ok(q),
-            Err(e) if bad_url(&e) || since.elapsed() >= CONNECT_PATIENCE => return Err(e.into()),
+            Err(e) if !e.is_transient() || since.elapsed() >= CONNECT_PATIENCE => {
+                return Err(e.into());
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the queue does not answer yet; trying again in 1 s");
                 tokio::time::sleep(Duration::from_secs(1)).await;

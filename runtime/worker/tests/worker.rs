@@ -586,7 +586,7 @@ async fn a_worker_on_the_docker_backend_runs_its_task_in_a_container() {
         .unwrap()
         .task
         .id;
-    let w = start_worker(
+    let mut w = start_worker(
         dir.path(),
         "w",
         &WorkerOpts {
@@ -626,7 +626,6 @@ async fn a_worker_on_the_docker_backend_runs_its_task_in_a_container() {
     assert!(trace.contains("\"backend\":\"docker\""), "{trace}");
     // Stopped as a worker is: it finishes the ended attempt's cleanup (which runs after the
     // ack), and the container's host mounts (its disk, overlay and lower layer) go with it.
-    let mut w = w;
     let status = w.term(Duration::from_secs(60));
     assert!(
         status.is_some_and(|s| s.success()),
@@ -671,20 +670,13 @@ async fn a_worker_started_before_its_queue_waits_for_it() {
         w.log()
     );
 
-    let bad = start_worker(
+    let mut bad = start_worker(
         dir.path(),
         "bad",
         &WorkerOpts::new("http://127.0.0.1:1", &mock.base_url()),
     );
-    let mut bad = bad;
-    let since = Instant::now();
-    let status = loop {
-        if let Some(st) = bad.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(since.elapsed() < Duration::from_secs(20), "{}", bad.log());
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = bad.exit_within(Duration::from_secs(20));
+    let status = status.unwrap_or_else(|| panic!("still running: {}", bad.log()));
     assert!(!status.success());
     assert!(bad.log().contains("is not a NATS URL"), "{}", bad.log());
 }

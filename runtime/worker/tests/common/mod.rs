@@ -158,6 +158,11 @@ impl WorkerProc {
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
+        self.exit_within(within)
+    }
+
+    /// Waits for the worker to exit on its own (at most `within`).
+    pub fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let since = Instant::now();
         while since.elapsed() < within {
             if let Ok(Some(s)) = self.child.try_wait() {
