@@ -183,10 +183,10 @@ def test_no_supervisor_is_a_connection_error(tmp_path: Path) -> None:
             c.health()
 
 
-def init_pid(state: Path, sandbox_id: str) -> int:
+def init_pid(sandbox_id: str) -> int:
     """The pid of the sandbox's init (pid 1 inside): the helper's child, both started with the
-    sandbox's plan."""
-    plan = str(state / "sandboxes" / sandbox_id / "plan.json")
+    sandbox's id on their command line."""
+    label = f"taskbox-init - {sandbox_id} "
     procs = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -196,7 +196,7 @@ def init_pid(state: Path, sandbox_id: str) -> int:
             ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if plan in cmdline:
+        if label in cmdline:
             procs[int(d.name)] = ppid
     # The helper, whose parent is the supervisor; pid 1 is its child (exec starters and reapers,
     # forked from pid 1, have its command line too).
@@ -230,7 +230,7 @@ def test_a_killed_init_raises_infrastructure_error(tmp_path: Path) -> None:
             t = threading.Thread(target=run)
             t.start()
             time.sleep(1.0)
-            os.kill(init_pid(sup.state, sb.id), signal.SIGKILL)
+            os.kill(init_pid(sb.id), signal.SIGKILL)
             t.join(30)
             assert len(caught) == 1, caught
             e = caught[0]

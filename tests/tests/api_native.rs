@@ -36,6 +36,35 @@ fn sh(f: &Fixture, script: &str) -> taskbox_core::result::ExecResult {
     taskbox_tests::shell(&f.backend, &f.id, script)
 }
 
+/// A host socket bound inside the workspace is masked by the shared mask file, and stays
+/// masked through a restore (which remounts the workspace with its guards, from pid 1's private
+/// view of the layers and the mask file).
+#[test]
+fn a_masked_host_socket_in_the_workspace_stays_masked_after_a_restore() {
+    let env = Env::new();
+    let _svc = std::os::unix::net::UnixListener::bind(env.ws().join("svc.sock")).unwrap();
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let id = backend
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            ..CreateRequest::default()
+        })
+        .unwrap()
+        .id;
+    let f = Fixture { env, backend, id };
+    let probe = "if test -S svc.sock; then echo socket; else echo masked; fi";
+    assert_eq!(sh(&f, probe).stdout.text, "masked\n");
+    f.backend
+        .checkpoint(&f.id, CheckpointRequest { name: "one".into() })
+        .unwrap();
+    sh(&f, "echo x > x.txt");
+    f.backend
+        .restore(&f.id, CheckpointRequest { name: "one".into() })
+        .unwrap();
+    let r = sh(&f, &format!("{probe}; test -e x.txt || echo restored"));
+    assert_eq!(r.stdout.text, "masked\nrestored\n", "{r:?}");
+}
+
 #[test]
 fn execs_share_files_and_tmp_across_calls() {
     let f = fixture();
@@ -1471,9 +1500,9 @@ fn a_sandbox_whose_control_channel_breaks_is_lost_everywhere_and_destroy_cleans_
     let ExecOutcome::Background(bg) = bg else {
         panic!("{bg:?}")
     };
-    // The sandbox's helper and pid 1 (its plan's path is on their command line) die.
-    let plan = format!("{}/plan.json", f.id);
-    let procs = host_processes_with(&plan);
+    // The sandbox's helper and pid 1 (its id is on their command line) die.
+    let label = format!("taskbox-init - {} ", f.id);
+    let procs = host_processes_with(&label);
     assert!(!procs.is_empty(), "no process of the sandbox found");
     for pid in procs {
         // SAFETY: kill has no memory arguments; the pids are the sandbox's, found just above.
@@ -1522,7 +1551,7 @@ fn a_sandbox_whose_control_channel_breaks_is_lost_everywhere_and_destroy_cleans_
         f.backend.info(&f.id),
         Err(ApiError::SandboxNotFound(_))
     ));
-    assert!(host_processes_with(&plan).is_empty());
+    assert!(host_processes_with(&label).is_empty());
 }
 
 /// The one `command` violation of an exec the command policy refused: nothing ran.

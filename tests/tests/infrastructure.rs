@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed expectation fails the test
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -15,15 +14,9 @@ use taskbox_agent::http::{Client, Request};
 use taskbox_tests::{Env, Supervisor, host_processes_with, http};
 
 /// The pid of the sandbox's init (pid 1 inside): the child of its helper, both started with
-/// the sandbox's plan (as are the exec starters and reapers pid 1 forks).
-fn init_pid(state: &Path, id: &str) -> i32 {
-    let plan = state
-        .join("sandboxes")
-        .join(id)
-        .join("plan.json")
-        .display()
-        .to_string();
-    let procs: Vec<(i32, i32)> = host_processes_with(&plan)
+/// the sandbox's id on their command line (as are the exec starters and reapers pid 1 forks).
+fn init_pid(id: &str) -> i32 {
+    let procs: Vec<(i32, i32)> = host_processes_with(&format!("taskbox-init - {id} "))
         .into_iter()
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -104,7 +97,7 @@ fn a_killed_init_is_an_infrastructure_failure_in_every_observation_after() {
     });
     std::thread::sleep(Duration::from_millis(800));
     let t = Instant::now();
-    sigkill(init_pid(&env.state(), &id));
+    sigkill(init_pid(&id));
     let answer = fg.join().unwrap();
     eprintln!(
         "the exec in flight answered {:?} after the kill",

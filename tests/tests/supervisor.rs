@@ -430,8 +430,8 @@ fn leftovers_of(env: &Env, id: &str) -> Vec<String> {
     left
 }
 
-/// A helper that says which sandbox it was started for (its plan lies in the sandbox's
-/// directory) and then fails, or hangs.
+/// A helper that says which sandbox it was started for (`taskbox-init - ID`) and then fails,
+/// or hangs.
 fn fake_helper(env: &Env, name: &str, then: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let said = env.dir.path().join(format!("{name}.said"));
@@ -439,7 +439,7 @@ fn fake_helper(env: &Env, name: &str, then: &str) -> (std::path::PathBuf, std::p
     std::fs::write(
         &helper,
         format!(
-            "#!/bin/sh\nbasename \"$(dirname \"$1\")\" > {}\n{then}\n",
+            "#!/bin/sh\n[ \"$1\" = - ] && echo \"$2\" > {}\n{then}\n",
             said.display()
         ),
     )
@@ -583,7 +583,11 @@ fn a_supervisor_killed_mid_exec_leaves_nothing_and_restarts_clean() {
                 .map(|e| e.file_name())
                 // The backend's own: its lock, and the mount point and mask file every
                 // sandbox shares.
-                .filter(|n| ![".lock", ".root", ".empty"].iter().any(|own| n == own))
+                .filter(|n| {
+                    ![".lock", ".root", ".empty", ".disk"]
+                        .iter()
+                        .any(|own| n == own)
+                })
                 .collect()
         })
         .unwrap_or_default();

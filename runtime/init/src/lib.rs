@@ -21,15 +21,22 @@ pub mod seccomp;
 mod server;
 pub mod sys;
 
-/// The helper binary's entry: `taskbox-init PLAN.json`. Never returns.
+/// The helper binary's entry: `taskbox-init PLAN.json`, or `taskbox-init - [NAME]` to read the
+/// plan from [`config::PLAN_FD`] (how the runtime starts it, with the sandbox's or the run's id
+/// as `NAME`: only a label, so that `ps` tells the sandboxes' processes apart). Never returns.
 pub fn run_main() -> ! {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.len() != 2 {
-        eprintln!(
-            "usage: taskbox-init PLAN.json\n(the sandbox set-up helper of taskbox; it is started by \
-             `taskbox run`, not by hand)"
-        );
-        std::process::exit(125);
+    match args.len() {
+        3 | 2 if args[1] == "-" => run::run_from_plan_fd(),
+        2 => run::run_from_file(std::path::Path::new(&args[1])),
+        _ => {
+            eprintln!(
+                "usage: taskbox-init PLAN.json | taskbox-init - [NAME]  (the plan on descriptor \
+                 {})\n(the sandbox set-up helper of taskbox; it is started by `taskbox run` and \
+                 `taskbox serve`, not by hand)",
+                config::PLAN_FD
+            );
+            std::process::exit(125);
+        }
     }
-    run::run_from_file(std::path::Path::new(&args[1]))
 }

@@ -10,7 +10,7 @@ use nix::unistd::{ForkResult, fork, sethostname};
 pub use crate::command::report;
 use crate::command::{exec_command_with, fail, reports_file_size_kill};
 use crate::config::{
-    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, STATUS_FD, Status, USERNS_FD,
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, PLAN_FD, STATUS_FD, Status, USERNS_FD,
 };
 use crate::{mounts, seccomp, sys};
 
@@ -423,6 +423,32 @@ pub fn run_from_file(path: &Path) -> ! {
     let config: InitConfig = match serde_json::from_slice(&text) {
         Ok(c) => c,
         Err(e) => fail("config", format!("invalid plan {}: {e}", path.display())),
+    };
+    run(&config)
+}
+
+/// Reads the plan from [`PLAN_FD`] (closed once read, so nothing the helper starts holds it),
+/// then runs it.
+pub fn run_from_plan_fd() -> ! {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: the runtime placed the plan on PLAN_FD for this process alone; taking it here,
+    // once, closes it when read.
+    let mut file = unsafe { std::fs::File::from_raw_fd(PLAN_FD) };
+    let mut text = Vec::new();
+    if let Err(e) = file.read_to_end(&mut text) {
+        fail(
+            "config",
+            format!("cannot read the plan on descriptor {PLAN_FD}: {e}"),
+        );
+    }
+    drop(file);
+    let config: InitConfig = match serde_json::from_slice(&text) {
+        Ok(c) => c,
+        Err(e) => fail(
+            "config",
+            format!("invalid plan on descriptor {PLAN_FD}: {e}"),
+        ),
     };
     run(&config)
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use taskbox_protocol::config::{
-    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, OwnerMap, Rlimit,
-    RlimitResource, RootPlan, STATUS_FD, Status,
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, OwnerMap, PLAN_FD,
+    Rlimit, RlimitResource, RootPlan, STATUS_FD, Status,
 };
 
 use crate::capture::Capture;
@@ -189,15 +189,16 @@ pub(crate) struct RunDir {
     shared: Option<SharedFiles>,
 }
 
-/// The mount point of the sandbox's root and the empty mask file, made once per backend: a
-/// mount point is only a name in each sandbox's own mount namespace, and the mask file is bound
-/// read-only, so one of each serves every sandbox. Each made per sandbox was two inodes made and
-/// freed on the state directory's file system per sandbox (see `write_table` in the server for
-/// what that costs on an ext4 without a journal).
+/// The mount points of the sandbox's root and of its disk, and the empty mask file, made once
+/// per backend: a mount point is only a name in each sandbox's own mount namespace, and the
+/// mask file is bound read-only, so one of each serves every sandbox. Each made per sandbox was
+/// an inode made and freed on the state directory's file system per sandbox (see `write_table`
+/// in the server for what that costs on an ext4 without a journal).
 #[derive(Debug, Clone)]
 pub(crate) struct SharedFiles {
     root: PathBuf,
     empty: PathBuf,
+    disk: PathBuf,
 }
 
 impl SharedFiles {
@@ -205,9 +206,12 @@ impl SharedFiles {
     pub(crate) fn make(dir: &Path) -> io::Result<SharedFiles> {
         let root = dir.join(".root");
         let empty = dir.join(".empty");
-        match fs::create_dir(&root) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-            _ => {}
+        let disk = dir.join(".disk");
+        for d in [&root, &disk] {
+            match fs::create_dir(d) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
         }
         // Made again, read-only, unless an earlier process (or run) left it as it must be.
         match fs::symlink_metadata(&empty) {
@@ -220,7 +224,7 @@ impl SharedFiles {
                 fs::set_permissions(&empty, fs::Permissions::from_mode(0o444))?;
             }
         }
-        Ok(SharedFiles { root, empty })
+        Ok(SharedFiles { root, empty, disk })
     }
 }
 
@@ -263,6 +267,13 @@ impl RunDir {
         match &self.disk {
             Some(d) => d.planned().join(name),
             None => self.dir.join(name),
+        }
+    }
+    /// Where the helper mounts the disk (see [`SharedFiles`]).
+    pub(crate) fn disk_mount_point(&self) -> PathBuf {
+        match &self.shared {
+            Some(s) => s.disk.clone(),
+            None => self.dir.join("disk"),
         }
     }
     pub(crate) fn empty_file(&self) -> PathBuf {
@@ -993,6 +1004,7 @@ pub fn run_with(
     // live on it.
     run_dir.disk = Some(Disk::prepare(
         &run_dir.dir,
+        run_dir.disk_mount_point(),
         req.policy.limits.disk_bytes,
         &disk_templates(&req.state_dir),
     )?);
@@ -1131,10 +1143,9 @@ pub fn run_with(
             .as_mut()
             .map(|d| ranged_disk_plan(d.plan(), &identity)),
     };
-    let plan_path = run_dir.dir.join("plan.json");
-    let plan = serde_json::to_vec_pretty(&config)
+    let plan = serde_json::to_vec(&config)
         .map_err(|e| NativeError::Invalid(format!("cannot encode the plan: {e}")))?;
-    fs::write(&plan_path, plan).map_err(io_err("cannot write the plan"))?;
+    let plan = crate::spawn::plan_memfd(&plan).map_err(io_err("cannot write the plan"))?;
 
     let window = egress.as_ref().map(|e| e.log.open());
     let disk_channel = DiskChannel::new()?;
@@ -1148,7 +1159,7 @@ pub fn run_with(
     let outcome = supervise(
         req,
         &config,
-        &plan_path,
+        plan,
         &spill_dir,
         &id,
         timeout,
@@ -1328,7 +1339,7 @@ struct Supervised {
 fn supervise(
     req: &RunRequest,
     config: &InitConfig,
-    plan_path: &Path,
+    plan: OwnedFd,
     spill_dir: &Path,
     id: &str,
     timeout: Duration,
@@ -1348,7 +1359,7 @@ fn supervise(
         Some((d, c)) => (Some(d), Some(c)),
         None => (None, None),
     };
-    let mut fds = vec![(status_write.as_fd(), STATUS_FD)];
+    let mut fds = vec![(status_write.as_fd(), STATUS_FD), (plan.as_fd(), PLAN_FD)];
     fds.extend(
         egress
             .as_ref()
@@ -1364,7 +1375,10 @@ fn supervise(
     let start = Instant::now();
     let mut child = crate::spawn::spawn(
         helper.as_os_str(),
-        &[plan_path.as_os_str()],
+        &[
+            std::ffi::OsStr::new(crate::spawn::PLAN_ARG),
+            std::ffi::OsStr::new(id),
+        ],
         match req.stdin {
             StdinSource::Inherit => crate::spawn::Stream::Inherit,
             StdinSource::Null => crate::spawn::Stream::Null,
@@ -1376,7 +1390,7 @@ fn supervise(
     .map_err(NativeError::Spawn)?;
     drop(fds);
     drop((stdout_write, stderr_write));
-    drop(status_write);
+    drop((status_write, plan));
     // The helper mounts the disk before it starts the sandbox, or fails set-up (reported on
     // the status pipe).
     if let (Some(disk), Some(mut channel)) = (disk, disk_channel) {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use taskbox_protocol::config::{
-    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, RootPlan,
+    DISK_FD, DiskPlan, EGRESS_FD, EgressPlan, InitConfig, LandlockPlan, MountOp, PLAN_FD, RootPlan,
     STATUS_FD, Status,
 };
 use taskbox_protocol::control::{self, CONTROL_FD, Event, ExecIds, Request};
@@ -289,6 +289,8 @@ pub struct Sandbox {
     /// The workspace on the host (the overlay's lower layer) and inside the sandbox.
     ws: native::WorkspacePaths,
     helper: Mutex<Option<spawn::Spawned>>,
+    /// The helper's standard error (its and pid 1's panics), for the cause of a loss.
+    helper_log: spawn::HelperLog,
     init_pid: i32,
     /// The id of the workspace's mount inside the sandbox (it changes on restore).
     ws_mount: Mutex<u64>,
@@ -373,6 +375,10 @@ impl Sandbox {
                 }
             }
             None => otherwise.to_owned(),
+        };
+        let how = match self.helper_log.last_words() {
+            Some(words) => format!("{how} (it wrote: {words})"),
+            None => how,
         };
         match self.oom_since_start() {
             Some(what) => format!("{how}; {what}"),
@@ -686,6 +692,7 @@ impl Native {
         dirs.disk = Some(
             crate::disk::Disk::prepare(
                 &dirs.dir,
+                dirs.disk_mount_point(),
                 policy.limits.disk_bytes,
                 &native::disk_templates(&self.state_dir),
             )
@@ -774,14 +781,25 @@ impl Native {
                 mode: 0o000,
                 size_bytes: Some(64 * 1024),
             },
+            // The layers' directory (the disk's root, or the sandbox's directory without a
+            // disk) and the mask file: the disk's mount point and the mask file are shared by
+            // the backend's sandboxes, so only this sandbox's are bound here.
             MountOp::Dir {
-                dst: Path::new(PRIVATE).join("state"),
+                dst: Path::new(PRIVATE).join("layers"),
                 mode: 0o700,
             },
             MountOp::Bind {
-                src: dirs.dir.clone(),
-                dst: Path::new(PRIVATE).join("state"),
+                src: dirs.planned(""),
+                dst: Path::new(PRIVATE).join("layers"),
                 readonly: false,
+            },
+            MountOp::File {
+                dst: Path::new(PRIVATE).join("empty"),
+            },
+            MountOp::Bind {
+                src: dirs.empty_file(),
+                dst: Path::new(PRIVATE).join("empty"),
+                readonly: true,
             },
             MountOp::Dir {
                 dst: Path::new(PRIVATE).join("lower"),
@@ -877,10 +895,9 @@ impl Native {
             id_range: identity.id_range,
             root_capabilities: identity.root_capabilities(&policy),
         };
-        let plan_path = dirs.dir.join("plan.json");
-        let plan = serde_json::to_vec_pretty(&config)
+        let plan = serde_json::to_vec(&config)
             .map_err(|e| ApiError::internal(format!("cannot encode the plan: {e}")))?;
-        fs::write(&plan_path, plan)
+        let plan = spawn::plan_memfd(&plan)
             .map_err(|e| ApiError::internal(format!("cannot write the plan: {e}")))?;
 
         let (ours, theirs) = socketpair(
@@ -892,20 +909,24 @@ impl Native {
         .map_err(|e| ApiError::internal(format!("socketpair: {e}")))?;
         let (status_read, status_write) = pipe()?;
         let helper = native::helper_path().map_err(|e| ApiError::internal(e.to_string()))?;
-        let log = fs::File::create(dirs.dir.join("helper.log"))
+        let log = spawn::HelperLog::new()
             .map_err(|e| ApiError::internal(format!("cannot create the helper log: {e}")))?;
         let mut disk_channel =
             native::DiskChannel::new().map_err(|e| ApiError::internal(e.to_string()))?;
         let mut fds = vec![
             (status_write.as_fd(), STATUS_FD),
             (theirs.as_fd(), CONTROL_FD),
+            (plan.as_fd(), PLAN_FD),
         ];
         fds.extend(disk_channel.helper_fd().map(|fd| (fd, DISK_FD)));
         let egress_fd = egress.as_ref().and_then(native::EgressWiring::helper_fd);
         fds.extend(egress_fd.map(|fd| (fd, EGRESS_FD)));
         let child = spawn::spawn(
             helper.as_os_str(),
-            &[plan_path.as_os_str()],
+            &[
+                std::ffi::OsStr::new(spawn::PLAN_ARG),
+                std::ffi::OsStr::new(id.as_str()),
+            ],
             spawn::Stream::Null,
             spawn::Stream::Null,
             spawn::Stream::To(log.as_fd()),
@@ -913,8 +934,7 @@ impl Native {
         )
         .map_err(|e| ApiError::internal(format!("cannot start the sandbox helper: {e}")))?;
         drop(fds);
-        drop(status_write);
-        drop(theirs);
+        drop((status_write, theirs, plan));
         disk_channel.theirs = None;
 
         // The helper mounts the disk first; then pid 1 reports that the sandbox is built (or
@@ -958,7 +978,13 @@ impl Native {
                 let mut child = child;
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(e);
+                // What the helper wrote before it failed (a panic's message) says more.
+                return Err(match (e, log.last_words()) {
+                    (ApiError::Internal(why), Some(words)) => {
+                        ApiError::Internal(format!("{why} (the helper wrote: {words})"))
+                    }
+                    (e, _) => e,
+                });
             }
         };
         let cgroup = cgroup.0.take();
@@ -1017,6 +1043,7 @@ impl Native {
             dirs,
             ws,
             helper: Mutex::new(Some(child)),
+            helper_log: log,
             init_pid,
             ws_mount: Mutex::new(ws_mount),
             control: ours,
@@ -1837,19 +1864,15 @@ impl Handle for Sandbox {
     /// state directory holds the layers).
     fn remount(&self, _staged: &StagedLayers, name: &str) -> Result<(), ApiError> {
         let private = Path::new(PRIVATE);
-        // The staged layers as the sandbox sees the state directory.
-        let on_disk = match self.dirs.disk {
-            Some(_) => "state/disk",
-            None => "state",
-        };
+        // The staged layers as pid 1 sees them (see `PRIVATE` in `create`).
         let mut ops = vec![MountOp::Overlay {
             lower: private.join("lower"),
-            upper: private.join(on_disk).join("upper.next"),
-            work: private.join(on_disk).join("work.next"),
+            upper: private.join("layers/upper.next"),
+            work: private.join("layers/work.next"),
             dst: self.ws.inside.clone(),
             lower_map: None,
         }];
-        let empty = private.join("state/empty");
+        let empty = private.join("empty");
         let guards = native::workspace_guard_ops(&self.common.policy, &self.ws, &empty, false);
         for op in guards {
             let inside = match &op {

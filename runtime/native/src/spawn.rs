@@ -239,6 +239,72 @@ pub(crate) fn spawn(
     Ok(Spawned { pid, reaped: None })
 }
 
+/// The argument that tells the helper to read its plan from [`PLAN_FD`](crate::config::PLAN_FD)
+/// (followed by the sandbox's or the run's id, a label for `ps`).
+pub(crate) const PLAN_ARG: &str = "-";
+
+/// The helper's plan in a memfd, read from its start, to be placed on `PLAN_FD`: a plan file
+/// on the state directory was an inode made and freed per sandbox (see `SharedFiles`). Sealed
+/// against writes and resizes once written.
+pub(crate) fn plan_memfd(plan: &[u8]) -> io::Result<OwnedFd> {
+    use std::io::{Seek, Write};
+    let fd = memfd(c"taskbox-plan", libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(plan)?;
+    file.rewind()?;
+    let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on a descriptor this function owns.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(OwnedFd::from(file))
+}
+
+/// The helper's standard error: a memfd the supervisor keeps, read when the helper fails or its
+/// sandbox is lost. The helper writes nothing there unless something went wrong in it (a
+/// panic's message), so it stays empty and costs no inode on the state directory.
+#[derive(Debug)]
+pub(crate) struct HelperLog(std::fs::File);
+
+impl HelperLog {
+    pub(crate) fn new() -> io::Result<HelperLog> {
+        memfd(c"taskbox-helper-log", libc::MFD_CLOEXEC).map(|fd| HelperLog(fd.into()))
+    }
+
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.0.as_fd()
+    }
+
+    /// The last line the helper wrote (at most 500 bytes of it), if any.
+    pub(crate) fn last_words(&self) -> Option<String> {
+        use std::os::unix::fs::FileExt;
+        const TAIL: u64 = 4096;
+        let len = self.0.metadata().ok()?.len();
+        let from = len.saturating_sub(TAIL);
+        let mut buf = vec![0u8; (len - from) as usize];
+        let n = self.0.read_at(&mut buf, from).ok()?;
+        buf.truncate(n);
+        let text = String::from_utf8_lossy(&buf);
+        let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+        let mut end = line.len().min(500);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        Some(line[..end].to_owned())
+    }
+}
+
+fn memfd(name: &std::ffi::CStr, flags: libc::c_uint) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name; the returned descriptor is new and owned here.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor no one else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,5 +374,34 @@ mod tests {
         assert!(child.try_wait().unwrap().is_none());
         child.kill().unwrap();
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    #[test]
+    fn the_plan_memfd_reads_from_its_start_and_refuses_writes() {
+        use std::io::{Read, Write};
+        let fd = plan_memfd(b"{\"plan\":1}").unwrap();
+        let mut f = std::fs::File::from(fd);
+        let mut text = String::new();
+        f.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "{\"plan\":1}");
+        let e = f.write_all(b"more").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+    }
+
+    #[test]
+    fn the_helper_log_gives_its_last_line_bounded() {
+        use std::io::Write;
+        let log = HelperLog::new().unwrap();
+        assert_eq!(log.last_words(), None);
+        let mut w = std::fs::File::from(log.as_fd().try_clone_to_owned().unwrap());
+        w.write_all(b"first\nthread 'main' panicked at x.rs:1:2\n\n")
+            .unwrap();
+        assert_eq!(
+            log.last_words().as_deref(),
+            Some("thread 'main' panicked at x.rs:1:2")
+        );
+        w.write_all("é".repeat(400).as_bytes()).unwrap();
+        let last = log.last_words().unwrap();
+        assert!(last.len() <= 500 && last.starts_with('é'), "{}", last.len());
     }
 }

@@ -338,6 +338,11 @@ pub const EGRESS_FD: i32 = 5;
 /// sends a descriptor of its tmpfs disk's root ([`DiskPlan`]); only given with `disk` set.
 pub const DISK_FD: i32 = 6;
 
+/// The descriptor from which the helper reads its plan (an [`InitConfig`] in JSON) when it is
+/// started as `taskbox-init -`: a memfd the runtime wrote, so no plan file is made and removed
+/// per sandbox. The helper closes it once read.
+pub const PLAN_FD: i32 = 8;
+
 /// The descriptor of the commands' user namespace ([`IdRange`]): made by the helper, kept by
 /// pid 1 for the exec starters, which enter it; no command holds it.
 pub const USERNS_FD: i32 = 7;

@@ -441,7 +441,11 @@ fn sigterm_ends_a_supervisor_with_an_exec_in_flight() {
                 .map(|e| e.file_name())
                 // The backend's own: its lock, and the mount point and mask file every
                 // sandbox shares.
-                .filter(|n| ![".lock", ".root", ".empty"].iter().any(|own| n == own))
+                .filter(|n| {
+                    ![".lock", ".root", ".empty", ".disk"]
+                        .iter()
+                        .any(|own| n == own)
+                })
                 .collect()
         })
         .unwrap_or_default();
