@@ -388,6 +388,30 @@ pub fn host_processes_with(needle: &str) -> Vec<i32> {
     found
 }
 
+/// The cgroups a one-shot `taskbox run` of process `pid` made (`taskbox-ID`, whose id ends
+/// with the process's pid in five hex digits) that are still on the host.
+pub fn run_cgroups_of(pid: u32) -> Vec<String> {
+    let suffix = format!("{:05x}", pid & 0xfffff);
+    let mut found = Vec::new();
+    for controller in ["memory", "pids", "cpu", "cpuacct", ""] {
+        let root = Path::new("/sys/fs/cgroup").join(controller);
+        let Ok(out) = std::process::Command::new("find")
+            .arg(&root)
+            .args(["-maxdepth", "4", "-type", "d", "-name", "taskbox-*"])
+            .output()
+        else {
+            continue;
+        };
+        found.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.contains("taskbox-sb-") && l.ends_with(&suffix))
+                .map(str::to_string),
+        );
+    }
+    found
+}
+
 /// A Python 3 interpreter from the host's system packages, usable inside the sandbox.
 pub const PYTHON: &str = "/usr/bin/python3";
 

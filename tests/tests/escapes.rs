@@ -816,9 +816,21 @@ fn no_host_socket_and_no_supervisor_state_is_in_reach() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Stopped as a service manager stops it (SIGTERM: it destroys its sandboxes, cgroups and
+    // all), then killed if it is still there: a SIGKILL alone left the sandbox's cgroups on the
+    // host, with no later supervisor of this state directory to sweep them.
     struct Stop<'a>(&'a mut std::process::Child);
     impl Drop for Stop<'_> {
         fn drop(&mut self) {
+            // SAFETY: kill has no memory arguments; the pid is our child's, not yet reaped.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = self.0.kill();
             let _ = self.0.wait();
         }

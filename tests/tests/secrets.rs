@@ -759,14 +759,24 @@ fn a_one_shot_run_presents_a_secret_from_its_environment() {
         "{r:#}"
     );
     assert_no_secret("the one-shot observation", stdout.as_bytes());
-    // Without the variable, the run is refused before anything starts, naming the key.
-    let out = env
+    // Without the variable, the run is refused before anything starts, naming the key, and
+    // leaves nothing on the host (its cgroup was left behind once).
+    let child = env
         .command()
         .args(["run", "--policy", policy.to_str().unwrap(), "--", "true"])
         .env_remove("TASKBOX_TEST_GH_TOKEN")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(125));
+    assert_eq!(
+        taskbox_tests::run_cgroups_of(pid),
+        Vec::<String>::new(),
+        "the refused run left its cgroups"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("secrets.gh.from_env: TASKBOX_TEST_GH_TOKEN is not set"),

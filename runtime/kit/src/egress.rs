@@ -297,7 +297,8 @@ pub fn resolve_secrets(
                 Ok(v) => SecretValue::new(v),
                 Err(_) => {
                     return Err(ApiError::invalid(format!(
-                        "{key}.from_env: {var} is not set (as UTF-8 text) in the supervisor's                          environment"
+                        "{key}.from_env: {var} is not set (as UTF-8 text) in the \
+                         supervisor's environment"
                     )));
                 }
             },

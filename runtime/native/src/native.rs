@@ -1058,6 +1058,9 @@ pub fn run_with(
             cpu_cores: limits.cpu_cores,
         },
     )?;
+    // Until the run owns its clean-up (below), a set-up that fails removes the cgroup: a run
+    // refused for a missing secret left it on the host.
+    let mut setup_guard = CgroupGuard(cgroup.as_ref());
     let rlimits = rlimits_for(&req.policy, cgroup.is_some());
 
     let ws = ws.finish();
@@ -1156,6 +1159,7 @@ pub fn run_with(
         ],
         cwd: cwd.display().to_string(),
     });
+    setup_guard.0 = None;
     let outcome = supervise(
         req,
         &config,
@@ -1333,6 +1337,19 @@ struct Supervised {
     findings: Option<taskbox_findings::Findings>,
     enforcement: Enforcement,
     exec_failed: Option<(i32, String)>,
+}
+
+/// Removes a run's cgroup when its set-up ends early, unless emptied (`.0 = None`) once the
+/// run has taken over its clean-up.
+struct CgroupGuard<'a>(Option<&'a Cgroup>);
+
+impl Drop for CgroupGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(cg) = self.0 {
+            cg.kill_all(Duration::from_secs(5));
+            cg.remove();
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
