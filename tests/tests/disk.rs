@@ -307,3 +307,66 @@ fn a_long_lived_sandbox_is_held_to_its_disk_limit_and_leaves_nothing_behind() {
     assert_nothing_left(&state);
     drop(backend);
 }
+
+/// A fork's frozen copy of its parent's layers is made on the parent's disk and gone once the
+/// forks have theirs (the parent's free space is what it was); a parent that has filled more
+/// than half its disk still forks (the copy then goes on the state directory), and the fork
+/// has the parent's files.
+#[test]
+fn a_fork_leaves_its_parents_disk_as_it_was_and_a_nearly_full_parent_still_forks() {
+    let env = Env::new();
+    let policy = env.policy("disk", "[limits]\ndisk = \"64MiB\"\n");
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let parent = backend
+        .create(CreateRequest {
+            workspace: env.ws().display().to_string(),
+            policy: Some(policy.display().to_string()),
+            ..CreateRequest::default()
+        })
+        .unwrap()
+        .id;
+    let free = |id: &SandboxId| -> u64 {
+        let r = taskbox_tests::shell(&backend, id, "sync; stat -f -c %a /tmp");
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        r.stdout.text.trim().parse().unwrap()
+    };
+    let fork = |count: u32| {
+        backend
+            .fork(
+                &parent,
+                ForkRequest {
+                    count: Some(count),
+                    ..ForkRequest::default()
+                },
+            )
+            .unwrap()
+            .sandboxes
+    };
+    let r = taskbox_tests::shell(&backend, &parent, "echo small > small.txt");
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let before = free(&parent);
+    let forks = fork(2);
+    assert_eq!(
+        free(&parent),
+        before,
+        "the fork left something on its parent's disk"
+    );
+    for f in &forks {
+        backend.destroy(&f.id).unwrap();
+    }
+    // 40 of the 64 MiB: no room for a second copy on the parent's disk.
+    let r = taskbox_tests::shell(
+        &backend,
+        &parent,
+        "dd if=/dev/urandom of=big.bin bs=1M count=40 2>/dev/null && md5sum big.bin",
+    );
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let sum = r.stdout.text.clone();
+    let forks = fork(1);
+    let r = taskbox_tests::shell(&backend, &forks[0].id, "md5sum big.bin; cat small.txt");
+    assert_eq!(r.stdout.text, format!("{sum}small\n"), "{r:?}");
+    for f in &forks {
+        backend.destroy(&f.id).unwrap();
+    }
+    backend.destroy(&parent).unwrap();
+}

@@ -1031,13 +1031,24 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
             ))
         })?;
         let child = fork_request(origin, &info, &req);
-        let stage = common
-            .layers
-            .checkpoints
+        // The frozen copy goes on the parent's own disk (a directory no mount of the sandbox
+        // shows), where making its files is cheap; on the state directory, each was an inode
+        // found past every one freed there in the last minute (ext4 without a journal, see
+        // decisions.md). Should the parent's disk be full, the state directory takes it.
+        let name = SandboxId::generate();
+        let on_disk = common.layers.disk.join(format!(".fork-{name}"));
+        let on_state = (common.layers.checkpoints)
             .with_file_name("forks")
-            .join(SandboxId::generate().as_str());
+            .join(name.as_str());
         let t = std::time::Instant::now();
-        let mut seed = common.layers.freeze(&stage, req.checkpoint.as_deref())?;
+        let mut seed = match common.layers.freeze(&on_disk, req.checkpoint.as_deref()) {
+            Ok(seed) => seed,
+            Err(e) if req.checkpoint.is_none() => {
+                tracing::debug!(sandbox = %id, error = %e, "freezing on the state directory");
+                common.layers.freeze(&on_state, None)?
+            }
+            Err(e) => return Err(e),
+        };
         seed.enforcement = Some(info.enforcement.clone());
         let frozen_ms = t.elapsed().as_secs_f64() * 1000.0;
         let from = ForkOrigin {
