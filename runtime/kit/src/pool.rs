@@ -376,6 +376,13 @@ impl<B: Backend> Shared<B> {
                         .name("fork-pool-start".into())
                         .spawn(move || {
                             let started = shared.backend.start_warm(&req);
+                            if let Ok(sb) = &started {
+                                // A plant's directories made now, not in the fork's request.
+                                let disk = &sb.common().layers.disk;
+                                if let Err(e) = crate::layers::StagedLayers::make_ready(disk) {
+                                    tracing::debug!(error = %e, "cannot make the stage ahead");
+                                }
+                            }
                             shared.started_one(&k, started);
                         });
                     if let Err(e) = spawned {
