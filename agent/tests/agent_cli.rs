@@ -84,6 +84,19 @@ fn a_killed_task_is_resumed_and_its_trace_replays() {
         3,
         "the third model call is in flight"
     );
+    // What the killed process's in-process backend holds: its session and its sandbox.
+    let session = fx
+        .env
+        .state()
+        .join("agent/sessions")
+        .join(child.id().to_string());
+    let sandboxes: Vec<String> = std::fs::read_dir(session.join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
     child.kill().unwrap();
     child.wait().unwrap();
 
@@ -112,6 +125,27 @@ fn a_killed_task_is_resumed_and_its_trace_replays() {
     files.sort();
     assert_eq!(files, ["notes.txt", "src/math.sh"]);
     assert_eq!(mock.received().len(), 5);
+    // The next agent swept what the killed one left: its session and its sandbox's cgroups.
+    assert!(!session.exists(), "{} is left", session.display());
+    for id in &sandboxes {
+        let leaf = format!("taskbox-sb-{id}");
+        let left: Vec<_> = ["memory", "pids", "cpu", "cpuacct", ""]
+            .iter()
+            .filter_map(|c| {
+                let out = Command::new("find")
+                    .arg(std::path::Path::new("/sys/fs/cgroup").join(c))
+                    .args(["-maxdepth", "4", "-type", "d", "-name", &leaf])
+                    .output()
+                    .ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                (!text.is_empty()).then_some(text)
+            })
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the killed agent's cgroups are left: {left:?}"
+        );
+    }
 
     // The trace replays without a model server, and every observation matches.
     drop(mock);

@@ -213,10 +213,9 @@ fn backend(conn: &Conn, remote: bool) -> Result<Backend> {
             remote: true,
         });
     }
-    let session_dir = state_dir
-        .join("agent")
-        .join("sessions")
-        .join(std::process::id().to_string());
+    let sessions = state_dir.join("agent").join("sessions");
+    crate::orphans::sweep_agent_sessions(&sessions);
+    let session_dir = sessions.join(std::process::id().to_string());
     let api = taskbox_core::runtime::RuntimeBuilder::new()
         .native(session_dir.clone())
         .images(crate::docker::image_resolver(&state_dir))

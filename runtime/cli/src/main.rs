@@ -15,6 +15,7 @@ mod agent;
 mod client;
 mod docker;
 mod image;
+mod orphans;
 mod queue;
 mod replay;
 mod verbs;

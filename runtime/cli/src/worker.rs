@@ -57,11 +57,15 @@ pub struct WorkerArgs {
 }
 
 fn default_name() -> String {
-    let host = nix::unistd::gethostname()
+    format!("{}-{}", default_host(), std::process::id())
+}
+
+/// The host part of a worker's default name.
+fn default_host() -> String {
+    nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "worker".into());
-    format!("{host}-{}", std::process::id())
+        .unwrap_or_else(|| "worker".into())
 }
 
 pub fn run(args: WorkerArgs, conn: &Conn) -> Result<u8> {
@@ -76,6 +80,7 @@ pub fn run(args: WorkerArgs, conn: &Conn) -> Result<u8> {
     if name.is_empty() || name.len() > 128 || name.chars().any(|c| c.is_control()) {
         bail!("--name {name:?}: give 1 to 128 printable characters");
     }
+    crate::orphans::sweep_worker_sandboxes(&state_dir.join("worker"), &default_host());
     let dir = state_dir.join("worker").join(&name);
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the worker's directory {}", dir.display()))?;

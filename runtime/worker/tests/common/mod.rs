@@ -175,8 +175,19 @@ impl WorkerProc {
 }
 
 impl Drop for WorkerProc {
+    /// Stops it as a worker is stopped (SIGTERM: it ends its attempts and their sandboxes),
+    /// then kills it if it is still there; then sweeps what a worker killed (here, or by the
+    /// test) left of its sandboxes, as its next start under the same name would: their cgroups
+    /// would otherwise stay on the host.
     fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.term(Duration::from_secs(10));
+        }
         self.kill9();
+        let sandboxes = self.state.join("worker").join(&self.name).join("sandboxes");
+        if sandboxes.is_dir() {
+            let _ = taskbox_core::sandbox::NativeBackend::new(sandboxes);
+        }
     }
 }
 
