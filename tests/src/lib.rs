@@ -547,11 +547,14 @@ impl Supervisor {
 
 impl Drop for Supervisor {
     /// Stops the supervisor as a service manager would: SIGTERM (it destroys its sandboxes),
-    /// then SIGKILL if it is still there after a few seconds.
+    /// then SIGKILL if it is still there after 20 seconds (a systemd unit's default is 90). A
+    /// supervisor with Docker sandboxes, on a busy host, can take more than the 5 s this was:
+    /// killed before its shutdown ended, it left its private mount point of `STATE/docker`
+    /// bound on the host, about once per CI run.
     fn drop(&mut self) {
         // SAFETY: kill has no memory arguments; the pid is our child's, not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
