@@ -128,19 +128,7 @@ fn a_killed_task_is_resumed_and_its_trace_replays() {
     // The next agent swept what the killed one left: its session and its sandbox's cgroups.
     assert!(!session.exists(), "{} is left", session.display());
     for id in &sandboxes {
-        let leaf = format!("taskbox-sb-{id}");
-        let left: Vec<_> = ["memory", "pids", "cpu", "cpuacct", ""]
-            .iter()
-            .filter_map(|c| {
-                let out = Command::new("find")
-                    .arg(std::path::Path::new("/sys/fs/cgroup").join(c))
-                    .args(["-maxdepth", "4", "-type", "d", "-name", &leaf])
-                    .output()
-                    .ok()?;
-                let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                (!text.is_empty()).then_some(text)
-            })
-            .collect();
+        let left = taskbox_tests::host_cgroups(&format!("taskbox-sb-{id}"));
         assert!(
             left.is_empty(),
             "the killed agent's cgroups are left: {left:?}"

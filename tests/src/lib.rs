@@ -388,16 +388,15 @@ pub fn host_processes_with(needle: &str) -> Vec<i32> {
     found
 }
 
-/// The cgroups a one-shot `taskbox run` of process `pid` made (`taskbox-ID`, whose id ends
-/// with the process's pid in five hex digits) that are still on the host.
-pub fn run_cgroups_of(pid: u32) -> Vec<String> {
-    let suffix = format!("{:05x}", pid & 0xfffff);
+/// The cgroup directories on the host whose name matches `pattern` (a `find -name` glob), in
+/// every controller's hierarchy (v1) and in the unified one (v2).
+pub fn host_cgroups(pattern: &str) -> Vec<String> {
     let mut found = Vec::new();
     for controller in ["memory", "pids", "cpu", "cpuacct", ""] {
         let root = Path::new("/sys/fs/cgroup").join(controller);
-        let Ok(out) = std::process::Command::new("find")
+        let Ok(out) = Command::new("find")
             .arg(&root)
-            .args(["-maxdepth", "4", "-type", "d", "-name", "taskbox-*"])
+            .args(["-maxdepth", "4", "-type", "d", "-name", pattern])
             .output()
         else {
             continue;
@@ -405,11 +404,36 @@ pub fn run_cgroups_of(pid: u32) -> Vec<String> {
         found.extend(
             String::from_utf8_lossy(&out.stdout)
                 .lines()
-                .filter(|l| !l.contains("taskbox-sb-") && l.ends_with(&suffix))
                 .map(str::to_string),
         );
     }
     found
+}
+
+/// The cgroups a one-shot `taskbox run` of process `pid` made (`taskbox-ID`, whose id ends
+/// with the process's pid in five hex digits) that are still on the host.
+pub fn run_cgroups_of(pid: u32) -> Vec<String> {
+    let suffix = format!("{:05x}", pid & 0xfffff);
+    host_cgroups("taskbox-*")
+        .into_iter()
+        .filter(|l| !l.contains("taskbox-sb-") && l.ends_with(&suffix))
+        .collect()
+}
+
+/// Stops `child` as a service manager would: SIGTERM, then SIGKILL if it is still there after
+/// `grace`; reaped either way.
+pub fn stop_gently(child: &mut std::process::Child, grace: std::time::Duration) {
+    // SAFETY: kill has no memory arguments; the pid is the caller's child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// A Python 3 interpreter from the host's system packages, usable inside the sandbox.
@@ -552,17 +576,7 @@ impl Drop for Supervisor {
     /// killed before its shutdown ended, it left its private mount point of `STATE/docker`
     /// bound on the host, about once per CI run.
     fn drop(&mut self) {
-        // SAFETY: kill has no memory arguments; the pid is our child's, not yet reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_gently(&mut self.child, std::time::Duration::from_secs(20));
     }
 }
 

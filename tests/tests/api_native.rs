@@ -15,7 +15,14 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(|_| ()).0
+}
+
+/// [`fixture`], with `before` run on the environment before the sandbox is made (what it
+/// returns is kept alive beside the fixture).
+fn fixture_with<T>(before: impl FnOnce(&Env) -> T) -> (Fixture, T) {
     let env = Env::new();
+    let kept = before(&env);
     // SAFETY: tests of this binary set HOME only to a per-test scratch value before any thread
     // of theirs reads it; the sandbox plan reads it once at create.
     let backend = NativeBackend::new(env.state()).unwrap();
@@ -25,11 +32,12 @@ fn fixture() -> Fixture {
             ..CreateRequest::default()
         })
         .unwrap();
-    Fixture {
+    let f = Fixture {
         id: info.id,
         env,
         backend,
-    }
+    };
+    (f, kept)
 }
 
 fn sh(f: &Fixture, script: &str) -> taskbox_core::result::ExecResult {
@@ -41,17 +49,9 @@ fn sh(f: &Fixture, script: &str) -> taskbox_core::result::ExecResult {
 /// view of the layers and the mask file).
 #[test]
 fn a_masked_host_socket_in_the_workspace_stays_masked_after_a_restore() {
-    let env = Env::new();
-    let _svc = std::os::unix::net::UnixListener::bind(env.ws().join("svc.sock")).unwrap();
-    let backend = NativeBackend::new(env.state()).unwrap();
-    let id = backend
-        .create(CreateRequest {
-            workspace: env.ws().display().to_string(),
-            ..CreateRequest::default()
-        })
-        .unwrap()
-        .id;
-    let f = Fixture { env, backend, id };
+    let (f, _svc) = fixture_with(|env| {
+        std::os::unix::net::UnixListener::bind(env.ws().join("svc.sock")).unwrap()
+    });
     let probe = "if test -S svc.sock; then echo socket; else echo masked; fi";
     assert_eq!(sh(&f, probe).stdout.text, "masked\n");
     f.backend

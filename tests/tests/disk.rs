@@ -264,20 +264,25 @@ fn a_write_past_the_file_size_limit_is_a_violation() {
     );
 }
 
-#[test]
-fn a_long_lived_sandbox_is_held_to_its_disk_limit_and_leaves_nothing_behind() {
-    let env = Env::new();
-    let statefs = StateFs::new(env.dir.path());
-    let state = statefs.path.join("state");
+/// A long-lived sandbox on `env`'s workspace with a disk of 64 MiB.
+fn create_with_64_mib(backend: &NativeBackend, env: &Env) -> SandboxInfo {
     let policy = env.policy("disk", "[limits]\ndisk = \"64MiB\"\n");
-    let backend = NativeBackend::new(state.clone()).unwrap();
-    let info = backend
+    backend
         .create(CreateRequest {
             workspace: env.ws().display().to_string(),
             policy: Some(policy.display().to_string()),
             ..CreateRequest::default()
         })
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_long_lived_sandbox_is_held_to_its_disk_limit_and_leaves_nothing_behind() {
+    let env = Env::new();
+    let statefs = StateFs::new(env.dir.path());
+    let state = statefs.path.join("state");
+    let backend = NativeBackend::new(state.clone()).unwrap();
+    let info = create_with_64_mib(&backend, &env);
     assert_eq!(info.enforcement.disk, expected_kind(), "{info:?}");
     let before = free_bytes(&statefs.path);
     let r = taskbox_tests::shell(&backend, &info.id, WRITE_200_MIB);
@@ -315,16 +320,8 @@ fn a_long_lived_sandbox_is_held_to_its_disk_limit_and_leaves_nothing_behind() {
 #[test]
 fn a_fork_leaves_its_parents_disk_as_it_was_and_a_nearly_full_parent_still_forks() {
     let env = Env::new();
-    let policy = env.policy("disk", "[limits]\ndisk = \"64MiB\"\n");
     let backend = NativeBackend::new(env.state()).unwrap();
-    let parent = backend
-        .create(CreateRequest {
-            workspace: env.ws().display().to_string(),
-            policy: Some(policy.display().to_string()),
-            ..CreateRequest::default()
-        })
-        .unwrap()
-        .id;
+    let parent = create_with_64_mib(&backend, &env).id;
     let free = |id: &SandboxId| -> u64 {
         let r = taskbox_tests::shell(&backend, id, "sync; stat -f -c %a /tmp");
         assert_eq!(r.exit_code, Some(0), "{r:?}");

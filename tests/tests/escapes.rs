@@ -822,17 +822,7 @@ fn no_host_socket_and_no_supervisor_state_is_in_reach() {
     struct Stop<'a>(&'a mut std::process::Child);
     impl Drop for Stop<'_> {
         fn drop(&mut self) {
-            // SAFETY: kill has no memory arguments; the pid is our child's, not yet reaped.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while std::time::Instant::now() < deadline {
-                if let Ok(Some(_)) = self.0.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+            taskbox_tests::stop_gently(self.0, Duration::from_secs(10));
         }
     }
     let _stop = Stop(&mut sup);

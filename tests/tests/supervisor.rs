@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers fail the test by panicking
 
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -398,23 +397,7 @@ fn a_policy_file_is_read_once_by_the_cli_and_never_by_the_supervisor() {
 }
 
 fn leftover_cgroups() -> Vec<String> {
-    let mut found = Vec::new();
-    for controller in ["memory", "pids", "cpu", "cpuacct", ""] {
-        let root = Path::new("/sys/fs/cgroup").join(controller);
-        let Ok(out) = Command::new("find")
-            .arg(&root)
-            .args(["-maxdepth", "4", "-type", "d", "-name", "taskbox-sb-*"])
-            .output()
-        else {
-            continue;
-        };
-        found.extend(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(str::to_string),
-        );
-    }
-    found
+    taskbox_tests::host_cgroups("taskbox-sb-*")
 }
 
 /// What a sandbox of `id` may leave on the host: its state directory and its cgroups.

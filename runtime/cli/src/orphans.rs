@@ -20,16 +20,9 @@ fn gone(pid: i32) -> bool {
 
 /// Sweeps `dir` (a native backend's state directory) if no backend holds it; false if one does.
 fn sweep(dir: &Path) -> bool {
-    match NativeBackend::new(dir.to_path_buf()) {
-        Ok(backend) => {
-            drop(backend);
-            true
-        }
-        Err(e) => {
-            tracing::debug!(dir = %dir.display(), error = %e, "not swept");
-            false
-        }
-    }
+    NativeBackend::new(dir.to_path_buf())
+        .inspect_err(|e| tracing::debug!(dir = %dir.display(), error = %e, "not swept"))
+        .is_ok()
 }
 
 /// The agent's sessions in `sessions` (`STATE/agent/sessions`) whose process is gone: swept,

@@ -104,17 +104,16 @@ pub struct Disk {
 
 impl Disk {
     /// A disk of `size` bytes for the sandbox whose directory is `dir`, to be mounted by the
-    /// helper at `mount_point` ([`Disk::plan`], then [`Disk::receive`]): `loop-ext4` as root
+    /// helper at `planned` ([`Disk::plan`], then [`Disk::receive`]): `loop-ext4` as root
     /// when it can be made, else `tmpfs`. `templates` is where ext4 templates are kept. The
     /// mount point is only a name in the sandbox's own mount namespace, so sandboxes may share
     /// one (it is made when missing).
     pub fn prepare(
         dir: &Path,
-        mount_point: PathBuf,
+        planned: PathBuf,
         size: u64,
         templates: &Path,
     ) -> Result<Disk, DiskError> {
-        let planned = mount_point;
         fs::create_dir_all(&planned).map_err(|e| derr(&planned, e))?;
         let mut disk = Disk {
             kind: DiskKind::Tmpfs,

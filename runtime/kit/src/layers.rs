@@ -724,12 +724,8 @@ impl StagedLayers {
             upper: dir.join("upper.next"),
             work: dir.join("work.next"),
         };
-        if is_empty_dir(&staged.upper) {
-            layers::copy_layer_into(ckpt, &staged.upper).map_err(layers_err)?;
-        } else {
-            remove_tree(&staged.upper);
-            layers::copy_layer(ckpt, &staged.upper).map_err(layers_err)?;
-        }
+        empty_dir(&staged.upper)?;
+        layers::copy_layer_into(ckpt, &staged.upper).map_err(layers_err)?;
         empty_dir(&staged.work)?;
         Ok(staged)
     }

@@ -1037,7 +1037,9 @@ impl<B: Backend> SandboxApi for Sandboxes<B> {
         // decisions.md). Should the parent's disk be full, the state directory takes it.
         let name = SandboxId::generate();
         let on_disk = common.layers.disk.join(format!(".fork-{name}"));
-        let on_state = (common.layers.checkpoints)
+        let on_state = common
+            .layers
+            .checkpoints
             .with_file_name("forks")
             .join(name.as_str());
         let t = std::time::Instant::now();
