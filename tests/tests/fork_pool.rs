@@ -354,3 +354,144 @@ fn dropping_the_backend_ends_the_pool_and_leaves_nothing_on_the_host() {
     );
     drop(env);
 }
+
+/// Every kind of entry a fork point can hold, over a workspace that has the entries it
+/// replaces: a changed file, removed files and directories (one of them replaced by a new
+/// directory), a symlink become a file, a file become a directory, a mode and an mtime changed
+/// alone, new directories, a relative symlink, a fifo, hard links and a file of some size.
+const EVERY_KIND: &str = "set -e
+echo changed >> keep/a.txt
+rm gone.txt
+rm -rf gonedir
+rm -rf redo && mkdir redo && echo new > redo/new.txt
+rm link && echo now-a-file > link
+rm f2d.txt && mkdir f2d.txt && echo in > f2d.txt/inner.txt
+chmod 755 mode.sh
+touch -d '2001-02-03 04:05:06' touched.txt
+mkdir -p fresh/deep/er && echo deep > fresh/deep/er/file.txt && chmod 700 fresh/deep
+ln -s ../keep/same.txt fresh/rel-link
+mkfifo -m 640 fresh/pipe
+echo hard > fresh/h1 && ln fresh/h1 fresh/h2
+head -c 3000000 /dev/urandom > fresh/big.bin
+echo note > /tmp/note";
+
+/// The workspace as commands see it: every entry with its type, mode, owner and mtime (size,
+/// link target and link count for all but directories), and every file's digest.
+const LISTING: &str = "find . -type d -printf '%p %y %m %U %G %T@\\n' | sort
+find . ! -type d -printf '%p %y %m %U %G %s %T@ %l %n\\n' | sort
+find . -type f -exec sha256sum {} + | sort";
+
+/// The lower layer [`EVERY_KIND`] changes, made on the host.
+fn every_kind_workspace(ws: &Path) {
+    let write = |rel: &str, text: &str| {
+        let p = ws.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    write("keep/a.txt", "a\n");
+    write("keep/same.txt", "same\n");
+    write("gone.txt", "gone\n");
+    write("gonedir/x/y.txt", "y\n");
+    write("gonedir/z.txt", "z\n");
+    write("redo/old1.txt", "1\n");
+    write("redo/old2.txt", "2\n");
+    write("f2d.txt", "file\n");
+    write("mode.sh", "#!/bin/sh\n");
+    write("touched.txt", "t\n");
+    std::os::unix::fs::symlink("keep/a.txt", ws.join("link")).unwrap();
+}
+
+/// Forks `parent` once per pooled sandbox (`n`), and checks that each fork lists exactly
+/// as its parent did at the fork point, with the same diff and `/tmp`; returns the forks.
+fn forks_list_as_their_parent(
+    s: &Subject,
+    b: &NativeBackend,
+    parent: &SandboxId,
+    n: u32,
+) -> Vec<SandboxInfo> {
+    let listing = s.sh(parent, LISTING);
+    assert_eq!(listing.exit_code, Some(0), "{listing:?}");
+    let before = files(s, parent);
+    let made = fork(b, parent, n);
+    for info in &made {
+        let r = s.sh(&info.id, LISTING);
+        assert_eq!(r.exit_code, Some(0), "{r:?}");
+        assert_eq!(r.stdout.text, listing.stdout.text, "fork {}", info.id);
+        assert_eq!(files(s, &info.id), before, "fork {}", info.id);
+    }
+    made
+}
+
+#[test]
+fn a_fork_written_into_a_pooled_sandbox_lists_exactly_as_its_parent() {
+    let env = Env::new();
+    every_kind_workspace(&env.ws());
+    let b = pooled_backend(&env, 2, Duration::from_secs(600));
+    let s = subject(env, &b);
+    warm_up(&s, &b, 2);
+    let parent = s.create();
+    let r = s.sh(&parent, EVERY_KIND);
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let before = status(&b);
+    let made = forks_list_as_their_parent(&s, &b, &parent, 2);
+    let after = status(&b);
+    assert_eq!(after.served, before.served + 2, "{after:?}");
+    // Both took the layer through their mount: their exec starters were not replaced.
+    assert_eq!(after.merged, before.merged + 2, "{after:?}");
+    // Each fork's workspace is its own from then on, and restores as any other.
+    let f = &made[0].id;
+    s.api
+        .checkpoint(f, CheckpointRequest { name: "c".into() })
+        .unwrap();
+    let r = s.sh(f, "echo more >> keep/a.txt && rm -rf fresh && touch redo/x");
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let r = s.sh(&made[1].id, "cat keep/a.txt; ls fresh; ls redo");
+    assert_eq!(
+        r.stdout.text, "a\nchanged\nbig.bin\ndeep\nh1\nh2\npipe\nrel-link\nnew.txt\n",
+        "{r:?}"
+    );
+    s.api
+        .restore(f, CheckpointRequest { name: "c".into() })
+        .unwrap();
+    let r = s.sh(f, "cat keep/a.txt; ls redo");
+    assert_eq!(r.stdout.text, "a\nchanged\nnew.txt\n", "{r:?}");
+    for info in &made {
+        b.destroy(&info.id).unwrap();
+    }
+    b.destroy(&parent).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("keep/a.txt")).unwrap(),
+        "a\n",
+        "the host workspace is untouched"
+    );
+}
+
+#[test]
+fn a_fork_that_removes_too_much_to_write_is_mounted_instead_and_lists_the_same() {
+    let env = Env::new();
+    every_kind_workspace(&env.ws());
+    // More entries under one removed directory than a merge removes (10,000).
+    let many = env.ws().join("many");
+    std::fs::create_dir(&many).unwrap();
+    for i in 0..10_050 {
+        std::fs::write(many.join(format!("f{i}")), "").unwrap();
+    }
+    let b = pooled_backend(&env, 1, Duration::from_secs(600));
+    let s = subject(env, &b);
+    warm_up(&s, &b, 1);
+    let parent = s.create();
+    let r = s.sh(&parent, &format!("{EVERY_KIND}\nrm -rf many"));
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let before = status(&b);
+    let made = forks_list_as_their_parent(&s, &b, &parent, 1);
+    let after = status(&b);
+    assert_eq!(after.served, before.served + 1, "{after:?}");
+    assert_eq!(
+        after.merged, before.merged,
+        "mounted, not merged: {after:?}"
+    );
+    let r = s.sh(&made[0].id, "test ! -e many && echo gone");
+    assert_eq!(r.stdout.text, "gone\n", "{r:?}");
+    b.destroy(&made[0].id).unwrap();
+    b.destroy(&parent).unwrap();
+}

@@ -15,6 +15,7 @@ pub use taskbox_protocol::{config, control};
 mod command;
 mod idmap;
 pub mod landlock_rules;
+pub mod merge;
 pub mod mounts;
 pub mod run;
 pub mod seccomp;

@@ -82,7 +82,7 @@ pub fn serve(config: &InitConfig) -> ! {
             }
             Err(control::RecvError::Channel(_)) => std::process::exit(125),
         };
-        drop(fds);
+        let mut fds = fds.into_iter();
         match request {
             Request::Starter { user } => start_starter(config, user, &mut starters),
             Request::Remount { path, ops } => {
@@ -96,6 +96,16 @@ pub fn serve(config: &InitConfig) -> ! {
                 let error = remount(Path::new(&path), &ops).err();
                 start_starter(config, None, &mut starters);
                 emit(&Event::Remounted { error });
+            }
+            // The starters stay: the mount their rules name is the same.
+            Request::Merge { workspace } => {
+                let error = match fds.next() {
+                    Some(layer) => crate::merge::merge_layer(layer, Path::new(&workspace))
+                        .err()
+                        .map(|e| e.to_string()),
+                    None => Some("the merge request came without its layer".into()),
+                };
+                emit(&Event::Merged { error });
             }
             // What the starters left: the runtime asks every starter too.
             Request::KillAll => end_orphans(&starters),
@@ -433,7 +443,7 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
                 }
             }
             // pid 1's work; never sent here.
-            Request::Starter { .. } | Request::Remount { .. } => {}
+            Request::Starter { .. } | Request::Remount { .. } | Request::Merge { .. } => {}
         }
     }
 }

@@ -690,7 +690,7 @@ pub struct StagedLayers {
 const STAGE_DIRS: [&str; 3] = ["upper.next", "work.next", "trash"];
 
 /// Whether `path` is an empty directory (and no symlink).
-fn is_empty_dir(path: &Path) -> bool {
+pub(crate) fn is_empty_dir(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
         && fs::read_dir(path).is_ok_and(|mut d| d.next().is_none())
 }

@@ -149,6 +149,19 @@ pub trait Handle: Send + Sync + Sized + 'static {
 
     /// For a restore of checkpoint `name`: mounts `staged` where the workspace is.
     fn remount(&self, staged: &StagedLayers, name: &str) -> Result<(), ApiError>;
+
+    /// For a warm fork, in a sandbox that has run nothing and whose upper layer is empty:
+    /// writes the upper layer `layer` (a directory on the host, left as it is) through the
+    /// mounted workspace, which then shows what a [`Handle::remount`] of a copy of it would,
+    /// with the mount and what depends on it left in place. An error (the default: the
+    /// backend cannot) may leave part of it written; the caller then remounts, which replaces
+    /// it all.
+    fn merge(&self, layer: &std::path::Path) -> Result<(), ApiError> {
+        let _ = layer;
+        Err(ApiError::internal(
+            "this backend remounts its forks' layers",
+        ))
+    }
 }
 
 /// The parts every backend's sandbox has.
@@ -698,7 +711,12 @@ impl<B: Backend> Sandboxes<B> {
                 .into_iter()
                 .map(|sb| {
                     scope.spawn(move || match plant_warm(&sb, seed, req) {
-                        Ok(()) => (Ok(sb), true),
+                        Ok(merged) => {
+                            if let (true, Some(pool)) = (merged, pool) {
+                                pool.count_merged();
+                            }
+                            (Ok(sb), true)
+                        }
                         Err(e) => {
                             tracing::warn!(sandbox = %sb.common().id, error = %e,
                                 "cannot plant a fork into a pooled sandbox; starting one");
@@ -760,28 +778,41 @@ struct Forks<S> {
 }
 
 /// Plants `seed` into `sb`, a sandbox of the warm pool started from `req`'s origin, which has
-/// run nothing: the seed's upper layer is staged on its disk and mounted as its workspace (the
-/// path of a restore, with nothing to stop), its scratch directories copied into the mounted
-/// ones; then the sandbox takes `req`'s labels and lease from now on, and what its parent found
-/// in force, as a started fork would.
-fn plant_warm<H: Handle>(sb: &Arc<H>, seed: &Seed, req: &CreateRequest) -> Result<(), ApiError> {
+/// run nothing: the seed's upper layer is written through its mounted workspace
+/// ([`Handle::merge`]), or, where that fails, staged on its disk and mounted as its workspace
+/// (the path of a restore, with nothing to stop); its scratch directories are copied into the
+/// mounted ones; then the sandbox takes `req`'s labels and lease from now on, and what its
+/// parent found in force, as a started fork would. Returns whether the layer was merged.
+fn plant_warm<H: Handle>(sb: &Arc<H>, seed: &Seed, req: &CreateRequest) -> Result<bool, ApiError> {
     let common = sb.common();
     let layers = &common.layers;
-    {
+    let merged = {
         let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1000.0;
         let _g = layers.exclusive()?;
         let t = std::time::Instant::now();
-        let staged = StagedLayers::stage(&layers.disk, &seed.upper)?;
-        let stage_ms = ms(t);
+        // Written through the mount when the backend can (its exec starters stay), else a copy
+        // of the layer is mounted in place of the empty one.
+        let merged = crate::layers::is_empty_dir(&layers.upper)
+            && match sb.merge(&seed.upper) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(sandbox = %common.id, error = %e,
+                        "remounting a fork's layer");
+                    false
+                }
+            };
+        if !merged {
+            let staged = StagedLayers::stage(&layers.disk, &seed.upper)?;
+            sb.remount(&staged, "(the fork point)")?;
+            staged.swap_in(&layers.disk, &layers.upper, &layers.work)?;
+        }
+        let layer_ms = ms(t);
         let t = std::time::Instant::now();
-        sb.remount(&staged, "(the fork point)")?;
-        let remount_ms = ms(t);
-        let t = std::time::Instant::now();
-        staged.swap_in(&layers.disk, &layers.upper, &layers.work)?;
         seed.plant_scratch(&layers.scratch)?;
-        tracing::debug!(sandbox = %common.id, stage_ms, remount_ms, swap_and_scratch_ms = ms(t),
+        tracing::debug!(sandbox = %common.id, merged, layer_ms, scratch_ms = ms(t),
             "fork planted into a pooled sandbox");
-    }
+        merged
+    };
     let now = now_ms();
     let mut info = lock(&common.info);
     info.labels = req.labels.clone();
@@ -790,7 +821,7 @@ fn plant_warm<H: Handle>(sb: &Arc<H>, seed: &Seed, req: &CreateRequest) -> Resul
     if let Some(e) = &seed.enforcement {
         info.enforcement = e.clone();
     }
-    Ok(())
+    Ok(merged)
 }
 
 impl<B: Backend> SandboxApi for Sandboxes<B> {

@@ -90,6 +90,9 @@ pub struct PoolStatus {
     pub started: u64,
     /// Forks served from the pool, in total.
     pub served: u64,
+    /// Of those, the forks whose layer pid 1 wrote through the mounted workspace (the rest
+    /// had it mounted in place of theirs, see `Handle::merge`).
+    pub merged: u64,
     /// Pooled sandboxes retired (idle, lost, past the fleet's room, or their origin let go).
     pub retired: u64,
 }
@@ -107,6 +110,7 @@ struct Shared<B: Backend> {
     cond: Condvar,
     started: AtomicU64,
     served: AtomicU64,
+    merged: AtomicU64,
     retired: AtomicU64,
 }
 
@@ -170,6 +174,7 @@ impl<B: Backend> ForkPool<B> {
                 cond: Condvar::new(),
                 started: AtomicU64::new(0),
                 served: AtomicU64::new(0),
+                merged: AtomicU64::new(0),
                 retired: AtomicU64::new(0),
             }),
             thread: Mutex::new(None),
@@ -242,6 +247,11 @@ impl<B: Backend> ForkPool<B> {
         taken
     }
 
+    /// A fork served from the pool took its layer through its mount.
+    pub(crate) fn count_merged(&self) {
+        self.shared.merged.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A sandbox taken from the pool could not be planted: it is ended by the pool's thread.
     pub(crate) fn discard(&self, sb: Arc<B::Sandbox>) {
         self.shared.retired.fetch_add(1, Ordering::Relaxed);
@@ -263,6 +273,7 @@ impl<B: Backend> ForkPool<B> {
                 .collect(),
             started: shared.started.load(Ordering::Relaxed),
             served: shared.served.load(Ordering::Relaxed),
+            merged: shared.merged.load(Ordering::Relaxed),
             retired: shared.retired.load(Ordering::Relaxed),
         }
     }

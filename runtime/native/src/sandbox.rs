@@ -253,11 +253,14 @@ impl StarterLink {
     }
 }
 
-/// What pid 1 sent that a caller waits for: its answer to the last remount, and starters.
+/// What pid 1 sent that a caller waits for: its answer to the last remount or merge, and
+/// starters.
 #[derive(Default)]
 struct Mail {
     /// The answer to the last remount request (`Some(error)` when it failed), until taken.
     remounted: Option<Option<String>>,
+    /// The answer to the last merge request, likewise.
+    merged: Option<Option<String>>,
     /// Starters sent and not yet taken, with their user (or why pid 1 could not start one).
     starters: Vec<(Option<ExecIds>, Result<OwnedFd, String>)>,
 }
@@ -469,6 +472,10 @@ impl Sandbox {
             }
             Event::Remounted { error } => {
                 lock(&self.mail).remounted = Some(error);
+                self.mail_cond.notify_all();
+            }
+            Event::Merged { error } => {
+                lock(&self.mail).merged = Some(error);
                 self.mail_cond.notify_all();
             }
             Event::Ready | Event::Reaper => {}
@@ -1857,6 +1864,40 @@ impl Handle for Sandbox {
             .slots
             .wait_settled(Instant::now() + kit::STOP_WAIT);
         Ok(())
+    }
+
+    /// pid 1 reads the layer from a descriptor sent with the request and writes it through
+    /// the workspace's mount (see the helper's merge module): the mount and its exec starters
+    /// stay, and nothing is copied on the host.
+    fn merge(&self, layer: &Path) -> Result<(), ApiError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(layer)
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot open the fork's layer {}: {e}",
+                    layer.display()
+                ))
+            })?;
+        lock(&self.mail).merged = None;
+        self.send(
+            &Request::Merge {
+                workspace: self.ws.inside.display().to_string(),
+            },
+            &[dir.as_raw_fd()],
+        )?;
+        let outcome = self
+            // As long as writing the layer takes: pid 1 answers when it is done, or is lost.
+            .wait_mail(Instant::now() + Duration::from_secs(120), |m| {
+                m.merged.take()
+            })
+            .unwrap_or_else(|| Some("the sandbox did not answer the merge".to_string()));
+        match outcome {
+            None => Ok(()),
+            Some(err) => Err(ApiError::internal(err)),
+        }
     }
 
     /// Detaches the overlay inside the sandbox and mounts a fresh one on the staged layers,

@@ -53,7 +53,7 @@ fn body_seals() -> SealFlag {
     SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SEAL
 }
 
-/// A request from the runtime: to the sandbox's pid 1 (`Starter`, `Remount`) or to an exec
+/// A request from the runtime: to the sandbox's pid 1 (`Starter`, `Remount`, `Merge`) or to an exec
 /// starter (`Exec`, `Signal`, `KillTree`, `KillAll`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -87,6 +87,13 @@ pub enum Request {
     /// pid 1 ends the starters first (their Landlock rules name the old mount) and sends a new
     /// one for the sandbox's own user before [`Event::Remounted`].
     Remount { path: String, ops: Vec<MountOp> },
+    /// To pid 1: write an upper layer, whose directory comes with the message (a descriptor
+    /// opened read-only by the runtime), through the workspace overlay mounted at `workspace`,
+    /// whose own upper layer is empty: a warm fork's changes, taken without a remount (the
+    /// starters stay). Sent only to a sandbox that has run nothing, so no command of it can
+    /// reach the descriptor; pid 1 closes it when done. Answered by [`Event::Merged`]; on an
+    /// error the workspace may hold part of the layer.
+    Merge { workspace: String },
 }
 
 /// Who an exec runs as, in the sandbox's own ids: uid, primary gid, supplementary groups.
@@ -99,7 +106,7 @@ pub struct ExecIds {
 }
 
 /// An event from the sandbox to the runtime: from pid 1 on the control socket (`Ready`,
-/// `Starter`, `Remounted`, `Error`), from a starter on its socket (`Reaper`), or from an exec's
+/// `Starter`, `Remounted`, `Merged`, `Error`), from a starter on its socket (`Reaper`), or from an exec's
 /// reaper on the exec's event pipe (`Exited`, one JSON line, the pipe's last).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -144,6 +151,8 @@ pub enum Event {
     },
     /// A remount finished (`error` set when it failed).
     Remounted { error: Option<String> },
+    /// A merge finished (`error` set when it failed).
+    Merged { error: Option<String> },
     /// A request was malformed.
     Error { message: String },
 }
