@@ -712,10 +712,25 @@ impl StagedLayers {
     /// reads that group's bitmaps through the loop device, and each new directory at the
     /// disk's root lands in a group of its own: about a millisecond per stage, paid here instead
     /// of in a fork's request. The entries a stage then makes go in the groups of these.
+    ///
+    /// A fork written through the mount ([`crate::Handle::merge`]) allocates in the group of
+    /// the disk's own directories instead: one block allocated and freed again at the disk's
+    /// root reads that group's bitmaps here too.
     pub fn make_ready(dir: &Path) -> Result<(), ApiError> {
         for name in STAGE_DIRS {
             empty_dir(&dir.join(name))?;
         }
+        let warm = dir.join(".warm");
+        let f = fs::File::create(&warm)
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", warm.display())))?;
+        let _ = nix::fcntl::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            nix::fcntl::FallocateFlags::empty(),
+            0,
+            4096,
+        );
+        drop(f);
+        let _ = fs::remove_file(&warm);
         Ok(())
     }
 
