@@ -281,13 +281,17 @@ impl Merger<'_> {
 /// Gives the open entry `fd` the owner, mode and mtime of the layer's entry `st`.
 fn finish(fd: BorrowedFd<'_>, st: &Stat, rel: &Path) -> Result<(), MergeError> {
     let now = rustix::fs::fstat(fd).map_err(fail(rel, "stat in the workspace"))?;
-    if (now.st_uid, now.st_gid) != (st.st_uid, st.st_gid) {
+    let chown = (now.st_uid, now.st_gid) != (st.st_uid, st.st_gid);
+    if chown {
         rustix::fs::fchown(fd, Some(uid(st)), Some(gid(st)))
             .map_err(fail(rel, "change the owner of"))?;
     }
-    // After the chown, which clears set-id bits.
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o7777))
-        .map_err(fail(rel, "change the mode of"))?;
+    // After a chown, which clears set-id bits; else only when the mode differs (each change
+    // through the overlay is a write of the upper inode).
+    if chown || now.st_mode & 0o7777 != st.st_mode & 0o7777 {
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o7777))
+            .map_err(fail(rel, "change the mode of"))?;
+    }
     rustix::fs::futimens(fd, &mtime_of(st)).map_err(fail(rel, "set the mtime of"))
 }
 

@@ -726,7 +726,7 @@ impl<B: SandboxApi> Traced<B> {
                 checkpoint: checkpoint.clone(),
             };
             // Written first, synced after, all at once: one sync of the directory and the
-            // files' syncs side by side, not two syncs in a row per fork.
+            // files' syncs, all side by side, not two syncs in a row per fork.
             let mut made = Vec::with_capacity(forked.sandboxes.len());
             for info in &forked.sandboxes {
                 let h = TraceHeader {
@@ -758,26 +758,28 @@ impl<B: SandboxApi> Traced<B> {
                 }
                 made.push(handle);
             }
-            File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|source| TraceError::Write {
-                    path: self.dir.clone(),
-                    source,
-                })?;
             std::thread::scope(|scope| {
-                let syncs: Vec<_> = made
-                    .iter()
-                    .map(|h| {
-                        let (file, path) = {
-                            let tf = lock(h);
-                            (tf.sync_file.clone(), tf.path.clone())
-                        };
-                        scope.spawn(move || {
-                            file.sync_data()
-                                .map_err(|source| TraceError::Write { path, source })
+                // The directory's sync beside the files': each waits for the disk, and none
+                // depends on another.
+                let dir = scope.spawn(|| {
+                    File::open(&self.dir)
+                        .and_then(|d| d.sync_all())
+                        .map_err(|source| TraceError::Write {
+                            path: self.dir.clone(),
+                            source,
                         })
+                });
+                let files = made.iter().map(|h| {
+                    let (file, path) = {
+                        let tf = lock(h);
+                        (tf.sync_file.clone(), tf.path.clone())
+                    };
+                    scope.spawn(move || {
+                        file.sync_data()
+                            .map_err(|source| TraceError::Write { path, source })
                     })
-                    .collect();
+                });
+                let syncs: Vec<_> = std::iter::once(dir).chain(files).collect();
                 syncs.into_iter().try_for_each(|s| {
                     s.join().unwrap_or_else(|_| {
                         Err(TraceError::Write {
