@@ -25,6 +25,10 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Stat, Timestamps, Uid};
 use rustix::io::Errno;
 
+/// The deepest directory a merge goes into (a layer's copy is as deep as PATH_MAX lets a path
+/// be, about 2,000 levels): the walk recurses, on pid 1's own stack.
+pub const MAX_DEPTH: usize = 4096;
+
 /// The most entries a merge removes from the lower layer's view (beneath whiteouts and opaque
 /// directories that hide a directory) before it gives up: past it, the remount is cheaper.
 pub const MAX_REMOVED: u64 = 10_000;
@@ -94,6 +98,12 @@ impl Merger<'_> {
         dst: BorrowedFd<'_>,
         rel: &Path,
     ) -> Result<(), MergeError> {
+        if rel.components().count() > MAX_DEPTH {
+            return Err(MergeError {
+                path: rel.to_path_buf(),
+                what: format!("more than {MAX_DEPTH} directories deep"),
+            });
+        }
         for name in read_names(src).map_err(fail(rel, "read the directory"))? {
             let rel = rel.join(&name);
             self.merge_entry(src, dst, &name, &rel)?;

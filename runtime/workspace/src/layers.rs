@@ -235,16 +235,41 @@ struct Copier<'a> {
     merge: bool,
 }
 
+/// What is left of a copy: entries to copy, and directories to finish once all they hold is
+/// copied (their owner, attributes, mode and mtime).
+enum CopyStep {
+    Entry(PathBuf),
+    FinishDir(PathBuf, Metadata, Vec<(CString, Vec<u8>)>),
+}
+
 impl Copier<'_> {
+    /// Copies what the directory `rel` holds, depth first, on a stack of its own: a layer as
+    /// deep as a sandbox can make one (thousands of nested directories) needs no more of the
+    /// thread's stack than a flat one.
     fn copy_dir_contents(&mut self, rel: &Path) -> Result<(), LayersError> {
-        // A directory swapped away since it was copied is left empty.
-        for name in self.src.names(rel)?.unwrap_or_default() {
-            self.copy_entry(&rel.join(&name))?;
+        let mut steps = Vec::new();
+        self.push_children(rel, &mut steps)?;
+        while let Some(step) = steps.pop() {
+            match step {
+                CopyStep::Entry(rel) => self.copy_entry(&rel, &mut steps)?,
+                CopyStep::FinishDir(rel, meta, xattrs) => {
+                    self.finish_dir(&rel, &meta, &xattrs)?;
+                    self.count += 1;
+                }
+            }
         }
         Ok(())
     }
 
-    fn copy_entry(&mut self, rel: &Path) -> Result<(), LayersError> {
+    /// Puts the entries of the directory `rel` on `steps`, to be copied in name order.
+    fn push_children(&self, rel: &Path, steps: &mut Vec<CopyStep>) -> Result<(), LayersError> {
+        // A directory swapped away since it was copied is left empty.
+        let names = self.src.names(rel)?.unwrap_or_default();
+        steps.extend(names.iter().rev().map(|n| CopyStep::Entry(rel.join(n))));
+        Ok(())
+    }
+
+    fn copy_entry(&mut self, rel: &Path, steps: &mut Vec<CopyStep>) -> Result<(), LayersError> {
         let Some(node) = self.src.node(rel)? else {
             return Ok(());
         };
@@ -263,8 +288,9 @@ impl Copier<'_> {
                         && fs::symlink_metadata(&dst).is_ok_and(|m| m.is_dir()) => {}
                 r => r.map_err(lio("create directory", COPY, rel))?,
             }
-            self.copy_dir_contents(rel)?;
-            self.finish_dir(rel, &meta, &xattrs)?;
+            // Finished (and counted) once everything beneath it is copied.
+            steps.push(CopyStep::FinishDir(rel.to_path_buf(), meta, xattrs));
+            return self.push_children(rel, steps);
         } else if ft.is_file() {
             self.copy_file(&node, &dst)?;
         } else if ft.is_symlink() {
@@ -1766,6 +1792,35 @@ mod tests {
         assert!(original.contains("opaque/o1.txt"), "{original}");
         assert!(!original.contains("gone.txt"));
         assert_eq!(original, fs::read_to_string(copied).unwrap());
+    }
+
+    /// A sandbox can nest directories until a path no longer fits PATH_MAX (about 2,000
+    /// levels of `d/`); freezing that for a fork or a checkpoint overflowed the supervisor's
+    /// 2 MiB worker stack while the copy recursed, and took every sandbox with it.
+    #[test]
+    fn a_layer_two_thousand_directories_deep_is_copied_on_a_small_stack() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        let depth = (4000 - src.as_os_str().len()) / 2;
+        let mut leaf = src.clone();
+        for _ in 0..depth {
+            leaf.push("d");
+        }
+        fs::create_dir_all(&leaf).unwrap();
+        fs::write(leaf.join("f"), "deep\n").unwrap();
+        let dst = tmp.path().join("dst");
+        let (from, to) = (src.clone(), dst.clone());
+        // A quarter of a worker's stack: recursion over the depth would need several times it.
+        let copied = std::thread::Builder::new()
+            .stack_size(512 * 1024)
+            .spawn(move || copy_layer(&from, &to))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        assert_eq!(copied, depth as u64 + 1);
+        let copy = dst.join(leaf.strip_prefix(&src).unwrap()).join("f");
+        assert_eq!(fs::read_to_string(copy).unwrap(), "deep\n");
     }
 
     #[test]
