@@ -90,12 +90,7 @@ fn a_killed_task_is_resumed_and_its_trace_replays() {
         .state()
         .join("agent/sessions")
         .join(child.id().to_string());
-    let sandboxes: Vec<String> = std::fs::read_dir(session.join("sandboxes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with('.'))
-        .collect();
+    let sandboxes = taskbox_tests::sandbox_dirs(&session.join("sandboxes"));
     assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
     child.kill().unwrap();
     child.wait().unwrap();

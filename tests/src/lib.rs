@@ -410,6 +410,20 @@ pub fn host_cgroups(pattern: &str) -> Vec<String> {
     found
 }
 
+/// The sandbox directories in `dir` (a backend's `sandboxes` directory), by name: the entries
+/// whose name starts with a dot are the backend's own (its lock, the mount points and mask file
+/// its sandboxes share). None when `dir` cannot be read.
+pub fn sandbox_dirs(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The cgroups a one-shot `taskbox run` of process `pid` made (`taskbox-ID`, whose id ends
 /// with the process's pid in five hex digits) that are still on the host.
 pub fn run_cgroups_of(pid: u32) -> Vec<String> {

@@ -79,13 +79,7 @@ fn gauge(text: &str, name: &str) -> BTreeMap<String, u64> {
 
 /// The sandboxes of this supervisor on the host: their directories under `STATE/sandboxes`.
 fn host_sandboxes(state: &Path) -> usize {
-    std::fs::read_dir(state.join("sandboxes"))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                .count()
-        })
-        .unwrap_or(0)
+    taskbox_tests::sandbox_dirs(&state.join("sandboxes")).len()
 }
 
 /// What sandboxes of `ids` left on the host: directories, cgroups, processes, mounts.
@@ -95,22 +89,8 @@ fn leftovers(env: &Env, ids: &[String]) -> Vec<String> {
     if host_sandboxes(&state) != 0 {
         left.push(format!("{} sandbox directories", host_sandboxes(&state)));
     }
-    for controller in ["memory", "pids", "cpu", "cpuacct", ""] {
-        let root = Path::new("/sys/fs/cgroup").join(controller);
-        for id in ids {
-            let leaf = format!("taskbox-sb-{id}");
-            if let Ok(out) = std::process::Command::new("find")
-                .arg(&root)
-                .args(["-maxdepth", "4", "-type", "d", "-name", &leaf])
-                .output()
-            {
-                left.extend(
-                    String::from_utf8_lossy(&out.stdout)
-                        .lines()
-                        .map(str::to_string),
-                );
-            }
-        }
+    for id in ids {
+        left.extend(taskbox_tests::host_cgroups(&format!("taskbox-sb-{id}")));
     }
     let plans = host_processes_with(&state.join("sandboxes").display().to_string());
     if !plans.is_empty() {

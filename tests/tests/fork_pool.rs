@@ -19,7 +19,7 @@ use taskbox_core::api::*;
 use taskbox_core::kit::{ForkPoolConfig, PoolStatus};
 use taskbox_core::sandbox::NativeBackend;
 use taskbox_tests::suite::{Expect, Subject, expect_code};
-use taskbox_tests::{Env, host_processes_with};
+use taskbox_tests::{Env, host_cgroups, host_processes_with, sandbox_dirs};
 
 /// A native backend shared between a test and the [`Subject`] of the conformance checks.
 struct Shared(Arc<NativeBackend>);
@@ -235,15 +235,20 @@ fn a_fork_larger_than_the_pool_mixes_pooled_and_started_sandboxes_that_look_the_
     // The pool refills after the take, with new sandboxes.
     let refilled = wait_pool(&b, "the pool refills", |p| p.ready == 2);
     assert!(refilled.ids.iter().all(|id| !pooled.contains(id)));
-    for info in &made {
-        b.destroy(&info.id).unwrap();
-    }
-    b.destroy(&parent).unwrap();
+    destroy_all(&b, &made, &parent);
     assert_eq!(
         std::fs::read_to_string(s.ws().join("a.txt")).unwrap(),
         "a\n",
         "the host workspace is untouched"
     );
+}
+
+/// Destroys `forks` and their `parent`.
+fn destroy_all(b: &NativeBackend, forks: &[SandboxInfo], parent: &SandboxId) {
+    for info in forks {
+        b.destroy(&info.id).unwrap();
+    }
+    b.destroy(parent).unwrap();
 }
 
 /// The directories, cgroups, processes and mounts of sandboxes `ids` under `state`.
@@ -254,20 +259,7 @@ fn leftovers(state: &Path, ids: &[SandboxId]) -> Vec<String> {
         if dir.exists() {
             left.push(format!("{}", dir.display()));
         }
-        for controller in ["memory", "pids", "cpu", "cpuacct", ""] {
-            let root = Path::new("/sys/fs/cgroup").join(controller);
-            let out = std::process::Command::new("find")
-                .arg(&root)
-                .args(["-maxdepth", "4", "-type", "d", "-name"])
-                .arg(format!("taskbox-sb-{id}"))
-                .output()
-                .unwrap();
-            left.extend(
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .map(str::to_string),
-            );
-        }
+        left.extend(host_cgroups(&format!("taskbox-sb-{id}")));
         let procs = host_processes_with(&dir.display().to_string());
         if !procs.is_empty() {
             left.push(format!("processes of {id}: {procs:?}"));
@@ -337,12 +329,8 @@ fn dropping_the_backend_ends_the_pool_and_leaves_nothing_on_the_host() {
     drop(s.api);
     drop(b);
     assert_eq!(settled_leftovers(&state, &ids), Vec::<String>::new());
-    let left: Vec<String> = std::fs::read_dir(state.join("sandboxes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with('.'))
-        .collect();
+    assert!(state.join("sandboxes").is_dir());
+    let left = sandbox_dirs(&state.join("sandboxes"));
     assert_eq!(left, Vec::<String>::new(), "sandbox directories");
     let state_text = state.display().to_string();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -455,10 +443,7 @@ fn a_fork_written_into_a_pooled_sandbox_lists_exactly_as_its_parent() {
         .unwrap();
     let r = s.sh(f, "cat keep/a.txt; ls redo");
     assert_eq!(r.stdout.text, "a\nchanged\nnew.txt\n", "{r:?}");
-    for info in &made {
-        b.destroy(&info.id).unwrap();
-    }
-    b.destroy(&parent).unwrap();
+    destroy_all(&b, &made, &parent);
     assert_eq!(
         std::fs::read_to_string(s.ws().join("keep/a.txt")).unwrap(),
         "a\n",
@@ -492,6 +477,5 @@ fn a_fork_that_removes_too_much_to_write_is_mounted_instead_and_lists_the_same()
     );
     let r = s.sh(&made[0].id, "test ! -e many && echo gone");
     assert_eq!(r.stdout.text, "gone\n", "{r:?}");
-    b.destroy(&made[0].id).unwrap();
-    b.destroy(&parent).unwrap();
+    destroy_all(&b, &made, &parent);
 }

@@ -42,20 +42,11 @@ pub struct MergeError {
     pub what: String,
 }
 
-/// Writes the upper layer open as `layer` (a directory) through the overlay mounted at
-/// `workspace`, so that the workspace shows what a mount of the layer over the same lower layer
-/// would show. Returns the number of entries merged.
-pub fn merge_layer(layer: OwnedFd, workspace: &Path) -> Result<u64, MergeError> {
+/// Writes the upper layer open as `layer` (a directory, its descriptor not read from yet)
+/// through the overlay mounted at `workspace`, so that the workspace shows what a mount of the
+/// layer over the same lower layer would show.
+pub fn merge_layer(layer: OwnedFd, workspace: &Path) -> Result<(), MergeError> {
     let root = Path::new("");
-    // A descriptor of its own for reading the root's names from offset 0.
-    let src = rustix::fs::openat(
-        &layer,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(fail(root, "open the layer"))?;
-    drop(layer);
     let dst = rustix::fs::openat2(
         rustix::fs::CWD,
         workspace,
@@ -63,17 +54,15 @@ pub fn merge_layer(layer: OwnedFd, workspace: &Path) -> Result<u64, MergeError> 
         Mode::empty(),
         rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
     )
-    .map_err(fail(root, format!("open {}", workspace.display())))?;
+    .map_err(fail(root, "open the workspace"))?;
     let mut m = Merger {
         dst_root: &dst,
         links: HashMap::new(),
         removed: 0,
-        entries: 0,
     };
-    m.merge_dir(src.as_fd(), dst.as_fd(), root)?;
-    let st = rustix::fs::fstat(&src).map_err(fail(root, "stat"))?;
-    finish(dst.as_fd(), &st, root)?;
-    Ok(m.entries)
+    m.merge_dir(layer.as_fd(), dst.as_fd(), root, 0)?;
+    let st = rustix::fs::fstat(&layer).map_err(fail(root, "stat"))?;
+    finish(dst.as_fd(), &st, root)
 }
 
 struct Merger<'a> {
@@ -81,7 +70,6 @@ struct Merger<'a> {
     /// (dev, ino) of the layer's multiply linked files -> the path of their first copy.
     links: HashMap<(u64, u64), PathBuf>,
     removed: u64,
-    entries: u64,
 }
 
 /// What an entry's overlay attributes ask for.
@@ -92,22 +80,22 @@ enum Overlay {
 }
 
 impl Merger<'_> {
+    /// Merges the directory `src` of the layer (at `rel`, `depth` levels down) into `dst`.
     fn merge_dir(
         &mut self,
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
         rel: &Path,
+        depth: usize,
     ) -> Result<(), MergeError> {
-        if rel.components().count() > MAX_DEPTH {
+        if depth > MAX_DEPTH {
             return Err(MergeError {
                 path: rel.to_path_buf(),
                 what: format!("more than {MAX_DEPTH} directories deep"),
             });
         }
         for name in read_names(src).map_err(fail(rel, "read the directory"))? {
-            let rel = rel.join(&name);
-            self.merge_entry(src, dst, &name, &rel)?;
-            self.entries += 1;
+            self.merge_entry(src, dst, &name, &rel.join(&name), depth)?;
         }
         Ok(())
     }
@@ -118,6 +106,7 @@ impl Merger<'_> {
         dst: BorrowedFd<'_>,
         name: &OsString,
         rel: &Path,
+        depth: usize,
     ) -> Result<(), MergeError> {
         let st =
             rustix::fs::statat(src, name, AtFlags::SYMLINK_NOFOLLOW).map_err(fail(rel, "stat"))?;
@@ -129,13 +118,7 @@ impl Merger<'_> {
         let nofollow = OFlags::NOFOLLOW | OFlags::CLOEXEC;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {
-                let from = rustix::fs::openat(
-                    src,
-                    name,
-                    OFlags::RDONLY | OFlags::DIRECTORY | nofollow,
-                    Mode::empty(),
-                )
-                .map_err(fail(rel, "open"))?;
+                let from = open_dir(src, name).map_err(fail(rel, "open"))?;
                 let keep = match (overlay_attrs(from.as_fd(), rel)?, existing) {
                     (_, None) => false,
                     (Overlay::Plain, Some(FileType::Directory)) => true,
@@ -148,14 +131,8 @@ impl Merger<'_> {
                     rustix::fs::mkdirat(dst, name, Mode::from_raw_mode(0o700))
                         .map_err(fail(rel, "make the directory"))?;
                 }
-                let to = rustix::fs::openat(
-                    dst,
-                    name,
-                    OFlags::RDONLY | OFlags::DIRECTORY | nofollow,
-                    Mode::empty(),
-                )
-                .map_err(fail(rel, "open in the workspace"))?;
-                self.merge_dir(from.as_fd(), to.as_fd(), rel)?;
+                let to = open_dir(dst, name).map_err(fail(rel, "open in the workspace"))?;
+                self.merge_dir(from.as_fd(), to.as_fd(), rel, depth + 1)?;
                 finish(to.as_fd(), &st, rel)
             }
             FileType::RegularFile => {
@@ -270,13 +247,7 @@ impl Merger<'_> {
             return rustix::fs::unlinkat(dir, name, AtFlags::empty())
                 .map_err(fail(rel, "remove from the workspace"));
         }
-        let sub = rustix::fs::openat(
-            dir,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(fail(rel, "open in the workspace"))?;
+        let sub = open_dir(dir, name).map_err(fail(rel, "open in the workspace"))?;
         for child in read_names(sub.as_fd()).map_err(fail(rel, "read in the workspace"))? {
             let st = rustix::fs::statat(&sub, &child, AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(fail(rel, "stat in the workspace"))?;
@@ -416,12 +387,22 @@ fn refused(rel: &Path, attr: &[u8]) -> MergeError {
     }
 }
 
-fn fail(rel: &Path, what: impl Into<String>) -> impl FnOnce(Errno) -> MergeError {
-    let (rel, what) = (rel.to_path_buf(), what.into());
+/// The error of `what` failing on `rel`, made only when it fails.
+fn fail<'a>(rel: &'a Path, what: &'a str) -> impl FnOnce(Errno) -> MergeError + 'a {
     move |e| MergeError {
-        path: rel,
+        path: rel.to_path_buf(),
         what: format!("{what}: {}", std::io::Error::from(e)),
     }
+}
+
+/// Opens the directory `name` of `dir`, not through a symlink.
+fn open_dir(dir: BorrowedFd<'_>, name: &OsString) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 /// The names in the directory open as `fd` (its own offset is used: each directory is read

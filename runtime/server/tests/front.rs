@@ -450,22 +450,6 @@ fn sigterm_ends_a_supervisor_with_an_exec_in_flight() {
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "state left behind: {left:?}");
-    let leaf = format!("taskbox-sb-{id}");
-    let cgroups: Vec<String> = ["memory", "pids", "cpu", ""]
-        .iter()
-        .filter_map(|c| {
-            std::process::Command::new("find")
-                .arg(Path::new("/sys/fs/cgroup").join(c))
-                .args(["-maxdepth", "4", "-type", "d", "-name", &leaf])
-                .output()
-                .ok()
-        })
-        .flat_map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let cgroups = taskbox_tests::host_cgroups(&format!("taskbox-sb-{id}"));
     assert!(cgroups.is_empty(), "cgroups left behind: {cgroups:?}");
 }
