@@ -37,6 +37,7 @@
 //! is scanned: a rename racing the walk can make the result miss the racing entry, or make the
 //! scan or diff fail, and never makes either read anything outside the two trees.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, Metadata};
@@ -114,7 +115,15 @@ pub(crate) fn scan_trees(upper: &Tree, lower: &Tree) -> Result<Vec<Change>, Chan
     };
     let root = Path::new("");
     let attrs = overlay_attrs(&upper.root_node()?)?;
-    scanner.walk_upper_dir(root, true, attrs.opaque)?;
+    // The walk keeps its own stack: a sandbox's tree can be as deep as a path can hold.
+    let mut dirs = vec![UpperWalk {
+        rel: root.to_path_buf(),
+        lower_is_dir: true,
+        opaque: attrs.opaque,
+    }];
+    while let Some(dir) = dirs.pop() {
+        scanner.walk_upper_dir(dir, &mut dirs)?;
+    }
     let mut out = scanner.out;
     out.sort();
     out.dedup();
@@ -155,14 +164,8 @@ pub(crate) fn diff_trees(
     changes: &[Change],
 ) -> Result<Diff, ChangesError> {
     let upper = UpperDir(upper);
-    let old = View::<UpperDir<'_>> {
-        upper: None,
-        lower: Some(lower),
-    };
-    let new = View {
-        upper: Some(&upper),
-        lower: Some(lower),
-    };
+    let old = View::<UpperDir<'_>>::new(None, Some(lower));
+    let new = View::new(Some(&upper), Some(lower));
     render_between(&old, &new, changes, ("lower layer", "upper layer"))
 }
 
@@ -236,6 +239,13 @@ pub(crate) fn checked_rel(path: &str) -> Result<&Path, ChangesError> {
 // ---------------------------------------------------------------------------------------------
 // scan
 
+/// An upper directory still to walk (see [`Scanner::walk_upper_dir`]).
+struct UpperWalk {
+    rel: PathBuf,
+    lower_is_dir: bool,
+    opaque: bool,
+}
+
 struct Scanner<'a> {
     upper: &'a Tree,
     lower: &'a Tree,
@@ -252,17 +262,22 @@ impl Scanner<'_> {
         self.out.push(Change { path, kind });
     }
 
-    /// Walks the upper directory at `rel`. `lower_is_dir`: lower has a directory there, so upper
-    /// entries are compared with lower ones; otherwise everything beneath is new. `opaque`: the
-    /// upper directory is the whole content (it, or a directory above it, is opaque), so lower
-    /// entries it lacks were deleted. A directory that is no longer one (a racing rename) is
-    /// left out.
+    /// Walks the upper directory at `rel`, adding those beneath it to `dirs`. `lower_is_dir`:
+    /// lower has a directory there, so upper entries are compared with lower ones; otherwise
+    /// everything beneath is new. `opaque`: the upper directory is the whole content (it, or a
+    /// directory above it, is opaque), so lower entries it lacks were deleted. A directory that
+    /// is no longer one (a racing rename) is left out.
     fn walk_upper_dir(
         &mut self,
-        rel: &Path,
-        lower_is_dir: bool,
-        opaque: bool,
+        dir: UpperWalk,
+        dirs: &mut Vec<UpperWalk>,
     ) -> Result<(), ChangesError> {
+        let UpperWalk {
+            rel,
+            lower_is_dir,
+            opaque,
+        } = dir;
+        let rel = rel.as_path();
         let Some(names) = self.upper.names(rel)? else {
             return Ok(());
         };
@@ -271,7 +286,7 @@ impl Scanner<'_> {
             return Ok(());
         }
         for name in &names {
-            self.visit_upper(&rel.join(name), lower_is_dir, opaque)?;
+            self.visit_upper(rel.join(name), lower_is_dir, opaque, dirs)?;
         }
         if lower_is_dir && opaque {
             let in_upper: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
@@ -284,15 +299,18 @@ impl Scanner<'_> {
         Ok(())
     }
 
-    /// Visits one upper entry. `lower_visible`: the parent exists in lower as a directory, so
-    /// lower may have an entry of the same name. `in_opaque`: the parent is opaque. An entry
-    /// listed but gone by now (a racing rename) is left out.
+    /// Visits one upper entry; a directory is added to `dirs`, to walk. `lower_visible`: the
+    /// parent exists in lower as a directory, so lower may have an entry of the same name.
+    /// `in_opaque`: the parent is opaque. An entry listed but gone by now (a racing rename) is
+    /// left out.
     fn visit_upper(
         &mut self,
-        rel: &Path,
+        path: PathBuf,
         lower_visible: bool,
         in_opaque: bool,
+        dirs: &mut Vec<UpperWalk>,
     ) -> Result<(), ChangesError> {
+        let rel = path.as_path();
         let Some(unode) = self.upper.node(rel)? else {
             return Ok(());
         };
@@ -311,16 +329,20 @@ impl Scanner<'_> {
         };
         let lower_dir = lnode.as_ref().map(|l| l.meta().is_dir());
         if unode.meta().is_dir() {
-            // No descriptor is held while the walk goes deeper.
-            drop((unode, lnode));
-            return match lower_dir {
-                Some(true) => self.walk_upper_dir(rel, true, in_opaque || attrs.opaque),
+            let (lower_is_dir, opaque) = match lower_dir {
+                Some(true) => (true, in_opaque || attrs.opaque),
                 Some(false) => {
                     self.push(rel, ChangeKind::Deleted, false);
-                    self.walk_upper_dir(rel, false, false)
+                    (false, false)
                 }
-                None => self.walk_upper_dir(rel, false, false),
+                None => (false, false),
             };
+            dirs.push(UpperWalk {
+                rel: path,
+                lower_is_dir,
+                opaque,
+            });
+            return Ok(());
         }
         match lnode {
             Some(l) if l.meta().is_dir() => {
@@ -340,20 +362,21 @@ impl Scanner<'_> {
 
     /// Reports the lower entry at `rel` and everything beneath it as deleted.
     fn delete_lower(&mut self, rel: &Path) -> Result<(), ChangesError> {
-        let Some(node) = self.lower.node(rel)? else {
-            return Ok(());
-        };
-        if !node.meta().is_dir() {
-            self.push(rel, ChangeKind::Deleted, false);
-            return Ok(());
-        }
-        let names = node.names()?;
-        drop(node);
-        if names.is_empty() {
-            self.push(rel, ChangeKind::Deleted, true);
-        }
-        for name in names {
-            self.delete_lower(&rel.join(name))?;
+        let mut paths = vec![rel.to_path_buf()];
+        while let Some(rel) = paths.pop() {
+            let Some(node) = self.lower.node(&rel)? else {
+                continue;
+            };
+            if !node.meta().is_dir() {
+                self.push(&rel, ChangeKind::Deleted, false);
+                continue;
+            }
+            let names = node.names()?;
+            drop(node);
+            if names.is_empty() {
+                self.push(&rel, ChangeKind::Deleted, true);
+            }
+            paths.extend(names.into_iter().map(|name| rel.join(name)));
         }
         Ok(())
     }
@@ -578,41 +601,103 @@ impl<L> Resolved<L> {
 /// The merged tree an overlay of `upper` on `lower` shows (either may be missing: a lone lower
 /// tree is the host copy, a lone upper layer is what the sandbox wrote). Look-ups never follow a
 /// symlink: a path is resolved one component at a time and only through real directories.
+///
+/// A view remembers the directories on the way to the path it resolved last, and starts the
+/// next look-up below those it shares: a pass over sorted paths (a change list) looks each
+/// directory up once, where looking up every prefix of every path again made a tree N
+/// directories deep cost N³ (minutes for one a path can hold). So a view is for one pass over
+/// layers that nothing of taskbox changes meanwhile; a sandbox writing to its upper layer
+/// races the pass as it raced the look-ups before (see the module doc), and every entry read
+/// is still opened beneath its tree's root.
 #[derive(Debug)]
 pub(crate) struct View<'a, U> {
-    pub(crate) upper: Option<&'a U>,
-    pub(crate) lower: Option<&'a Tree>,
+    upper: Option<&'a U>,
+    lower: Option<&'a Tree>,
+    /// The directories resolved last: the root's layers, then one entry per component.
+    walked: RefCell<Walked>,
 }
 
-impl<U: UpperLayer> View<'_, U> {
+/// Which layers contribute entries to a directory of a view (see [`Resolved::Dir`]).
+#[derive(Debug, Clone, Copy)]
+struct DirLayers {
+    upper: bool,
+    lower: bool,
+}
+
+#[derive(Debug, Default)]
+struct Walked {
+    root: Option<DirLayers>,
+    dirs: Vec<(OsString, DirLayers)>,
+}
+
+impl<'a, U: UpperLayer> View<'a, U> {
+    pub(crate) fn new(upper: Option<&'a U>, lower: Option<&'a Tree>) -> Self {
+        View {
+            upper,
+            lower,
+            walked: RefCell::default(),
+        }
+    }
+
+    /// The layers of the view's root directory.
+    fn root(&self) -> Result<DirLayers, ChangesError> {
+        let mut at = DirLayers {
+            upper: false,
+            lower: self.lower.is_some(),
+        };
+        match self
+            .upper
+            .map(|u| u.lookup(Path::new("")))
+            .transpose()?
+            .flatten()
+        {
+            Some(UpperEntry::Dir { opaque }) => {
+                at.upper = true;
+                at.lower &= !opaque;
+            }
+            None => {}
+            Some(_) => at.lower = false,
+        }
+        Ok(at)
+    }
+
     /// Resolves `rel` (normal components only) as overlayfs does: the upper entry wins; a
     /// whiteout deletes; directories merge unless the upper one is opaque or the lower entry is
     /// not a directory.
     pub(crate) fn resolve(&self, rel: &Path) -> Result<Resolved<U::Leaf>, ChangesError> {
-        let root = Path::new("");
-        let mut in_upper = false;
-        let mut in_lower = self.lower.is_some();
-        match self.upper.map(|u| u.lookup(root)).transpose()?.flatten() {
-            Some(UpperEntry::Dir { opaque }) => {
-                in_upper = true;
-                in_lower &= !opaque;
-            }
-            None => {}
-            Some(_) => in_lower = false,
-        }
-        let mut prefix = PathBuf::new();
-        let mut components = rel.components().peekable();
-        while let Some(component) = components.next() {
+        let mut names = Vec::new();
+        for component in rel.components() {
             let Component::Normal(name) = component else {
                 return Err(ChangesError::InvalidPath {
                     path: rel.to_string_lossy().into_owned(),
                 });
             };
+            names.push(name);
+        }
+        let mut walked = self.walked.borrow_mut();
+        let mut at = match walked.root {
+            Some(at) => at,
+            None => *walked.root.insert(self.root()?),
+        };
+        // The directories on the way that the last look-up resolved (never the path itself).
+        let parents = names.len().saturating_sub(1);
+        let known = walked
+            .dirs
+            .iter()
+            .zip(&names[..parents])
+            .take_while(|((walked, _), name)| walked == *name)
+            .count();
+        walked.dirs.truncate(known);
+        if let Some((_, dir)) = walked.dirs.last() {
+            at = *dir;
+        }
+        let mut prefix: PathBuf = names[..known].iter().collect();
+        for (i, name) in names.iter().enumerate().skip(known) {
             prefix.push(name);
-            let last = components.peek().is_none();
+            let last = i + 1 == names.len();
             let mut dir_upper = false;
-            let mut lower_allowed = in_lower;
-            if let (true, Some(upper)) = (in_upper, self.upper) {
+            let mut lower_allowed = at.lower;
+            if let (true, Some(upper)) = (at.upper, self.upper) {
                 match upper.lookup(&prefix)? {
                     None => {}
                     Some(UpperEntry::Whiteout) => return Ok(Resolved::Absent),
@@ -638,12 +723,15 @@ impl<U: UpperLayer> View<'_, U> {
             if !dir_upper && !dir_lower {
                 return Ok(Resolved::Absent);
             }
-            in_upper = dir_upper;
-            in_lower = dir_lower;
+            at = DirLayers {
+                upper: dir_upper,
+                lower: dir_lower,
+            };
+            walked.dirs.push((name.to_os_string(), at));
         }
         Ok(Resolved::Dir {
-            upper: in_upper,
-            lower: in_lower,
+            upper: at.upper,
+            lower: at.lower,
         })
     }
 

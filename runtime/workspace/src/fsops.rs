@@ -36,7 +36,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use grep_regex::RegexMatcherBuilder;
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
 use ignore::Match as IgnoreMatch;
-use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::gitignore::Gitignore;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, RenameFlags};
 use nix::sys::stat::{FileStat, Mode};
@@ -48,6 +48,7 @@ use crate::api::{
     ReadResult, RemoveRequest, SearchRequest, SearchResult, StatResult, UploadRequest,
     WriteRequest, WriteResult,
 };
+use crate::ignores::IgnoreBudget;
 use crate::result::{Change, ChangeKind};
 use crate::sys;
 
@@ -67,7 +68,6 @@ const MAX_LINE_CHARS: usize = 500;
 const MAX_WALK_ENTRIES: u64 = 1_000_000;
 /// Recursive remove holds one fd per level; deeper trees are refused.
 const MAX_REMOVE_DEPTH: usize = 256;
-const MAX_GITIGNORE_BYTES: u64 = 1024 * 1024;
 /// The searcher's line buffer may not grow past this (a huge file of one line).
 const SEARCH_HEAP_LIMIT: usize = 16 * 1024 * 1024;
 
@@ -1680,13 +1680,13 @@ impl WorkspaceFs {
 
     /// The gitignore chain for the entries of `dir`: `.git/info/exclude`, then the
     /// `.gitignore` of the root and of every directory down to `dir`.
-    fn ignore_chain(&self, dir: &RelPath) -> Option<Rc<IgnoreChain>> {
+    fn ignore_chain(&self, dir: &RelPath, budget: &mut IgnoreBudget) -> Option<Rc<IgnoreChain>> {
         let mut chain = None;
         let exclude = RelPath::root(self.absolute)
             .join(OsStr::new(".git"))
             .join(OsStr::new("info"))
             .join(OsStr::new("exclude"));
-        if let Some(gi) = self.load_gitignore(&RelPath::root(self.absolute), &exclude) {
+        if let Some(gi) = self.load_gitignore(&RelPath::root(self.absolute), &exclude, budget) {
             chain = Some(Rc::new(IgnoreChain { gi, parent: chain }));
         }
         let mut prefix = RelPath::root(self.absolute);
@@ -1695,7 +1695,7 @@ impl WorkspaceFs {
                 prefix = prefix.join(&dir.parts[i - 1]);
             }
             let file = prefix.join(OsStr::new(".gitignore"));
-            if let Some(gi) = self.load_gitignore(&prefix, &file) {
+            if let Some(gi) = self.load_gitignore(&prefix, &file, budget) {
                 chain = Some(Rc::new(IgnoreChain { gi, parent: chain }));
             }
         }
@@ -1703,8 +1703,13 @@ impl WorkspaceFs {
     }
 
     /// Reads an ignore file (a regular file, reached without symlinks) into a matcher rooted at
-    /// `dir`.
-    fn load_gitignore(&self, dir: &RelPath, file: &RelPath) -> Option<Gitignore> {
+    /// `dir`, within the walk's `budget`.
+    fn load_gitignore(
+        &self,
+        dir: &RelPath,
+        file: &RelPath,
+        budget: &mut IgnoreBudget,
+    ) -> Option<Gitignore> {
         let fd = self
             .open_at_root(
                 file,
@@ -1716,18 +1721,7 @@ impl WorkspaceFs {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return None;
         }
-        let mut buf = Vec::new();
-        File::from(fd)
-            .take(MAX_GITIGNORE_BYTES)
-            .read_to_end(&mut buf)
-            .ok()?;
-        let text = String::from_utf8_lossy(&buf);
-        let mut builder = GitignoreBuilder::new(dir.virtual_abs());
-        for line in text.lines() {
-            let _ = builder.add_line(None, line);
-        }
-        let gi = builder.build().ok()?;
-        if gi.is_empty() { None } else { Some(gi) }
+        budget.read_rules(File::from(fd), &dir.virtual_abs(), file)
     }
 
     /// Walks the tree under `start` depth-first in path order, calling `visit` for every entry
@@ -1750,10 +1744,11 @@ impl WorkspaceFs {
                 chain: Option<Rc<IgnoreChain>>,
             },
         }
+        let mut budget = IgnoreBudget::new(0);
         let chain = if opts.include_ignored {
             None
         } else {
-            self.ignore_chain(start)
+            self.ignore_chain(start, &mut budget)
         };
         let mut stack = vec![Work::Expand {
             dir: start.clone(),
@@ -1793,7 +1788,7 @@ impl WorkspaceFs {
                         (true, chain) => chain,
                         (false, chain) => {
                             let file = dir.join(OsStr::new(".gitignore"));
-                            match self.load_gitignore(&dir, &file) {
+                            match self.load_gitignore(&dir, &file, &mut budget) {
                                 Some(gi) => Some(Rc::new(IgnoreChain { gi, parent: chain })),
                                 None => chain,
                             }
@@ -1813,6 +1808,7 @@ impl WorkspaceFs {
                         if seen > MAX_WALK_ENTRIES {
                             return Ok(true);
                         }
+                        budget.add_path();
                         let hidden = name.as_bytes().first() == Some(&b'.');
                         if hidden && !opts.include_hidden {
                             continue;
@@ -1823,7 +1819,9 @@ impl WorkspaceFs {
                         let kind = kind_of(&st);
                         let rel = dir.join(&name);
                         let is_dir = kind == EntryKind::Dir;
-                        if !opts.include_ignored && is_ignored(&chain, &rel.virtual_abs(), is_dir) {
+                        if !opts.include_ignored
+                            && is_ignored(&chain, &rel.virtual_abs(), is_dir, &mut budget)
+                        {
                             continue;
                         }
                         let descend = is_dir
@@ -2216,10 +2214,19 @@ struct IgnoreChain {
     parent: Option<Rc<IgnoreChain>>,
 }
 
-/// The innermost matcher that says anything decides, as in git.
-fn is_ignored(chain: &Option<Rc<IgnoreChain>>, path: &Path, is_dir: bool) -> bool {
+/// The innermost matcher that says anything decides, as in git; past the walk's `budget`,
+/// nothing is ignored.
+fn is_ignored(
+    chain: &Option<Rc<IgnoreChain>>,
+    path: &Path,
+    is_dir: bool,
+    budget: &mut IgnoreBudget,
+) -> bool {
     let mut link = chain.as_ref();
     while let Some(node) = link {
+        if !budget.take_match(path.as_os_str().len()) {
+            return false;
+        }
         match node.gi.matched(path, is_dir) {
             IgnoreMatch::Ignore(_) => return true,
             IgnoreMatch::Whitelist(_) => return false,
@@ -3801,6 +3808,44 @@ rename to new_name.txt
     }
 
     // ---- list ----------------------------------------------------------------------------
+
+    #[test]
+    fn fsops_list_reads_ignore_files_within_a_bound() {
+        // One large ignore file hard-linked into 300 directories (no space used) was read and
+        // built into a matcher in each: seconds of the supervisor's time per listing.
+        let w = ws();
+        let mut text = String::from("*.tmp\n");
+        let mut i = 0;
+        while text.len() < 200 << 10 {
+            text.push_str(&format!("f{i}.txt\n"));
+            i += 1;
+        }
+        for n in 0..300 {
+            std::fs::create_dir(w.root.join(format!("d{n:03}"))).unwrap();
+            std::fs::write(w.root.join(format!("d{n:03}/a.tmp")), "").unwrap();
+            let file = w.root.join(format!("d{n:03}/.gitignore"));
+            match n {
+                0 => std::fs::write(&file, &text).unwrap(),
+                _ => std::fs::hard_link(w.root.join("d000/.gitignore"), &file).unwrap(),
+            }
+        }
+        let t = std::time::Instant::now();
+        let listed = list(
+            &w,
+            ListRequest {
+                glob: Some("**/*.tmp".into()),
+                max_depth: Some(3),
+                ..Default::default()
+            },
+        );
+        let took = t.elapsed();
+        // The first file is read whole, the second up to the bound (its first line still in);
+        // the rest have no rules, so what they would hide is listed.
+        assert_eq!(listed.len(), 298, "{listed:?}");
+        assert!(!listed.contains(&"d000/a.tmp".to_owned()));
+        assert!(!listed.contains(&"d001/a.tmp".to_owned()));
+        assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    }
 
     #[test]
     fn fsops_list_respects_gitignore_hidden_glob_and_depth() {

@@ -11,6 +11,7 @@
 pub mod capture;
 pub mod changes;
 pub mod fsops;
+pub(crate) mod ignores;
 pub mod layers;
 pub mod review;
 pub(crate) mod sys;

@@ -25,9 +25,9 @@
 //! Exports carry the shown changes (and the left-out ones only on request), so what is applied
 //! to the host is what the default diff showed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -35,14 +35,13 @@ use std::time::Duration;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use ignore::Match;
-use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::gitignore::Gitignore;
 
 use crate::changes::{ChangesError, Resolved, UPPER, UpperDir, View, WORKSPACE};
+use crate::ignores::IgnoreBudget;
 use crate::result::{AutorunFile, Change, ChangeKind};
 use crate::tree::Tree;
 
-/// The largest ignore file read (git reads larger ones; a file past this is read up to here).
-const MAX_IGNORE_FILE: u64 = 1 << 20;
 /// How long `git ls-files` may take.
 const GIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest index listing read; a larger one counts as unreadable (nothing is left out
@@ -71,11 +70,9 @@ pub fn review(
     let upper_tree = Tree::open(upper, UPPER)?;
     let lower_tree = Tree::open(lower, WORKSPACE)?;
     let u = UpperDir(&upper_tree);
-    let view = View {
-        upper: Some(&u),
-        lower: Some(&lower_tree),
-    };
-    let mut rules = Rules::new(&view)?;
+    let view = View::new(Some(&u), Some(&lower_tree));
+    let budget = IgnoreBudget::new(changes.len() as u64);
+    let mut rules = Rules::new(&view, budget)?;
     let git_checkout = lower_tree.node(Path::new(".git"))?.is_some();
     let mut out = Review::default();
     let mut candidates = Vec::new();
@@ -136,85 +133,125 @@ pub fn git_internal(rel: &Path) -> bool {
 // ---------------------------------------------------------------------------------------------
 // ignore rules
 
-/// The ignore rules of one view, read lazily and kept for the review's duration.
+/// The ignore rules of one view, read lazily along the paths asked about.
+///
+/// The rules keep the directories on the way to the path asked about last, with each one's
+/// `.gitignore` and whether it is ignored, and keep those the next path shares: over a sorted
+/// change list each directory's ignore file is read once, and a path costs its depth, not the
+/// depth squared of a walk from the root at every level (a tree as deep as a path can hold took
+/// seconds so). A list out of order is answered the same, reading again what it left.
 struct Rules<'v, 'a> {
     view: &'v View<'a, UpperDir<'a>>,
-    /// The matcher of each directory's `.gitignore` (`None`: it has none).
-    per_dir: HashMap<PathBuf, Option<Gitignore>>,
-    /// Whether a directory is ignored (so everything beneath it is).
-    dirs: HashMap<PathBuf, bool>,
+    /// The root's `.gitignore`.
+    root: Option<Gitignore>,
+    /// The directories on the way to the path asked about last, from the top; it stops below
+    /// an ignored one, since git never looks beneath it.
+    dirs: Vec<DirRules>,
     /// `.git/info/exclude`, matched from the workspace root.
     exclude: Option<Gitignore>,
+    budget: IgnoreBudget,
+}
+
+struct DirRules {
+    name: OsString,
+    /// The directory's own `.gitignore`.
+    rules: Option<Gitignore>,
+    /// Whether git ignores the directory (and so everything beneath it).
+    ignored: bool,
 }
 
 impl<'v, 'a> Rules<'v, 'a> {
-    fn new(view: &'v View<'a, UpperDir<'a>>) -> Result<Rules<'v, 'a>, ChangesError> {
-        let exclude = read_ignore_file(view, Path::new(".git/info/exclude"))?;
-        Ok(Rules {
+    fn new(
+        view: &'v View<'a, UpperDir<'a>>,
+        budget: IgnoreBudget,
+    ) -> Result<Rules<'v, 'a>, ChangesError> {
+        let mut rules = Rules {
             view,
-            per_dir: HashMap::new(),
-            dirs: HashMap::new(),
-            exclude,
-        })
+            root: None,
+            dirs: Vec::new(),
+            exclude: None,
+            budget,
+        };
+        rules.exclude = rules.read(Path::new(".git/info/exclude"))?;
+        rules.root = rules.read(Path::new(".gitignore"))?;
+        Ok(rules)
+    }
+
+    /// The ignore file at `rel`, within the budget.
+    fn read(&mut self, rel: &Path) -> Result<Option<Gitignore>, ChangesError> {
+        read_ignore_file(self.view, rel, &mut self.budget)
     }
 
     /// Whether git ignores `rel` (a directory when `dir`): an ignored directory on the way
     /// ignores it, since git never looks beneath one.
     fn ignored(&mut self, rel: &Path, dir: bool) -> Result<bool, ChangesError> {
-        let mut prefix = PathBuf::new();
-        let mut components = rel.components().peekable();
-        while let Some(c) = components.next() {
-            prefix.push(c);
-            if components.peek().is_none() {
-                break;
-            }
-            if let Some(known) = self.dirs.get(&prefix) {
-                if *known {
-                    return Ok(true);
-                }
-                continue;
-            }
-            let ignored = self.matched(&prefix, true)?;
-            self.dirs.insert(prefix.clone(), ignored);
-            if ignored {
+        let names: Vec<&OsStr> = rel.components().map(|c| c.as_os_str()).collect();
+        let parents = names.len().saturating_sub(1);
+        let known = self
+            .dirs
+            .iter()
+            .zip(&names[..parents])
+            .take_while(|(d, name)| d.name == **name)
+            .count();
+        self.dirs.truncate(known);
+        for i in known..parents {
+            if self.dirs.last().is_some_and(|d| d.ignored) {
                 return Ok(true);
             }
+            let ignored = self.matched(&names[..=i], true);
+            let path: PathBuf = names[..=i].iter().collect();
+            let rules = self.read(&path.join(".gitignore"))?;
+            self.dirs.push(DirRules {
+                name: names[i].to_os_string(),
+                rules,
+                ignored,
+            });
         }
-        self.matched(rel, dir)
+        if self.dirs.last().is_some_and(|d| d.ignored) {
+            return Ok(true);
+        }
+        Ok(self.matched(&names, dir))
     }
 
-    /// Whether the patterns alone ignore `rel`: the deepest `.gitignore` with a matching line
-    /// decides, then `info/exclude`.
-    fn matched(&mut self, rel: &Path, dir: bool) -> Result<bool, ChangesError> {
-        // A relative path's ancestors end with "", the root.
-        for d in rel.parent().map(Path::ancestors).into_iter().flatten() {
-            if !self.per_dir.contains_key(d) {
-                let m = read_ignore_file(self.view, &d.join(".gitignore"))?;
-                self.per_dir.insert(d.to_path_buf(), m);
+    /// Whether the patterns alone ignore the path of `names`, whose parent directories are the
+    /// first of `self.dirs`: the deepest `.gitignore` with a matching line decides, then
+    /// `info/exclude`.
+    fn matched(&mut self, names: &[&OsStr], dir: bool) -> bool {
+        // Deepest first; the `.gitignore` of the directory `depth` levels down (the root's
+        // at 0) sees the path from there.
+        for depth in (0..names.len()).rev() {
+            let rules = match depth {
+                0 => &self.root,
+                _ => &self.dirs[depth - 1].rules,
+            };
+            let Some(gi) = rules else { continue };
+            let local: PathBuf = names[depth..].iter().collect();
+            if !self.budget.take_match(local.as_os_str().len()) {
+                return false;
             }
-            if let Some(Some(gi)) = self.per_dir.get(d) {
-                let local = rel.strip_prefix(d).unwrap_or(rel);
-                match gi.matched(local, dir) {
-                    Match::Ignore(_) => return Ok(true),
-                    Match::Whitelist(_) => return Ok(false),
-                    Match::None => {}
-                }
+            match gi.matched(&local, dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
             }
         }
-        Ok(matches!(
-            self.exclude.as_ref().map(|gi| gi.matched(rel, dir)),
-            Some(Match::Ignore(_))
-        ))
+        let Some(gi) = &self.exclude else {
+            return false;
+        };
+        let rel: PathBuf = names.iter().collect();
+        self.budget.take_match(rel.as_os_str().len())
+            && matches!(gi.matched(&rel, dir), Match::Ignore(_))
     }
 }
 
-/// The matcher of the ignore file at `rel` as the view shows it: a regular file (a symlink is
-/// not followed, as git no longer follows one), lines that are not valid patterns skipped. One
-/// that cannot be read (the sandbox made it unreadable, say) has no rules: it hides nothing, and
-/// never fails the observation it is part of.
+/// The matcher of the ignore file at `rel` as the view shows it, read within `budget` (see
+/// [`IgnoreBudget::read_rules`]): a regular file (a symlink is not followed, as git no longer
+/// follows one). One that cannot be read (the sandbox made it unreadable, say) has no rules: it
+/// hides nothing, and never fails the observation it is part of.
 fn read_ignore_file(
     view: &View<'_, UpperDir<'_>>,
     rel: &Path,
+    budget: &mut IgnoreBudget,
 ) -> Result<Option<Gitignore>, ChangesError> {
     let node = match view.resolve(rel) {
         Ok(Resolved::Upper(n) | Resolved::Lower(n)) => n,
@@ -229,26 +266,14 @@ fn read_ignore_file(
     if !node.meta().file_type().is_file() {
         return Ok(None);
     }
-    let mut bytes = Vec::new();
-    let read = node
-        .open_file()
-        .map_err(|e| e.to_string())
-        .and_then(|(file, _)| {
-            file.take(MAX_IGNORE_FILE)
-                .read_to_end(&mut bytes)
-                .map_err(|e| e.to_string())
-        });
-    if let Err(e) = read {
-        tracing::debug!(path = %rel.display(), error = %e, "ignore file not read");
-        return Ok(None);
+    match node.open_file() {
+        // Root ".": paths are given relative to the file's directory, nothing is stripped.
+        Ok((file, _)) => Ok(budget.read_rules(file, Path::new("."), &rel.display())),
+        Err(e) => {
+            tracing::debug!(path = %rel.display(), error = %e, "ignore file not read");
+            Ok(None)
+        }
     }
-    let text = String::from_utf8_lossy(&bytes);
-    // Root ".": paths are given relative to the file's directory, nothing is stripped.
-    let mut b = GitignoreBuilder::new(".");
-    for line in text.lines() {
-        let _ = b.add_line(None, line.strip_suffix('\r').unwrap_or(line));
-    }
-    Ok(b.build().ok().filter(|gi| !gi.is_empty()))
 }
 
 // ---------------------------------------------------------------------------------------------

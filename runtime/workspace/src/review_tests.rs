@@ -211,3 +211,47 @@ fn an_unreadable_ignore_file_never_fails_the_review() {
     let r = r.unwrap();
     assert_eq!(r.shown.len() + r.ignored.len(), 2);
 }
+
+#[test]
+fn a_line_cut_by_the_size_bound_is_no_pattern() {
+    let l = layers();
+    // "*.log" straddles the bound: cut after its "*", it would hide every file.
+    let pad = crate::ignores::MAX_IGNORE_FILE as usize - 1;
+    let text = format!("#{}\n*.log\nnever\n", "p".repeat(pad - 2));
+    write(&l.upper, ".gitignore", &text);
+    let r = run(&l, vec![change("a.txt", Added), change("b.log", Added)]);
+    assert_eq!(paths(&r.shown), ["a.txt", "b.log"]);
+}
+
+#[test]
+fn ignore_files_past_the_review_bound_hide_nothing() {
+    // One large ignore file in 300 directories, hard links costing no space: each was read
+    // and built into a matcher (seconds of the supervisor's time per review).
+    let l = layers();
+    let mut text = String::from("*.tmp\n");
+    let mut i = 0;
+    while text.len() < 200 << 10 {
+        text.push_str(&format!("f{i}.txt\n"));
+        i += 1;
+    }
+    write(&l.upper, "d0/.gitignore", &text);
+    for n in 1..300 {
+        fs::create_dir(l.upper.join(format!("d{n}"))).unwrap();
+        fs::hard_link(
+            l.upper.join("d0/.gitignore"),
+            l.upper.join(format!("d{n}/.gitignore")),
+        )
+        .unwrap();
+    }
+    let changes: Vec<Change> = (0..300)
+        .map(|n| change(&format!("d{n}/a.tmp"), Added))
+        .collect();
+    let t = std::time::Instant::now();
+    let r = run(&l, changes);
+    let took = t.elapsed();
+    // The first file is read whole; the second up to the bound (its first line still in);
+    // the rest have no rules, so what they would hide is shown.
+    assert_eq!(paths(&r.ignored), ["d0/a.tmp", "d1/a.tmp"]);
+    assert_eq!(r.shown.len(), 298);
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+}
