@@ -107,7 +107,8 @@ fi
 # The suites that exercise the sandbox without root: the native conformance suites (of `run`
 # and of the library API), the warm pool of forks, the escape and race suites, the
 # supervisor's (its API, its connection front), the init helper's seccomp/Landlock tests, the
-# workspace crate's real-overlay change scan and layer reads, and the Python SDK's suite (above).
+# workspace crate's real-overlay change scan and layer reads, the removal of a sandbox's
+# directories, and the Python SDK's suite (above).
 for entry in "${tests[@]}"; do
   target=${entry%% *}
   exe=${entry#* }
@@ -118,6 +119,7 @@ for entry in "${tests[@]}"; do
     traces) filter=(--skip an_exec_on_a_full_state_directory_is_refused_before_it_runs) ;;
     bad_input|api_native|disk|supervisor|native|front|fork_pool|taskbox_init|taskbox_protocol) filter=() ;;
     taskbox_workspace) filter=(changes:: layers:: tree::) ;;
+    taskbox_kit) filter=(hostdirs::tests::a_tree_deeper) ;;
     python) [ ${#py_extra[@]} -gt 0 ] || continue; filter=() ;;
     *) continue ;;
   esac

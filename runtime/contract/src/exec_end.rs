@@ -6,7 +6,8 @@
 //! and [`ExecEnd::into_result`] applies the rules that must read the same on every surface: a
 //! timeout means killed by SIGKILL with no exit code, a program that could not be run is said
 //! on stderr, and the violations come in one order (timeout, memory, file size, setid, disk,
-//! then the egress proxy's denials), each worded once in [`Violation`].
+//! paths too long to name, then the egress proxy's denials), each worded once in
+//! [`Violation`].
 
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub struct ExecEnd {
     pub setid_refused: Option<(u32, Vec<String>)>,
     /// The sandbox's disk of this size (bytes) is full.
     pub disk_full_at: Option<u64>,
+    /// The workspace holds paths too long to name, beneath this directory (relative to it).
+    pub unnamed_paths: Option<String>,
     /// The egress proxy's decisions while the exec ran: its denials and the activity.
     pub network: Option<(Vec<Violation>, NetworkActivity)>,
     pub duration_ms: u64,
@@ -73,6 +76,9 @@ impl ExecEnd {
         }
         if let Some(bytes) = self.disk_full_at {
             violations.push(Violation::disk_limit(bytes));
+        }
+        if let Some(dir) = &self.unnamed_paths {
+            violations.push(Violation::unnamed_paths(dir));
         }
         let network = self.network.map(|(denials, activity)| {
             violations.extend(denials);

@@ -265,6 +265,28 @@ impl Violation {
 }
 
 impl Violation {
+    /// The workspace holds entries whose paths are longer than a path can be (4,095 bytes),
+    /// beneath `dir` (relative to the workspace): no look-up by path reaches them, so they are
+    /// left out of the exec's changes, and the operations that read every path refuse.
+    pub fn unnamed_paths(dir: &str) -> Violation {
+        let top = dir.split('/').next().unwrap_or(dir);
+        let shown = if dir.len() > 120 {
+            let cut = dir.char_indices().nth(80).map_or(dir.len(), |(i, _)| i);
+            format!("{}... ({} bytes)", &dir[..cut], dir.len())
+        } else {
+            dir.to_owned()
+        };
+        Violation {
+            kind: "limit".into(),
+            detail: format!(
+                "the workspace nests directories past the 4,095 bytes a path can hold, beneath \
+                 {shown}: what is deeper cannot be named, so its changes are not listed, and \
+                 diff, export, checkpoint and fork refuse until it is gone; remove it (rm -rf \
+                 {top})"
+            ),
+        }
+    }
+
     /// The sandbox's disk quota of `bytes` is full: its writes fail with `ENOSPC`.
     pub fn disk_limit(bytes: u64) -> Violation {
         Violation {

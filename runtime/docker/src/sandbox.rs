@@ -926,6 +926,7 @@ impl Sandbox {
         // decided meanwhile is (also) this exec's.
         end.network = baseline.window.map(|w| w.close(CLOSE_GRACE));
         let changes = self.common.layers.changes_since(baseline.before.as_ref())?;
+        end.unnamed_paths = changes.unnamed.clone();
         let mut result = end.into_result(out, err, changes.shown, self.enforcement());
         result.ignored_changes = changes.ignored.len() as u64;
         taskbox_core::kit::findings::add(

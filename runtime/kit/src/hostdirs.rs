@@ -12,6 +12,8 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -358,30 +360,155 @@ fn parse_unix_table(text: &str) -> Vec<PathBuf> {
 }
 
 /// Removes a directory tree, making directories writable where the overlay left them without
-/// permissions (its work directory is mode 000).
+/// permissions (its work directory is mode 000). Best effort: what cannot be removed stays.
+///
+/// A sandbox's tree can be nested deeper than a path can name and than a thread's stack can
+/// recurse (std's `remove_dir_all` recurses once per level and holds a descriptor per level):
+/// this walk keeps one descriptor, of the directory it is in, goes down by name and back up
+/// by `..`, and remembers on the heap only the names still to visit. Nothing else writes to
+/// the tree meanwhile (its sandbox is gone), so `..` is the directory it came from.
 pub fn remove_tree(dir: &Path) {
-    if fs::remove_dir_all(dir).is_ok() {
+    use nix::dir::{Dir, Type};
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
+    use nix::unistd::{UnlinkatFlags, unlinkat};
+
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let _ = fchmodat(None, dir, Mode::S_IRWXU, FchmodatFlags::NoFollowSymlink);
+    let Ok(mut here) = Dir::open(dir, flags, Mode::empty()) else {
+        // Not a directory (or gone): removed as a file, if it is one.
+        let _ = fs::remove_file(dir);
         return;
-    }
-    fn open_up(p: &Path) {
-        if let Ok(md) = fs::symlink_metadata(p)
-            && md.is_dir()
-        {
-            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
-            if let Ok(rd) = fs::read_dir(p) {
-                for e in rd.flatten() {
-                    open_up(&e.path());
+    };
+    // The directories entered, each with the subdirectories it still holds to visit.
+    let mut path: Vec<(std::ffi::OsString, Vec<std::ffi::OsString>)> = Vec::new();
+    let mut pending = Vec::new();
+    let mut fresh = true;
+    loop {
+        if fresh {
+            // Files go now; subdirectories are visited one by one.
+            let fd = here.as_raw_fd();
+            for entry in here.iter().flatten() {
+                let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let is_dir = match entry.file_type() {
+                    Some(t) => t == Type::Directory,
+                    None => nix::sys::stat::fstatat(Some(fd), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
+                };
+                if is_dir {
+                    pending.push(name.to_os_string());
+                } else {
+                    let _ = unlinkat(Some(fd), name, UnlinkatFlags::NoRemoveDir);
                 }
             }
         }
+        let fd = here.as_raw_fd();
+        if let Some(name) = pending.pop() {
+            let _ = fchmodat(
+                Some(fd),
+                name.as_os_str(),
+                Mode::S_IRWXU,
+                FchmodatFlags::NoFollowSymlink,
+            );
+            match Dir::openat(Some(fd), name.as_os_str(), flags, Mode::empty()) {
+                Ok(down) => {
+                    path.push((name, std::mem::take(&mut pending)));
+                    here = down;
+                    fresh = true;
+                }
+                // Left as it is; its parent's removal fails in turn.
+                Err(_) => fresh = false,
+            }
+            continue;
+        }
+        // Everything here is gone: up, and remove it there.
+        let Some((name, rest)) = path.pop() else {
+            break;
+        };
+        let Ok(up) = Dir::openat(Some(fd), "..", flags, Mode::empty()) else {
+            return;
+        };
+        here = up;
+        let _ = unlinkat(
+            Some(here.as_raw_fd()),
+            name.as_os_str(),
+            UnlinkatFlags::RemoveDir,
+        );
+        pending = rest;
+        fresh = false;
     }
-    open_up(dir);
-    let _ = fs::remove_dir_all(dir);
+    drop(here);
+    let _ = fs::remove_dir(dir);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_deeper_than_a_path_and_a_stack_is_removed_without_following_links() {
+        use nix::sys::stat::{Mode, mkdirat};
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("keep"), "keep").unwrap();
+        let root = tmp.path().join("tree");
+        fs::create_dir(&root).unwrap();
+        // 30,000 levels, each made relative to the last: deeper than a path can name, and than
+        // std's remove_dir_all can go on a small stack or with one descriptor per level.
+        let mut here = fs::File::open(&root).unwrap();
+        for level in 0..30_000 {
+            let fd = here.as_raw_fd();
+            mkdirat(Some(fd), "d", Mode::S_IRWXU).unwrap();
+            if level % 5000 == 0 {
+                let f = nix::fcntl::openat(
+                    Some(fd),
+                    "f",
+                    nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY,
+                    Mode::S_IRUSR,
+                )
+                .unwrap();
+                nix::unistd::close(f).unwrap();
+                nix::unistd::symlinkat(&outside, Some(fd), "link").unwrap();
+            }
+            let down = nix::fcntl::openat(
+                Some(fd),
+                "d",
+                nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+                Mode::empty(),
+            )
+            .unwrap();
+            // SAFETY: openat returned a new descriptor that nothing else owns.
+            here = unsafe { std::os::fd::FromRawFd::from_raw_fd(down) };
+        }
+        // A directory without permissions, as the overlay's work directory is, holding a file:
+        // std's remove_dir_all cannot open it without root.
+        mkdirat(Some(here.as_raw_fd()), "shut", Mode::S_IRWXU).unwrap();
+        let shut = nix::fcntl::openat(
+            Some(here.as_raw_fd()),
+            "shut",
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        nix::sys::stat::mkdirat(Some(shut), "inner", Mode::S_IRWXU).unwrap();
+        nix::sys::stat::fchmod(shut, Mode::empty()).unwrap();
+        nix::unistd::close(shut).unwrap();
+        drop(here);
+        let target = root.clone();
+        // A quarter of a worker's stack: std's remove_dir_all needs more at this depth.
+        std::thread::Builder::new()
+            .stack_size(512 * 1024)
+            .spawn(move || remove_tree(&target))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(!root.exists());
+        assert_eq!(fs::read_to_string(outside.join("keep")).unwrap(), "keep");
+    }
 
     #[test]
     fn unix_tables_give_named_sockets_only() {

@@ -97,6 +97,9 @@ pub struct ExecChanges {
     pub shown: Vec<Change>,
     /// The changes left out of it (ignored by git, or under `.git/`): counted in the result.
     pub ignored: Vec<Change>,
+    /// The workspace holds paths too long to name beneath this directory, left out of the
+    /// changes (see [`layers::Fingerprint::unnamed`]).
+    pub unnamed: Option<String>,
 }
 
 impl Layers {
@@ -233,6 +236,7 @@ impl Layers {
         drop(last);
         let list =
             layers::exec_changes(&before, &after, &self.upper, &self.host).map_err(layers_err)?;
+        let unnamed = unnamed_of(&after);
         if keep {
             let mut last = crate::lock(&self.last_end);
             // Checked again: an operation that ended while the changes were classified.
@@ -240,13 +244,26 @@ impl Layers {
                 last.print = Some(after);
             }
         }
+        self.exec_changes(list, unnamed)
+    }
+
+    /// The changes `list` of an exec, split for a reviewer.
+    fn exec_changes(
+        &self,
+        list: Vec<Change>,
+        unnamed: Option<String>,
+    ) -> Result<ExecChanges, ApiError> {
         if list.is_empty() {
-            return Ok(ExecChanges::default());
+            return Ok(ExecChanges {
+                unnamed,
+                ..ExecChanges::default()
+            });
         }
         let r = self.review(list)?;
         Ok(ExecChanges {
             shown: r.shown,
             ignored: r.ignored,
+            unnamed,
         })
     }
 
@@ -270,14 +287,7 @@ impl Layers {
         let after = layers::fingerprint(&self.upper).map_err(layers_err)?;
         let list =
             layers::exec_changes(before, &after, &self.upper, &self.host).map_err(layers_err)?;
-        if list.is_empty() {
-            return Ok(ExecChanges::default());
-        }
-        let r = self.review(list)?;
-        Ok(ExecChanges {
-            shown: r.shown,
-            ignored: r.ignored,
-        })
+        self.exec_changes(list, unnamed_of(&after))
     }
 
     /// A file the exec added or changed (shown or not) has the size of the per-file limit: a
@@ -774,13 +784,30 @@ impl StagedLayers {
 pub fn layers_err(e: layers::LayersError) -> ApiError {
     match e {
         layers::LayersError::Refused { .. } => ApiError::PathRefused(e.to_string()),
+        e if e.name_too_long() => too_long(&e),
         other => ApiError::internal(other),
     }
 }
 
 /// A change scan's error as the API reports it.
 pub fn changes_err(e: changes::ChangesError) -> ApiError {
+    if e.name_too_long() {
+        return too_long(&e);
+    }
     ApiError::internal(e)
+}
+
+/// An operation that reads every path of the workspace met one too long to name.
+fn too_long(e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::LimitExceeded(format!(
+        "{e}: the workspace nests directories past the 4,095 bytes a path can hold; remove \
+         that tree (rm -rf in the sandbox) and ask again"
+    ))
+}
+
+/// The directory beneath which `print` left out paths too long to name, as a result says it.
+fn unnamed_of(print: &layers::Fingerprint) -> Option<String> {
+    print.unnamed().map(|p| p.to_string_lossy().into_owned())
 }
 
 /// The canonical path of a workspace a create request names: an existing directory other than

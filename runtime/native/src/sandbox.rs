@@ -1641,6 +1641,7 @@ impl Sandbox {
         if layers.reached_file_size(&changes, limit) {
             end.file_size_limit = Some(limit);
         }
+        end.unnamed_paths = changes.unnamed.clone();
         let mut result = end.into_result(
             out,
             err,

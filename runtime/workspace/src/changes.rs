@@ -89,6 +89,13 @@ pub enum ChangesError {
     Mismatch { path: String, detail: String },
 }
 
+impl ChangesError {
+    /// The layers hold a path longer than a path can be ([`crate::tree::MAX_PATH_BYTES`]).
+    pub fn name_too_long(&self) -> bool {
+        matches!(self, ChangesError::Io(e) if e.name_too_long())
+    }
+}
+
 pub use crate::result::DiffStats;
 
 /// A rendered diff and its stats.
@@ -750,7 +757,9 @@ impl<'a, U: UpperLayer> View<'a, U> {
             names.extend(l.names(rel)?.unwrap_or_default());
         }
         for name in names {
-            if !self.resolve(&rel.join(&name))?.is_absent() {
+            let child = rel.join(&name);
+            // An entry too deep to name is still an entry.
+            if !crate::tree::nameable(&child) || !self.resolve(&child)?.is_absent() {
                 return Ok(false);
             }
         }

@@ -173,15 +173,14 @@ pub(crate) fn xattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<Option<Vec<u8>
     }
 }
 
-/// Sets xattr `name` of `path`, not following a final symlink (for the supervisor's own
-/// copies of a layer, never a tree the sandbox can write).
-pub(crate) fn set_xattr(path: &CStr, name: &CStr, value: &[u8]) -> io::Result<()> {
-    // SAFETY: `path` and `name` are NUL-terminated strings that outlive the call; `value` is a
-    // live slice of `value.len()` bytes that the kernel only reads. lsetxattr does not follow a
-    // final symlink and keeps no pointer after returning.
+/// Sets xattr `name` of the file open as `fd` (the supervisor's own copy of a layer's entry).
+pub(crate) fn fset_xattr(fd: &impl AsRawFd, name: &CStr, value: &[u8]) -> io::Result<()> {
+    // SAFETY: `name` is a NUL-terminated string that outlives the call; `value` is a live slice
+    // of `value.len()` bytes that the kernel only reads; the kernel keeps no pointer after
+    // returning.
     let rc = unsafe {
-        libc::lsetxattr(
-            path.as_ptr(),
+        libc::fsetxattr(
+            fd.as_raw_fd(),
             name.as_ptr(),
             value.as_ptr().cast(),
             value.len(),

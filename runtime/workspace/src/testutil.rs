@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -61,9 +61,11 @@ pub fn attrs(path: &Path) -> crate::changes::OverlayAttrs {
 }
 
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    crate::sys::set_xattr(&c, &n, value)
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    crate::sys::fset_xattr(&file, &CString::new(name).unwrap(), value)
 }
 
 /// The directories of one overlay mount: `lower` and `upper` are the layers, `work` the overlay's

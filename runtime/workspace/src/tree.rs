@@ -58,6 +58,48 @@ impl TreeError {
             source,
         }
     }
+
+    /// The path is longer than a tree can name ([`MAX_PATH_BYTES`]).
+    pub fn name_too_long(&self) -> bool {
+        self.source.raw_os_error() == Some(libc::ENAMETOOLONG)
+    }
+}
+
+/// The longest path beneath a tree's root that it can name: the kernel's `PATH_MAX` less the
+/// NUL. A sandbox can nest directories deeper (each `mkdir` relative to the last), but what is
+/// beneath that is out of reach of every look-up by path.
+pub const MAX_PATH_BYTES: usize = libc::PATH_MAX as usize - 1;
+
+/// Whether a tree can name `rel` (see [`MAX_PATH_BYTES`]).
+pub fn nameable(rel: &Path) -> bool {
+    rel.as_os_str().len() <= MAX_PATH_BYTES
+}
+
+/// A path as errors show it: whole up to 160 bytes, past that its start and end around the
+/// byte count (a path thousands of bytes long says nothing more).
+pub struct Shown<'a>(pub &'a Path);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = self.0.to_string_lossy();
+        if text.len() <= 160 {
+            return f.write_str(&text);
+        }
+        let head = text.char_indices().nth(100).map_or(text.len(), |(i, _)| i);
+        let tail = text
+            .char_indices()
+            .rev()
+            .nth(39)
+            .map_or(0, |(i, _)| i)
+            .max(head);
+        write!(
+            f,
+            "{}...({} bytes)...{}",
+            &text[..head],
+            self.0.as_os_str().len(),
+            &text[tail..]
+        )
+    }
 }
 
 /// `PATH in the LAYER`, or `the LAYER` for its root.
@@ -71,7 +113,7 @@ impl fmt::Display for Place<'_> {
         if self.path.as_os_str().is_empty() {
             write!(f, "the {}", self.layer)
         } else {
-            write!(f, "{} in the {}", self.path.display(), self.layer)
+            write!(f, "{} in the {}", Shown(self.path), self.layer)
         }
     }
 }

@@ -310,3 +310,114 @@ pub fn a_same_second_edit_after_a_test_run_is_never_stale(s: &Subject) {
     }
     s.api.destroy(&id).unwrap();
 }
+
+/// A command that nests directories until a path can hold no more (about 2,000 levels):
+/// before, the supervisor looked each level up again from the root for every prefix of every
+/// path, so the exec's change review took minutes of its CPU, and a fork or scan of the tree
+/// recursed once per level and overflowed a worker's stack, taking every sandbox down. The
+/// exec now answers in seconds with the change, and the diff, a checkpoint, a fork and a
+/// destroy all work on the tree.
+pub fn a_tree_as_deep_as_a_path_allows_is_reviewed_forked_and_removed(s: &Subject) {
+    let id = s.create();
+    let t = std::time::Instant::now();
+    let r = s.sh(
+        &id,
+        "n=0; while mkdir d 2>/dev/null && cd d 2>/dev/null; do n=$((n+1)); done; \
+         echo deep > deep.txt && echo $n",
+    );
+    let took = t.elapsed();
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let depth: usize = r.stdout.text.trim().parse().unwrap();
+    assert!(depth > 1000, "only {depth} levels deep: {r:?}");
+    let file = format!("{}deep.txt", "d/".repeat(depth));
+    // `cd` failed into the last directory made: it is new and empty.
+    let empty = format!("{}/", "d/".repeat(depth + 1).trim_end_matches('/'));
+    let mut want = vec![file.clone(), empty];
+    want.sort();
+    assert_eq!(paths(&r.changes), want);
+    // Minutes before; a few seconds on a debug build now.
+    assert!(took < Duration::from_secs(60), "the exec took {took:?}");
+
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert!(d.files.iter().any(|f| f.path == file), "{:?}", d.files);
+    s.api.checkpoint(&id, super::checkpoint("deep")).unwrap();
+    let forks = s
+        .api
+        .fork(
+            &id,
+            ForkRequest {
+                count: Some(1),
+                ..ForkRequest::default()
+            },
+        )
+        .unwrap()
+        .sandboxes;
+    let f = s.sh(&forks[0].id, "find . -name deep.txt -exec cat {} +");
+    assert_eq!(f.stdout.text, "deep\n", "{f:?}");
+    for sandbox in [&forks[0].id, &id] {
+        s.api.destroy(sandbox).unwrap();
+    }
+}
+
+/// A command can nest directories past what a path can name (each `mkdir` relative to the
+/// last): before, every later look-up by path failed with an internal error, so the exec lost
+/// its result and every exec after it was refused (the sandbox was stuck, with no way to remove
+/// the tree). Now the exec answers with a `limit` violation naming the tree and the way out,
+/// execs go on, the operations that read every path refuse with `limit_exceeded`, and once
+/// the tree is removed all works again.
+pub fn a_tree_deeper_than_a_path_can_name_is_refused_clearly_and_removed(s: &Subject) {
+    let id = s.create();
+    let r = s.sh(
+        &id,
+        "python3 -c 'import os\nfor i in range(3000):\n    os.mkdir(\"e\"); os.chdir(\"e\")\n\
+         open(\"deep.txt\", \"w\").write(\"deep\")\nprint(\"made\")'",
+    );
+    assert_eq!(
+        (r.exit_code, r.stdout.text.as_str()),
+        (Some(0), "made\n"),
+        "{r:?}"
+    );
+    let limit: Vec<_> = r.violations.iter().filter(|v| v.kind == "limit").collect();
+    assert_eq!(limit.len(), 1, "{:?}", r.violations);
+    assert!(
+        limit[0].detail.contains("4,095 bytes") && limit[0].detail.contains("rm -rf e)"),
+        "{:?}",
+        limit[0]
+    );
+    // What can be named is listed: here only directories that hold something, which are no
+    // changes themselves.
+    assert!(r.changes.is_empty(), "{:?}", paths(&r.changes));
+
+    let next = s.sh(&id, "echo next");
+    assert_eq!(next.stdout.text, "next\n", "{next:?}");
+    assert_eq!(next.violations.len(), 1, "{:?}", next.violations);
+    let refused = [
+        s.api.diff(&id, DiffRequest::default()).map(|_| ()),
+        s.api
+            .checkpoint(&id, super::checkpoint("deeper"))
+            .map(|_| ()),
+        s.api
+            .fork(
+                &id,
+                ForkRequest {
+                    count: Some(1),
+                    ..ForkRequest::default()
+                },
+            )
+            .map(|_| ()),
+    ];
+    for r in refused {
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), "limit_exceeded", "{e}");
+        assert!(e.to_string().len() < 1000, "{e}");
+        assert!(e.to_string().contains("rm -rf"), "{e}");
+    }
+
+    let gone = s.sh(&id, "rm -rf e && echo gone");
+    assert_eq!(gone.stdout.text, "gone\n", "{gone:?}");
+    assert!(gone.violations.is_empty(), "{:?}", gone.violations);
+    let d = s.api.diff(&id, DiffRequest::default()).unwrap();
+    assert!(d.files.is_empty(), "{:?}", d.files);
+    s.api.checkpoint(&id, super::checkpoint("after")).unwrap();
+    s.api.destroy(&id).unwrap();
+}
