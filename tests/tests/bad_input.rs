@@ -127,6 +127,40 @@ fn a_missing_workspace_is_a_clear_error() {
     assert!(err.contains("not a directory"), "{err}");
 }
 
+/// A command that nests directories past what a path can name (each `mkdir` relative to the
+/// last) got exit 125 and an internal error after its output, its changes lost: now the run
+/// answers with the changes it can name and a `limit` violation that names the tree.
+#[test]
+fn a_tree_deeper_than_a_path_can_name_is_a_violation_not_a_failure() {
+    let env = Env::new();
+    let r = env.run_json(
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo kept > kept.txt && python3 -c 'import os\nfor i in range(3000):\n    \
+             os.mkdir(\"e\"); os.chdir(\"e\")'",
+        ],
+    );
+    assert_eq!(r.exit_code(), Some(0), "{:#}", r.json);
+    let changes: Vec<&str> = r.json["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes, ["kept.txt"], "{:#}", r.json);
+    let violations = r.json["violations"].as_array().unwrap();
+    assert_eq!(violations.len(), 1, "{:#}", r.json);
+    assert_eq!(violations[0]["kind"], "limit");
+    let detail = violations[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("4,095 bytes") && detail.contains("(rm -rf e)"),
+        "{detail}"
+    );
+    assert!(detail.len() < 600, "{detail}");
+}
+
 #[test]
 fn a_missing_command_exits_127_with_a_clear_message() {
     let env = Env::new();

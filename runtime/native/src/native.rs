@@ -1205,7 +1205,9 @@ pub fn run_with(
         let mut ignored = Vec::new();
         let mut upper = None;
         if !req.write_through && req.policy.filesystem.workspace == WorkspaceMode::Overlay {
-            changes = changes::scan(&run_dir.upper(), &workspace)?;
+            let unnamed;
+            (changes, unnamed) = changes::scan_named(&run_dir.upper(), &workspace)?;
+            end.unnamed_paths = unnamed.map(|dir| dir.to_string_lossy().into_owned());
             let limit = req.policy.limits.file_size_bytes;
             if crate::kit::layers::reached_file_size(&run_dir.upper(), &changes, limit) {
                 end.file_size_limit = Some(limit);

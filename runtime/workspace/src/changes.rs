@@ -108,17 +108,42 @@ pub struct Diff {
 
 /// Lists what the sandbox changed, reading the overlay's `upper` directory and looking at `lower`
 /// only at paths that `upper` names (see the module doc for the exact semantics).
+/// Refuses (`ENAMETOOLONG`, see [`ChangesError::name_too_long`]) an upper layer holding a path
+/// too long to name ([`crate::tree::MAX_PATH_BYTES`]), whose changes it cannot list.
 pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
+    let (changes, unnamed) = scan_named(upper, lower)?;
+    match unnamed {
+        None => Ok(changes),
+        Some(dir) => Err(TreeError::new(
+            "list beneath",
+            UPPER,
+            &dir,
+            io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+        )
+        .into()),
+    }
+}
+
+/// [`scan`], leaving out what lies beneath paths too long to name: the changes it can list,
+/// and the first directory (in path order) holding an entry too long to name, if any.
+pub fn scan_named(
+    upper: &Path,
+    lower: &Path,
+) -> Result<(Vec<Change>, Option<PathBuf>), ChangesError> {
     scan_trees(&Tree::open(upper, UPPER)?, &Tree::open(lower, WORKSPACE)?)
 }
 
-/// [`scan`] of two open trees.
-pub(crate) fn scan_trees(upper: &Tree, lower: &Tree) -> Result<Vec<Change>, ChangesError> {
+/// [`scan_named`] of two open trees.
+pub(crate) fn scan_trees(
+    upper: &Tree,
+    lower: &Tree,
+) -> Result<(Vec<Change>, Option<PathBuf>), ChangesError> {
     let mut scanner = Scanner {
         upper,
         lower,
         out: Vec::new(),
         bufs: CompareBufs::new(),
+        unnamed: None,
     };
     let root = Path::new("");
     let attrs = overlay_attrs(&upper.root_node()?)?;
@@ -134,7 +159,7 @@ pub(crate) fn scan_trees(upper: &Tree, lower: &Tree) -> Result<Vec<Change>, Chan
     let mut out = scanner.out;
     out.sort();
     out.dedup();
-    Ok(out)
+    Ok((out, scanner.unnamed))
 }
 
 /// Renders `changes` (as returned by [`scan`]) as a git-style unified diff; see [`diff`].
@@ -258,6 +283,8 @@ struct Scanner<'a> {
     lower: &'a Tree,
     out: Vec<Change>,
     bufs: CompareBufs,
+    /// The first directory (in path order) holding an upper entry too long to name.
+    unnamed: Option<PathBuf>,
 }
 
 impl Scanner<'_> {
@@ -293,7 +320,14 @@ impl Scanner<'_> {
             return Ok(());
         }
         for name in &names {
-            self.visit_upper(rel.join(name), lower_is_dir, opaque, dirs)?;
+            let child = rel.join(name);
+            if !crate::tree::nameable(&child) {
+                if self.unnamed.as_deref().is_none_or(|u| rel < u) {
+                    self.unnamed = Some(rel.to_path_buf());
+                }
+                continue;
+            }
+            self.visit_upper(child, lower_is_dir, opaque, dirs)?;
         }
         if lower_is_dir && opaque {
             let in_upper: HashSet<&OsStr> = names.iter().map(OsString::as_os_str).collect();
