@@ -108,6 +108,7 @@ pub struct Diff {
 
 /// Lists what the sandbox changed, reading the overlay's `upper` directory and looking at `lower`
 /// only at paths that `upper` names (see the module doc for the exact semantics).
+///
 /// Refuses (`ENAMETOOLONG`, see [`ChangesError::name_too_long`]) an upper layer holding a path
 /// too long to name ([`crate::tree::MAX_PATH_BYTES`]), whose changes it cannot list.
 pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
