@@ -362,12 +362,22 @@ fn parse_unix_table(text: &str) -> Vec<PathBuf> {
 /// Removes a directory tree, making directories writable where the overlay left them without
 /// permissions (its work directory is mode 000). Best effort: what cannot be removed stays.
 ///
-/// A sandbox's tree can be nested deeper than a path can name and than a thread's stack can
-/// recurse (std's `remove_dir_all` recurses once per level and holds a descriptor per level):
-/// this walk keeps one descriptor, of the directory it is in, goes down by name and back up
-/// by `..`, and remembers on the heap only the names still to visit. Nothing else writes to
-/// the tree meanwhile (its sandbox is gone), so `..` is the directory it came from.
+/// std's `remove_dir_all` goes first (the usual tree goes at its speed). Where it fails (a
+/// directory without permissions, or a tree deeper than its descriptor per level allows: a
+/// sandbox can nest directories deeper than a path can name), a walk that keeps one
+/// descriptor, of the directory it is in, goes down by name and back up by `..`, and remembers
+/// on the heap only the names still to visit, making each directory writable on its way.
+/// Nothing else writes to the tree meanwhile (its sandbox is gone), so `..` is the directory
+/// it came from.
 pub fn remove_tree(dir: &Path) {
+    if fs::remove_dir_all(dir).is_ok() {
+        return;
+    }
+    remove_tree_by_descriptor(dir);
+}
+
+/// The walk of [`remove_tree`] (see there).
+fn remove_tree_by_descriptor(dir: &Path) {
     use nix::dir::{Dir, Type};
     use nix::fcntl::{AtFlags, OFlag};
     use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
@@ -499,10 +509,11 @@ mod tests {
         nix::unistd::close(shut).unwrap();
         drop(here);
         let target = root.clone();
-        // A quarter of a worker's stack: std's remove_dir_all needs more at this depth.
+        // The walk remove_tree falls back on (std's remove_dir_all runs out of an unprivileged
+        // user's descriptors at this depth), on a quarter of a worker's stack.
         std::thread::Builder::new()
             .stack_size(512 * 1024)
-            .spawn(move || remove_tree(&target))
+            .spawn(move || remove_tree_by_descriptor(&target))
             .unwrap()
             .join()
             .unwrap();
