@@ -270,12 +270,7 @@ impl Violation {
     /// left out of the exec's changes, and the operations that read every path refuse.
     pub fn unnamed_paths(dir: &str) -> Violation {
         let top = dir.split('/').next().unwrap_or(dir);
-        let shown = if dir.len() > 120 {
-            let cut = dir.char_indices().nth(80).map_or(dir.len(), |(i, _)| i);
-            format!("{}... ({} bytes)", &dir[..cut], dir.len())
-        } else {
-            dir.to_owned()
-        };
+        let shown = crate::api::excerpt(dir);
         Violation {
             kind: "limit".into(),
             detail: format!(

@@ -10,6 +10,7 @@
 //! guard that does not depend on any mask: it refuses connections from inside a sandbox.
 
 use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -383,54 +384,51 @@ fn remove_tree_by_descriptor(dir: &Path) {
     use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
     use nix::unistd::{UnlinkatFlags, unlinkat};
 
+    /// Removes the files of the directory `here` and returns its subdirectories.
+    fn clear(here: &mut Dir) -> Vec<OsString> {
+        let fd = here.as_raw_fd();
+        let mut subdirs = Vec::new();
+        for entry in here.iter().flatten() {
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            let is_dir = match entry.file_type() {
+                Some(t) => t == Type::Directory,
+                None => nix::sys::stat::fstatat(Some(fd), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
+            };
+            if is_dir {
+                subdirs.push(name.to_os_string());
+            } else {
+                let _ = unlinkat(Some(fd), name, UnlinkatFlags::NoRemoveDir);
+            }
+        }
+        subdirs
+    }
+
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let _ = fchmodat(None, dir, Mode::S_IRWXU, FchmodatFlags::NoFollowSymlink);
+    let writable = |at: Option<i32>, name: &OsStr| {
+        let _ = fchmodat(at, name, Mode::S_IRWXU, FchmodatFlags::NoFollowSymlink);
+    };
+    writable(None, dir.as_os_str());
     let Ok(mut here) = Dir::open(dir, flags, Mode::empty()) else {
         // Not a directory (or gone): removed as a file, if it is one.
         let _ = fs::remove_file(dir);
         return;
     };
-    // The directories entered, each with the subdirectories it still holds to visit.
-    let mut path: Vec<(std::ffi::OsString, Vec<std::ffi::OsString>)> = Vec::new();
-    let mut pending = Vec::new();
-    let mut fresh = true;
+    // The directories entered, each with the subdirectories its parent still holds to visit.
+    let mut path: Vec<(OsString, Vec<OsString>)> = Vec::new();
+    let mut pending = clear(&mut here);
     loop {
-        if fresh {
-            // Files go now; subdirectories are visited one by one.
-            let fd = here.as_raw_fd();
-            for entry in here.iter().flatten() {
-                let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
-                if name == "." || name == ".." {
-                    continue;
-                }
-                let is_dir = match entry.file_type() {
-                    Some(t) => t == Type::Directory,
-                    None => nix::sys::stat::fstatat(Some(fd), name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
-                };
-                if is_dir {
-                    pending.push(name.to_os_string());
-                } else {
-                    let _ = unlinkat(Some(fd), name, UnlinkatFlags::NoRemoveDir);
-                }
-            }
-        }
         let fd = here.as_raw_fd();
         if let Some(name) = pending.pop() {
-            let _ = fchmodat(
-                Some(fd),
-                name.as_os_str(),
-                Mode::S_IRWXU,
-                FchmodatFlags::NoFollowSymlink,
-            );
-            match Dir::openat(Some(fd), name.as_os_str(), flags, Mode::empty()) {
-                Ok(down) => {
-                    path.push((name, std::mem::take(&mut pending)));
-                    here = down;
-                    fresh = true;
-                }
-                // Left as it is; its parent's removal fails in turn.
-                Err(_) => fresh = false,
+            writable(Some(fd), &name);
+            // One that cannot be opened is left as it is; its parent's removal fails in turn.
+            if let Ok(down) = Dir::openat(Some(fd), name.as_os_str(), flags, Mode::empty()) {
+                path.push((name, std::mem::take(&mut pending)));
+                here = down;
+                pending = clear(&mut here);
             }
             continue;
         }
@@ -448,7 +446,6 @@ fn remove_tree_by_descriptor(dir: &Path) {
             UnlinkatFlags::RemoveDir,
         );
         pending = rest;
-        fresh = false;
     }
     drop(here);
     let _ = fs::remove_dir(dir);

@@ -323,9 +323,7 @@ impl Scanner<'_> {
         for name in &names {
             let child = rel.join(name);
             if !crate::tree::nameable(&child) {
-                if self.unnamed.as_deref().is_none_or(|u| rel < u) {
-                    self.unnamed = Some(rel.to_path_buf());
-                }
+                crate::tree::note_unnamed(&mut self.unnamed, rel);
                 continue;
             }
             self.visit_upper(child, lower_is_dir, opaque, dirs)?;
@@ -659,6 +657,21 @@ pub(crate) struct View<'a, U> {
     walked: RefCell<Walked>,
 }
 
+/// Keeps of `walked` (the directories on the way to the path looked at last, by name, from the
+/// top) those that the path `names` shares as its own parents, and says how many: a pass over
+/// sorted paths then starts each below what it shares with the last. The path itself is
+/// never kept, only the directories above it.
+pub(crate) fn keep_shared<T>(walked: &mut Vec<(OsString, T)>, names: &[&OsStr]) -> usize {
+    let parents = &names[..names.len().saturating_sub(1)];
+    let known = walked
+        .iter()
+        .zip(parents)
+        .take_while(|((walked, _), name)| walked == *name)
+        .count();
+    walked.truncate(known);
+    known
+}
+
 /// Which layers contribute entries to a directory of a view (see [`Resolved::Dir`]).
 #[derive(Debug, Clone, Copy)]
 struct DirLayers {
@@ -721,15 +734,7 @@ impl<'a, U: UpperLayer> View<'a, U> {
             Some(at) => at,
             None => *walked.root.insert(self.root()?),
         };
-        // The directories on the way that the last look-up resolved (never the path itself).
-        let parents = names.len().saturating_sub(1);
-        let known = walked
-            .dirs
-            .iter()
-            .zip(&names[..parents])
-            .take_while(|((walked, _), name)| walked == *name)
-            .count();
-        walked.dirs.truncate(known);
+        let known = keep_shared(&mut walked.dirs, &names);
         if let Some((_, dir)) = walked.dirs.last() {
             at = *dir;
         }

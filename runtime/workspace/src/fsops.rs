@@ -3814,20 +3814,10 @@ rename to new_name.txt
         // One large ignore file hard-linked into 300 directories (no space used) was read and
         // built into a matcher in each: seconds of the supervisor's time per listing.
         let w = ws();
-        let mut text = String::from("*.tmp\n");
-        let mut i = 0;
-        while text.len() < 200 << 10 {
-            text.push_str(&format!("f{i}.txt\n"));
-            i += 1;
-        }
-        for n in 0..300 {
-            std::fs::create_dir(w.root.join(format!("d{n:03}"))).unwrap();
-            std::fs::write(w.root.join(format!("d{n:03}/a.tmp")), "").unwrap();
-            let file = w.root.join(format!("d{n:03}/.gitignore"));
-            match n {
-                0 => std::fs::write(&file, &text).unwrap(),
-                _ => std::fs::hard_link(w.root.join("d000/.gitignore"), &file).unwrap(),
-            }
+        let dirs: Vec<String> = (0..300).map(|n| format!("d{n:03}")).collect();
+        crate::testutil::linked_ignore_files(&w.root, &dirs);
+        for dir in &dirs {
+            std::fs::write(w.root.join(dir).join("a.tmp"), "").unwrap();
         }
         let t = std::time::Instant::now();
         let listed = list(

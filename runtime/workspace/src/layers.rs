@@ -283,6 +283,21 @@ impl Copier<'_> {
         Some(self.dst.as_raw_fd())
     }
 
+    /// Opens `rel` of the destination (`""`: its root), not through a final symlink; `op`
+    /// names the opening in its error.
+    fn open(
+        &self,
+        op: &'static str,
+        rel: &Path,
+        flags: OFlag,
+        mode: Mode,
+    ) -> Result<OwnedFd, LayersError> {
+        let fd = nix::fcntl::openat(self.fd(), at(rel), flags | OFlag::O_NOFOLLOW, mode)
+            .map_err(nio(op, COPY, rel))?;
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
     fn copy_entry(&mut self, rel: &Path, steps: &mut Vec<CopyStep>) -> Result<(), LayersError> {
         let Some(node) = self.src.node(rel)? else {
             return Ok(());
@@ -363,15 +378,12 @@ impl Copier<'_> {
         }
         // Mode, owner and mtime of the file whose content is copied.
         let (mut from, meta) = node.open_file()?;
-        let fd = nix::fcntl::openat(
-            self.fd(),
+        let mut to = File::from(self.open(
+            "create",
             rel,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
-        )
-        .map_err(nio("create", COPY, rel))?;
-        // SAFETY: openat returned a new descriptor that nothing else owns.
-        let mut to = unsafe { File::from_raw_fd(fd) };
+        )?);
         // std uses copy_file_range between two files (reflinks where the filesystem has them).
         io::copy(&mut from, &mut to).map_err(lio("copy", LAYER, rel))?;
         if (meta.uid(), meta.gid()) != self.ids {
@@ -399,15 +411,12 @@ impl Copier<'_> {
     ) -> Result<(), LayersError> {
         self.chown(rel, meta)?;
         if !xattrs.is_empty() {
-            let fd = nix::fcntl::openat(
-                self.fd(),
-                at(rel),
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            let dir = self.open(
+                "open",
+                rel,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
                 Mode::empty(),
-            )
-            .map_err(nio("open", COPY, rel))?;
-            // SAFETY: openat returned a new descriptor that nothing else owns.
-            let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+            )?;
             set_xattrs(rel, &dir, xattrs)?;
         }
         nix::sys::stat::fchmodat(
@@ -781,11 +790,8 @@ impl Fingerprint {
         let mut names = Vec::new();
         let mut from = Excluded(rel.to_path_buf());
         while let Some((k, _)) = self.entries.range::<PathBuf, _>((from, Unbounded)).next() {
-            if !k.starts_with(rel) || k == rel {
-                break;
-            }
-            let child = k.strip_prefix(rel).ok().and_then(|c| c.iter().next());
-            let Some(child) = child else {
+            // The first entry past `rel`'s children is outside it.
+            let Some(child) = k.strip_prefix(rel).ok().and_then(|c| c.iter().next()) else {
                 break;
             };
             names.push(child.to_os_string());
@@ -915,9 +921,7 @@ pub fn fingerprint(upper: &Path) -> Result<Fingerprint, LayersError> {
             let rel = dir.join(&name);
             if !tree::nameable(&rel) {
                 // Out of reach by path: left out, and said.
-                if unnamed.as_ref().is_none_or(|u| dir < *u) {
-                    unnamed = Some(dir.clone());
-                }
+                tree::note_unnamed(&mut unnamed, &dir);
                 continue;
             }
             let Some(node) = tree.node(&rel)? else {
@@ -1848,13 +1852,8 @@ mod tests {
     fn a_layer_two_thousand_directories_deep_is_copied_on_a_small_stack() {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
-        let depth = (4000 - src.as_os_str().len()) / 2;
-        let mut leaf = src.clone();
-        for _ in 0..depth {
-            leaf.push("d");
-        }
-        fs::create_dir_all(&leaf).unwrap();
-        fs::write(leaf.join("f"), "deep\n").unwrap();
+        let leaf = deep_tree(&src, &["f"], false);
+        let depth = leaf.strip_prefix(&src).unwrap().components().count();
         let dst = tmp.path().join("dst");
         let (from, to) = (src.clone(), dst.clone());
         // A quarter of a worker's stack: recursion over the depth would need several times it.

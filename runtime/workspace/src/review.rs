@@ -37,7 +37,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use ignore::Match;
 use ignore::gitignore::Gitignore;
 
-use crate::changes::{ChangesError, Resolved, UPPER, UpperDir, View, WORKSPACE};
+use crate::changes::{ChangesError, Resolved, UPPER, UpperDir, View, WORKSPACE, keep_shared};
 use crate::ignores::IgnoreBudget;
 use crate::result::{AutorunFile, Change, ChangeKind};
 use crate::tree::Tree;
@@ -144,16 +144,15 @@ struct Rules<'v, 'a> {
     view: &'v View<'a, UpperDir<'a>>,
     /// The root's `.gitignore`.
     root: Option<Gitignore>,
-    /// The directories on the way to the path asked about last, from the top; it stops below
-    /// an ignored one, since git never looks beneath it.
-    dirs: Vec<DirRules>,
+    /// The directories on the way to the path asked about last, by name, from the top; it
+    /// stops below an ignored one, since git never looks beneath it.
+    dirs: Vec<(OsString, DirRules)>,
     /// `.git/info/exclude`, matched from the workspace root.
     exclude: Option<Gitignore>,
     budget: IgnoreBudget,
 }
 
 struct DirRules {
-    name: OsString,
     /// The directory's own `.gitignore`.
     rules: Option<Gitignore>,
     /// Whether git ignores the directory (and so everything beneath it).
@@ -186,28 +185,18 @@ impl<'v, 'a> Rules<'v, 'a> {
     /// ignores it, since git never looks beneath one.
     fn ignored(&mut self, rel: &Path, dir: bool) -> Result<bool, ChangesError> {
         let names: Vec<&OsStr> = rel.components().map(|c| c.as_os_str()).collect();
-        let parents = names.len().saturating_sub(1);
-        let known = self
-            .dirs
-            .iter()
-            .zip(&names[..parents])
-            .take_while(|(d, name)| d.name == **name)
-            .count();
-        self.dirs.truncate(known);
-        for i in known..parents {
-            if self.dirs.last().is_some_and(|d| d.ignored) {
+        let known = keep_shared(&mut self.dirs, &names);
+        for i in known..names.len().saturating_sub(1) {
+            if self.dirs.last().is_some_and(|(_, d)| d.ignored) {
                 return Ok(true);
             }
             let ignored = self.matched(&names[..=i], true);
             let path: PathBuf = names[..=i].iter().collect();
             let rules = self.read(&path.join(".gitignore"))?;
-            self.dirs.push(DirRules {
-                name: names[i].to_os_string(),
-                rules,
-                ignored,
-            });
+            self.dirs
+                .push((names[i].to_os_string(), DirRules { rules, ignored }));
         }
-        if self.dirs.last().is_some_and(|d| d.ignored) {
+        if self.dirs.last().is_some_and(|(_, d)| d.ignored) {
             return Ok(true);
         }
         Ok(self.matched(&names, dir))
@@ -222,7 +211,7 @@ impl<'v, 'a> Rules<'v, 'a> {
         for depth in (0..names.len()).rev() {
             let rules = match depth {
                 0 => &self.root,
-                _ => &self.dirs[depth - 1].rules,
+                _ => &self.dirs[depth - 1].1.rules,
             };
             let Some(gi) = rules else { continue };
             let local: PathBuf = names[depth..].iter().collect();

@@ -228,21 +228,8 @@ fn ignore_files_past_the_review_bound_hide_nothing() {
     // One large ignore file in 300 directories, hard links costing no space: each was read
     // and built into a matcher (seconds of the supervisor's time per review).
     let l = layers();
-    let mut text = String::from("*.tmp\n");
-    let mut i = 0;
-    while text.len() < 200 << 10 {
-        text.push_str(&format!("f{i}.txt\n"));
-        i += 1;
-    }
-    write(&l.upper, "d0/.gitignore", &text);
-    for n in 1..300 {
-        fs::create_dir(l.upper.join(format!("d{n}"))).unwrap();
-        fs::hard_link(
-            l.upper.join("d0/.gitignore"),
-            l.upper.join(format!("d{n}/.gitignore")),
-        )
-        .unwrap();
-    }
+    let dirs: Vec<String> = (0..300).map(|n| format!("d{n}")).collect();
+    crate::testutil::linked_ignore_files(&l.upper, &dirs);
     let changes: Vec<Change> = (0..300)
         .map(|n| change(&format!("d{n}/a.tmp"), Added))
         .collect();

@@ -60,6 +60,24 @@ pub fn attrs(path: &Path) -> crate::changes::OverlayAttrs {
     crate::changes::overlay_attrs(&node(path)).unwrap()
 }
 
+/// One ignore file of about 200 KiB (`*.tmp`, then lines that match nothing) in the directory
+/// `dirs[0]` of `root`, hard-linked into each of the other `dirs` (made here): what costs a
+/// sandbox no space and the supervisor a matcher per directory.
+pub fn linked_ignore_files(root: &Path, dirs: &[String]) {
+    let mut text = String::from("*.tmp\n");
+    let mut i = 0;
+    while text.len() < 200 << 10 {
+        text.push_str(&format!("f{i}.txt\n"));
+        i += 1;
+    }
+    let first = root.join(&dirs[0]).join(".gitignore");
+    write(root, &format!("{}/.gitignore", dirs[0]), text);
+    for dir in &dirs[1..] {
+        fs::create_dir_all(root.join(dir)).unwrap();
+        fs::hard_link(&first, root.join(dir).join(".gitignore")).unwrap();
+    }
+}
+
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let file = std::fs::File::options()
         .read(true)

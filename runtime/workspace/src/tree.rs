@@ -75,30 +75,27 @@ pub fn nameable(rel: &Path) -> bool {
     rel.as_os_str().len() <= MAX_PATH_BYTES
 }
 
-/// A path as errors show it: whole up to 160 bytes, past that its start and end around the
-/// byte count (a path thousands of bytes long says nothing more).
-pub struct Shown<'a>(pub &'a Path);
+/// Notes that the directory `dir` holds an entry too long to name, keeping in `first` the
+/// first such directory in path order.
+pub(crate) fn note_unnamed(first: &mut Option<PathBuf>, dir: &Path) {
+    if first.as_deref().is_none_or(|f| dir < f) {
+        *first = Some(dir.to_path_buf());
+    }
+}
+
+/// A path as errors show it: whole up to 160 bytes, past that as the contract's
+/// [`excerpt`](crate::api::excerpt) (its start and its length: a path thousands of bytes long
+/// says nothing more).
+struct Shown<'a>(&'a Path);
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = self.0.to_string_lossy();
         if text.len() <= 160 {
-            return f.write_str(&text);
+            f.write_str(&text)
+        } else {
+            f.write_str(&crate::api::excerpt(&text))
         }
-        let head = text.char_indices().nth(100).map_or(text.len(), |(i, _)| i);
-        let tail = text
-            .char_indices()
-            .rev()
-            .nth(39)
-            .map_or(0, |(i, _)| i)
-            .max(head);
-        write!(
-            f,
-            "{}...({} bytes)...{}",
-            &text[..head],
-            self.0.as_os_str().len(),
-            &text[tail..]
-        )
     }
 }
 

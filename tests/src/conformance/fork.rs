@@ -19,7 +19,7 @@ fn fork(s: &Subject, id: &SandboxId, req: ForkRequest) -> Vec<SandboxInfo> {
         .sandboxes
 }
 
-fn forks(s: &Subject, id: &SandboxId, count: u32) -> Vec<SandboxInfo> {
+pub(super) fn forks(s: &Subject, id: &SandboxId, count: u32) -> Vec<SandboxInfo> {
     fork(
         s,
         id,

@@ -341,17 +341,7 @@ pub fn a_tree_as_deep_as_a_path_allows_is_reviewed_forked_and_removed(s: &Subjec
     let d = s.api.diff(&id, DiffRequest::default()).unwrap();
     assert!(d.files.iter().any(|f| f.path == file), "{:?}", d.files);
     s.api.checkpoint(&id, super::checkpoint("deep")).unwrap();
-    let forks = s
-        .api
-        .fork(
-            &id,
-            ForkRequest {
-                count: Some(1),
-                ..ForkRequest::default()
-            },
-        )
-        .unwrap()
-        .sandboxes;
+    let forks = super::fork::forks(s, &id, 1);
     let f = s.sh(&forks[0].id, "find . -name deep.txt -exec cat {} +");
     assert_eq!(f.stdout.text, "deep\n", "{f:?}");
     for sandbox in [&forks[0].id, &id] {
