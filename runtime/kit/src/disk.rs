@@ -49,6 +49,13 @@ pub const SUBDIRS: &[(&str, u32)] = &[
     ("root-work", 0o755),
 ];
 
+/// Mount points every sandbox makes in its disk's `tmp` (the spill files' mount,
+/// [`crate::SPILL_MOUNT`]), made in the ext4 template with its [`SUBDIRS`]: a directory made
+/// at start on a fresh disk allocates a block and reads its group's bitmaps through the loop
+/// device, in every create.
+const TEMPLATE_MOUNT_POINTS: &[(&str, u32)] =
+    &[("tmp/.taskbox", 0o755), ("tmp/.taskbox/out", 0o755)];
+
 /// A disk that could not be made.
 #[derive(Debug, thiserror::Error)]
 #[error("disk quota in {path}: {why}")]
@@ -350,7 +357,7 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
         f.set_len(size).map_err(|e| e.to_string())?;
         drop(f);
         fs::create_dir(&tree).map_err(|e| e.to_string())?;
-        make_subdirs(&tree).map_err(|e| e.to_string())?;
+        make_dirs(&tree, SUBDIRS.iter().chain(TEMPLATE_MOUNT_POINTS)).map_err(|e| e.to_string())?;
         let mkfs = find_mkfs().ok_or("mkfs.ext4 is not installed")?;
         // No journal (a sandbox's scratch never outlives a crash), no room to grow, no reserve
         // for root, inode tables left to initialise lazily (and `noinit_itable` at mount: never),
@@ -392,7 +399,15 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
 
 /// Makes each of [`SUBDIRS`] under `root` (keeping one that is there) with its mode.
 fn make_subdirs(root: &Path) -> Result<(), DiskError> {
-    for (name, mode) in SUBDIRS {
+    make_dirs(root, SUBDIRS)
+}
+
+/// Makes each of `dirs` (name, mode; parents first) under `root`, keeping one that is there.
+fn make_dirs<'a>(
+    root: &Path,
+    dirs: impl IntoIterator<Item = &'a (&'a str, u32)>,
+) -> Result<(), DiskError> {
+    for (name, mode) in dirs {
         let d = root.join(name);
         match fs::create_dir(&d) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -403,12 +418,12 @@ fn make_subdirs(root: &Path) -> Result<(), DiskError> {
     Ok(())
 }
 
-/// A short digest of [`SUBDIRS`], names and modes (computed once).
+/// A short digest of the template's directories, names and modes (computed once).
 fn layout_tag() -> &'static str {
     static TAG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
-        for (name, mode) in SUBDIRS {
+        for (name, mode) in SUBDIRS.iter().chain(TEMPLATE_MOUNT_POINTS) {
             h.update(format!("{name}:{mode:o};"));
         }
         h.finalize()[..4]
