@@ -556,6 +556,60 @@ fn spill_files_are_readable_through_the_api() {
     assert_eq!(r.stdout.text, "20000\nrefused\n", "{r:?}");
 }
 
+/// The first create of an origin (the same request: workspace, policy, environment) is proven
+/// by a probe exec, which finds the enforcement in force; a later create of the same origin
+/// takes what it found and runs nothing before the caller's first exec (a spill file is named
+/// by its exec's number: the probe was exec 1 of the first sandbox). Another origin probes.
+#[test]
+fn a_later_create_of_an_origin_takes_the_probed_enforcement_without_a_probe() {
+    let env = Env::new();
+    let backend = NativeBackend::new(env.state()).unwrap();
+    let request = |env_var: &str| CreateRequest {
+        workspace: env.ws().display().to_string(),
+        env: [("ORIGIN".to_string(), env_var.to_string())].into(),
+        ..CreateRequest::default()
+    };
+    let first_spill = |id: &SandboxId| {
+        let r = match backend
+            .exec(
+                id,
+                ExecRequest {
+                    shell: Some("seq 1 2000".into()),
+                    output_limit: Some(100),
+                    ..ExecRequest::default()
+                },
+                None,
+            )
+            .unwrap()
+        {
+            ExecOutcome::Finished(r) => r,
+            other => panic!("{other:?}"),
+        };
+        (r.stdout.spill_path.unwrap(), r.enforcement)
+    };
+    let a = backend.create(request("one")).unwrap();
+    let b = backend.create(request("one")).unwrap();
+    let c = backend.create(request("two")).unwrap();
+    assert_ne!(a.enforcement.landlock, "unknown", "{a:?}");
+    assert_eq!(b.enforcement, a.enforcement);
+    assert_eq!(c.enforcement, a.enforcement);
+    let (spill_a, in_a) = first_spill(&a.id);
+    let (spill_b, in_b) = first_spill(&b.id);
+    let (spill_c, _) = first_spill(&c.id);
+    assert_eq!(spill_a, "/tmp/.taskbox/out/2.stdout", "the probe ran first");
+    assert_eq!(spill_b, "/tmp/.taskbox/out/1.stdout", "no probe ran");
+    assert_eq!(
+        spill_c, "/tmp/.taskbox/out/2.stdout",
+        "another origin is probed"
+    );
+    // What the later sandbox was given is what its execs find.
+    assert_eq!(in_b, b.enforcement);
+    assert_eq!(in_a, in_b);
+    for id in [a.id, b.id, c.id] {
+        backend.destroy(&id).unwrap();
+    }
+}
+
 #[test]
 fn the_sandbox_cannot_reach_pid1s_private_state_or_descriptors() {
     let f = fixture();

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 pub use fsuser::{FsLandlock, SandboxUser};
 pub use layers::{ExecChanges, Layers, SPILL_MOUNT, Seed, StagedLayers};
-pub use pool::{ForkPoolConfig, PoolStatus};
+pub use pool::{ForkPoolConfig, PoolStatus, origin_key};
 pub use slots::{Captured, ExecSlot, ProcState, Slots, StdinSink};
 pub use taskbox_contract::exec_end::ExecEnd;
 pub use taskbox_contract::exec_plan::ExecPlan;

@@ -134,8 +134,9 @@ struct Origin<S> {
 }
 
 /// The key of a fork origin: everything of the request but its labels, lease and upload id,
-/// and the policy as resolved (name and hash), hashed (the request may carry secrets).
-pub(crate) fn origin_key(req: &CreateRequest) -> String {
+/// and the policy as resolved (name and hash), hashed (the request may carry secrets). Creates of
+/// one origin get the same sandbox but for its workspace's content at the time.
+pub fn origin_key(req: &CreateRequest) -> String {
     use sha2::Digest as _;
     let bare = CreateRequest {
         labels: Default::default(),

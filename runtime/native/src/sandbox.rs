@@ -10,6 +10,7 @@
 //! The sandbox ends when its control socket closes: on destroy, and also when this process dies
 //! for any reason, so a crashed supervisor leaves no sandbox process behind.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -69,6 +70,9 @@ pub struct Native {
     /// More host paths to hide in every sandbox besides taskbox's state directories (the
     /// supervisor's socket and tokens file).
     hidden: Vec<PathBuf>,
+    /// The enforcement a create's probe found, by origin ([`kit::origin_key`]): a later create
+    /// of the same origin (the same policy on this host) takes it instead of probing again.
+    proven: Mutex<HashMap<String, Enforcement>>,
     /// An exclusive lock on `STATE/sandboxes/.lock`: one backend per state directory, so the
     /// start-up sweep never removes what a live backend owns.
     _lock: fs::File,
@@ -121,6 +125,7 @@ impl Open for Native {
             images: None,
             egress: None,
             hidden: Vec::new(),
+            proven: Mutex::default(),
             _lock: lock,
         };
         backend.sweep();
@@ -1745,22 +1750,35 @@ impl Backend for Native {
 }
 
 impl Native {
-    /// A sandbox for `req`, its layers from `seed` when it is a fork, proven by a first exec.
+    /// A sandbox for `req`, its layers from `seed` when it is a fork. The first create of an
+    /// origin is proven by a first exec, which reports the enforcement in force; a fork takes its
+    /// parent's, and a later create of the same origin what the first one's probe found (the
+    /// same policy on the same host: the same Landlock and seccomp outcome).
     fn start_seeded(
         &self,
         req: &CreateRequest,
         seed: Option<&Seed>,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let sandbox = self.launch(req, seed)?;
-        // A fork's parent has learnt what is in force (the same policy on this host): its
-        // first exec is the caller's.
-        if let Some(e) = seed.and_then(|s| s.enforcement.as_ref())
-            && e.landlock != "unknown"
-        {
-            lock(&sandbox.common.info).enforcement = e.clone();
-            return Ok(sandbox);
-        }
-        // A first exec proves the sandbox works and reports the enforcement in force.
+        let origin = match seed {
+            Some(seed) => {
+                if let Some(e) = &seed.enforcement
+                    && e.landlock != "unknown"
+                {
+                    lock(&sandbox.common.info).enforcement = e.clone();
+                    return Ok(sandbox);
+                }
+                None
+            }
+            None => {
+                let key = kit::origin_key(req);
+                if let Some(e) = lock(&self.proven).get(&key) {
+                    lock(&sandbox.common.info).enforcement = e.clone();
+                    return Ok(sandbox);
+                }
+                Some(key)
+            }
+        };
         let probe = sandbox
             .common
             .plan(&ExecRequest {
@@ -1768,13 +1786,32 @@ impl Native {
                 ..ExecRequest::default()
             })
             .and_then(|plan| sandbox.exec(plan, None));
-        if let Err(e) = probe {
-            sandbox.shutdown();
-            return Err(e);
+        match probe {
+            Err(e) => {
+                sandbox.shutdown();
+                Err(e)
+            }
+            Ok(_) => {
+                let found = lock(&sandbox.common.info).enforcement.clone();
+                if let Some(key) = origin
+                    && found.landlock != "unknown"
+                {
+                    let mut proven = lock(&self.proven);
+                    // Bounded: origins are few (one per workspace and policy in use); past
+                    // the bound the next creates probe again.
+                    if proven.len() >= MAX_PROVEN {
+                        proven.clear();
+                    }
+                    proven.insert(key, found);
+                }
+                Ok(sandbox)
+            }
         }
-        Ok(sandbox)
     }
 }
+
+/// Origins whose probed enforcement a backend keeps (see `Native::start_seeded`).
+const MAX_PROVEN: usize = 256;
 
 impl Handle for Sandbox {
     type Proc = NativeProc;
