@@ -174,6 +174,35 @@ impl Default for Env {
     }
 }
 
+impl Drop for Env {
+    /// What a test's processes left mounted under the environment is detached before its
+    /// directory is removed, so nothing of a test stays on the host: a Docker supervisor killed
+    /// before its shutdown ended (a test's `kill9`, or one slower to stop than its grace) leaves
+    /// its private mount point of `STATE/docker`, which only the next supervisor on that state
+    /// directory would take over. Each is named on stderr.
+    fn drop(&mut self) {
+        let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return;
+        };
+        let dir = self.dir.path();
+        let mut left: Vec<PathBuf> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(PathBuf::from)
+            .filter(|p| p.starts_with(dir))
+            .collect();
+        left.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in left {
+            eprintln!("detaching {}, left mounted by the test", p.display());
+            let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+                continue;
+            };
+            // SAFETY: `c` is a NUL-terminated path that outlives the call.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
 impl Env {
     pub fn new() -> Self {
         let dir = tempfile::Builder::new()

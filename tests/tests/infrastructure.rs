@@ -221,3 +221,35 @@ fn a_supervisor_killed_mid_exec_leaves_infrastructure_failures_after_a_restart()
     );
     assert_eq!((st, &r["stdout"]["text"]), (200, &json!("ok\n")));
 }
+
+/// A private mount point a killed Docker supervisor leaves on `STATE/docker` (and anything
+/// mounted under a test's environment) is detached when the environment is dropped: nothing of
+/// a test stays mounted on the host.
+#[test]
+fn an_environment_detaches_what_was_left_mounted_under_it() {
+    if !taskbox_tests::require(taskbox_tests::is_root(), "binding a mount point needs root") {
+        return;
+    }
+    let mounted = |dir: &std::path::Path| {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
+            .count()
+    };
+    let env = Env::new();
+    let dir = env.state().join("docker");
+    std::fs::create_dir(&dir).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["--bind", "--make-private"])
+        .arg(&dir)
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(mounted(&dir), 1);
+    let top = env.dir.path().to_path_buf();
+    drop(env);
+    assert_eq!(mounted(&dir), 0);
+    assert!(!top.exists(), "the environment's directory is removed");
+}
