@@ -174,6 +174,17 @@ impl Default for Env {
     }
 }
 
+/// The mount points of this process's mount namespace at or beneath `dir`.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
 impl Drop for Env {
     /// What a test's processes left mounted under the environment is detached before its
     /// directory is removed, so nothing of a test stays on the host: a Docker supervisor killed
@@ -181,16 +192,7 @@ impl Drop for Env {
     /// its private mount point of `STATE/docker`, which only the next supervisor on that state
     /// directory would take over. Each is named on stderr.
     fn drop(&mut self) {
-        let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-            return;
-        };
-        let dir = self.dir.path();
-        let mut left: Vec<PathBuf> = info
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .map(PathBuf::from)
-            .filter(|p| p.starts_with(dir))
-            .collect();
+        let mut left = mounts_under(self.dir.path());
         left.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for p in left {
             eprintln!("detaching {}, left mounted by the test", p.display());

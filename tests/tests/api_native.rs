@@ -516,22 +516,12 @@ fn diff_checkpoint_restore_and_export() {
 #[test]
 fn spill_files_are_readable_through_the_api() {
     let f = fixture();
-    let r = match f
-        .backend
-        .exec(
-            &f.id,
-            ExecRequest {
-                shell: Some("seq 1 20000".into()),
-                output_limit: Some(1000),
-                ..ExecRequest::default()
-            },
-            None,
-        )
-        .unwrap()
-    {
-        ExecOutcome::Finished(r) => r,
-        other => panic!("{other:?}"),
+    let req = ExecRequest {
+        shell: Some("seq 1 20000".into()),
+        output_limit: Some(1000),
+        ..ExecRequest::default()
     };
+    let r = taskbox_tests::finished(&f.backend, &f.id, req);
     assert!(r.stdout.truncated);
     let spill = r.stdout.spill_path.clone().unwrap();
     assert!(spill.starts_with("/tmp/.taskbox/out/"), "{spill}");
@@ -570,21 +560,12 @@ fn a_later_create_of_an_origin_takes_the_probed_enforcement_without_a_probe() {
         ..CreateRequest::default()
     };
     let first_spill = |id: &SandboxId| {
-        let r = match backend
-            .exec(
-                id,
-                ExecRequest {
-                    shell: Some("seq 1 2000".into()),
-                    output_limit: Some(100),
-                    ..ExecRequest::default()
-                },
-                None,
-            )
-            .unwrap()
-        {
-            ExecOutcome::Finished(r) => r,
-            other => panic!("{other:?}"),
+        let req = ExecRequest {
+            shell: Some("seq 1 2000".into()),
+            output_limit: Some(100),
+            ..ExecRequest::default()
         };
+        let r = taskbox_tests::finished(&backend, id, req);
         (r.stdout.spill_path.unwrap(), r.enforcement)
     };
     let a = backend.create(request("one")).unwrap();

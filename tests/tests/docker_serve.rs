@@ -115,13 +115,7 @@ fn container_exists(name: &str) -> bool {
 }
 
 fn mounts_under(dir: &Path) -> usize {
-    let d = dir.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&d))
-        .count()
+    taskbox_tests::mounts_under(dir).len()
 }
 
 #[test]

@@ -230,13 +230,6 @@ fn an_environment_detaches_what_was_left_mounted_under_it() {
     if !taskbox_tests::require(taskbox_tests::is_root(), "binding a mount point needs root") {
         return;
     }
-    let mounted = |dir: &std::path::Path| {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
-            .count()
-    };
     let env = Env::new();
     let dir = env.state().join("docker");
     std::fs::create_dir(&dir).unwrap();
@@ -247,9 +240,12 @@ fn an_environment_detaches_what_was_left_mounted_under_it() {
         .status()
         .unwrap();
     assert!(status.success());
-    assert_eq!(mounted(&dir), 1);
+    assert_eq!(
+        taskbox_tests::mounts_under(&dir),
+        std::slice::from_ref(&dir)
+    );
     let top = env.dir.path().to_path_buf();
     drop(env);
-    assert_eq!(mounted(&dir), 0);
+    assert!(taskbox_tests::mounts_under(&dir).is_empty());
     assert!(!top.exists(), "the environment's directory is removed");
 }

@@ -56,6 +56,11 @@ pub const SUBDIRS: &[(&str, u32)] = &[
 const TEMPLATE_MOUNT_POINTS: &[(&str, u32)] =
     &[("tmp/.taskbox", 0o755), ("tmp/.taskbox/out", 0o755)];
 
+/// The directories of an ext4 template: [`SUBDIRS`], then [`TEMPLATE_MOUNT_POINTS`].
+fn template_dirs() -> impl Iterator<Item = &'static (&'static str, u32)> {
+    SUBDIRS.iter().chain(TEMPLATE_MOUNT_POINTS)
+}
+
 /// A disk that could not be made.
 #[derive(Debug, thiserror::Error)]
 #[error("disk quota in {path}: {why}")]
@@ -357,7 +362,7 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
         f.set_len(size).map_err(|e| e.to_string())?;
         drop(f);
         fs::create_dir(&tree).map_err(|e| e.to_string())?;
-        make_dirs(&tree, SUBDIRS.iter().chain(TEMPLATE_MOUNT_POINTS)).map_err(|e| e.to_string())?;
+        make_dirs(&tree, template_dirs()).map_err(|e| e.to_string())?;
         let mkfs = find_mkfs().ok_or("mkfs.ext4 is not installed")?;
         // No journal (a sandbox's scratch never outlives a crash), no room to grow, no reserve
         // for root, inode tables left to initialise lazily (and `noinit_itable` at mount: never),
@@ -423,7 +428,7 @@ fn layout_tag() -> &'static str {
     static TAG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
-        for (name, mode) in SUBDIRS.iter().chain(TEMPLATE_MOUNT_POINTS) {
+        for (name, mode) in template_dirs() {
             h.update(format!("{name}:{mode:o};"));
         }
         h.finalize()[..4]

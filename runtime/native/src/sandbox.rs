@@ -1760,25 +1760,19 @@ impl Native {
         seed: Option<&Seed>,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let sandbox = self.launch(req, seed)?;
-        let origin = match seed {
-            Some(seed) => {
-                if let Some(e) = &seed.enforcement
-                    && e.landlock != "unknown"
-                {
-                    lock(&sandbox.common.info).enforcement = e.clone();
-                    return Ok(sandbox);
-                }
-                None
-            }
+        // What is known in force (a fork's parent's, or its origin's), and the origin a probe
+        // proves for later creates.
+        let (known, origin) = match seed {
+            Some(seed) => (seed.enforcement.clone(), None),
             None => {
                 let key = kit::origin_key(req);
-                if let Some(e) = lock(&self.proven).get(&key) {
-                    lock(&sandbox.common.info).enforcement = e.clone();
-                    return Ok(sandbox);
-                }
-                Some(key)
+                (lock(&self.proven).get(&key).cloned(), Some(key))
             }
         };
+        if let Some(e) = known.filter(|e| e.landlock != "unknown") {
+            lock(&sandbox.common.info).enforcement = e;
+            return Ok(sandbox);
+        }
         let probe = sandbox
             .common
             .plan(&ExecRequest {
