@@ -581,9 +581,10 @@ pub fn rate(a: &RateArgs) -> Result<Value> {
             .map(|_| {
                 let (api, stop, done, ws) =
                     (api.clone(), stop.clone(), done.clone(), a.workspace.clone());
-                std::thread::spawn(move || -> Result<Vec<Duration>> {
+                std::thread::spawn(move || -> Result<[Vec<Duration>; 4]> {
                     let mut c = api.connection()?;
-                    let mut cycles = Vec::new();
+                    let [mut cycles, mut creates, mut execs, mut destroys] =
+                        [(); 4].map(|()| Vec::new());
                     while !stop.load(Ordering::SeqCst) {
                         let t = Instant::now();
                         let id = match &mut c {
@@ -594,20 +595,29 @@ pub fn rate(a: &RateArgs) -> Result<Value> {
                             }
                             None => api.create(&ws)?,
                         };
+                        let created = Instant::now();
                         api.exec_true(c.as_mut(), &id)?;
+                        let ran = Instant::now();
                         api.destroy(c.as_mut(), &id)?;
                         cycles.push(t.elapsed());
+                        creates.push(created - t);
+                        execs.push(ran - created);
+                        destroys.push(ran.elapsed());
                         done.fetch_add(1, Ordering::SeqCst);
                     }
-                    Ok(cycles)
+                    Ok([cycles, creates, execs, destroys])
                 })
             })
             .collect();
         std::thread::sleep(Duration::from_secs(a.secs));
         stop.store(true, Ordering::SeqCst);
-        let mut cycles = Vec::new();
+        let [mut cycles, mut creates, mut execs, mut destroys] = [(); 4].map(|()| Vec::new());
         for w in workers {
-            cycles.extend(w.join().map_err(|_| anyhow!("a client panicked"))??);
+            let [c, cr, e, d] = w.join().map_err(|_| anyhow!("a client panicked"))??;
+            cycles.extend(c);
+            creates.extend(cr);
+            execs.extend(e);
+            destroys.extend(d);
         }
         let elapsed = t0.elapsed().as_secs_f64();
         let n = done.load(Ordering::SeqCst);
@@ -622,6 +632,11 @@ pub fn rate(a: &RateArgs) -> Result<Value> {
             "seconds": elapsed,
             "per_second": n as f64 / elapsed,
             "cycle": stats::summary("create + exec + destroy", &cycles),
+            "steps": {
+                "create": stats::summary("create", &creates),
+                "exec": stats::summary("exec", &execs),
+                "destroy": stats::summary("destroy", &destroys),
+            },
         }));
     }
     Ok(json!({

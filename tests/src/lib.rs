@@ -419,6 +419,35 @@ pub fn host_processes_with(needle: &str) -> Vec<i32> {
     found
 }
 
+/// The children of process `parent` whose command line contains `needle`.
+pub fn children_with(parent: u32, needle: &str) -> Vec<i32> {
+    host_processes_with(needle)
+        .into_iter()
+        .filter(|pid| parent_of(*pid) == Some(parent as i32))
+        .collect()
+}
+
+/// The parent of process `pid`, unless it is gone.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": the name may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The open descriptor numbers of process `pid`, sorted.
+pub fn descriptors_of(pid: i32) -> Vec<i32> {
+    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    fds.sort_unstable();
+    fds
+}
+
 /// The cgroup directories on the host whose name matches `pattern` (a `find -name` glob), in
 /// every controller's hierarchy (v1) and in the unified one (v2).
 pub fn host_cgroups(pattern: &str) -> Vec<String> {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use taskbox_core::api::*;
 use taskbox_core::sandbox::NativeBackend;
-use taskbox_tests::{Env, big_exec, host_processes_with};
+use taskbox_tests::{Env, big_exec, children_with, descriptors_of, host_processes_with, parent_of};
 
 struct Fixture {
     env: Env,
@@ -42,6 +42,69 @@ fn fixture_with<T>(before: impl FnOnce(&Env) -> T) -> (Fixture, T) {
 
 fn sh(f: &Fixture, script: &str) -> taskbox_core::result::ExecResult {
     taskbox_tests::shell(&f.backend, &f.id, script)
+}
+
+/// A long-lived sandbox's helper is forked by the backend's zygote, which loaded the helper
+/// binary once: this process is the helper's parent, the helper holds its own descriptors and
+/// nothing of the zygote's, and `ps` names its sandbox. A zygote that dies is replaced at the
+/// next create, and reaped.
+#[test]
+fn helpers_are_forked_by_one_zygote_and_hold_only_their_own_descriptors() {
+    let f = fixture();
+    let me = std::process::id();
+    let helpers = children_with(me, f.id.as_str());
+    assert_eq!(
+        helpers.len(),
+        1,
+        "one helper, a child of this process, named by its sandbox"
+    );
+    // Its standard streams, its status pipe and the pipe its pid 1 watches, as a spawned helper
+    // has: no zygote socket, no descriptor of another sandbox, nothing this process inherited.
+    let fds = descriptors_of(helpers[0]);
+    let link = |fd: i32| {
+        std::fs::read_link(format!("/proc/{}/fd/{fd}", helpers[0]))
+            .unwrap()
+            .display()
+            .to_string()
+    };
+    assert_eq!(&fds[..4], [0, 1, 2, 3], "{fds:?}");
+    assert!(link(2).contains("taskbox-helper-log"), "{}", link(2));
+    assert_eq!(fds.len(), 5, "{fds:?}");
+    assert!(link(fds[4]).starts_with("pipe:"), "{}", link(fds[4]));
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", helpers[0])).unwrap();
+    let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    assert_eq!(
+        &words[1..3],
+        [b"-".as_slice(), f.id.as_str().as_bytes()],
+        "its label"
+    );
+    let zygotes = children_with(me, "--zygote");
+    assert_eq!(zygotes.len(), 1, "one zygote");
+
+    let create = || {
+        f.backend
+            .create(CreateRequest {
+                workspace: f.env.ws().display().to_string(),
+                ..CreateRequest::default()
+            })
+            .unwrap()
+            .id
+    };
+    let second = create();
+    assert_eq!(children_with(me, "--zygote"), zygotes, "the same zygote");
+    assert_eq!(children_with(me, second.as_str()).len(), 1);
+
+    // SAFETY: kill has no memory arguments; the zygote is this test's child.
+    unsafe { libc::kill(zygotes[0], libc::SIGKILL) };
+    let third = create();
+    let now = children_with(me, "--zygote");
+    assert_eq!(now.len(), 1, "a new zygote: {now:?}");
+    assert_ne!(now, zygotes);
+    assert_eq!(parent_of(zygotes[0]), None, "the dead zygote was reaped");
+    for id in [&f.id, &second, &third] {
+        let r = taskbox_tests::shell(&f.backend, id, "echo ok");
+        assert_eq!(r.stdout.text, "ok\n", "{id}: {r:?}");
+    }
 }
 
 /// A host socket bound inside the workspace is masked by the shared mask file, and stays
@@ -1878,18 +1941,6 @@ fn background(f: &Fixture, shell: &str) -> ProcessInfo {
             ..ExecRequest::default()
         },
     )
-}
-
-/// The host parent of process `pid`.
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // pid (comm) state ppid ...: comm may hold spaces, so split after its closing paren.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 /// An exec whose reaper is killed from outside ends (an error that says so, not a wait without

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use taskbox_tests::{Env, Supervisor, host_processes_with, http};
+use taskbox_tests::{Env, Supervisor, children_with, host_processes_with, http, parent_of};
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -414,7 +414,8 @@ fn leftovers_of(env: &Env, id: &str) -> Vec<String> {
 }
 
 /// A helper that says which sandbox it was started for (`taskbox-init - ID`) and then fails,
-/// or hangs.
+/// or hangs. It cannot be the helpers' zygote (started as one, it exits at once), so the
+/// supervisor spawns each of its helpers.
 fn fake_helper(env: &Env, name: &str, then: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let said = env.dir.path().join(format!("{name}.said"));
@@ -422,7 +423,7 @@ fn fake_helper(env: &Env, name: &str, then: &str) -> (std::path::PathBuf, std::p
     std::fs::write(
         &helper,
         format!(
-            "#!/bin/sh\n[ \"$1\" = - ] && echo \"$2\" > {}\n{then}\n",
+            "#!/bin/sh\n[ \"$1\" = --zygote ] && exit 0\n[ \"$1\" = - ] && echo \"$2\" > {}\n{then}\n",
             said.display()
         ),
     )
@@ -543,16 +544,25 @@ fn a_supervisor_killed_mid_exec_leaves_nothing_and_restarts_clean() {
         host_processes_with(&marker).len() >= 2,
         "both execs should run"
     );
+    let zygotes = children_with(sup.child.id(), "--zygote");
+    assert_eq!(zygotes.len(), 1, "one zygote of the helpers");
     sup.kill9();
     let _ = fg.join();
-    // The sandboxes die with their supervisor.
+    // The sandboxes die with their supervisor, and so does the helpers' zygote.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !host_processes_with(&marker).is_empty() && Instant::now() < deadline {
+    while (!host_processes_with(&marker).is_empty() || parent_of(zygotes[0]).is_some())
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
         host_processes_with(&marker).is_empty(),
         "sandbox processes outlived the supervisor"
+    );
+    assert_eq!(
+        parent_of(zygotes[0]),
+        None,
+        "the zygote outlived the supervisor"
     );
     // A new supervisor removes what the old one left.
     let sup = Supervisor::start(&env, &[]);

@@ -21,14 +21,17 @@ pub mod run;
 pub mod seccomp;
 mod server;
 pub mod sys;
+pub mod zygote;
 
 /// The helper binary's entry: `taskbox-init PLAN.json`, or `taskbox-init - [NAME]` to read the
 /// plan from [`config::PLAN_FD`] (how the runtime starts it, with the sandbox's or the run's id
-/// as `NAME`: only a label, so that `ps` tells the sandboxes' processes apart). Never returns.
+/// as `NAME`: only a label, so that `ps` tells the sandboxes' processes apart), or
+/// `taskbox-init --zygote PAD` to fork such helpers on request ([`zygote`]). Never returns.
 pub fn run_main() -> ! {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     match args.len() {
         3 | 2 if args[1] == "-" => run::run_from_plan_fd(),
+        3 if args[1] == config::ZYGOTE_ARG => zygote::serve(),
         2 => run::run_from_file(std::path::Path::new(&args[1])),
         _ => {
             eprintln!(

@@ -73,9 +73,21 @@ pub struct Native {
     /// The enforcement a create's probe found, by origin ([`kit::origin_key`]): a later create
     /// of the same origin (the same policy on this host) takes it instead of probing again.
     proven: Mutex<HashMap<String, Enforcement>>,
+    /// The helpers' zygote ([`spawn::Zygote`]), started by the first create.
+    zygote: Mutex<ZygoteSlot>,
     /// An exclusive lock on `STATE/sandboxes/.lock`: one backend per state directory, so the
     /// start-up sweep never removes what a live backend owns.
     _lock: fs::File,
+}
+
+/// The backend's zygote: none until the first create, after it broke (the next create starts
+/// another), or when `TASKBOX_ZYGOTE=off`.
+#[derive(Debug, Default)]
+struct ZygoteSlot {
+    running: Option<spawn::Zygote>,
+    /// A helper binary that could not start as a zygote: its helpers are spawned, and it is not
+    /// tried again.
+    refused: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Native {
@@ -126,6 +138,7 @@ impl Open for Native {
             egress: None,
             hidden: Vec::new(),
             proven: Mutex::default(),
+            zygote: Mutex::default(),
             _lock: lock,
         };
         backend.sweep();
@@ -619,6 +632,64 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 }
 
 impl Native {
+    /// Starts a sandbox's helper (`HELPER - label`, stdin and stdout on `/dev/null`, stderr on
+    /// `log`, each of `fds` on its number): forked by the backend's zygote, which the first
+    /// create starts and a create after it broke starts again, or spawned when there is none
+    /// (`TASKBOX_ZYGOTE=off`, or it cannot start).
+    fn spawn_helper(
+        &self,
+        helper: &Path,
+        label: &str,
+        log: std::os::fd::BorrowedFd<'_>,
+        fds: &[(std::os::fd::BorrowedFd<'_>, i32)],
+    ) -> std::io::Result<spawn::Spawned> {
+        if std::env::var_os("TASKBOX_ZYGOTE").is_none_or(|v| v != "off") {
+            let mut slot = lock(&self.zygote);
+            if slot.running.as_ref().is_some_and(|z| !z.runs(helper)) {
+                slot.running = None;
+            }
+            // A zygote that broke (killed, or stuck) is replaced once, within this create.
+            for _ in 0..2 {
+                if slot.running.is_none() && slot.refused.as_deref() != Some(helper) {
+                    match spawn::Zygote::start(helper) {
+                        Ok(z) => slot.running = Some(z),
+                        Err(e) => {
+                            tracing::warn!(
+                                "{} cannot be the helpers' zygote ({e}); each helper is spawned",
+                                helper.display()
+                            );
+                            slot.refused = Some(helper.to_path_buf());
+                        }
+                    }
+                }
+                let Some(z) = slot.running.as_mut() else {
+                    break;
+                };
+                match z.spawn(label, log, fds) {
+                    Ok(child) => return Ok(child),
+                    Err(spawn::ZygoteError::Refused(why)) => {
+                        return Err(std::io::Error::other(why));
+                    }
+                    Err(spawn::ZygoteError::Broken(why)) => {
+                        tracing::warn!("{why}; starting another");
+                        slot.running = None;
+                    }
+                }
+            }
+        }
+        spawn::spawn(
+            helper.as_os_str(),
+            &[
+                std::ffi::OsStr::new(spawn::PLAN_ARG),
+                std::ffi::OsStr::new(label),
+            ],
+            spawn::Stream::Null,
+            spawn::Stream::Null,
+            spawn::Stream::To(log),
+            fds,
+        )
+    }
+
     fn launch(&self, req: &CreateRequest, seed: Option<&Seed>) -> Result<Arc<Sandbox>, ApiError> {
         if let Some(b) = &req.backend
             && b != "native"
@@ -933,18 +1004,9 @@ impl Native {
         fds.extend(disk_channel.helper_fd().map(|fd| (fd, DISK_FD)));
         let egress_fd = egress.as_ref().and_then(native::EgressWiring::helper_fd);
         fds.extend(egress_fd.map(|fd| (fd, EGRESS_FD)));
-        let child = spawn::spawn(
-            helper.as_os_str(),
-            &[
-                std::ffi::OsStr::new(spawn::PLAN_ARG),
-                std::ffi::OsStr::new(id.as_str()),
-            ],
-            spawn::Stream::Null,
-            spawn::Stream::Null,
-            spawn::Stream::To(log.as_fd()),
-            &fds,
-        )
-        .map_err(|e| ApiError::internal(format!("cannot start the sandbox helper: {e}")))?;
+        let child = self
+            .spawn_helper(&helper, id.as_str(), log.as_fd(), &fds)
+            .map_err(|e| ApiError::internal(format!("cannot start the sandbox helper: {e}")))?;
         drop(fds);
         drop((status_write, theirs, plan));
         disk_channel.theirs = None;

@@ -16,6 +16,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
+use taskbox_protocol::config::{ZYGOTE_ARG, ZYGOTE_FD, ZygoteReply, ZygoteRequest};
+use taskbox_protocol::control;
+
 /// Where one of the child's standard streams goes.
 pub(crate) enum Stream<'a> {
     /// This process's own descriptor of that number, as it is.
@@ -237,6 +240,142 @@ pub(crate) fn spawn(
     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", program.to_string_lossy())))?;
     drop(moved);
     Ok(Spawned { pid, reaped: None })
+}
+
+/// The helpers' zygote (`taskbox-init --zygote`, see the helper's `zygote` module): one
+/// `taskbox-init` that paid for its loading once and forks each long-lived sandbox's helper on
+/// request, with `CLONE_PARENT`, so that this process is the helper's parent as it is of a
+/// spawned one ([`Spawned`] waits, kills and reads its rusage alike). It ends when it is dropped
+/// (its socket closes) or this process dies.
+#[derive(Debug)]
+pub(crate) struct Zygote {
+    /// The helper it runs (a zygote of another helper binary is not asked).
+    program: std::path::PathBuf,
+    sock: OwnedFd,
+    process: Spawned,
+}
+
+/// Why the zygote did not give a helper.
+#[derive(Debug)]
+pub(crate) enum ZygoteError {
+    /// It could not fork one (the host's process limit): a spawn would fail alike.
+    Refused(String),
+    /// It cannot serve (gone, stuck, or the channel broke): drop it and spawn.
+    Broken(String),
+}
+
+/// Room for a helper's label (`- NAME`) in the zygote's arguments.
+const LABEL_ROOM: usize = 96;
+
+/// How long the zygote may take to answer: a fork, a few hundred microseconds.
+const ZYGOTE_ANSWER: u16 = 5000;
+
+impl Zygote {
+    /// Starts the zygote of `program` and waits until it is ready: an error when it ends or
+    /// stays silent instead (a helper that cannot be a zygote).
+    pub(crate) fn start(program: &std::path::Path) -> io::Result<Zygote> {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        use std::os::fd::AsFd;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let pad = " ".repeat(LABEL_ROOM);
+        let process = spawn(
+            program.as_os_str(),
+            &[OsStr::new(ZYGOTE_ARG), OsStr::new(&pad)],
+            Stream::Null,
+            Stream::Null,
+            Stream::Inherit,
+            &[(theirs.as_fd(), ZYGOTE_FD)],
+        )?;
+        drop(theirs);
+        let mut zygote = Zygote {
+            program: program.to_path_buf(),
+            sock: ours,
+            process,
+        };
+        match zygote.answer()? {
+            ZygoteReply::Ready => Ok(zygote),
+            other => Err(io::Error::other(format!(
+                "{} answered {other:?} before it was ready",
+                program.display()
+            ))),
+        }
+    }
+
+    /// The zygote's next message, within [`ZYGOTE_ANSWER`].
+    fn answer(&mut self) -> io::Result<ZygoteReply> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let mut ready = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut ready, PollTimeout::from(ZYGOTE_ANSWER)) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {ZYGOTE_ANSWER} ms"),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut buf = Vec::new();
+        match control::recv::<ZygoteReply>(self.sock.as_fd(), &mut buf) {
+            Ok(Some((reply, _))) => Ok(reply),
+            Ok(None) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "it ended (its socket closed)",
+            )),
+            Err(e) => Err(io::Error::other(e)),
+        }
+    }
+
+    /// Whether it runs `program`.
+    pub(crate) fn runs(&self, program: &std::path::Path) -> bool {
+        self.program == program
+    }
+
+    /// A helper forked as [`spawn`] would start `PROGRAM - label`, with stdin and stdout on
+    /// `/dev/null`, stderr on `stderr` and each `(fd, to)` of `fds` on `to`.
+    pub(crate) fn spawn(
+        &mut self,
+        label: &str,
+        stderr: BorrowedFd,
+        fds: &[(BorrowedFd, RawFd)],
+    ) -> Result<Spawned, ZygoteError> {
+        use std::os::fd::AsFd;
+        let broken = |what: &str, e: &dyn std::fmt::Display| {
+            ZygoteError::Broken(format!("the helpers' zygote {what}: {e}"))
+        };
+        let mut raw = vec![stderr.as_raw_fd()];
+        let mut targets = vec![2];
+        for (fd, to) in fds {
+            raw.push(fd.as_raw_fd());
+            targets.push(*to);
+        }
+        let request = ZygoteRequest {
+            label: label.to_owned(),
+            targets,
+        };
+        control::send(self.sock.as_fd(), &request, &raw)
+            .map_err(|e| broken("cannot be asked", &e))?;
+        match self.answer() {
+            Ok(ZygoteReply::Forked { pid }) => Ok(Spawned { pid, reaped: None }),
+            Ok(ZygoteReply::Failed { error }) => Err(ZygoteError::Refused(error)),
+            Ok(ZygoteReply::Ready) => Err(broken("answered out of turn", &"ready")),
+            Err(e) => Err(broken("did not answer", &e)),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        // Its socket closes with this struct, which ends it; one that hangs is killed.
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
 }
 
 /// The argument that tells the helper to read its plan from [`PLAN_FD`](crate::config::PLAN_FD)

@@ -346,3 +346,34 @@ pub const PLAN_FD: i32 = 8;
 /// The descriptor of the commands' user namespace ([`IdRange`]): made by the helper, kept by
 /// pid 1 for the exec starters, which enter it; no command holds it.
 pub const USERNS_FD: i32 = 7;
+
+/// The argument that starts `taskbox-init` as the fork server of a supervisor's helpers (see
+/// the helper's `zygote` module): `taskbox-init --zygote PAD`, its requests on [`ZYGOTE_FD`].
+/// `PAD` is only room: a helper it forks writes its own label (`- NAME`) over it, so that `ps`
+/// tells the sandboxes' processes apart as it does for an exec'd helper.
+pub const ZYGOTE_ARG: &str = "--zygote";
+
+/// The descriptor of the zygote's socket (a `SOCK_SEQPACKET` pair with the supervisor).
+pub const ZYGOTE_FD: i32 = 3;
+
+/// A request to the zygote: fork a helper that reads its plan from [`PLAN_FD`]. The request's
+/// descriptors go on `targets`, in order (one number each; 0 to 2 not named are `/dev/null`);
+/// the helper keeps no other descriptor. `label` is its `NAME` for `ps`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZygoteRequest {
+    pub label: String,
+    pub targets: Vec<i32>,
+}
+
+/// The zygote's answer to a [`ZygoteRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum ZygoteReply {
+    /// The zygote's first message: it is ready for requests (a helper binary that cannot be a
+    /// zygote never says so).
+    Ready,
+    /// The helper runs; the supervisor is its parent.
+    Forked { pid: i32 },
+    /// Nothing was started.
+    Failed { error: String },
+}
