@@ -78,7 +78,9 @@ fn helpers_are_forked_by_one_zygote_and_hold_only_their_own_descriptors() {
         [b"-".as_slice(), f.id.as_str().as_bytes()],
         "its label"
     );
-    let zygotes = children_with(me, "--zygote");
+    // This backend's (the tests of a binary may share one process, each with its backend).
+    let zygote = format!("--zygote {}", f.env.state().display());
+    let zygotes = children_with(me, &zygote);
     assert_eq!(zygotes.len(), 1, "one zygote");
 
     let create = || {
@@ -91,13 +93,13 @@ fn helpers_are_forked_by_one_zygote_and_hold_only_their_own_descriptors() {
             .id
     };
     let second = create();
-    assert_eq!(children_with(me, "--zygote"), zygotes, "the same zygote");
+    assert_eq!(children_with(me, &zygote), zygotes, "the same zygote");
     assert_eq!(children_with(me, second.as_str()).len(), 1);
 
     // SAFETY: kill has no memory arguments; the zygote is this test's child.
     unsafe { libc::kill(zygotes[0], libc::SIGKILL) };
     let third = create();
-    let now = children_with(me, "--zygote");
+    let now = children_with(me, &zygote);
     assert_eq!(now.len(), 1, "a new zygote: {now:?}");
     assert_ne!(now, zygotes);
     assert_eq!(parent_of(zygotes[0]), None, "the dead zygote was reaped");
@@ -1582,7 +1584,7 @@ fn execs_of_every_size_run_or_are_refused_naming_the_limit() {
 #[test]
 fn a_sandbox_whose_control_channel_breaks_is_lost_everywhere_and_destroy_cleans_it() {
     let f = fixture();
-    let marker = format!("66{}.5", std::process::id());
+    let marker = format!("68{}.5", std::process::id());
     let bg = f
         .backend
         .exec(
@@ -1949,7 +1951,7 @@ fn background(f: &Fixture, shell: &str) -> ProcessInfo {
 #[test]
 fn an_exec_whose_reaper_dies_ends_and_the_sandbox_serves_on() {
     let f = fixture();
-    let marker = format!("67{}.5", std::process::id());
+    let marker = format!("69{}.5", std::process::id());
     let bg = background(&f, &format!("exec sleep {marker}"));
     // Taken from the scan that saw it: a second scan can miss it while its shell execs (its
     // command line is briefly unreadable then).

@@ -26,7 +26,7 @@ pub mod zygote;
 /// The helper binary's entry: `taskbox-init PLAN.json`, or `taskbox-init - [NAME]` to read the
 /// plan from [`config::PLAN_FD`] (how the runtime starts it, with the sandbox's or the run's id
 /// as `NAME`: only a label, so that `ps` tells the sandboxes' processes apart), or
-/// `taskbox-init --zygote PAD` to fork such helpers on request ([`zygote`]). Never returns.
+/// `taskbox-init --zygote NAME` to fork such helpers on request ([`zygote`]). Never returns.
 pub fn run_main() -> ! {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     match args.len() {

@@ -1,4 +1,4 @@
-//! The fork server of a supervisor's helpers: `taskbox-init --zygote PAD`.
+//! The fork server of a supervisor's helpers: `taskbox-init --zygote NAME`.
 //!
 //! An exec'd helper pays for its loading before it does anything: the kernel's ELF loader, the
 //! dynamic linker's relocations, glibc's CPU probe (a run of `cpuid`, each one a trap to the
@@ -12,7 +12,7 @@
 //! - the fork is made with `CLONE_PARENT`: the supervisor is the helper's parent, as it is of an
 //!   exec'd helper, and waits for it, kills it and reads its rusage the same way;
 //! - the helper puts the request's descriptors on their numbers and closes every other one (the
-//!   zygote's socket included), writes its label over the zygote's `PAD` argument, and then
+//!   zygote's socket included), writes its label over the zygote's `NAME` argument, and then
 //!   carries out its plan exactly as an exec'd helper does ([`crate::run::run_from_plan_fd`]);
 //! - the zygote keeps nothing of a sandbox: it closes the request's descriptors once the helper
 //!   is forked, and it never reads a plan;
@@ -210,7 +210,7 @@ unsafe extern "C" {
     static mut program_invocation_name: *mut libc::c_char;
 }
 
-/// Writes `- LABEL` over the arguments after `argv[0]` (the zygote's `--zygote PAD`), within
+/// Writes `- LABEL` over the arguments after `argv[0]` (the zygote's `--zygote NAME`), within
 /// their room, NUL-padded: `/proc/PID/cmdline` then reads as an exec'd helper's.
 fn set_label(label: &str) {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();

@@ -651,7 +651,7 @@ impl Native {
             // A zygote that broke (killed, or stuck) is replaced once, within this create.
             for _ in 0..2 {
                 if slot.running.is_none() && slot.refused.as_deref() != Some(helper) {
-                    match spawn::Zygote::start(helper) {
+                    match spawn::Zygote::start(helper, &self.state_dir) {
                         Ok(z) => slot.running = Some(z),
                         Err(e) => {
                             tracing::warn!(

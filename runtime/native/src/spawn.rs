@@ -264,7 +264,7 @@ pub(crate) enum ZygoteError {
     Broken(String),
 }
 
-/// Room for a helper's label (`- NAME`) in the zygote's arguments.
+/// Room for a helper's label (`- NAME`) in the zygote's arguments, at least.
 const LABEL_ROOM: usize = 96;
 
 /// How long the zygote may take to answer: a fork, a few hundred microseconds.
@@ -272,8 +272,9 @@ const ZYGOTE_ANSWER: u16 = 5000;
 
 impl Zygote {
     /// Starts the zygote of `program` and waits until it is ready: an error when it ends or
-    /// stays silent instead (a helper that cannot be a zygote).
-    pub(crate) fn start(program: &std::path::Path) -> io::Result<Zygote> {
+    /// stays silent instead (a helper that cannot be a zygote). `name` is its label for `ps`
+    /// (the backend's state directory: which supervisor's zygote it is).
+    pub(crate) fn start(program: &std::path::Path, name: &std::path::Path) -> io::Result<Zygote> {
         use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         use std::os::fd::AsFd;
         let (ours, theirs) = socketpair(
@@ -282,10 +283,12 @@ impl Zygote {
             None,
             SockFlag::SOCK_CLOEXEC,
         )?;
-        let pad = " ".repeat(LABEL_ROOM);
+        // The name, padded: the helpers it forks write their own labels over it.
+        let mut label = name.as_os_str().to_os_string();
+        label.push(" ".repeat(LABEL_ROOM.saturating_sub(label.len())));
         let process = spawn(
             program.as_os_str(),
-            &[OsStr::new(ZYGOTE_ARG), OsStr::new(&pad)],
+            &[OsStr::new(ZYGOTE_ARG), &label],
             Stream::Null,
             Stream::Null,
             Stream::Inherit,

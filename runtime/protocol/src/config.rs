@@ -348,9 +348,10 @@ pub const PLAN_FD: i32 = 8;
 pub const USERNS_FD: i32 = 7;
 
 /// The argument that starts `taskbox-init` as the fork server of a supervisor's helpers (see
-/// the helper's `zygote` module): `taskbox-init --zygote PAD`, its requests on [`ZYGOTE_FD`].
-/// `PAD` is only room: a helper it forks writes its own label (`- NAME`) over it, so that `ps`
-/// tells the sandboxes' processes apart as it does for an exec'd helper.
+/// the helper's `zygote` module): `taskbox-init --zygote NAME`, its requests on [`ZYGOTE_FD`].
+/// `NAME` (the backend's state directory, padded with spaces) is a label for `ps` and room: a
+/// helper it forks writes its own label (`- ID`) over it, so that `ps` tells the sandboxes'
+/// processes apart as it does for an exec'd helper.
 pub const ZYGOTE_ARG: &str = "--zygote";
 
 /// The descriptor of the zygote's socket (a `SOCK_SEQPACKET` pair with the supervisor).
