@@ -1734,21 +1734,11 @@ impl Sandbox {
         let _ =
             nix::sys::socket::shutdown(self.control.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         lock(&self.starters).clear();
-        if let Some(mut child) = lock(&self.helper).take() {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(2))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
-            }
+        if let Some(mut child) = lock(&self.helper).take()
+            && !matches!(child.wait_timeout(Duration::from_secs(2)), Ok(Some(_)))
+        {
+            let _ = child.kill();
+            let _ = child.wait();
         }
         if let Some(cg) = &self.cgroup {
             cg.kill_all(Duration::from_secs(5));

@@ -46,6 +46,48 @@ impl Spawned {
         self.wait_with(libc::WNOHANG)
     }
 
+    /// Waits at most `timeout` for the child to end (reaping it): woken by the child's end
+    /// through a pidfd, not by polling; `None` when it still runs.
+    pub(crate) fn wait_timeout(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> io::Result<Option<ExitStatus>> {
+        if let Some(st) = self.try_wait()? {
+            return Ok(Some(st));
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        // SAFETY: pidfd_open takes a pid and flags; the child is not reaped yet, so its pid is
+        // still its own. The descriptor is new and owned here.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid, 0) };
+        let pidfd = (raw >= 0).then(|| {
+            // SAFETY: as above.
+            unsafe { OwnedFd::from_raw_fd(raw as RawFd) }
+        });
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match &pidfd {
+                Some(fd) => {
+                    let mut fds = [libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
+                    let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
+                    // SAFETY: one valid pollfd, its length given.
+                    unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+                }
+                // Before Linux 5.3: a look every 2 ms.
+                None => std::thread::sleep(left.min(std::time::Duration::from_millis(2))),
+            }
+            if let Some(st) = self.try_wait()? {
+                return Ok(Some(st));
+            }
+            if left.is_zero() {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Waits for the child to end (reaping it).
     pub(crate) fn wait(&mut self) -> io::Result<ExitStatus> {
         self.wait_with(0)?
@@ -500,6 +542,37 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("/nonexistent/taskbox-init"), "{e}");
+    }
+
+    #[test]
+    fn a_wait_with_a_timeout_wakes_at_the_end_or_gives_up() {
+        let mut child = spawn(
+            OsStr::new("/bin/sh"),
+            &[OsStr::new("-c"), OsStr::new("sleep 0.2; exit 7")],
+            Stream::Null,
+            Stream::Null,
+            Stream::Null,
+            &[],
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        assert_eq!(
+            child
+                .wait_timeout(std::time::Duration::from_millis(20))
+                .unwrap(),
+            None
+        );
+        assert!(t.elapsed() >= std::time::Duration::from_millis(20));
+        let st = child
+            .wait_timeout(std::time::Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        assert_eq!(st.code(), Some(7));
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]
