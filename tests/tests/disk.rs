@@ -308,6 +308,18 @@ fn a_long_lived_sandbox_is_held_to_its_disk_limit_and_leaves_nothing_behind() {
     );
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     assert!(!r.violations.iter().any(|v| v.kind == "limit"), "{r:?}");
+    if is_root() {
+        // Never flushed (nothing on the disk can outlive a crash of the host): an fsync in the
+        // sandbox is no flush of the host's disk.
+        let r = taskbox_tests::shell(
+            &backend,
+            &info.id,
+            "grep ' - ext4 /dev/loop' /proc/self/mountinfo",
+        );
+        let lines: Vec<&str> = r.stdout.text.lines().collect();
+        assert!(!lines.is_empty(), "{r:?}");
+        assert!(lines.iter().all(|l| l.contains("nobarrier")), "{lines:?}");
+    }
     backend.destroy(&info.id).unwrap();
     assert_nothing_left(&state);
     drop(backend);
