@@ -98,6 +98,18 @@ fn helpers_are_forked_by_one_zygote_and_hold_only_their_own_descriptors() {
 
     // SAFETY: kill has no memory arguments; the zygote is this test's child.
     unsafe { libc::kill(zygotes[0], libc::SIGKILL) };
+    // Dead (a zombie until the backend reaps it): the next create finds it gone.
+    let dead = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", zygotes[0])).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dead() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(dead(), "the zygote did not die");
     let third = create();
     let now = children_with(me, &zygote);
     assert_eq!(now.len(), 1, "a new zygote: {now:?}");

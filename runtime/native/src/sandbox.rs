@@ -634,8 +634,9 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
 impl Native {
     /// Starts a sandbox's helper (`HELPER - label`, stdin and stdout on `/dev/null`, stderr on
     /// `log`, each of `fds` on its number): forked by the backend's zygote, which the first
-    /// create starts and a create after it broke starts again, or spawned when there is none
-    /// (`TASKBOX_ZYGOTE=off`, or it cannot start).
+    /// create starts and a create that finds it gone starts again, or spawned when there is
+    /// none (`TASKBOX_ZYGOTE=off`, or it cannot start). A zygote that took the request and
+    /// gave no answer fails the create (see [`spawn::ZygoteError::Lost`]).
     fn spawn_helper(
         &self,
         helper: &Path,
@@ -648,7 +649,7 @@ impl Native {
             if slot.running.as_ref().is_some_and(|z| !z.runs(helper)) {
                 slot.running = None;
             }
-            // A zygote that broke (killed, or stuck) is replaced once, within this create.
+            // A zygote found gone is replaced once, within this create.
             for _ in 0..2 {
                 if slot.running.is_none() && slot.refused.as_deref() != Some(helper) {
                     match spawn::Zygote::start(helper, &self.state_dir) {
@@ -670,9 +671,15 @@ impl Native {
                     Err(spawn::ZygoteError::Refused(why)) => {
                         return Err(std::io::Error::other(why));
                     }
-                    Err(spawn::ZygoteError::Broken(why)) => {
+                    Err(spawn::ZygoteError::Gone(why)) => {
                         tracing::warn!("{why}; starting another");
                         slot.running = None;
+                    }
+                    Err(spawn::ZygoteError::Lost(why)) => {
+                        slot.running = None;
+                        return Err(std::io::Error::other(format!(
+                            "{why}; the next create starts another"
+                        )));
                     }
                 }
             }

@@ -302,8 +302,13 @@ pub(crate) struct Zygote {
 pub(crate) enum ZygoteError {
     /// It could not fork one (the host's process limit): a spawn would fail alike.
     Refused(String),
-    /// It cannot serve (gone, stuck, or the channel broke): drop it and spawn.
-    Broken(String),
+    /// It is gone: the request never reached it, so no helper has the request's descriptors.
+    /// Another zygote (or a spawn) may start this helper.
+    Gone(String),
+    /// It took the request and gave no answer (it died, or hangs): a helper it may have forked
+    /// holds the request's descriptors and has read its plan, so no other may start on them.
+    /// The create fails; the next one starts another zygote.
+    Lost(String),
 }
 
 /// Room for a helper's label (`- NAME`) in the zygote's arguments, at least.
@@ -391,8 +396,8 @@ impl Zygote {
         fds: &[(BorrowedFd, RawFd)],
     ) -> Result<Spawned, ZygoteError> {
         use std::os::fd::AsFd;
-        let broken = |what: &str, e: &dyn std::fmt::Display| {
-            ZygoteError::Broken(format!("the helpers' zygote {what}: {e}"))
+        let lost = |what: &str, e: &dyn std::fmt::Display| {
+            ZygoteError::Lost(format!("the helpers' zygote {what}: {e}"))
         };
         let mut raw = vec![stderr.as_raw_fd()];
         let mut targets = vec![2];
@@ -405,12 +410,12 @@ impl Zygote {
             targets,
         };
         control::send(self.sock.as_fd(), &request, &raw)
-            .map_err(|e| broken("cannot be asked", &e))?;
+            .map_err(|e| ZygoteError::Gone(format!("the helpers' zygote cannot be asked: {e}")))?;
         match self.answer() {
             Ok(ZygoteReply::Forked { pid }) => Ok(Spawned { pid, reaped: None }),
             Ok(ZygoteReply::Failed { error }) => Err(ZygoteError::Refused(error)),
-            Ok(ZygoteReply::Ready) => Err(broken("answered out of turn", &"ready")),
-            Err(e) => Err(broken("did not answer", &e)),
+            Ok(ZygoteReply::Ready) => Err(lost("answered out of turn", &"ready")),
+            Err(e) => Err(lost("did not answer", &e)),
         }
     }
 }
