@@ -269,17 +269,19 @@ const BPF_JMP_JA: u16 = 0x05;
 fn dispatch(ruled: &[u32]) -> Vec<sock_filter> {
     // The whole range of numbers as segments, each all with rules or all without.
     let mut segments: Vec<(u32, bool)> = Vec::new(); // (first number, has rules)
+    // The first number no segment covers yet.
     let mut next = 0u32;
     for &nr in ruled {
         if nr > next {
             segments.push((next, false));
         }
-        if segments.last().is_none_or(|(_, r)| !r) || nr != next {
+        // A number right after one with rules joins its segment.
+        if nr > next || segments.is_empty() {
             segments.push((nr, true));
         }
         next = nr.saturating_add(1);
     }
-    if next != u32::MAX || ruled.last() != Some(&u32::MAX) {
+    if ruled.last() != Some(&u32::MAX) {
         segments.push((next, false));
     }
     let mut tree = Vec::new();

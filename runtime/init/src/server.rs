@@ -351,16 +351,17 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
             // One that could not be forked is tried again at the next wake-up.
             spare_due = spare.is_none().then_some(now);
         }
-        let wait = match spare_due {
-            Some(due) if spare.is_none() => due.saturating_duration_since(now),
-            _ => Duration::from_millis(200),
-        };
+        // Woken for the spare when it is due, else at least every 200 ms to reap.
+        let wait = spare_due
+            .filter(|_| spare.is_none())
+            .map_or(IDLE_WAKE, |due| {
+                due.saturating_duration_since(now).min(IDLE_WAKE)
+            });
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
         for s in spare.iter().chain(&serving) {
             fds.push(PollFd::new(s.note.as_fd(), PollFlags::POLLIN));
         }
-        let wait = PollTimeout::try_from(wait.min(Duration::from_millis(200)).as_millis() as i32)
-            .unwrap_or(PollTimeout::ZERO);
+        let wait = PollTimeout::try_from(wait.as_millis() as i32).unwrap_or(PollTimeout::ZERO);
         match poll(&mut fds, wait) {
             Ok(0) | Err(nix::Error::EINTR) => continue,
             Ok(_) => {}
@@ -477,6 +478,9 @@ fn starter_main(config: &InitConfig, sock: OwnedFd, user: Option<&ExecIds>) -> !
 /// an exec that comes while every reaper is busy gets one forked at once, as before, and the
 /// spare follows it without waiting.
 const SPARE_AFTER: Duration = Duration::from_millis(50);
+
+/// The longest a starter sleeps without looking at its children.
+const IDLE_WAKE: Duration = Duration::from_millis(200);
 
 /// What a reaper tells its starter on its note.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]

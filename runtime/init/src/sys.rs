@@ -77,12 +77,17 @@ pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
 
 /// Closes every file descriptor from `first` upwards.
 pub fn close_fds_from(first: u32) {
-    // SAFETY: close_range only closes descriptors; the caller owns every descriptor >= `first`
+    close_fds_between(first, u32::MAX)
+}
+
+/// Closes every file descriptor from `first` to `last`.
+pub fn close_fds_between(first: u32, last: u32) {
+    // SAFETY: close_range only closes descriptors; the caller owns every descriptor in the range
     // (the helper is single-threaded at this point and holds nothing it still needs there).
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
     if rc != 0 {
         // Old kernels: fall back to closing one by one up to the soft limit.
-        for fd in first..4096 {
+        for fd in first..=last.min(4095) {
             // SAFETY: as above; closing an unused number is harmless (EBADF).
             unsafe { libc::close(fd as i32) };
         }

@@ -93,14 +93,12 @@ fn fork_helper(request: &ZygoteRequest, fds: &[OwnedFd]) -> Result<i32, String> 
             fds.len()
         ));
     }
-    let mut seen = Vec::with_capacity(request.targets.len());
-    for &to in &request.targets {
-        if !(0..=MAX_TARGET).contains(&to) || seen.contains(&to) {
+    for (i, &to) in request.targets.iter().enumerate() {
+        if !(0..=MAX_TARGET).contains(&to) || request.targets[..i].contains(&to) {
             return Err(format!(
                 "descriptor number {to} is out of 0..={MAX_TARGET} or named twice"
             ));
         }
-        seen.push(to);
     }
     // SAFETY: a raw clone without CLONE_VM is a fork: the child runs on a copy of this stack and
     // returns from this call with 0. This process is single-threaded, so the child may run any
@@ -133,8 +131,8 @@ fn become_helper(request: &ZygoteRequest, fds: &[OwnedFd]) -> ! {
     crate::run::run_from_plan_fd()
 }
 
-/// Puts `fds` on `request.targets`, `/dev/null` on 0 to 2 when not named, and closes every
-/// other descriptor: the zygote's socket, and anything else the zygote held.
+/// Puts `fds` on `request.targets` and closes every other descriptor above 2: the zygote's
+/// socket, and anything else the zygote held. 0 to 2 not named stay the zygote's own.
 fn place_descriptors(request: &ZygoteRequest, fds: &[OwnedFd]) -> std::io::Result<()> {
     use nix::fcntl::{FcntlArg, fcntl};
     let mut lifted = Vec::with_capacity(fds.len());
@@ -144,7 +142,6 @@ fn place_descriptors(request: &ZygoteRequest, fds: &[OwnedFd]) -> std::io::Resul
             FcntlArg::F_DUPFD_CLOEXEC(LIFT_FLOOR),
         )?);
     }
-    let mut keep: Vec<RawFd> = request.targets.clone();
     for (&from, &to) in lifted.iter().zip(&request.targets) {
         // dup2 onto the target clears its close-on-exec, as an exec'd helper's descriptors are.
         // SAFETY: dup2 on descriptors of this process.
@@ -152,55 +149,18 @@ fn place_descriptors(request: &ZygoteRequest, fds: &[OwnedFd]) -> std::io::Resul
             return Err(std::io::Error::last_os_error());
         }
     }
-    for std_fd in 0..3 {
-        if keep.contains(&std_fd) {
-            continue;
-        }
-        let null = std::fs::OpenOptions::new()
-            .read(std_fd == 0)
-            .write(std_fd != 0)
-            .open("/dev/null")?;
-        if null.as_raw_fd() == std_fd {
-            // It took the free number itself: keep it open there.
-            let _ = std::os::fd::IntoRawFd::into_raw_fd(null);
-        } else {
-            // SAFETY: dup2 on descriptors of this process.
-            if unsafe { libc::dup2(null.as_raw_fd(), std_fd) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        keep.push(std_fd);
-    }
+    let mut keep: Vec<RawFd> = request.targets.iter().copied().chain(0..3).collect();
     keep.sort_unstable();
+    keep.dedup();
     // Close every gap between the kept numbers, and everything above the last.
     let mut from: RawFd = 0;
     for &k in &keep {
         if k > from {
-            close_range(from, k - 1)?;
+            crate::sys::close_fds_between(from as u32, (k - 1) as u32);
         }
         from = k + 1;
     }
-    close_range(from, RawFd::MAX)
-}
-
-fn close_range(first: RawFd, last: RawFd) -> std::io::Result<()> {
-    // SAFETY: close_range takes integers; it closes descriptors of this process only.
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, first as u32, last as u32, 0u32) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::ENOSYS) {
-        return Err(e);
-    }
-    // Before Linux 5.9: one by one, up to the descriptor limit.
-    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map(|(soft, _)| soft.min(1 << 20) as RawFd)
-        .unwrap_or(1024);
-    for fd in first..=last.min(limit) {
-        // SAFETY: closing a number this process may hold; EBADF is harmless.
-        unsafe { libc::close(fd) };
-    }
+    crate::sys::close_fds_from(from as u32);
     Ok(())
 }
 

@@ -188,7 +188,7 @@ impl Disk {
         };
         drop(device);
         // The template holds them; each is checked, and made if missing.
-        make_subdirs(&disk.planned)?;
+        make_dirs(&disk.planned, SUBDIRS)?;
         Ok(disk)
     }
 
@@ -212,22 +212,14 @@ impl Disk {
     /// mounted it, waiting at most `timeout`. Fails when the helper ended without sending it
     /// (its status pipe then says why).
     pub fn receive(&mut self, sock: &OwnedFd, timeout: Duration) -> Result<(), String> {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        ) {
-            Ok(0) => return Err("the sandbox did not mount its disk in time".into()),
-            Ok(_) => {}
-            Err(e) => return Err(format!("poll: {e}")),
-        }
+        use taskbox_protocol::control::{Received, recv_within};
         let mut buf = Vec::new();
-        let got = taskbox_protocol::control::recv::<u64>(sock.as_fd(), &mut buf)
-            .map_err(|e| format!("cannot receive the disk: {e}"))?;
-        let Some((_, mut fds)) = got else {
-            return Err("the sandbox ended before it mounted its disk".into());
+        let mut fds = match recv_within::<u64>(sock.as_fd(), &mut buf, timeout)
+            .map_err(|e| format!("cannot receive the disk: {e}"))?
+        {
+            Received::Message(_, fds) => fds,
+            Received::Nothing => return Err("the sandbox did not mount its disk in time".into()),
+            Received::Closed => return Err("the sandbox ended before it mounted its disk".into()),
         };
         let Some(root) = fds.pop() else {
             return Err("the sandbox sent no descriptor of its disk".into());
@@ -400,11 +392,6 @@ fn template(size: u64, templates: &Path) -> Result<File, DiskError> {
         return Err(derr(&path, why));
     }
     File::open(&path).map_err(|e| derr(&path, e))
-}
-
-/// Makes each of [`SUBDIRS`] under `root` (keeping one that is there) with its mode.
-fn make_subdirs(root: &Path) -> Result<(), DiskError> {
-    make_dirs(root, SUBDIRS)
 }
 
 /// Makes each of `dirs` (name, mode; parents first) under `root`, keeping one that is there.

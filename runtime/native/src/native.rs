@@ -1780,25 +1780,21 @@ impl EgressWiring {
     /// Receives the listener pid 1 made (waiting up to `timeout`) and lets the proxy serve it.
     /// Call after the helper is spawned.
     pub(crate) fn connect(&mut self, timeout: Duration) -> Result<(), String> {
+        use taskbox_protocol::control::{Received, recv_within};
         self.theirs = None;
-        let mut fds = [PollFd::new(self.ours.as_fd(), PollFlags::POLLIN)];
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        ) {
-            Ok(0) => return Err(format!("no listener from the sandbox within {timeout:?}")),
-            Ok(_) => {}
-            Err(e) => return Err(format!("poll: {e}")),
-        }
         let mut buf = Vec::new();
-        let received = taskbox_protocol::control::recv::<taskbox_protocol::config::EgressPlan>(
+        let mut fds = match recv_within::<taskbox_protocol::config::EgressPlan>(
             self.ours.as_fd(),
             &mut buf,
+            timeout,
         )
-        .map_err(|e| format!("cannot receive the listener: {e}"))?;
-        let Some((_, mut fds)) = received else {
-            return Err("the sandbox ended before it made the listener".into());
+        .map_err(|e| format!("cannot receive the listener: {e}"))?
+        {
+            Received::Message(_, fds) => fds,
+            Received::Nothing => {
+                return Err(format!("no listener from the sandbox within {timeout:?}"));
+            }
+            Received::Closed => return Err("the sandbox ended before it made the listener".into()),
         };
         let Some(fd) = fds.pop() else {
             return Err("the sandbox sent no listener".into());

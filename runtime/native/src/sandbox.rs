@@ -84,6 +84,8 @@ pub struct Native {
 /// another), or when `TASKBOX_ZYGOTE=off`.
 #[derive(Debug, Default)]
 struct ZygoteSlot {
+    /// `TASKBOX_ZYGOTE=off` when the backend was opened: every helper is spawned.
+    off: bool,
     running: Option<spawn::Zygote>,
     /// A helper binary that could not start as a zygote: its helpers are spawned, and it is not
     /// tried again.
@@ -138,7 +140,10 @@ impl Open for Native {
             egress: None,
             hidden: Vec::new(),
             proven: Mutex::default(),
-            zygote: Mutex::default(),
+            zygote: Mutex::new(ZygoteSlot {
+                off: std::env::var_os("TASKBOX_ZYGOTE").is_some_and(|v| v == "off"),
+                ..ZygoteSlot::default()
+            }),
             _lock: lock,
         };
         backend.sweep();
@@ -644,8 +649,8 @@ impl Native {
         log: std::os::fd::BorrowedFd<'_>,
         fds: &[(std::os::fd::BorrowedFd<'_>, i32)],
     ) -> std::io::Result<spawn::Spawned> {
-        if std::env::var_os("TASKBOX_ZYGOTE").is_none_or(|v| v != "off") {
-            let mut slot = lock(&self.zygote);
+        let mut slot = lock(&self.zygote);
+        if !slot.off {
             if slot.running.as_ref().is_some_and(|z| !z.runs(helper)) {
                 slot.running = None;
             }
@@ -684,6 +689,7 @@ impl Native {
                 }
             }
         }
+        drop(slot);
         spawn::spawn(
             helper.as_os_str(),
             &[

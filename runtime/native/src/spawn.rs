@@ -315,7 +315,7 @@ pub(crate) enum ZygoteError {
 const LABEL_ROOM: usize = 96;
 
 /// How long the zygote may take to answer: a fork, a few hundred microseconds.
-const ZYGOTE_ANSWER: u16 = 5000;
+const ZYGOTE_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Zygote {
     /// Starts the zygote of `program` and waits until it is ready: an error when it ends or
@@ -358,27 +358,20 @@ impl Zygote {
 
     /// The zygote's next message, within [`ZYGOTE_ANSWER`].
     fn answer(&mut self) -> io::Result<ZygoteReply> {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         use std::os::fd::AsFd;
-        let mut ready = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut ready, PollTimeout::from(ZYGOTE_ANSWER)) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no answer within {ZYGOTE_ANSWER} ms"),
-                ));
-            }
-            Ok(_) => {}
-            Err(e) => return Err(e.into()),
-        }
         let mut buf = Vec::new();
-        match control::recv::<ZygoteReply>(self.sock.as_fd(), &mut buf) {
-            Ok(Some((reply, _))) => Ok(reply),
-            Ok(None) => Err(io::Error::new(
+        match control::recv_within::<ZygoteReply>(self.sock.as_fd(), &mut buf, ZYGOTE_ANSWER)
+            .map_err(io::Error::other)?
+        {
+            control::Received::Message(reply, _) => Ok(reply),
+            control::Received::Nothing => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {ZYGOTE_ANSWER:?}"),
+            )),
+            control::Received::Closed => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "it ended (its socket closed)",
             )),
-            Err(e) => Err(io::Error::other(e)),
         }
     }
 

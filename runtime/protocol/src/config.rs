@@ -362,8 +362,9 @@ pub const ZYGOTE_ARG: &str = "--zygote";
 pub const ZYGOTE_FD: i32 = 3;
 
 /// A request to the zygote: fork a helper that reads its plan from [`PLAN_FD`]. The request's
-/// descriptors go on `targets`, in order (one number each; 0 to 2 not named are `/dev/null`);
-/// the helper keeps no other descriptor. `label` is its `NAME` for `ps`.
+/// descriptors go on `targets`, in order (one number each; 0 to 2 not named stay the zygote's,
+/// whose stdin and stdout are `/dev/null`); the helper keeps no other descriptor. `label` is its
+/// `NAME` for `ps`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZygoteRequest {
     pub label: String,

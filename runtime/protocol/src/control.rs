@@ -260,11 +260,11 @@ fn send_datagram(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> nix::Resul
     }
 }
 
-/// What [`try_recv`] found.
+/// What [`try_recv`] or [`recv_within`] found.
 pub enum Received<T> {
     /// A message and the descriptors that came with it.
     Message(T, Vec<OwnedFd>),
-    /// Nothing is waiting.
+    /// Nothing is waiting (or came within the time given).
     Nothing,
     /// The other end closed.
     Closed,
@@ -282,6 +282,36 @@ pub fn try_recv<T: for<'de> Deserialize<'de>>(
             Ok(Received::Nothing)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Receives one message, waiting at most `timeout` for it.
+pub fn recv_within<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    timeout: std::time::Duration,
+) -> Result<Received<T>, RecvError> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // Rounded up: a wait cut short of the deadline would answer "nothing" too early.
+        let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+        let mut fds = [PollFd::new(sock, PollFlags::POLLIN)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(0) if std::time::Instant::now() < deadline => continue,
+            Ok(0) => return Ok(Received::Nothing),
+            Ok(_) => match try_recv(sock, buf)? {
+                // Woken with nothing to read: wait out the rest.
+                Received::Nothing if !left.is_zero() => continue,
+                got => return Ok(got),
+            },
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(RecvError::Channel(e.into())),
+        }
     }
 }
 
@@ -412,6 +442,23 @@ mod tests {
             SockFlag::SOCK_CLOEXEC,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_receive_within_a_time_gives_the_message_nothing_or_the_end() {
+        use std::time::{Duration, Instant};
+        let (a, b) = pair();
+        let mut buf = Vec::new();
+        let t = Instant::now();
+        let got = recv_within::<u64>(b.as_fd(), &mut buf, Duration::from_millis(30)).unwrap();
+        assert!(matches!(got, Received::Nothing));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        send(a.as_fd(), &7u64, &[]).unwrap();
+        let got = recv_within::<u64>(b.as_fd(), &mut buf, Duration::from_secs(5)).unwrap();
+        assert!(matches!(got, Received::Message(7, _)));
+        drop(a);
+        let got = recv_within::<u64>(b.as_fd(), &mut buf, Duration::from_secs(5)).unwrap();
+        assert!(matches!(got, Received::Closed));
     }
 
     fn exec(argv: Vec<String>) -> Request {
