@@ -6,14 +6,17 @@
 //! [`Capture::with_findings`], every byte of the stream also goes through the findings readers
 //! as it arrives (docs/findings.md): the whole stream is read, even past the spill file's cap,
 //! while the command still runs. The first [`INLINE_READ`] bytes are read in the capture's own
-//! thread; a longer stream is handed to a thread of its own, so a long log is read beside the
-//! command's run, not in the way of its output.
+//! thread; a longer stream is read in a thread of its own, so a long log is read beside the
+//! command's run, not in the way of its output. That thread reads what the spill file already
+//! holds (the capture copies nothing for it); past the file's cap, or without a file, the
+//! capture hands it copies of the chunks.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use taskbox_findings::{Findings, Paths, Scanner};
 
@@ -30,25 +33,59 @@ pub struct Capture {
     tail_cap: usize,
     bytes: u64,
     spill_path: PathBuf,
-    spill: Option<io::BufWriter<File>>,
+    spill: Option<Spill>,
     spill_error: Option<io::Error>,
     shown_path: Option<PathBuf>,
     /// Most bytes the spill file may hold (its share of `limits.disk` where it lives outside
     /// the sandbox's disk).
     spill_cap: u64,
+    /// Bytes given to the spill file (written, or in its buffer).
     spilled: u64,
+    /// Bytes written to the spill file: the stream's first `in_file` bytes are in it.
+    in_file: u64,
+    /// What a failed write of the spill file did not write (for the findings readers, who
+    /// read the file up to `in_file` only).
+    unwritten: Vec<u8>,
     capped: bool,
     /// The findings readers, reading the stream as it arrives.
     scanner: Option<Reading>,
 }
 
+/// The spill file and the small writes gathered for it.
+#[derive(Debug)]
+struct Spill {
+    file: Arc<File>,
+    buf: Vec<u8>,
+}
+
+impl Spill {
+    /// Writes the buffer out (it keeps its bytes when that fails).
+    fn write_buf(&mut self) -> io::Result<()> {
+        spill_out(&self.file, &self.buf)?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Writes `data` to the spill file.
+fn spill_out(file: &File, data: &[u8]) -> io::Result<()> {
+    #[cfg(test)]
+    tests::spill_budget(data.len())?;
+    (&*file).write_all(data)
+}
+
+/// Bytes of small pushes gathered before they are written to the spill file; a push this
+/// long is written as it comes, without a copy.
+const SPILL_BUF: usize = 32 * 1024;
+
 /// Bytes of a stream its findings readers read in the capture's thread; past them, in a thread
 /// of their own.
 pub const INLINE_READ: u64 = 1 << 20;
-/// The size of the chunks handed to the reading thread.
+/// The size of the pieces the reading thread reads (from the spill file, or handed over).
 const HANDOFF_CHUNK: usize = 256 * 1024;
-/// Chunks in flight to the reading thread: when it falls behind, the capture waits (the memory
-/// a stream's reading holds is bounded by these).
+/// Chunks handed over and not yet read: when the thread falls behind, the capture waits (the
+/// memory a stream's reading holds is bounded by these; what it reads from the spill file
+/// costs none).
 const HANDOFF_DEPTH: usize = 8;
 
 /// Where a stream's findings are read.
@@ -60,77 +97,133 @@ enum Reading {
     Inline(Box<Scanner>),
     /// Only while the readers move to their thread.
     Moving,
-    Thread {
-        /// Bytes gathered for the next chunk.
-        batch: Vec<u8>,
-        to: mpsc::SyncSender<Vec<u8>>,
-        /// Chunks the thread has read, for reuse.
-        back: mpsc::Receiver<Vec<u8>>,
-        done: std::thread::JoinHandle<Findings>,
-    },
+    Thread(Box<ReadingThread>),
+}
+
+/// The readers in a thread of their own.
+#[derive(Debug)]
+struct ReadingThread {
+    feed: Arc<Feed>,
+    /// Reading the spill file: up to where the thread was last told it has bytes.
+    /// `None`: reading copies handed over.
+    told: Option<u64>,
+    /// Bytes gathered for the next chunk handed over.
+    batch: Vec<u8>,
+    done: std::thread::JoinHandle<Findings>,
+}
+
+/// What the capture gives its reading thread: the spill file's bytes up to `file_end`, then
+/// (once the file has stopped) chunks.
+#[derive(Debug, Default)]
+struct Feed {
+    state: Mutex<FeedState>,
+    cond: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct FeedState {
+    /// The stream's bytes up to here are in the spill file.
+    file_end: u64,
+    /// Chunks handed over, after the file's bytes.
+    chunks: VecDeque<Vec<u8>>,
+    /// Chunks read, for reuse.
+    spare: Vec<Vec<u8>>,
+    /// The stream has ended.
+    ended: bool,
+    /// The thread has ended (it can only have panicked before the stream's end): what is
+    /// handed over is dropped, not waited on.
+    gone: bool,
+}
+
+impl Feed {
+    fn lock(&self) -> MutexGuard<'_, FeedState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The spill file holds the stream up to `end`.
+    fn file_holds(&self, end: u64) {
+        let mut st = self.lock();
+        st.file_end = st.file_end.max(end);
+        drop(st);
+        self.cond.notify_all();
+    }
+
+    /// Hands over a chunk (after the file's bytes), waiting while [`HANDOFF_DEPTH`] are unread.
+    fn hand(&self, mut chunk: Vec<u8>) -> Vec<u8> {
+        let mut st = self.lock();
+        while st.chunks.len() >= HANDOFF_DEPTH && !st.gone {
+            st = self.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if st.gone {
+            chunk.clear();
+            return chunk;
+        }
+        st.chunks.push_back(chunk);
+        let next = st.spare.pop();
+        drop(st);
+        self.cond.notify_all();
+        next.unwrap_or_else(|| Vec::with_capacity(HANDOFF_CHUNK * 2))
+    }
+
+    fn end(&self) {
+        let mut st = self.lock();
+        st.ended = true;
+        drop(st);
+        self.cond.notify_all();
+    }
+}
+
+/// Marks the feed's thread gone when it ends, however it ends.
+struct Gone(Arc<Feed>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.gone = true;
+        drop(st);
+        self.0.cond.notify_all();
+    }
 }
 
 impl Reading {
-    fn feed(&mut self, data: &[u8], seen: u64) {
-        if let Reading::Pending(paths) = self {
-            *self = Reading::Inline(Box::new(Scanner::new(paths.clone())));
-        }
-        if let Reading::Inline(s) = self {
-            s.feed(data);
-            if seen >= INLINE_READ
-                && let Reading::Inline(s) = std::mem::replace(self, Reading::Moving)
-            {
-                *self = Reading::hand_off(s);
-            }
-            return;
-        }
-        let Reading::Thread {
-            batch, to, back, ..
-        } = self
-        else {
-            return;
-        };
-        batch.extend_from_slice(data);
-        if batch.len() >= HANDOFF_CHUNK {
-            let next = back
-                .try_recv()
-                .unwrap_or_else(|_| Vec::with_capacity(HANDOFF_CHUNK * 2));
-            let full = std::mem::replace(batch, next);
-            // A thread that is gone (it panicked) gives what it read at the end.
-            let _ = to.send(full);
-        }
-    }
-
-    /// The readers in a thread of their own (still inline when none can be started).
-    fn hand_off(scanner: Box<Scanner>) -> Reading {
-        let (to, from) = mpsc::sync_channel::<Vec<u8>>(HANDOFF_DEPTH);
-        let (give_back, back) = mpsc::channel::<Vec<u8>>();
+    /// The readers in a thread of their own (still inline when none can be started), reading
+    /// on from byte `from` of the stream: from the spill file `file` while it has them.
+    fn hand_off(scanner: Box<Scanner>, from: u64, file: Option<(Arc<File>, u64)>) -> Reading {
+        let feed = Arc::new(Feed::default());
+        let told = file.as_ref().map(|(_, end)| *end);
+        feed.lock().file_end = told.unwrap_or(from);
         // The readers go over once the thread runs: a thread that cannot start leaves them here.
-        let (give, take) = mpsc::channel::<Box<Scanner>>();
+        let (give, take) = std::sync::mpsc::channel::<Box<Scanner>>();
+        let theirs = feed.clone();
         let spawned = std::thread::Builder::new()
             .name("findings".into())
             .spawn(move || {
-                let Ok(mut s) = take.recv() else {
+                let gone = Gone(theirs);
+                let Ok(s) = take.recv() else {
                     return Findings::default();
                 };
-                for mut chunk in from {
-                    s.feed(&chunk);
-                    chunk.clear();
-                    let _ = give_back.send(chunk);
-                }
-                s.finish()
+                read_feed(s, &gone.0, from, file.map(|(f, _)| f))
             });
         match spawned {
             Ok(done) => match give.send(scanner) {
-                Ok(()) => Reading::Thread {
+                Ok(()) => Reading::Thread(Box::new(ReadingThread {
+                    feed,
+                    told,
                     batch: Vec::with_capacity(HANDOFF_CHUNK * 2),
-                    to,
-                    back,
                     done,
-                },
-                Err(mpsc::SendError(scanner)) => Reading::Inline(scanner),
+                })),
+                Err(std::sync::mpsc::SendError(scanner)) => Reading::Inline(scanner),
             },
             Err(_) => Reading::Inline(scanner),
+        }
+    }
+
+    /// Hands `data` over to the thread (in chunks of [`HANDOFF_CHUNK`]).
+    fn hand(t: &mut ReadingThread, data: &[u8]) {
+        t.batch.extend_from_slice(data);
+        if t.batch.len() >= HANDOFF_CHUNK {
+            let full = std::mem::take(&mut t.batch);
+            t.batch = t.feed.hand(full);
         }
     }
 
@@ -140,15 +233,70 @@ impl Reading {
             // The readers find nothing in no bytes.
             Reading::Pending(_) => Findings::default(),
             Reading::Moving => Findings::default(),
-            Reading::Thread {
-                batch, to, done, ..
-            } => {
+            Reading::Thread(t) => {
+                let ReadingThread {
+                    feed, batch, done, ..
+                } = *t;
                 if !batch.is_empty() {
-                    let _ = to.send(batch);
+                    feed.hand(batch);
                 }
-                drop(to);
+                feed.end();
                 done.join().unwrap_or_default()
             }
+        }
+    }
+}
+
+/// The reading thread: the stream from byte `pos`, first from `file` (up to where the feed says
+/// it holds the stream), then the chunks handed over.
+fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64, file: Option<Arc<File>>) -> Findings {
+    enum Next {
+        File(u64),
+        Chunk(Vec<u8>),
+        End,
+    }
+    let mut buf = vec![0u8; HANDOFF_CHUNK];
+    loop {
+        let next = {
+            let mut st = feed.lock();
+            loop {
+                if st.file_end > pos {
+                    break Next::File(st.file_end);
+                }
+                if let Some(c) = st.chunks.pop_front() {
+                    break Next::Chunk(c);
+                }
+                if st.ended {
+                    break Next::End;
+                }
+                st = feed.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        match next {
+            Next::File(end) => {
+                let want = (end - pos).min(HANDOFF_CHUNK as u64) as usize;
+                match file.as_ref().map(|f| f.read_at(&mut buf[..want], pos)) {
+                    Some(Ok(n)) if n > 0 => {
+                        s.feed(&buf[..n]);
+                        pos += n as u64;
+                    }
+                    // The file is shorter than what was written to it (cut from outside) or
+                    // cannot be read: those bytes are not read, the rest of the stream is.
+                    _ => pos += want as u64,
+                }
+            }
+            Next::Chunk(mut c) => {
+                s.feed(&c);
+                c.clear();
+                let mut st = feed.lock();
+                if st.spare.len() < 2 {
+                    st.spare.push(c);
+                }
+                drop(st);
+                // The capture may wait for room.
+                feed.cond.notify_all();
+            }
+            Next::End => return s.finish(),
         }
     }
 }
@@ -169,6 +317,8 @@ impl Capture {
             shown_path: None,
             spill_cap: u64::MAX,
             spilled: 0,
+            in_file: 0,
+            unwritten: Vec::new(),
             capped: false,
             scanner: None,
         }
@@ -192,31 +342,72 @@ impl Capture {
         self.capped
     }
 
-    /// Writes `data` to the spill file within its cap.
+    /// Writes `data` to the spill file within its cap (small pieces gathered first).
     fn spill_write(&mut self, data: &[u8]) {
-        let Some(w) = self.spill.as_mut() else { return };
+        let Some(sp) = self.spill.as_mut() else {
+            return;
+        };
         let room = self.spill_cap.saturating_sub(self.spilled);
         let take = (data.len() as u64).min(room) as usize;
-        let outcome = w.write_all(&data[..take]);
+        let part = &data[..take];
+        let capped = take < data.len();
         self.spilled += take as u64;
-        match outcome {
+        let written = if take >= SPILL_BUF {
+            // As it comes, after what the buffer holds (kept there when it cannot be written).
+            sp.write_buf()
+                .and_then(|()| spill_out(&sp.file, part))
+                .inspect_err(|_| sp.buf.extend_from_slice(part))
+        } else {
+            sp.buf.extend_from_slice(part);
+            if capped || sp.buf.len() >= SPILL_BUF {
+                sp.write_buf()
+            } else {
+                Ok(())
+            }
+        };
+        match written {
+            Err(e) => self.spill_failed(e),
+            Ok(()) => {
+                self.in_file = self.spilled - sp.buf.len() as u64;
+                if capped {
+                    self.capped = true;
+                    self.spill_error = Some(io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        format!(
+                            "it reached {} bytes, this stream's share of limits.disk",
+                            self.spill_cap
+                        ),
+                    ));
+                    self.spill = None;
+                }
+            }
+        }
+    }
+
+    /// The spill file could not be written: the bytes after those it holds (its buffer's) are
+    /// kept for the readers, who read the file only that far.
+    fn spill_failed(&mut self, e: io::Error) {
+        if let Some(sp) = self.spill.take() {
+            self.in_file = self.spilled - sp.buf.len() as u64;
+            self.unwritten = sp.buf;
+        }
+        self.spill_error = Some(e);
+    }
+
+    /// Writes out the spill file's buffer; whether the file holds all it was given.
+    fn spill_flush(&mut self) -> bool {
+        let Some(sp) = self.spill.as_mut() else {
+            return false;
+        };
+        match sp.write_buf() {
+            Ok(()) => {
+                self.in_file = self.spilled;
+                true
+            }
             Err(e) => {
-                self.spill_error = Some(e);
-                self.spill = None;
+                self.spill_failed(e);
+                false
             }
-            Ok(()) if take < data.len() => {
-                let _ = w.flush();
-                self.capped = true;
-                self.spill_error = Some(io::Error::new(
-                    io::ErrorKind::StorageFull,
-                    format!(
-                        "it reached {} bytes, this stream's share of limits.disk",
-                        self.spill_cap
-                    ),
-                ));
-                self.spill = None;
-            }
-            Ok(()) => {}
         }
     }
 
@@ -228,9 +419,12 @@ impl Capture {
     /// Adds a chunk of the stream.
     pub fn push(&mut self, data: &[u8]) {
         self.bytes += data.len() as u64;
-        if let Some(s) = self.scanner.as_mut() {
-            s.feed(data, self.bytes);
-        }
+        self.keep(data);
+        self.read_findings(data);
+    }
+
+    /// The head, the tail and the spill file.
+    fn keep(&mut self, data: &[u8]) {
         let mut rest = data;
         if self.spill.is_none() && self.spill_error.is_none() {
             if self.head.len() + data.len() <= self.limit {
@@ -239,9 +433,19 @@ impl Capture {
             }
             // First overflow: everything so far goes to the spill file; the head keeps its half
             // (topped up from this chunk), the remainder starts the tail.
-            match File::create(&self.spill_path) {
+            // Readable too: the findings readers read it.
+            let made = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&self.spill_path);
+            match made {
                 Ok(f) => {
-                    self.spill = Some(io::BufWriter::with_capacity(256 * 1024, f));
+                    self.spill = Some(Spill {
+                        file: Arc::new(f),
+                        buf: Vec::with_capacity(SPILL_BUF),
+                    });
                     let head = std::mem::take(&mut self.head);
                     self.spill_write(&head);
                     self.head = head;
@@ -262,6 +466,63 @@ impl Capture {
         self.push_tail(rest);
     }
 
+    /// The stream's bytes after the spill file's, once it has stopped (at its cap, or when it
+    /// failed), `data` the last push: what the file was given and could not write, then what
+    /// it was not given.
+    fn after_file(&mut self, data: &[u8]) -> Vec<u8> {
+        let beyond = (self.bytes - self.spilled) as usize;
+        let mut out = std::mem::take(&mut self.unwritten);
+        out.extend_from_slice(&data[data.len().saturating_sub(beyond)..]);
+        out
+    }
+
+    /// Whether the readers read the spill file, which has stopped: the rest of the stream is
+    /// to be handed over.
+    fn file_stopped(&self) -> bool {
+        self.spill.is_none()
+            && matches!(&self.scanner, Some(Reading::Thread(t)) if t.told.is_some())
+    }
+
+    /// `data`, just kept, to the findings readers.
+    fn read_findings(&mut self, data: &[u8]) {
+        let rest = self.file_stopped().then(|| self.after_file(data));
+        let Some(reading) = self.scanner.as_mut() else {
+            return;
+        };
+        if let Reading::Pending(paths) = reading {
+            *reading = Reading::Inline(Box::new(Scanner::new(paths.clone())));
+        }
+        if let Reading::Inline(s) = reading {
+            s.feed(data);
+            if self.bytes >= INLINE_READ
+                && let Reading::Inline(s) = std::mem::replace(reading, Reading::Moving)
+            {
+                let file = self
+                    .spill
+                    .as_ref()
+                    .map(|sp| (sp.file.clone(), self.in_file));
+                *reading = Reading::hand_off(s, self.bytes, file);
+            }
+            return;
+        }
+        let Reading::Thread(t) = reading else { return };
+        match (t.told, rest) {
+            (_, Some(rest)) => {
+                // The file has stopped: what follows its bytes is handed over.
+                t.feed.file_holds(self.in_file);
+                t.told = None;
+                Reading::hand(t, &rest);
+            }
+            (Some(told), None) => {
+                if self.in_file >= told + HANDOFF_CHUNK as u64 {
+                    t.feed.file_holds(self.in_file);
+                    t.told = Some(self.in_file);
+                }
+            }
+            (None, None) => Reading::hand(t, data),
+        }
+    }
+
     fn push_tail(&mut self, data: &[u8]) {
         if data.len() >= self.tail_cap {
             self.tail.clear();
@@ -277,28 +538,31 @@ impl Capture {
     /// Ends the capture: the observation, and the stream's findings when it read them
     /// ([`Capture::with_findings`]).
     pub fn finish_with_findings(mut self) -> (Output, Option<Findings>) {
+        let spill_ok = self.spill_flush();
+        // The last write failed: its bytes are handed over.
+        let rest = self.file_stopped().then(|| self.after_file(&[]));
+        if let Some(Reading::Thread(t)) = self.scanner.as_mut()
+            && t.told.is_some()
+        {
+            t.feed.file_holds(self.in_file);
+            if let Some(rest) = rest {
+                t.told = None;
+                Reading::hand(t, &rest);
+            }
+        }
         let found = self.scanner.take().map(Reading::finish);
-        (self.finish(), found)
+        (self.render(spill_ok), found)
     }
 
     /// Ends the capture and renders the observation.
     pub fn finish(mut self) -> Output {
-        let mut spill_ok = false;
-        if let Some(mut w) = self.spill.take() {
-            match w.flush() {
-                Ok(()) => spill_ok = true,
-                Err(e) => self.spill_error = Some(e),
-            }
-        }
+        let spill_ok = self.spill_flush();
         self.render(spill_ok)
     }
 
-    /// Renders what was captured so far (the spill file may lag behind by a buffer).
+    /// Renders what was captured so far.
     pub fn snapshot(&mut self) -> Output {
-        let spill_ok = match self.spill.as_mut() {
-            Some(w) => w.flush().is_ok(),
-            None => false,
-        };
+        let spill_ok = self.spill_flush();
         self.render(spill_ok)
     }
 
@@ -432,6 +696,161 @@ mod tests {
             assert_eq!(lines, [Some(1), Some(2), Some(3)], "chunks of {chunk}");
             assert_eq!(found.tests.map(|t| t.failed), Some(3));
         }
+    }
+
+    thread_local! {
+        /// Bytes this thread's spill files may still take before a write fails (none: no end).
+        static SPILL_BUDGET: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// A write of `n` bytes to a spill file: fails once the thread's budget is spent.
+    pub(super) fn spill_budget(n: usize) -> io::Result<()> {
+        SPILL_BUDGET.with(|b| match b.get() {
+            Some(left) if n > left => Err(io::Error::other("the test's budget of spill bytes")),
+            Some(left) => {
+                b.set(Some(left - n));
+                Ok(())
+            }
+            None => Ok(()),
+        })
+    }
+
+    /// A `cargo test` log of about `len` bytes with failing tests 1 to 4 at (about) the
+    /// fractions `at` of it.
+    fn log_with_failures(len: usize, at: [f64; 4]) -> String {
+        let fail = |n: usize| {
+            format!(
+                "test m::t{n} ... FAILED\n\nfailures:\n\n---- m::t{n} stdout ----\n\n\
+                 thread 'm::t{n}' panicked at src/m.rs:{n}:5:\nboom\n\n"
+            )
+        };
+        let mut log = String::new();
+        for (i, f) in at.iter().enumerate() {
+            while log.len() < (len as f64 * f) as usize {
+                log.push_str("test m::ok ... ok\n");
+            }
+            log.push_str(&fail(i + 1));
+        }
+        log.push_str("test result: FAILED. 1 passed; 4 failed; 0 ignored; 0 measured\n");
+        log
+    }
+
+    fn failed_lines(found: &Findings) -> Vec<Option<u32>> {
+        found
+            .findings
+            .iter()
+            .map(|f| f.location.as_ref().and_then(|l| l.line))
+            .collect()
+    }
+
+    /// The readers read the spill file up to its cap, then the copies handed over: failures
+    /// before the hand-off, in the file, across the cap and past it are all found.
+    #[test]
+    fn findings_past_the_spill_files_cap_are_read_from_copies() {
+        let log = log_with_failures(4 << 20, [0.01, 0.4, 0.6, 0.9]);
+        // The cap falls inside the third failure's report.
+        let cap = log.find("thread 'm::t3'").unwrap() as u64;
+        for chunk in [7usize, 4093, 65536, 1 << 20] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("out");
+            let mut c = Capture::new(1000, path.clone())
+                .with_spill_cap(cap)
+                .with_findings(Paths::new("/w", "/w"));
+            for part in log.as_bytes().chunks(chunk) {
+                c.push(part);
+            }
+            assert!(c.spill_capped());
+            let (out, found) = c.finish_with_findings();
+            assert_eq!(out.bytes, log.len() as u64);
+            assert_eq!(std::fs::read(&path).unwrap().len() as u64, cap);
+            let found = found.unwrap();
+            assert_eq!(
+                failed_lines(&found),
+                [Some(1), Some(2), Some(3), Some(4)],
+                "chunks of {chunk}"
+            );
+            assert_eq!(found.tests.map(|t| t.failed), Some(4));
+        }
+    }
+
+    /// A spill file whose writes fail (its disk full) on the way: the bytes it was given and
+    /// did not write reach the readers as copies, and nothing is found twice or missed.
+    #[test]
+    fn findings_survive_a_spill_file_that_fails() {
+        let log = log_with_failures(4 << 20, [0.01, 0.4, 0.6, 0.9]);
+        for (budget, chunk) in [
+            (2 << 20, 65536usize),
+            (2 << 20, 7),
+            ((2 << 20) + 12345, 4093),
+            (100, 65536),
+            (0, 1 << 20),
+            (log.len() - 10, 65536),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            SPILL_BUDGET.with(|b| b.set(Some(budget)));
+            let mut c =
+                Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
+            for part in log.as_bytes().chunks(chunk) {
+                c.push(part);
+            }
+            let (out, found) = c.finish_with_findings();
+            SPILL_BUDGET.with(|b| b.set(None));
+            assert!(out.text.contains("could not be kept"), "{}", out.text);
+            let found = found.unwrap();
+            assert_eq!(
+                failed_lines(&found),
+                [Some(1), Some(2), Some(3), Some(4)],
+                "budget {budget}, chunks of {chunk}"
+            );
+            assert_eq!(found.tests.map(|t| t.failed), Some(4));
+        }
+    }
+
+    /// Without a spill file (it cannot be made), the readers' thread reads copies.
+    #[test]
+    fn findings_are_read_without_a_spill_file() {
+        let log = log_with_failures(4 << 20, [0.01, 0.3, 0.6, 0.9]);
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Capture::new(1000, dir.path().join("missing/out"))
+            .with_findings(Paths::new("/w", "/w"));
+        for part in log.as_bytes().chunks(65536) {
+            c.push(part);
+        }
+        let (_, found) = c.finish_with_findings();
+        assert_eq!(
+            failed_lines(&found.unwrap()),
+            [Some(1), Some(2), Some(3), Some(4)]
+        );
+    }
+
+    /// A spill file cut short from outside while it is read: the readers skip what is gone,
+    /// read the rest, and end.
+    #[test]
+    fn a_spill_file_cut_from_outside_ends_its_reading() {
+        let log = log_with_failures(4 << 20, [0.01, 0.6, 0.7, 0.99]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut c = Capture::new(1000, path.clone()).with_findings(Paths::new("/w", "/w"));
+        let bytes = log.as_bytes();
+        let half = bytes.len() / 2;
+        for part in bytes[..half].chunks(65536) {
+            c.push(part);
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        for part in bytes[half..].chunks(65536) {
+            c.push(part);
+        }
+        let t0 = std::time::Instant::now();
+        let (out, found) = c.finish_with_findings();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        assert_eq!(out.bytes, log.len() as u64);
+        // The first failure was read before the hand-off; what the cut left is read or skipped.
+        assert_eq!(failed_lines(&found.unwrap()).first(), Some(&Some(1)));
     }
 
     #[test]
