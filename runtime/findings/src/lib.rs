@@ -415,7 +415,7 @@ struct Anchors {
     /// The same patterns in groups of at most [`JUMP_GROUP`], for the jump to the next line
     /// holding one: a group that small is searched with a vectorised prefilter (Teddy), where
     /// all of them at once fall back to a byte-at-a-time automaton (1.5x slower on a cargo test
-    /// log, docs/findings.md).
+    /// log, docs/findings.md). The groups are of one size ([`jump_groups`]).
     jump: Vec<AhoCorasick>,
 }
 
@@ -435,8 +435,7 @@ impl Anchors {
             }
         }
         let search = AhoCorasick::new(&patterns).ok();
-        let jump = patterns
-            .chunks(JUMP_GROUP)
+        let jump = jump_groups(&patterns)
             .filter_map(|g| {
                 // Leftmost-first: the leftmost match's start is all the jump needs, and only
                 // leftmost searches get the vectorised prefilter.
@@ -452,6 +451,16 @@ impl Anchors {
             jump,
         }
     }
+}
+
+/// `patterns` in as few groups of at most [`JUMP_GROUP`] as they need, of one size (give or
+/// take one). Teddy puts a group's patterns in 16 buckets and verifies every pattern of a bucket
+/// whose fingerprint a position matches: in two groups of 64 and 30, the 64 made 4 a bucket and
+/// verified at every other line of a `cargo test` log; two of 47 read it twice as fast
+/// (BENCHMARKS.md, findings).
+fn jump_groups<'a>(patterns: &'a [&'a str]) -> std::slice::Chunks<'a, &'a str> {
+    let groups = patterns.len().div_ceil(JUMP_GROUP).max(1);
+    patterns.chunks(patterns.len().div_ceil(groups).max(1))
 }
 
 impl Scanner {
@@ -755,6 +764,29 @@ mod tests {
         assert!(a.anchors.search.is_some() && !a.anchors.jump.is_empty());
         let c = Scanner::with_readers(paths(), readers());
         assert!(!Arc::ptr_eq(&a.anchors, &c.anchors));
+    }
+
+    /// The jump's groups: as few as the patterns need, each at most [`JUMP_GROUP`], of one size.
+    #[test]
+    fn the_jumps_groups_are_as_few_as_needed_and_even() {
+        let sizes = |n: usize| {
+            let p: Vec<&str> = vec!["x"; n];
+            jump_groups(&p).map(|g| g.len()).collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(0), Vec::<usize>::new());
+        assert_eq!(sizes(10), [10]);
+        assert_eq!(sizes(64), [64]);
+        assert_eq!(sizes(65), [33, 32]);
+        assert_eq!(sizes(94), [47, 47]);
+        assert_eq!(sizes(129), [43, 43, 43]);
+        let mut all: Vec<&str> = readers()
+            .iter()
+            .flat_map(|r| r.anchors().iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        let jump = &Anchors::new(&readers()).jump;
+        assert_eq!(jump.len(), all.len().div_ceil(JUMP_GROUP));
     }
 
     /// Records the lines it is given.
