@@ -109,7 +109,19 @@ struct ReadingThread {
     told: Option<u64>,
     /// Bytes gathered for the next chunk handed over.
     batch: Vec<u8>,
-    done: std::thread::JoinHandle<Findings>,
+    /// Taken when the readers' findings are: a capture dropped without them stops the thread.
+    done: Option<std::thread::JoinHandle<Findings>>,
+}
+
+impl Drop for ReadingThread {
+    fn drop(&mut self) {
+        if self.done.is_some() {
+            let mut st = self.feed.lock();
+            st.dropped = true;
+            drop(st);
+            self.feed.cond.notify_all();
+        }
+    }
 }
 
 /// What the capture gives its reading thread: the spill file's bytes up to `file_end`, then
@@ -130,6 +142,8 @@ struct FeedState {
     spare: Vec<Vec<u8>>,
     /// The stream has ended.
     ended: bool,
+    /// The capture went without asking for the findings: the thread stops.
+    dropped: bool,
     /// The thread has ended (it can only have panicked before the stream's end): what is
     /// handed over is dropped, not waited on.
     gone: bool,
@@ -210,7 +224,7 @@ impl Reading {
                     feed,
                     told,
                     batch: Vec::with_capacity(HANDOFF_CHUNK * 2),
-                    done,
+                    done: Some(done),
                 })),
                 Err(std::sync::mpsc::SendError(scanner)) => Reading::Inline(scanner),
             },
@@ -233,15 +247,16 @@ impl Reading {
             // The readers find nothing in no bytes.
             Reading::Pending(_) => Findings::default(),
             Reading::Moving => Findings::default(),
-            Reading::Thread(t) => {
-                let ReadingThread {
-                    feed, batch, done, ..
-                } = *t;
+            Reading::Thread(mut t) => {
+                let batch = std::mem::take(&mut t.batch);
                 if !batch.is_empty() {
-                    feed.hand(batch);
+                    t.feed.hand(batch);
                 }
-                feed.end();
-                done.join().unwrap_or_default()
+                t.feed.end();
+                t.done
+                    .take()
+                    .and_then(|d| d.join().ok())
+                    .unwrap_or_default()
             }
         }
     }
@@ -260,6 +275,9 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64, file: Option<Arc<Fi
         let next = {
             let mut st = feed.lock();
             loop {
+                if st.dropped {
+                    return Findings::default();
+                }
                 if st.file_end > pos {
                     break Next::File(st.file_end);
                 }
@@ -389,7 +407,9 @@ impl Capture {
     fn spill_failed(&mut self, e: io::Error) {
         if let Some(sp) = self.spill.take() {
             self.in_file = self.spilled - sp.buf.len() as u64;
-            self.unwritten = sp.buf;
+            if matches!(&self.scanner, Some(Reading::Thread(t)) if t.told.is_some()) {
+                self.unwritten = sp.buf;
+            }
         }
         self.spill_error = Some(e);
     }
@@ -851,6 +871,32 @@ mod tests {
         assert_eq!(out.bytes, log.len() as u64);
         // The first failure was read before the hand-off; what the cut left is read or skipped.
         assert_eq!(failed_lines(&found.unwrap()).first(), Some(&Some(1)));
+    }
+
+    /// A capture dropped without its findings stops its readers' thread (it would otherwise
+    /// wait for the rest of the stream for ever, holding the spill file open).
+    #[test]
+    fn a_capture_dropped_without_its_findings_stops_its_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c =
+            Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
+        let line = b"test m::ok ... ok\n".repeat(4096);
+        while c.bytes() < 2 * INLINE_READ {
+            c.push(&line);
+        }
+        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
+            panic!("the readers did not move to their thread");
+        };
+        let feed = t.feed.clone();
+        drop(c.finish());
+        let t0 = std::time::Instant::now();
+        while !feed.lock().gone {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the thread still runs"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     #[test]
