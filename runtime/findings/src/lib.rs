@@ -453,8 +453,8 @@ impl Anchors {
     }
 }
 
-/// `patterns` in as few groups of at most [`JUMP_GROUP`] as they need, of one size (give or
-/// take one). Teddy puts a group's patterns in 16 buckets and verifies every pattern of a bucket
+/// `patterns` in as few groups of at most [`JUMP_GROUP`] as they need, of one size (the last
+/// may be a little smaller). Teddy puts a group's patterns in 16 buckets and verifies every pattern of a bucket
 /// whose fingerprint a position matches: in two groups of 64 and 30, the 64 made 4 a bucket and
 /// verified at every other line of a `cargo test` log; two of 47 read it twice as fast
 /// (BENCHMARKS.md, findings).
