@@ -62,30 +62,9 @@ pub fn trim_heap() {
     }
 }
 
-/// Raises the soft limit on open files to the hard one and returns it: each connection holds a
-/// descriptor, and the usual soft limit (1024) is below the server's default connection cap.
-pub fn raise_open_files() -> io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is valid for writes.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: `raised` is a valid rlimit, read only.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        lim = raised;
-    }
-    Ok(lim.rlim_cur)
-}
+/// Raises the open-file limit to the hard one (each connection holds a descriptor): the kit's,
+/// which a native backend also calls when it opens.
+pub use taskbox_core::kit::raise_open_files;
 
 #[cfg(test)]
 mod tests {
@@ -116,18 +95,5 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(pidfd_exited(pidfd.as_fd()));
-    }
-
-    #[test]
-    fn the_open_file_limit_is_raised_to_the_hard_one() {
-        let soft = raise_open_files().unwrap();
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `lim` is valid for writes.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!(lim.rlim_cur, soft);
-        assert_eq!(lim.rlim_cur, lim.rlim_max);
     }
 }
