@@ -1136,46 +1136,6 @@ pub fn release<S>(sb: Arc<S>) {
     drop(sb);
 }
 
-/// Raises the soft limit on open files to the hard one and returns it, as a Go program's runtime
-/// does at its start: the usual soft limit (1024) is below what this process may need. A walk
-/// of a workspace's tree holds a descriptor for each level it is in (it never follows a path,
-/// docs/security.md): about 2,000 for a tree as deep as a path can name. A supervisor holds one
-/// for each connection and several for each sandbox. A native backend calls it when it opens.
-pub fn raise_open_files() -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is valid for writes.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: `raised` is a valid rlimit, read only.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        lim = raised;
-    }
-    Ok(lim.rlim_cur)
-}
-
-#[cfg(test)]
-mod open_files {
-    #[test]
-    fn the_open_file_limit_is_raised_to_the_hard_one() {
-        let soft = super::raise_open_files().unwrap();
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `lim` is valid for writes.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!(lim.rlim_cur, soft);
-        assert_eq!(lim.rlim_cur, lim.rlim_max);
-    }
-}
+/// Raises the soft limit on open files to the hard one (the workspace crate's: every walk of a
+/// tree calls it once per process).
+pub use taskbox_workspace::tree::raise_open_files;

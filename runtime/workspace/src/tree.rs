@@ -153,6 +153,12 @@ impl Tree {
     /// Opens the tree at `path`, a directory the caller trusts (the supervisor's own state
     /// directory, the workspace it was given); `layer` names it in errors.
     pub fn open(path: &Path, layer: &'static str) -> Result<Tree, TreeError> {
+        static RAISED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        RAISED.get_or_init(|| {
+            if let Err(e) = raise_open_files() {
+                tracing::warn!(error = %e, "cannot raise the open-file limit");
+            }
+        });
         let err = |e| TreeError::new("open", layer, Path::new(""), e);
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|e| err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
@@ -355,6 +361,35 @@ impl Node {
     }
 }
 
+/// Raises the soft limit on open files to the hard one and returns it, as a Go program's runtime
+/// does at its start: the usual soft limit (1024) is below what this process may need. A walk
+/// of a tree holds a descriptor for each level it is in (it never follows a path): about 2,000
+/// for a tree as deep as a path can name. A supervisor also holds one for each connection and
+/// several for each sandbox. [`Tree::open`] calls it once per process; what a sandbox's command
+/// may open is its policy's `RLIMIT_NOFILE`, set in the sandbox.
+pub fn raise_open_files() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is valid for writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit, read only.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        lim = raised;
+    }
+    Ok(lim.rlim_cur)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,5 +482,21 @@ mod tests {
             .to_string();
         assert_eq!(err, "cannot copy d/key in the upper layer: boom");
         assert!(!err.contains(&root.display().to_string()));
+    }
+}
+
+#[cfg(test)]
+mod open_files {
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_one() {
+        let soft = super::raise_open_files().unwrap();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is valid for writes.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(lim.rlim_cur, soft);
+        assert_eq!(lim.rlim_cur, lim.rlim_max);
     }
 }
