@@ -13,22 +13,12 @@ of one build against another (the findings section's `cat` of a 100 MB log).
 """
 
 import argparse
-import http.client
 import json
-import socket
 import statistics
 import sys
 import time
 
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost")
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
+from bench_peers import UnixConnection
 
 
 def call(conn, method, path, body=None):

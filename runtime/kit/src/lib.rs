@@ -1135,7 +1135,3 @@ pub fn release<S>(sb: Arc<S>) {
     }
     drop(sb);
 }
-
-/// Raises the soft limit on open files to the hard one (the workspace crate's: every walk of a
-/// tree calls it once per process).
-pub use taskbox_workspace::tree::raise_open_files;

@@ -106,11 +106,6 @@ impl Open for Native {
     /// A backend keeping its state in `state_dir`. Whatever an earlier process left there (the
     /// directories and cgroups of sandboxes that died with it) is removed.
     fn open(state_dir: PathBuf) -> Result<Native, ApiError> {
-        // A busy supervisor holds descriptors for its sandboxes and a walk of a deep tree one
-        // per level: the usual soft limit of 1024 is too few.
-        if let Err(e) = kit::raise_open_files() {
-            tracing::warn!(error = %e, "cannot raise the open-file limit");
-        }
         let sandboxes = state_dir.join("sandboxes");
         crate::native::private_dir(&sandboxes).map_err(|e| {
             ApiError::internal(format!("cannot create {}: {e}", sandboxes.display()))

@@ -62,9 +62,9 @@ pub fn trim_heap() {
     }
 }
 
-/// Raises the open-file limit to the hard one (each connection holds a descriptor): the kit's,
-/// which a native backend also calls when it opens.
-pub use taskbox_core::kit::raise_open_files;
+/// Raises the open-file limit to the hard one (each connection holds a descriptor): the
+/// workspace crate's, which the first walk of a tree in any process also calls.
+pub use taskbox_core::tree::raise_open_files;
 
 #[cfg(test)]
 mod tests {

@@ -203,9 +203,14 @@ impl Reading {
     /// The readers in a thread of their own (still inline when none can be started), reading
     /// on from byte `from` of the stream: from the spill file `file` while it has them.
     fn hand_off(scanner: Box<Scanner>, from: u64, file: Option<(Arc<File>, u64)>) -> Reading {
-        let feed = Arc::new(Feed::default());
         let told = file.as_ref().map(|(_, end)| *end);
-        feed.lock().file_end = told.unwrap_or(from);
+        let feed = Arc::new(Feed {
+            state: Mutex::new(FeedState {
+                file_end: told.unwrap_or(from),
+                ..FeedState::default()
+            }),
+            cond: Condvar::new(),
+        });
         // The readers go over once the thread runs: a thread that cannot start leaves them here.
         let (give, take) = std::sync::mpsc::channel::<Box<Scanner>>();
         let theirs = feed.clone();
@@ -241,13 +246,17 @@ impl Reading {
         }
     }
 
-    fn finish(self) -> Findings {
+    /// What the readers found; `file_end`: the spill file's bytes, all of them written.
+    fn finish(self, file_end: u64) -> Findings {
         match self {
             Reading::Inline(s) => s.finish(),
             // The readers find nothing in no bytes.
             Reading::Pending(_) => Findings::default(),
             Reading::Moving => Findings::default(),
             Reading::Thread(mut t) => {
+                if t.told.is_some() {
+                    t.feed.file_holds(file_end);
+                }
                 let batch = std::mem::take(&mut t.batch);
                 if !batch.is_empty() {
                     t.feed.hand(batch);
@@ -559,18 +568,12 @@ impl Capture {
     /// ([`Capture::with_findings`]).
     pub fn finish_with_findings(mut self) -> (Output, Option<Findings>) {
         let spill_ok = self.spill_flush();
-        // The last write failed: its bytes are handed over.
-        let rest = self.file_stopped().then(|| self.after_file(&[]));
-        if let Some(Reading::Thread(t)) = self.scanner.as_mut()
-            && t.told.is_some()
-        {
-            t.feed.file_holds(self.in_file);
-            if let Some(rest) = rest {
-                t.told = None;
-                Reading::hand(t, &rest);
-            }
+        if self.file_stopped() {
+            // The last write failed: its bytes are handed over.
+            self.read_findings(&[]);
         }
-        let found = self.scanner.take().map(Reading::finish);
+        let in_file = self.in_file;
+        let found = self.scanner.take().map(|r| r.finish(in_file));
         (self.render(spill_ok), found)
     }
 
@@ -755,6 +758,15 @@ mod tests {
         log
     }
 
+    /// Pushes `log` to `c` in chunks of `chunk` bytes and ends it.
+    fn capture_log(mut c: Capture, log: &str, chunk: usize) -> (Output, Findings) {
+        for part in log.as_bytes().chunks(chunk) {
+            c.push(part);
+        }
+        let (out, found) = c.finish_with_findings();
+        (out, found.unwrap())
+    }
+
     fn failed_lines(found: &Findings) -> Vec<Option<u32>> {
         found
             .findings
@@ -781,9 +793,9 @@ mod tests {
             }
             assert!(c.spill_capped());
             let (out, found) = c.finish_with_findings();
+            let found = found.unwrap();
             assert_eq!(out.bytes, log.len() as u64);
             assert_eq!(std::fs::read(&path).unwrap().len() as u64, cap);
-            let found = found.unwrap();
             assert_eq!(
                 failed_lines(&found),
                 [Some(1), Some(2), Some(3), Some(4)],
@@ -808,15 +820,11 @@ mod tests {
         ] {
             let dir = tempfile::tempdir().unwrap();
             SPILL_BUDGET.with(|b| b.set(Some(budget)));
-            let mut c =
+            let c =
                 Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
-            for part in log.as_bytes().chunks(chunk) {
-                c.push(part);
-            }
-            let (out, found) = c.finish_with_findings();
+            let (out, found) = capture_log(c, &log, chunk);
             SPILL_BUDGET.with(|b| b.set(None));
             assert!(out.text.contains("could not be kept"), "{}", out.text);
-            let found = found.unwrap();
             assert_eq!(
                 failed_lines(&found),
                 [Some(1), Some(2), Some(3), Some(4)],
@@ -831,16 +839,10 @@ mod tests {
     fn findings_are_read_without_a_spill_file() {
         let log = log_with_failures(4 << 20, [0.01, 0.3, 0.6, 0.9]);
         let dir = tempfile::tempdir().unwrap();
-        let mut c = Capture::new(1000, dir.path().join("missing/out"))
+        let c = Capture::new(1000, dir.path().join("missing/out"))
             .with_findings(Paths::new("/w", "/w"));
-        for part in log.as_bytes().chunks(65536) {
-            c.push(part);
-        }
-        let (_, found) = c.finish_with_findings();
-        assert_eq!(
-            failed_lines(&found.unwrap()),
-            [Some(1), Some(2), Some(3), Some(4)]
-        );
+        let (_, found) = capture_log(c, &log, 65536);
+        assert_eq!(failed_lines(&found), [Some(1), Some(2), Some(3), Some(4)]);
     }
 
     /// A spill file cut short from outside while it is read: the readers skip what is gone,

@@ -483,13 +483,10 @@ mod tests {
         assert_eq!(err, "cannot copy d/key in the upper layer: boom");
         assert!(!err.contains(&root.display().to_string()));
     }
-}
 
-#[cfg(test)]
-mod open_files {
     #[test]
     fn the_open_file_limit_is_raised_to_the_hard_one() {
-        let soft = super::raise_open_files().unwrap();
+        let soft = raise_open_files().unwrap();
         let mut lim = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
