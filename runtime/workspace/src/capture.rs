@@ -9,7 +9,9 @@
 //! thread; a longer stream is read in a thread of its own, so a long log is read beside the
 //! command's run, not in the way of its output. That thread reads what the spill file already
 //! holds (the capture copies nothing for it); past the file's cap, or without a file, the
-//! capture hands it copies of the chunks.
+//! capture hands it copies of the chunks. A stream that reaches the thread before its spill file
+//! is made (an output limit of [`INLINE_READ`] or more) is handed copies until the file is made,
+//! then read from the file.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -107,6 +109,8 @@ struct ReadingThread {
     /// Reading the spill file: up to where the thread was last told it has bytes.
     /// `None`: reading copies handed over.
     told: Option<u64>,
+    /// Bytes of the stream handed over as copies.
+    copied: u64,
     /// Bytes gathered for the next chunk handed over.
     batch: Vec<u8>,
     /// Taken when the readers' findings are: a capture dropped without them stops the thread.
@@ -124,20 +128,32 @@ impl Drop for ReadingThread {
     }
 }
 
-/// What the capture gives its reading thread: the spill file's bytes up to `file_end`, then
-/// (once the file has stopped) chunks.
+/// What the capture gives its reading thread: the stream in order, as stretches of the spill
+/// file and chunks handed over.
 #[derive(Debug, Default)]
 struct Feed {
     state: Mutex<FeedState>,
     cond: Condvar,
 }
 
+/// A stretch of the stream for the reading thread.
+#[derive(Debug)]
+enum Part {
+    /// The stream is in the spill file from where the thread is up to this byte (the last part
+    /// grows as the file does).
+    File(u64),
+    /// Bytes handed over.
+    Chunk(Vec<u8>),
+}
+
 #[derive(Debug, Default)]
 struct FeedState {
-    /// The stream's bytes up to here are in the spill file.
-    file_end: u64,
-    /// Chunks handed over, after the file's bytes.
-    chunks: VecDeque<Vec<u8>>,
+    /// The spill file, once there is one: it holds the stream from its first byte.
+    file: Option<Arc<File>>,
+    /// The stream after what the thread has read, in order.
+    parts: VecDeque<Part>,
+    /// Chunks among the parts.
+    chunks: usize,
     /// Chunks read, for reuse.
     spare: Vec<Vec<u8>>,
     /// The stream has ended.
@@ -154,25 +170,33 @@ impl Feed {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The spill file holds the stream up to `end`.
-    fn file_holds(&self, end: u64) {
+    /// The spill file holds the stream up to `end`: what follows the parts before is read from
+    /// it (from `file`, when the thread does not have it yet).
+    fn file_holds(&self, end: u64, file: Option<&Arc<File>>) {
         let mut st = self.lock();
-        st.file_end = st.file_end.max(end);
+        if let Some(f) = file {
+            st.file.get_or_insert_with(|| f.clone());
+        }
+        match st.parts.back_mut() {
+            Some(Part::File(e)) => *e = (*e).max(end),
+            _ => st.parts.push_back(Part::File(end)),
+        }
         drop(st);
         self.cond.notify_all();
     }
 
-    /// Hands over a chunk (after the file's bytes), waiting while [`HANDOFF_DEPTH`] are unread.
+    /// Hands over a chunk (after the parts before), waiting while [`HANDOFF_DEPTH`] are unread.
     fn hand(&self, mut chunk: Vec<u8>) -> Vec<u8> {
         let mut st = self.lock();
-        while st.chunks.len() >= HANDOFF_DEPTH && !st.gone {
+        while st.chunks >= HANDOFF_DEPTH && !st.gone {
             st = self.cond.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         if st.gone {
             chunk.clear();
             return chunk;
         }
-        st.chunks.push_back(chunk);
+        st.chunks += 1;
+        st.parts.push_back(Part::Chunk(chunk));
         let next = st.spare.pop();
         drop(st);
         self.cond.notify_all();
@@ -204,13 +228,10 @@ impl Reading {
     /// on from byte `from` of the stream: from the spill file `file` while it has them.
     fn hand_off(scanner: Box<Scanner>, from: u64, file: Option<(Arc<File>, u64)>) -> Reading {
         let told = file.as_ref().map(|(_, end)| *end);
-        let feed = Arc::new(Feed {
-            state: Mutex::new(FeedState {
-                file_end: told.unwrap_or(from),
-                ..FeedState::default()
-            }),
-            cond: Condvar::new(),
-        });
+        let feed = Arc::new(Feed::default());
+        if let Some((f, end)) = &file {
+            feed.file_holds(*end, Some(f));
+        }
         // The readers go over once the thread runs: a thread that cannot start leaves them here.
         let (give, take) = std::sync::mpsc::channel::<Box<Scanner>>();
         let theirs = feed.clone();
@@ -221,13 +242,14 @@ impl Reading {
                 let Ok(s) = take.recv() else {
                     return Findings::default();
                 };
-                read_feed(s, &gone.0, from, file.map(|(f, _)| f))
+                read_feed(s, &gone.0, from)
             });
         match spawned {
             Ok(done) => match give.send(scanner) {
                 Ok(()) => Reading::Thread(Box::new(ReadingThread {
                     feed,
                     told,
+                    copied: 0,
                     batch: Vec::with_capacity(HANDOFF_CHUNK * 2),
                     done: Some(done),
                 })),
@@ -239,6 +261,7 @@ impl Reading {
 
     /// Hands `data` over to the thread (in chunks of [`HANDOFF_CHUNK`]).
     fn hand(t: &mut ReadingThread, data: &[u8]) {
+        t.copied += data.len() as u64;
         t.batch.extend_from_slice(data);
         if t.batch.len() >= HANDOFF_CHUNK {
             let full = std::mem::take(&mut t.batch);
@@ -255,7 +278,7 @@ impl Reading {
             Reading::Moving => Findings::default(),
             Reading::Thread(mut t) => {
                 if t.told.is_some() {
-                    t.feed.file_holds(file_end);
+                    t.feed.file_holds(file_end, None);
                 }
                 let batch = std::mem::take(&mut t.batch);
                 if !batch.is_empty() {
@@ -271,11 +294,11 @@ impl Reading {
     }
 }
 
-/// The reading thread: the stream from byte `pos`, first from `file` (up to where the feed says
-/// it holds the stream), then the chunks handed over.
-fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64, file: Option<Arc<File>>) -> Findings {
+/// The reading thread: the stream from byte `pos`, its parts in order (a stretch of the spill
+/// file is read from it as far as the capture says it holds the stream).
+fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
     enum Next {
-        File(u64),
+        File(u64, Option<Arc<File>>),
         Chunk(Vec<u8>),
         End,
     }
@@ -287,20 +310,27 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64, file: Option<Arc<Fi
                 if st.dropped {
                     return Findings::default();
                 }
-                if st.file_end > pos {
-                    break Next::File(st.file_end);
-                }
-                if let Some(c) = st.chunks.pop_front() {
-                    break Next::Chunk(c);
-                }
-                if st.ended {
-                    break Next::End;
+                match st.parts.front() {
+                    Some(Part::File(end)) if *end > pos => break Next::File(*end, st.file.clone()),
+                    // A stretch read to its end, with more after it.
+                    Some(Part::File(_)) if st.parts.len() > 1 => {
+                        st.parts.pop_front();
+                        continue;
+                    }
+                    Some(Part::Chunk(_)) => {
+                        st.chunks -= 1;
+                        if let Some(Part::Chunk(c)) = st.parts.pop_front() {
+                            break Next::Chunk(c);
+                        }
+                    }
+                    _ if st.ended => break Next::End,
+                    _ => {}
                 }
                 st = feed.cond.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
         match next {
-            Next::File(end) => {
+            Next::File(end, file) => {
                 let want = (end - pos).min(HANDOFF_CHUNK as u64) as usize;
                 match file.as_ref().map(|f| f.read_at(&mut buf[..want], pos)) {
                     Some(Ok(n)) if n > 0 => {
@@ -314,6 +344,7 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64, file: Option<Arc<Fi
             }
             Next::Chunk(mut c) => {
                 s.feed(&c);
+                pos += c.len() as u64;
                 c.clear();
                 let mut st = feed.lock();
                 if st.spare.len() < 2 {
@@ -535,20 +566,28 @@ impl Capture {
             return;
         }
         let Reading::Thread(t) = reading else { return };
-        match (t.told, rest) {
-            (_, Some(rest)) => {
+        match (t.told, rest, self.spill.as_ref()) {
+            (_, Some(rest), _) => {
                 // The file has stopped: what follows its bytes is handed over.
-                t.feed.file_holds(self.in_file);
+                t.feed.file_holds(self.in_file, None);
                 t.told = None;
                 Reading::hand(t, &rest);
             }
-            (Some(told), None) => {
+            (Some(told), None, _) => {
                 if self.in_file >= told + HANDOFF_CHUNK as u64 {
-                    t.feed.file_holds(self.in_file);
+                    t.feed.file_holds(self.in_file, None);
                     t.told = Some(self.in_file);
                 }
             }
-            (None, None) => Reading::hand(t, data),
+            // The spill file was made after the readers moved (it holds the stream from its
+            // first byte): the thread reads it after the copies it was handed, and what is
+            // gathered for the next copy is in it.
+            (None, None, Some(sp)) => {
+                t.batch.clear();
+                t.feed.file_holds(self.in_file, Some(&sp.file));
+                t.told = Some(self.in_file);
+            }
+            (None, None, _) => Reading::hand(t, data),
         }
     }
 
@@ -800,6 +839,51 @@ mod tests {
                 failed_lines(&found),
                 [Some(1), Some(2), Some(3), Some(4)],
                 "chunks of {chunk}"
+            );
+            assert_eq!(found.tests.map(|t| t.failed), Some(4));
+        }
+    }
+
+    /// An output limit of [`INLINE_READ`] or more: the readers move to their thread before the
+    /// spill file is made, are handed copies until it is, then read the file. Nothing is
+    /// missed or read twice, and past the limit nothing more is copied.
+    #[test]
+    fn readers_that_move_before_the_spill_file_is_made_read_it_once_it_is() {
+        let log = log_with_failures(6 << 20, [0.05, 0.3, 0.55, 0.9]);
+        let mb = INLINE_READ as usize;
+        for (limit, chunk) in [
+            (mb, 65536usize),
+            (mb, 4093),
+            (mb + 100, 65536),
+            (3 * mb, 65536),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("out");
+            let mut c = Capture::new(limit, path.clone()).with_findings(Paths::new("/w", "/w"));
+            for part in log.as_bytes().chunks(chunk) {
+                c.push(part);
+            }
+            let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
+                panic!("the readers did not move to their thread");
+            };
+            assert!(
+                t.told.is_some(),
+                "limit {limit}, chunks of {chunk}: the readers do not read the file"
+            );
+            let most = (limit as u64 + chunk as u64).saturating_sub(INLINE_READ);
+            assert!(
+                t.copied <= most,
+                "limit {limit}, chunks of {chunk}: {} bytes copied, at most {most} expected",
+                t.copied
+            );
+            let (out, found) = c.finish_with_findings();
+            let found = found.unwrap();
+            assert_eq!(out.bytes, log.len() as u64);
+            assert_eq!(std::fs::read(&path).unwrap().len(), log.len());
+            assert_eq!(
+                failed_lines(&found),
+                [Some(1), Some(2), Some(3), Some(4)],
+                "limit {limit}, chunks of {chunk}"
             );
             assert_eq!(found.tests.map(|t| t.failed), Some(4));
         }
