@@ -366,6 +366,25 @@ pub fn bound_excerpt(s: &str) -> String {
 /// Most patterns in one group of the jump search ([`Scanner`]).
 const JUMP_GROUP: usize = 64;
 
+/// Words the jump search looks for in place of every anchor holding one ([`jump_patterns`]):
+/// the jump only finds the next line holding an anchor, and a line holding an anchor holds
+/// every word of it, so fewer patterns find the same lines (and a few more, which the search
+/// of the line for the anchors themselves then passes over). Each is a word the anchors share
+/// and common log lines seldom hold: one a log line holds (pytest's `::`, cargo's `test `)
+/// would stop the jump at every line.
+///
+/// Not `PASS` (pytest -v's `PASSED` on every line: jest's anchor is `PASS `), nor `.py:`
+/// (pytest's node ids: ruff's anchors are `.py:` and a digit).
+const JUMP_WORDS: &[&str] = &[
+    "FAIL", "SKIP", "ERROR", "error", "warning", "note:", "failed", "passed", "skipped", "Tests",
+    "=== ", "pyi:", "no test",
+];
+
+/// The bytes of a pattern Teddy fingerprints (at most; a group's shortest pattern sets them for
+/// all). A group fingerprinted on 3 bytes stops at many more places that hold none of its
+/// patterns: jest's `✓` on every line of its log did, read at half the speed.
+const TEDDY_MASK: usize = 4;
+
 /// Most bytes of the line before kept for [`Line::previous`].
 pub const MAX_PREVIOUS: usize = 1024;
 
@@ -412,10 +431,11 @@ struct Anchors {
     /// Anchor pattern id -> the readers (by index) that gave it.
     owners: Vec<Vec<usize>>,
     search: Option<AhoCorasick>,
-    /// The same patterns in groups of at most [`JUMP_GROUP`], for the jump to the next line
-    /// holding one: a group that small is searched with a vectorised prefilter (Teddy), where
-    /// all of them at once fall back to a byte-at-a-time automaton (1.5x slower on a cargo test
-    /// log, docs/findings.md). The groups are of one size ([`jump_groups`]).
+    /// For the jump to the next line holding an anchor: [`jump_patterns`] in groups of at most
+    /// [`JUMP_GROUP`]. A group that small is searched with a vectorised prefilter (Teddy),
+    /// where all of them at once fall back to a byte-at-a-time automaton (1.5x slower on a
+    /// cargo test log, docs/findings.md). The groups are of one size ([`jump_groups`]), and the
+    /// patterns under [`TEDDY_MASK`] bytes are a group of their own.
     jump: Vec<AhoCorasick>,
 }
 
@@ -435,7 +455,11 @@ impl Anchors {
             }
         }
         let search = AhoCorasick::new(&patterns).ok();
-        let jump = jump_groups(&patterns)
+        let words = jump_patterns(&patterns);
+        let (long, short): (Vec<&str>, Vec<&str>) =
+            words.iter().partition(|w| w.len() >= TEDDY_MASK);
+        let jump = jump_groups(&long)
+            .chain(jump_groups(&short).filter(|g| !g.is_empty()))
             .filter_map(|g| {
                 // Leftmost-first: the leftmost match's start is all the jump needs, and only
                 // leftmost searches get the vectorised prefilter.
@@ -451,6 +475,24 @@ impl Anchors {
             jump,
         }
     }
+}
+
+/// What the jump search looks for to find every line holding one of `anchors`: each anchor's
+/// [`JUMP_WORDS`] word when it holds one, else the anchor itself; once each, in the anchors'
+/// order.
+fn jump_patterns<'a>(anchors: &[&'a str]) -> Vec<&'a str> {
+    let mut out: Vec<&'a str> = Vec::new();
+    for &a in anchors {
+        let p = JUMP_WORDS
+            .iter()
+            .copied()
+            .find(|w| a.contains(w))
+            .unwrap_or(a);
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// `patterns` in as few groups of at most [`JUMP_GROUP`] as they need, of one size (the last
@@ -786,7 +828,49 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         let jump = &Anchors::new(&readers()).jump;
-        assert_eq!(jump.len(), all.len().div_ceil(JUMP_GROUP));
+        let words = jump_patterns(&all);
+        let short = words.iter().filter(|w| w.len() < TEDDY_MASK).count();
+        assert!(short > 0, "the short patterns' group is not tried");
+        assert_eq!(
+            jump.len(),
+            (words.len() - short).div_ceil(JUMP_GROUP) + 1,
+            "{words:?}"
+        );
+    }
+
+    /// Every anchor holds one of the jump's patterns (so the jump stops at every line holding
+    /// an anchor), each pattern is there once, and the words make them fewer.
+    #[test]
+    fn every_anchor_holds_a_pattern_of_the_jump() {
+        let mut all: Vec<&str> = readers()
+            .iter()
+            .flat_map(|r| r.anchors().iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        let jump = jump_patterns(&all);
+        for a in &all {
+            assert!(jump.iter().any(|p| a.contains(p)), "{a:?} holds no pattern");
+        }
+        let mut unique = jump.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), jump.len());
+        assert!(
+            jump.len() <= 2 * all.len() / 3,
+            "{} of {}",
+            jump.len(),
+            all.len()
+        );
+        // A word no anchor holds is not searched for; a common line holds none of them.
+        for line in [
+            "tests/test_mod.py::test_something_works PASSED                        [ 42%]",
+            "test foo::bar::baz_works ... ok",
+            "  \u{2713} does the thing (3 ms)",
+        ] {
+            assert!(!jump.iter().any(|p| line.contains(p)), "{line}");
+        }
+        assert_eq!(jump_patterns(&["abc", "FAILED", "xFAIL"]), ["abc", "FAIL"]);
     }
 
     /// Records the lines it is given.
