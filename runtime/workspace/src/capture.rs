@@ -89,6 +89,34 @@ const HANDOFF_CHUNK: usize = 256 * 1024;
 /// memory a stream's reading holds is bounded by these; what it reads from the spill file
 /// costs none).
 const HANDOFF_DEPTH: usize = 8;
+/// How much lower the readers' thread runs than the capture (nice values, up to 19): the
+/// command and the capture get a core whenever they wake, and the readers the time between.
+/// At the same priority, on two cores busy with `cat` of a 100 MB log and its capture, the
+/// readers delayed both at every wake-up and made the exec 1.34x as long as without them;
+/// 10 lower, 0.98x (BENCHMARKS.md, findings; docs/decisions.md).
+const READERS_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's priority by [`READERS_NICE`]; gives the nice value it had.
+fn lower_priority() -> Option<libc::c_int> {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority and setpriority touch no memory; a thread's id names the thread.
+    let was = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if was == -1 && nix::errno::Errno::last_raw() != 0 {
+        return None;
+    }
+    let lower = (was + READERS_NICE).min(19);
+    // SAFETY: as above.
+    (unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, lower) } == 0).then_some(was)
+}
+
+/// Gives the calling thread back the nice value `was` (allowed where the process may raise a
+/// priority, as a supervisor run by root may; elsewhere it stays lower).
+fn restore_priority(was: libc::c_int) {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    // SAFETY: as above.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, was) };
+}
 
 /// Where a stream's findings are read.
 #[derive(Debug)]
@@ -163,6 +191,8 @@ struct FeedState {
     /// The thread has ended (it can only have panicked before the stream's end): what is
     /// handed over is dropped, not waited on.
     gone: bool,
+    /// The reading thread's id, once it runs.
+    tid: Option<libc::pid_t>,
 }
 
 impl Feed {
@@ -239,6 +269,7 @@ impl Reading {
             .name("findings".into())
             .spawn(move || {
                 let gone = Gone(theirs);
+                gone.0.lock().tid = Some(nix::unistd::gettid().as_raw());
                 let Ok(s) = take.recv() else {
                     return Findings::default();
                 };
@@ -296,6 +327,8 @@ impl Reading {
 
 /// The reading thread: the stream from byte `pos`, its parts in order (a stretch of the spill
 /// file is read from it as far as the capture says it holds the stream).
+/// It reads at a lower priority until the stream has ended, then at its own where it may (what
+/// is left is all that keeps the exec's answer).
 fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
     enum Next {
         File(u64, Option<Arc<File>>),
@@ -303,12 +336,18 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
         End,
     }
     let mut buf = vec![0u8; HANDOFF_CHUNK];
+    let mut lowered = lower_priority();
     loop {
         let next = {
             let mut st = feed.lock();
             loop {
                 if st.dropped {
                     return Findings::default();
+                }
+                if st.ended
+                    && let Some(was) = lowered.take()
+                {
+                    restore_priority(was);
                 }
                 match st.parts.front() {
                     Some(Part::File(end)) if *end > pos => break Next::File(*end, st.file.clone()),
@@ -983,6 +1022,53 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    /// A thread's nice value, from /proc.
+    fn nice_of(tid: libc::pid_t) -> i64 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        // Fields from the third (state) on: nice is the 19th field of the line.
+        after.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    /// The readers' thread reads at a lower priority than the capture's while the stream runs,
+    /// so the command and the capture get a core whenever they wake.
+    #[test]
+    fn the_readers_thread_reads_at_a_lower_priority() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c =
+            Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
+        let line = b"test m::ok ... ok\n".repeat(4096);
+        while c.bytes() < 2 * INLINE_READ {
+            c.push(&line);
+        }
+        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
+            panic!("the readers did not move to their thread");
+        };
+        let feed = t.feed.clone();
+        let t0 = std::time::Instant::now();
+        let tid = loop {
+            if let Some(tid) = feed.lock().tid {
+                break tid;
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let own = nice_of(nix::unistd::gettid().as_raw());
+        let want = (own + i64::from(READERS_NICE)).min(19);
+        // The thread lowers itself as it starts reading.
+        while nice_of(tid) != want {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the readers' thread runs at nice {}, not {want}",
+                nice_of(tid)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        c.push(b"test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured\n");
+        let (_, found) = c.finish_with_findings();
+        assert_eq!(found.unwrap().tests.map(|t| t.failed), Some(1));
     }
 
     #[test]
