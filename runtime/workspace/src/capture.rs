@@ -326,9 +326,9 @@ impl Reading {
 }
 
 /// The reading thread: the stream from byte `pos`, its parts in order (a stretch of the spill
-/// file is read from it as far as the capture says it holds the stream).
-/// It reads at a lower priority until the stream has ended, then at its own where it may (what
-/// is left is all that keeps the exec's answer).
+/// file is read from it as far as the capture says it holds the stream). It reads at a lower
+/// priority until the stream has ended, then at its own where it may (what is left is all that
+/// keeps the exec's answer).
 fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
     enum Next {
         File(u64, Option<Arc<File>>),
@@ -357,8 +357,8 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
                         continue;
                     }
                     Some(Part::Chunk(_)) => {
-                        st.chunks -= 1;
                         if let Some(Part::Chunk(c)) = st.parts.pop_front() {
+                            st.chunks -= 1;
                             break Next::Chunk(c);
                         }
                     }
