@@ -158,6 +158,8 @@ pub fn cost(a: &CostArgs) -> Result<Value> {
             "exec_own_ms_on": stats::median(&own_on),
             "exec_own_ms_off": stats::median(&own_off),
             "ratio": m_on / m_off,
+            // Robust to the machine's drift within a run: each pair ran back to back.
+            "ratio_pairs": stats::median(&ratios),
             "ratio_min": ratios.iter().cloned().fold(f64::INFINITY, f64::min),
             "ratio_max": ratios.iter().cloned().fold(0.0, f64::max),
         }));
