@@ -459,7 +459,7 @@ impl Anchors {
         let (long, short): (Vec<&str>, Vec<&str>) =
             words.iter().partition(|w| w.len() >= TEDDY_MASK);
         let jump = jump_groups(&long)
-            .chain(jump_groups(&short).filter(|g| !g.is_empty()))
+            .chain(jump_groups(&short))
             .filter_map(|g| {
                 // Leftmost-first: the leftmost match's start is all the jump needs, and only
                 // leftmost searches get the vectorised prefilter.
@@ -808,6 +808,17 @@ mod tests {
         assert!(!Arc::ptr_eq(&a.anchors, &c.anchors));
     }
 
+    /// Every reader's anchors, once each.
+    fn all_anchors() -> Vec<&'static str> {
+        let mut all: Vec<&str> = readers()
+            .iter()
+            .flat_map(|r| r.anchors().iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// The jump's groups: as few as the patterns need, each at most [`JUMP_GROUP`], of one size.
     #[test]
     fn the_jumps_groups_are_as_few_as_needed_and_even() {
@@ -821,12 +832,7 @@ mod tests {
         assert_eq!(sizes(65), [33, 32]);
         assert_eq!(sizes(94), [47, 47]);
         assert_eq!(sizes(129), [43, 43, 43]);
-        let mut all: Vec<&str> = readers()
-            .iter()
-            .flat_map(|r| r.anchors().iter().copied())
-            .collect();
-        all.sort_unstable();
-        all.dedup();
+        let all = all_anchors();
         let jump = &Anchors::new(&readers()).jump;
         let words = jump_patterns(&all);
         let short = words.iter().filter(|w| w.len() < TEDDY_MASK).count();
@@ -842,12 +848,7 @@ mod tests {
     /// an anchor), each pattern is there once, and the words make them fewer.
     #[test]
     fn every_anchor_holds_a_pattern_of_the_jump() {
-        let mut all: Vec<&str> = readers()
-            .iter()
-            .flat_map(|r| r.anchors().iter().copied())
-            .collect();
-        all.sort_unstable();
-        all.dedup();
+        let all = all_anchors();
         let jump = jump_patterns(&all);
         for a in &all {
             assert!(jump.iter().any(|p| a.contains(p)), "{a:?} holds no pattern");

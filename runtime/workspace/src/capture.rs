@@ -200,13 +200,16 @@ impl Feed {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The spill file is `file`, which holds the stream up to `end`.
+    fn file_made(&self, file: &Arc<File>, end: u64) {
+        self.lock().file.get_or_insert_with(|| file.clone());
+        self.file_holds(end);
+    }
+
     /// The spill file holds the stream up to `end`: what follows the parts before is read from
-    /// it (from `file`, when the thread does not have it yet).
-    fn file_holds(&self, end: u64, file: Option<&Arc<File>>) {
+    /// it.
+    fn file_holds(&self, end: u64) {
         let mut st = self.lock();
-        if let Some(f) = file {
-            st.file.get_or_insert_with(|| f.clone());
-        }
         match st.parts.back_mut() {
             Some(Part::File(e)) => *e = (*e).max(end),
             _ => st.parts.push_back(Part::File(end)),
@@ -260,7 +263,7 @@ impl Reading {
         let told = file.as_ref().map(|(_, end)| *end);
         let feed = Arc::new(Feed::default());
         if let Some((f, end)) = &file {
-            feed.file_holds(*end, Some(f));
+            feed.file_made(f, *end);
         }
         // The readers go over once the thread runs: a thread that cannot start leaves them here.
         let (give, take) = std::sync::mpsc::channel::<Box<Scanner>>();
@@ -309,7 +312,7 @@ impl Reading {
             Reading::Moving => Findings::default(),
             Reading::Thread(mut t) => {
                 if t.told.is_some() {
-                    t.feed.file_holds(file_end, None);
+                    t.feed.file_holds(file_end);
                 }
                 let batch = std::mem::take(&mut t.batch);
                 if !batch.is_empty() {
@@ -608,13 +611,13 @@ impl Capture {
         match (t.told, rest, self.spill.as_ref()) {
             (_, Some(rest), _) => {
                 // The file has stopped: what follows its bytes is handed over.
-                t.feed.file_holds(self.in_file, None);
+                t.feed.file_holds(self.in_file);
                 t.told = None;
                 Reading::hand(t, &rest);
             }
             (Some(told), None, _) => {
                 if self.in_file >= told + HANDOFF_CHUNK as u64 {
-                    t.feed.file_holds(self.in_file, None);
+                    t.feed.file_holds(self.in_file);
                     t.told = Some(self.in_file);
                 }
             }
@@ -623,7 +626,7 @@ impl Capture {
             // gathered for the next copy is in it.
             (None, None, Some(sp)) => {
                 t.batch.clear();
-                t.feed.file_holds(self.in_file, Some(&sp.file));
+                t.feed.file_made(&sp.file, self.in_file);
                 t.told = Some(self.in_file);
             }
             (None, None, _) => Reading::hand(t, data),
@@ -998,13 +1001,10 @@ mod tests {
         assert_eq!(failed_lines(&found.unwrap()).first(), Some(&Some(1)));
     }
 
-    /// A capture dropped without its findings stops its readers' thread (it would otherwise
-    /// wait for the rest of the stream for ever, holding the spill file open).
-    #[test]
-    fn a_capture_dropped_without_its_findings_stops_its_reading() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut c =
-            Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
+    /// A capture in `dir` whose readers have moved to their thread (2 MiB of passing tests
+    /// pushed), and the thread's feed.
+    fn read_in_their_thread(dir: &std::path::Path) -> (Capture, Arc<Feed>) {
+        let mut c = Capture::new(1000, dir.join("out")).with_findings(Paths::new("/w", "/w"));
         let line = b"test m::ok ... ok\n".repeat(4096);
         while c.bytes() < 2 * INLINE_READ {
             c.push(&line);
@@ -1013,6 +1013,15 @@ mod tests {
             panic!("the readers did not move to their thread");
         };
         let feed = t.feed.clone();
+        (c, feed)
+    }
+
+    /// A capture dropped without its findings stops its readers' thread (it would otherwise
+    /// wait for the rest of the stream for ever, holding the spill file open).
+    #[test]
+    fn a_capture_dropped_without_its_findings_stops_its_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, feed) = read_in_their_thread(dir.path());
         drop(c.finish());
         let t0 = std::time::Instant::now();
         while !feed.lock().gone {
@@ -1037,16 +1046,7 @@ mod tests {
     #[test]
     fn the_readers_thread_reads_at_a_lower_priority() {
         let dir = tempfile::tempdir().unwrap();
-        let mut c =
-            Capture::new(1000, dir.path().join("out")).with_findings(Paths::new("/w", "/w"));
-        let line = b"test m::ok ... ok\n".repeat(4096);
-        while c.bytes() < 2 * INLINE_READ {
-            c.push(&line);
-        }
-        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
-            panic!("the readers did not move to their thread");
-        };
-        let feed = t.feed.clone();
+        let (mut c, feed) = read_in_their_thread(dir.path());
         let t0 = std::time::Instant::now();
         let tid = loop {
             if let Some(tid) = feed.lock().tid {

@@ -368,26 +368,12 @@ impl Node {
 /// several for each sandbox. [`Tree::open`] calls it once per process; what a sandbox's command
 /// may open is its policy's `RLIMIT_NOFILE`, set in the sandbox.
 pub fn raise_open_files() -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is valid for writes.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
     }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: `raised` is a valid rlimit, read only.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        lim = raised;
-    }
-    Ok(lim.rlim_cur)
+    Ok(hard)
 }
 
 #[cfg(test)]
@@ -487,13 +473,9 @@ mod tests {
     #[test]
     fn the_open_file_limit_is_raised_to_the_hard_one() {
         let soft = raise_open_files().unwrap();
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `lim` is valid for writes.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!(lim.rlim_cur, soft);
-        assert_eq!(lim.rlim_cur, lim.rlim_max);
+        let (cur, max) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        assert_eq!(cur, soft);
+        assert_eq!(cur, max);
     }
 }
