@@ -75,7 +75,7 @@
 #            (BENCH_FINDINGS_MB) with one failing test in its middle, written by a generator
 #            (scripts/findings_log.py) and by `cat`,
 #            through two supervisors of this build, one started with TASKBOX_FINDINGS=off, in
-#            BENCH_FINDINGS_ROUNDS (41) alternating rounds: the exec's time through the API with
+#            BENCH_FINDINGS_ROUNDS (101) alternating rounds: the exec's time through the API with
 #            findings over without (target: under 1.05; the ratio of the medians, and the median
 #            of the rounds' ratios beside it). Text: the fixture projects of
 #            tests/fixtures/findings and a 1 MB log, each result rendered as the model reads it
@@ -1508,10 +1508,10 @@ bench_findings() {
   serve_start findings-on
   on_sock=$SERVE_SOCK on_pid=$SERVE_PID
   TASKBOX_FINDINGS=off serve_start findings-off
-  log "findings: the cost of reading them on a ${mb} MB test log (${BENCH_FINDINGS_ROUNDS:-41} alternating rounds)"
+  log "findings: the cost of reading them on a ${mb} MB test log (${BENCH_FINDINGS_ROUNDS:-101} alternating rounds)"
   "$BENCH_CLIENT" findings-cost --socket "$on_sock" --socket-off "$SERVE_SOCK" --workspace "$ws" \
     --command "generator=python3 findings_log.py --mb $mb" --command "cat=cat test.log" \
-    --expect adds_two --rounds "${BENCH_FINDINGS_ROUNDS:-41}" >"$SCRATCH/findings-cost.json"
+    --expect adds_two --rounds "${BENCH_FINDINGS_ROUNDS:-101}" >"$SCRATCH/findings-cost.json"
   serve_stop
   log "findings: what the model reads, findings first against head and tail alone"
   local cases=("long log (1 MB, cargo test)|$ws|cat short.log|adds_two|src/calc.rs:12")
