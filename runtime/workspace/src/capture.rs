@@ -88,9 +88,9 @@ const HANDOFF_CHUNK: usize = 256 * 1024;
 /// How much the spill file gains before the readers' thread is told: each telling wakes a
 /// thread that has caught up, and on two cores busy with `cat` of a 100 MB log and its
 /// capture, telling every 256 KiB made the exec 1.07x as long with findings as without, every
-/// 4 MiB 0.99x to 1.04x (and 0.94x of the exec told every 256 KiB, alternating; telling every
-/// sixteenth of the stream so far, up to 4 MiB, measured between: BENCHMARKS.md, findings).
-/// What the thread has not been told is read once the stream has ended, at its own priority.
+/// 4 MiB 0.99x to 1.04x (0.955x of the exec told every 256 KiB, the two alternating; telling
+/// every sixteenth of the stream so far, up to 4 MiB, 1.07x: BENCHMARKS.md, findings). What
+/// the thread has not been told of is read once the stream has ended, at its own priority.
 const TELL_STEP: u64 = 4 << 20;
 /// Chunks handed over and not yet read: when the thread falls behind, the capture waits (the
 /// memory a stream's reading holds is bounded by these; what it reads from the spill file
