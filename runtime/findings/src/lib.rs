@@ -374,11 +374,16 @@ const JUMP_GROUP: usize = 64;
 /// and common log lines seldom hold: one a log line holds (pytest's `::`, cargo's `test `)
 /// would stop the jump at every line.
 ///
-/// Not `PASS` (pytest -v's `PASSED` on every line: jest's anchor is `PASS `), nor `.py:`
-/// (pytest's node ids: ruff's anchors are `.py:` and a digit).
+/// Not `PASS` (pytest -v's `PASSED` on every line), nor `.py:` (pytest's node ids: ruff's
+/// anchors are `.py:` and a digit). `ASS ` stands for jest's `PASS ` alone, to move the first
+/// bytes Teddy fingerprints ([`TEDDY_MASK`]) off `PASSED`: a position whose fingerprint
+/// matches is checked against each pattern of its bucket, and `PASS` matched on every line of
+/// a `pytest -v` log (read at 1.7 GB/s instead of 1.2 without it). `py:1` to `py:9` for ruff's
+/// anchors, likewise, made a `cargo test` log's lines match other patterns' fingerprints
+/// (Teddy's are per nibble and bucket) and read it at a third of the speed.
 const JUMP_WORDS: &[&str] = &[
     "FAIL", "SKIP", "ERROR", "error", "warning", "note:", "failed", "passed", "skipped", "Tests",
-    "=== ", "pyi:", "no test",
+    "=== ", "pyi:", "no test", "ASS ",
 ];
 
 /// The bytes of a pattern Teddy fingerprints (at most; a group's shortest pattern sets them for
@@ -895,13 +900,23 @@ mod tests {
             jump.len(),
             all.len()
         );
-        // A word no anchor holds is not searched for; a common line holds none of them.
+        // A word no anchor holds is not searched for; a common line holds none of them, nor
+        // the first TEDDY_MASK bytes of any (the fingerprint, checked against the pattern at
+        // every position it matches), but for ruff's `.py:` and a digit (JUMP_WORDS says why).
         for line in [
             "tests/test_mod.py::test_something_works PASSED                        [ 42%]",
             "test foo::bar::baz_works ... ok",
             "  \u{2713} does the thing (3 ms)",
         ] {
             assert!(!jump.iter().any(|p| line.contains(p)), "{line}");
+            let prints: Vec<&&str> = jump
+                .iter()
+                .filter(|p| !p.starts_with(".py:"))
+                .filter(|p| {
+                    memchr::memmem::find(line.as_bytes(), &p.as_bytes()[..TEDDY_MASK]).is_some()
+                })
+                .collect();
+            assert!(prints.is_empty(), "{line}: {prints:?}");
         }
         assert_eq!(jump_patterns(&["abc", "FAILED", "xFAIL"]), ["abc", "FAIL"]);
         // Every pattern is fingerprinted on its first TEDDY_MASK bytes: a shorter one would be
