@@ -418,10 +418,9 @@ pub struct Scanner {
     /// Scratch: which readers an anchor of the current line names.
     hit: Vec<bool>,
     /// Which readers want every line ([`Reader::wants_all`], as each said after its last
-    /// line), and how many: asking each reader at every line cost a third of the time of a
-    /// log whose every line holds an anchor (`go test -v`).
+    /// line): asking each reader at every line cost a third of the time of a log whose every
+    /// line holds an anchor (`go test -v`).
     wants: Vec<bool>,
-    wanting: usize,
     text: String,
     /// The end of the last line of the previous chunk ([`Line::previous`]).
     last: Vec<u8>,
@@ -536,11 +535,9 @@ impl Scanner {
         let jump = anchors.jump.len();
         let jump_cache = vec![(usize::MAX, None); jump];
         let n = readers.len();
-        let wants: Vec<bool> = readers.iter().map(|r| r.wants_all()).collect();
-        let wanting = wants.iter().filter(|w| **w).count();
+        let wants = readers.iter().map(|r| r.wants_all()).collect();
         Scanner {
             wants,
-            wanting,
             readers,
             anchors,
             jump_cache,
@@ -657,12 +654,17 @@ impl Scanner {
         self.last.extend_from_slice(last);
     }
 
+    /// Some reader is inside a block of its own and wants every line.
+    fn in_block(&self) -> bool {
+        self.wants.contains(&true)
+    }
+
     /// Whole lines of `chunk`, after the line `before`.
     fn lines_of(&mut self, chunk: &[u8], before: &[u8]) {
         self.jump_cache.fill((usize::MAX, None));
         let mut pos = 0;
         while pos < chunk.len() {
-            if self.wanting == 0 {
+            if !self.in_block() {
                 let next = self.next_anchor(chunk, pos);
                 let Some(at) = next else {
                     self.number += memchr::memchr_iter(b'\n', &chunk[pos..]).count() as u64;
@@ -717,7 +719,7 @@ impl Scanner {
                 }
             }
         }
-        if !any && self.wanting == 0 {
+        if !any && !self.in_block() {
             return;
         }
         clean_line(raw, &mut self.text);
@@ -729,15 +731,7 @@ impl Scanner {
         for (i, r) in self.readers.iter_mut().enumerate() {
             if self.hit[i] || self.wants[i] {
                 r.line(l, &mut self.sink);
-                let wants = r.wants_all();
-                if wants != self.wants[i] {
-                    self.wants[i] = wants;
-                    if wants {
-                        self.wanting += 1;
-                    } else {
-                        self.wanting -= 1;
-                    }
-                }
+                self.wants[i] = r.wants_all();
             }
             self.hit[i] = false;
         }

@@ -41,7 +41,7 @@ impl Reader for Vitest {
     fn anchors(&self) -> &'static [&'static str] {
         // Two `⎯`: vitest pads its banners and closers with many (to the width of a terminal,
         // 80 without one), and the pattern's six bytes join the jump's one search where a
-        // single `⎯`'s three were a search of their own over every byte (docs/findings.md).
+        // single `⎯`'s three were a search of their own over every byte (docs/decisions.md).
         &["\u{23af}\u{23af}", " FAIL ", " Tests "]
     }
 
