@@ -11,7 +11,9 @@
 //! that hold one of a reader's [`Reader::anchors`], and only those lines reach the readers, except
 //! a reader inside a block of its own ([`Reader::wants_all`]), which sees every line until it
 //! leaves it. So a 200 MB log costs one pass of that search and memory of a chunk, whatever its
-//! contents. Output no reader recognises gives no findings, and a reader never fails: what it
+//! contents. A log whose every line holds an anchor (`go test -v`: two lines a test) would cost
+//! a search and a reading per line: the lines a runner prints for each test that passes are
+//! taken as runs by their reader ([`Reader::skim`]), without either. Output no reader recognises gives no findings, and a reader never fails: what it
 //! cannot parse it leaves out.
 //!
 //! What a reader reports goes through a [`Sink`], which bounds every field (a finding's
@@ -88,6 +90,25 @@ pub trait Reader: Send {
 
     /// One line: one that holds an anchor, or any while [`Reader::wants_all`].
     fn line(&mut self, line: Line<'_>, sink: &mut Sink);
+
+    /// Starts of lines (after spaces) that this reader can take many at a time
+    /// ([`Reader::skim`]): the lines a runner prints for every test that passes, each holding
+    /// an anchor of its own, which would otherwise each be searched and read.
+    fn skims(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The lines at the start of `lines` (whole lines, each ending in a newline) that this
+    /// reader takes as a run, each with the effect [`Reader::line`] would have had: it stops at
+    /// the first it does not take, and gives the bytes and lines it took. Asked only when no
+    /// reader is inside a block and the first line starts with one of [`Reader::skims`].
+    ///
+    /// The lines a reader takes are its own: no other reader is given them, though a test's
+    /// name may hold another's anchor (a test named `TestFAILED`), which is not that tool's
+    /// report. So a reader takes only lines of its runner's own shape.
+    fn skim(&mut self, _lines: &[u8]) -> (usize, u64) {
+        (0, 0)
+    }
 
     /// The stream has ended: report what is still pending.
     fn end(&mut self, _sink: &mut Sink) {}
@@ -417,6 +438,11 @@ pub struct Scanner {
     number: u64,
     /// Scratch: which readers an anchor of the current line names.
     hit: Vec<bool>,
+    /// Readers may take runs of lines ([`Reader::skim`]); off only to test that they read
+    /// alike without.
+    skimming: bool,
+    /// Lines taken in runs.
+    skimmed: u64,
     /// Which readers want every line ([`Reader::wants_all`], as each said after its last
     /// line): asking each reader at every line cost a third of the time of a log whose every
     /// line holds an anchor (`go test -v`).
@@ -447,6 +473,8 @@ struct Anchors {
     /// cargo test log, docs/findings.md). The groups are of one size ([`jump_groups`]), and the
     /// patterns under [`TEDDY_MASK`] bytes are a group of their own.
     jump: Vec<AhoCorasick>,
+    /// The readers that take runs of lines, and the starts of those lines ([`Reader::skims`]).
+    skims: Vec<(usize, &'static [&'static str])>,
 }
 
 impl Anchors {
@@ -479,10 +507,17 @@ impl Anchors {
                     .ok()
             })
             .collect();
+        let skims = readers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.skims()))
+            .filter(|(_, s)| !s.is_empty())
+            .collect();
         Anchors {
             owners,
             search,
             jump,
+            skims,
         }
     }
 }
@@ -546,6 +581,8 @@ impl Scanner {
             skipping: false,
             number: 0,
             hit: vec![false; n],
+            skimming: true,
+            skimmed: 0,
             text: String::new(),
             last: Vec::new(),
         }
@@ -673,6 +710,13 @@ impl Scanner {
                 let start = memchr::memrchr(b'\n', &chunk[pos..at]).map_or(pos, |i| pos + i + 1);
                 self.number += memchr::memchr_iter(b'\n', &chunk[pos..start]).count() as u64;
                 pos = start;
+                if self.skimming {
+                    let taken = self.skim(&chunk[start..]);
+                    if taken > 0 {
+                        pos += taken;
+                        continue;
+                    }
+                }
             }
             let end = memchr::memchr(b'\n', &chunk[pos..]).map_or(chunk.len(), |i| pos + i);
             self.number += 1;
@@ -705,6 +749,27 @@ impl Scanner {
             }
         }
         best
+    }
+
+    /// The line at the start of `lines` and those after it that a reader takes as a run
+    /// ([`Reader::skim`]), when one does: the bytes taken. No reader is inside a block.
+    fn skim(&mut self, lines: &[u8]) -> usize {
+        let spaces = lines.iter().take_while(|&&b| b == b' ').count();
+        let body = &lines[spaces..];
+        let Some(&(i, _)) = self
+            .anchors
+            .skims
+            .iter()
+            .find(|(_, starts)| starts.iter().any(|p| body.starts_with(p.as_bytes())))
+        else {
+            return 0;
+        };
+        let r = &mut self.readers[i];
+        let (bytes, n) = r.skim(lines);
+        self.wants[i] = r.wants_all();
+        self.number += n;
+        self.skimmed += n;
+        bytes.min(lines.len())
     }
 
     /// One line (already cut to [`MAX_LINE`]): to the readers whose anchors it holds, and to
@@ -813,6 +878,199 @@ pub fn read_stream(r: impl Read, paths: &Paths) -> Findings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What every reader makes of `data` fed in chunks of the sizes `cuts` cycles through, with
+    /// runs of lines taken whole ([`Reader::skim`]) or not; and how many were.
+    fn read_in(data: &[u8], cuts: &[usize], skimming: bool) -> (Findings, u64) {
+        let mut s = Scanner::new(Paths::new("/w", "/w"));
+        s.skimming = skimming;
+        let mut rest = data;
+        for &c in cuts.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (a, b) = rest.split_at(c.min(rest.len()));
+            s.feed(a);
+            rest = b;
+        }
+        let skimmed = s.skimmed;
+        (s.finish(), skimmed)
+    }
+
+    /// Lines a `go test -v` log holds, and lines near them that a run must not take.
+    const GO_LINES: &[&[u8]] = &[
+        b"=== RUN   TestA",
+        b"=== RUN   TestB/sub_1",
+        b"--- PASS: TestA (0.00s)",
+        b"    --- PASS: TestB/sub_1 (0.01s)",
+        b"--- SKIP: TestS (0.00s)",
+        b"    --- SKIP: TestS/x (0.00s)",
+        b"=== PAUSE TestP",
+        b"=== CONT  TestP",
+        b"=== NAME  TestB",
+        b"--- FAIL: TestB (0.00s)",
+        b"    --- FAIL: TestB/sub_1 (0.00s)",
+        b"    calc_test.go:12: boom",
+        b"        want 5",
+        b"    more output of a test",
+        b"=== RUN   TestFAILED now",
+        b"--- PASS: TestFAILURE (0.00s)",
+        b"--- PASS: Test with spaces (0.00s)",
+        b"--- PASS:  (0.00s)",
+        b"=== RUN   ",
+        b"=== RUN   a.go:3",
+        b"=== RUNNER",
+        b"--- PASS: X (a.go:s)",
+        b"    === RUN   TestIndented",
+        b"\t--- PASS: TestTab (0.00s)",
+        b"# example.com/m/b",
+        b"./b.go:3:2: undefined: foo",
+        b"FAIL\texample.com/m/b [build failed]",
+        b"=== RUN   TestX [build failed]",
+        b"=== RUN   Test\x1b[31mRed",
+        b"=== RUN   T\xc3\xa9st",
+        b"=== RUN   T\xffst",
+        b"=== RUN   TestCR\r",
+        b"--- PASS: TestCR (0.00s)\r",
+        b"--- PASS: TestOver\r--- FAIL: TestOver (0.00s)",
+        b"panic: boom [recovered]",
+        b"goroutine 7 [running]:",
+        b"example.com/m.TestB(0x0?)",
+        b"\t/w/m_test.go:5 +0x1",
+        b"",
+        b"ok  \texample.com/m\t0.01s",
+        b"FAIL\texample.com/m\t0.01s",
+        b"FAIL",
+        b"PASS",
+        b"test result: ok. 1 passed; 0 failed",
+        b"error: something",
+        b"FAILED tests/test_x.py::test_a - assert 1",
+        b"{\"Action\":\"pass\",\"Package\":\"m\",\"Test\":\"TestA\"}",
+        // A package's errors, left pending, then confirmed by a line ending as its end does.
+        b"# example.com/m/b\n./b.go:3:2: undefined: foo\nok  \tm\t0.1s\n=== RUN   X [build failed]",
+        // A file line, whose line before is read when it is `# pkg`.
+        b"# example.com/m/b\n=== RUN   a.go:3",
+        b"# example.com/m/b\n--- PASS: X (a.go:s)",
+        b"# example.com/m/b\n    --- PASS: X/y (a.go:s)",
+        b"--- PASS: TestOdd (x)",
+        b"--- PASS: TestNoTime",
+        // A test named by a line that is not printable ASCII, whose output then comes.
+        b"=== RUN   TestCR\r\n    x_test.go:3: boom\n--- FAIL: TestCR (0.00s)",
+        b"=== RUN   T\xffst\n    x_test.go:4: boom\n--- FAIL: T\xef\xbf\xbdst (0.00s)",
+        b"=== RUN   T\x7fst\n    x_test.go:5: boom\n--- FAIL: T\x7fst (0.00s)",
+    ];
+
+    /// A reader that takes runs of lines reads as it does line by line: on logs of go's lines
+    /// and others near them in any order, fed in chunks of any size.
+    #[test]
+    fn runs_of_lines_read_as_the_lines_do() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut skimmed_any = 0;
+        for round in 0..300 {
+            let mut log = Vec::new();
+            let lines = 1 + next() % 400;
+            // Mostly the lines of tests that pass, as in a real log, or mostly the others.
+            let common = [1, 2, 3][round % 3];
+            for _ in 0..lines {
+                let i = if next() % 4 < common {
+                    (next() % 6) as usize
+                } else {
+                    (next() % GO_LINES.len() as u64) as usize
+                };
+                log.extend_from_slice(GO_LINES[i]);
+                log.push(b'\n');
+            }
+            if round % 5 == 0 {
+                // Without its last line's end.
+                log.pop();
+            }
+            let cuts: Vec<usize> = (0..4).map(|_| 1 + (next() % 700) as usize).collect();
+            let (on, skimmed) = read_in(&log, &cuts, true);
+            let (off, none) = read_in(&log, &cuts, false);
+            assert_eq!(none, 0);
+            assert_eq!(on, off, "round {round}:\n{}", String::from_utf8_lossy(&log));
+            skimmed_any += skimmed;
+        }
+        assert!(skimmed_any > 10_000, "{skimmed_any} lines taken in runs");
+    }
+
+    /// A test's name that holds another tool's anchor is not that tool's report: every other
+    /// reader's anchor, planted in the names of tests that pass, changes no finding and no
+    /// count, though those lines are now the go reader's alone ([`Reader::skim`]).
+    #[test]
+    fn another_tools_word_in_a_tests_name_is_not_its_report() {
+        let go = readers()
+            .iter()
+            .position(|r| r.tool() == "go-test")
+            .unwrap();
+        let mut log = String::new();
+        let mut planted = 0;
+        for (i, r) in readers().iter().enumerate() {
+            if i == go {
+                continue;
+            }
+            for a in r.anchors() {
+                let core = a.trim().replace([' ', ':'], "_");
+                if core.is_empty() || !core.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+                    continue;
+                }
+                for name in [
+                    core.clone(),
+                    format!("Test{core}"),
+                    format!("{core}Test"),
+                    format!("TestX/{core}"),
+                ] {
+                    log.push_str(&format!("=== RUN   {name}\n--- PASS: {name} (0.00s)\n"));
+                    log.push_str(&format!("    --- SKIP: {name} (0.00s)\n=== CONT  {name}\n"));
+                    planted += 1;
+                }
+            }
+        }
+        assert!(planted > 200, "{planted}");
+        // The other tools' own reports around them are still read.
+        let around = "error[E0308]: mismatched types\n --> src/lib.rs:3:5\n\n\
+                      src/a.c:7:2: error: expected ';' before '}' token\n\
+                      === 1 failed, 2 passed in 0.10s ===\n";
+        let log = format!("{around}{log}{around}ok  \texample.com/m\t0.01s\n");
+        let (on, skimmed) = read_in(log.as_bytes(), &[4096], true);
+        let (off, _) = read_in(log.as_bytes(), &[4096], false);
+        // All but a few (a name ending in `]` is read line by line).
+        assert!(skimmed > 3 * planted, "{skimmed} of {}", 4 * planted);
+        assert_eq!(on, off);
+        assert!(on.findings.len() >= 2, "{on:?}");
+    }
+
+    /// A `go test -v` log of tests that pass is taken in runs; a line of another shape (a
+    /// test's output, its failure) is read as any other, and the one after it starts the next.
+    #[test]
+    fn a_go_log_of_passed_tests_is_taken_in_runs() {
+        let mut log = Vec::new();
+        for i in 0..1000 {
+            log.extend_from_slice(format!("=== RUN   TestCase{i}\n").as_bytes());
+            if i == 500 {
+                log.extend_from_slice(b"    x_test.go:7: boom\n--- FAIL: TestCase500 (0.00s)\n");
+            } else {
+                log.extend_from_slice(format!("--- PASS: TestCase{i} (0.00s)\n").as_bytes());
+            }
+        }
+        log.extend_from_slice(b"FAIL\texample.com/m\t0.01s\n");
+        let (found, skimmed) = read_in(&log, &[64 * 1024], true);
+        // Every `=== RUN` and `--- PASS`: all but the failed test's output and result lines
+        // and the package's.
+        assert_eq!(skimmed, 1000 + 999);
+        assert_eq!(found.findings.len(), 1, "{found:?}");
+        let f = &found.findings[0];
+        assert_eq!(f.name.as_deref(), Some("TestCase500"));
+        assert_eq!(f.location.as_ref().map(|l| l.line), Some(Some(7)));
+        assert_eq!(found.tests.map(|t| (t.passed, t.failed)), Some((999, 1)));
+        assert_eq!(found, read_in(&log, &[64 * 1024], false).0);
+    }
 
     /// Every stream of every exec has a scanner: the default one's automata are built once per
     /// process (building them took 1 ms, twice an exec).

@@ -111,6 +111,45 @@ impl Reader for GoTest {
         self.panic.is_some() || self.cont.is_some() || self.build_lines > 0
     }
 
+    /// With `-v`, two lines for every test that passed: every line of such a log holds an
+    /// anchor.
+    fn skims(&self) -> &'static [&'static str] {
+        &[
+            "=== RUN",
+            "=== CONT",
+            "=== NAME",
+            "--- PASS: ",
+            "--- SKIP: ",
+        ]
+    }
+
+    fn skim(&mut self, lines: &[u8]) -> (usize, u64) {
+        let (mut pos, mut n) = (0, 0);
+        // Only the last `=== RUN` of a run names the test whose output may come next.
+        let mut run: Option<&[u8]> = None;
+        while let Some((len, line)) = skimmed(&lines[pos..]) {
+            match line {
+                Skimmed::Run(name) => run = Some(name),
+                // No test is kept (one with output, or a failed one): only counted.
+                Skimmed::Status(_, status) if self.tests.is_empty() => self.count(status),
+                Skimmed::Status(name, status) => match std::str::from_utf8(name) {
+                    Ok(name) => self.status(name, None, status),
+                    Err(_) => break,
+                },
+            }
+            pos += len + 1;
+            n += 1;
+        }
+        if let Some(name) = run {
+            self.counted = true;
+            self.current = std::str::from_utf8(name)
+                .ok()
+                .filter(|n| !n.is_empty() && n.len() <= MAX_NAME)
+                .map(str::to_string);
+        }
+        (pos, n)
+    }
+
     fn line(&mut self, line: Line<'_>, sink: &mut Sink) {
         let t = line.text;
         if t.starts_with('{') {
@@ -442,12 +481,16 @@ impl GoTest {
         Some(&mut self.tests[at])
     }
 
-    fn status(&mut self, name: &str, pkg: Option<&str>, status: Status) {
+    fn count(&mut self, status: Status) {
         match status {
             Status::Pass => self.counts.passed += 1,
             Status::Skip => self.counts.skipped += 1,
             Status::Fail => self.counts.failed += 1,
         }
+    }
+
+    fn status(&mut self, name: &str, pkg: Option<&str>, status: Status) {
+        self.count(status);
         if status == Status::Fail {
             if let Some(t) = self.test(name, pkg) {
                 t.failed = true;
@@ -520,6 +563,141 @@ impl GoTest {
     }
 }
 
+/// A line [`GoTest::skim`] takes: one it would read as `line` does when no block is open.
+enum Skimmed<'a> {
+    /// `=== RUN`, `=== CONT` or `=== NAME`, and the rest of the line, trimmed.
+    Run(&'a [u8]),
+    /// `--- PASS: ` or `--- SKIP: ` (indented for a subtest) and the test's name.
+    Status(&'a [u8], Status),
+}
+
+/// The first line of `lines` and its length when it is one [`Skimmed`] stands for, of the
+/// shape go prints: printable ASCII alone (what [`Line::text`] gives unchanged), no space in
+/// the name nor the time, no colon but a status's own (a `.go:` file line, whose line before
+/// [`GoTest::line`] reads; a package's `[build failed]` holds a space). `None` for every
+/// other line, which is read as any other. On bytes, 8 at a time: a line of a passed test is
+/// 30 bytes, and a search per line cost more than the line.
+fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
+    let shape = Shape::of(lines)?;
+    let line = &lines[..shape.len];
+    if shape.colons > 1 {
+        return None;
+    }
+    for p in [&b"=== RUN"[..], b"=== CONT", b"=== NAME"] {
+        if let Some(rest) = line.strip_prefix(p) {
+            let pad = rest.iter().take_while(|&&b| b == b' ').count();
+            // The prefix's one space and the padding: none in the name, none after it.
+            return (shape.spaces == 1 + pad).then_some((shape.len, Skimmed::Run(&rest[pad..])));
+        }
+    }
+    let lead = line.iter().take_while(|&&b| b == b' ').count();
+    let status = match line.get(lead..lead + 10)? {
+        b"--- PASS: " => Status::Pass,
+        b"--- SKIP: " => Status::Skip,
+        _ => return None,
+    };
+    // `NAME (0.01s)`: the indent, the prefix's two spaces and the one before the time.
+    let open = shape.last_space + 1;
+    if shape.spaces != lead + 3 || open <= lead + 11 || line[open] != b'(' || !line.ends_with(b"s)")
+    {
+        return None;
+    }
+    Some((
+        shape.len,
+        Skimmed::Status(&line[lead + 10..open - 1], status),
+    ))
+}
+
+/// The longest line [`skimmed`] takes (a longer one is read as any other).
+const SHAPE_MAX: usize = 255;
+
+/// What [`skimmed`] needs of a line, read 8 bytes at a time.
+struct Shape {
+    /// Bytes before the newline.
+    len: usize,
+    colons: usize,
+    spaces: usize,
+    /// Where the last space is (meaningful when there is one).
+    last_space: usize,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The bytes of `x` that are zero, as their high bit (exact: no borrow crosses bytes).
+fn zeros(x: u64) -> u64 {
+    !(((x & !HIGH).wrapping_add(!HIGH)) | x | !HIGH)
+}
+
+/// The bytes of `x` equal to `c`, as their high bit.
+fn equal(x: u64, c: u8) -> u64 {
+    zeros(x ^ (ONES * u64::from(c)))
+}
+
+/// The sum of `x`'s bytes (at most 255 in all), without a population count instruction,
+/// which the baseline x86-64 target lacks (its software stand-in was a fifth of the skim).
+fn lanes(x: u64) -> usize {
+    (x.wrapping_mul(ONES) >> 56) as usize
+}
+
+/// The bytes of `x` that are not printable ASCII (under 0x20, or 0x7f and over).
+fn unprintable(x: u64) -> u64 {
+    let under = !((x & !HIGH) + ONES * 0x60) & HIGH;
+    (x & HIGH) | under | equal(x, 0x7f)
+}
+
+impl Shape {
+    /// The first line of `lines`: `None` when it holds a byte that is not printable ASCII, is
+    /// longer than [`SHAPE_MAX`], or has no end.
+    fn of(lines: &[u8]) -> Option<Shape> {
+        let mut shape = Shape {
+            len: 0,
+            colons: 0,
+            spaces: 0,
+            last_space: 0,
+        };
+        let (mut colons, mut spaces) = (0u64, 0u64);
+        let mut at = 0;
+        while at < SHAPE_MAX {
+            let x = match lines.get(at..at + 8) {
+                Some(w) => u64::from_le_bytes(w.try_into().ok()?),
+                None => {
+                    let mut word = [0u8; 8];
+                    let rest = lines.get(at..)?;
+                    word[..rest.len()].copy_from_slice(rest);
+                    u64::from_le_bytes(word)
+                }
+            };
+            let newline = equal(x, b'\n');
+            // The bytes before the newline (the bytes past the end are zero: unprintable).
+            let mine = if newline == 0 {
+                u64::MAX
+            } else {
+                (newline & newline.wrapping_neg()) - 1
+            };
+            if unprintable(x) & mine & HIGH != 0 {
+                return None;
+            }
+            // Counted per byte lane, summed once: a line is at most [`SHAPE_MAX`] bytes, so
+            // neither a lane nor the sum overflows a byte.
+            colons += (equal(x, b':') & mine) >> 7;
+            let space = equal(x, b' ') & mine;
+            if space != 0 {
+                spaces += space >> 7;
+                shape.last_space = at + 7 - space.leading_zeros() as usize / 8;
+            }
+            if newline != 0 {
+                shape.len = at + newline.trailing_zeros() as usize / 8;
+                shape.colons = lanes(colons);
+                shape.spaces = lanes(spaces);
+                return Some(shape);
+            }
+            at += 8;
+        }
+        None
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Status {
     Pass,
@@ -572,6 +750,55 @@ fn common_prefix(a: &str, b: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shape read 8 bytes at a time is the one read a byte at a time: every length around
+    /// the words' edges, a colon, a space or an odd byte at every place, what follows the line.
+    #[test]
+    fn a_lines_shape_is_read_exactly() {
+        let naive = |lines: &[u8]| -> Option<(usize, usize, usize, Option<usize>)> {
+            let len = lines.iter().position(|&b| b == b'\n')?;
+            let line = &lines[..len];
+            if len > SHAPE_MAX || line.iter().any(|b| !(0x20..0x7f).contains(b)) {
+                return None;
+            }
+            let count = |c| line.iter().filter(|&&b| b == c).count();
+            Some((
+                len,
+                count(b':'),
+                count(b' '),
+                line.iter().rposition(|&b| b == b' '),
+            ))
+        };
+        for len in (0..40).chain(SHAPE_MAX - 9..SHAPE_MAX + 9) {
+            for at in 0..len.max(1) {
+                for put in [b':', b' ', b'\t', 0x7f, 0xc3, 0x1b, b'a'] {
+                    for after in [&b""[..], b"\n", b" : x\n", b"\x00\xff\n"] {
+                        let mut lines = vec![b'a'; len];
+                        if at < len {
+                            lines[at] = put;
+                        }
+                        lines.push(b'\n');
+                        lines.extend_from_slice(after);
+                        let got = Shape::of(&lines).map(|s| {
+                            (
+                                s.len,
+                                s.colons,
+                                s.spaces,
+                                (s.spaces > 0).then_some(s.last_space),
+                            )
+                        });
+                        assert_eq!(got, naive(&lines), "{lines:?}");
+                    }
+                }
+            }
+        }
+        // No end, or longer than a line of go's.
+        assert!(Shape::of(b"=== RUN   TestA").is_none());
+        let long = [vec![b':'; SHAPE_MAX + 1], vec![b'\n']].concat();
+        assert!(Shape::of(&long).is_none());
+        let longest = [vec![b' '; SHAPE_MAX], vec![b'\n']].concat();
+        assert_eq!(Shape::of(&longest).map(|s| s.spaces), Some(SHAPE_MAX));
+    }
 
     #[test]
     fn a_frame_gives_the_module_root() {
