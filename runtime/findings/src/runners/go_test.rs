@@ -565,61 +565,57 @@ impl GoTest {
 
 /// A line [`GoTest::skim`] takes: one it would read as `line` does when no block is open.
 enum Skimmed<'a> {
-    /// `=== RUN`, `=== CONT` or `=== NAME`, and the rest of the line, trimmed.
+    /// `=== RUN`, `=== CONT` or `=== NAME`, and the name after the padding.
     Run(&'a [u8]),
     /// `--- PASS: ` or `--- SKIP: ` (indented for a subtest) and the test's name.
     Status(&'a [u8], Status),
 }
 
-/// The first line of `lines` and its length when it is one [`Skimmed`] stands for, of the
-/// shape go prints: printable ASCII alone (what [`Line::text`] gives unchanged), no space in
-/// the name nor the time, no colon but a status's own (a `.go:` file line, whose line before
-/// [`GoTest::line`] reads; a package's `[build failed]` holds a space). `None` for every
-/// other line, which is read as any other. On bytes, 8 at a time: a line of a passed test is
-/// 30 bytes, and a search per line cost more than the line.
+/// The first line of `lines` and its length when it is one [`Skimmed`] stands for, in the
+/// shape go prints: `=== RUN` and the name, or `--- PASS: `, the name and ` (0.01s)`, the name
+/// of printable ASCII (what [`Line::text`] gives unchanged) but a space or a colon (so no
+/// `.go:` file line, whose line before [`GoTest::line`] reads). `None` for every other line,
+/// which is read as any other. On bytes, 8 at a time: a line of a passed test is 30 bytes, and
+/// a search per line cost more than the line.
 fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
-    let shape = Shape::of(lines)?;
-    let line = &lines[..shape.len];
-    if shape.colons > 1 {
-        return None;
+    let head = lines.get(..8)?;
+    let from = if head.starts_with(b"=== RUN") {
+        Some(7)
+    } else if head == b"=== CONT" || head == b"=== NAME" {
+        Some(8)
+    } else {
+        None
+    };
+    if let Some(p) = from {
+        // The name, after the padding, up to the line's end.
+        let from = p + lines[p..].iter().take_while(|&&b| b == b' ').count();
+        let end = name_end(lines, from)?;
+        return (lines[end] == b'\n').then(|| (end, Skimmed::Run(&lines[from..end])));
     }
-    for p in [&b"=== RUN"[..], b"=== CONT", b"=== NAME"] {
-        if let Some(rest) = line.strip_prefix(p) {
-            let pad = rest.iter().take_while(|&&b| b == b' ').count();
-            // The prefix's one space and the padding: none in the name, none after it.
-            return (shape.spaces == 1 + pad).then_some((shape.len, Skimmed::Run(&rest[pad..])));
-        }
-    }
-    let lead = line.iter().take_while(|&&b| b == b' ').count();
-    let status = match line.get(lead..lead + 10)? {
+    let lead = lines.iter().take_while(|&&b| b == b' ').count();
+    let status = match lines.get(lead..lead + 10)? {
         b"--- PASS: " => Status::Pass,
         b"--- SKIP: " => Status::Skip,
         _ => return None,
     };
-    // `NAME (0.01s)`: the indent, the prefix's two spaces and the one before the time.
-    let open = shape.last_space + 1;
-    if shape.spaces != lead + 3 || open <= lead + 11 || line[open] != b'(' || !line.ends_with(b"s)")
-    {
+    let from = lead + 10;
+    let end = name_end(lines, from)?;
+    if end == from || lines.get(end..end + 2)? != b" (" {
         return None;
     }
-    Some((
-        shape.len,
-        Skimmed::Status(&line[lead + 10..open - 1], status),
-    ))
+    let time = end + 2;
+    let digits = lines[time..]
+        .iter()
+        .take(SKIM_NAME_MAX)
+        .take_while(|&&b| b.is_ascii_digit() || b == b'.')
+        .count();
+    let close = time + digits;
+    (lines.get(close..close + 3)? == b"s)\n")
+        .then(|| (close + 2, Skimmed::Status(&lines[from..end], status)))
 }
 
-/// The longest line [`skimmed`] takes (a longer one is read as any other).
-const SHAPE_MAX: usize = 255;
-
-/// What [`skimmed`] needs of a line, read 8 bytes at a time.
-struct Shape {
-    /// Bytes before the newline.
-    len: usize,
-    colons: usize,
-    spaces: usize,
-    /// Where the last space is (meaningful when there is one).
-    last_space: usize,
-}
+/// The longest name [`skimmed`] takes (a line with a longer one is read as any other).
+const SKIM_NAME_MAX: usize = 256;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -634,68 +630,36 @@ fn equal(x: u64, c: u8) -> u64 {
     zeros(x ^ (ONES * u64::from(c)))
 }
 
-/// The sum of `x`'s bytes (at most 255 in all), without a population count instruction,
-/// which the baseline x86-64 target lacks (its software stand-in was a fifth of the skim).
-fn lanes(x: u64) -> usize {
-    (x.wrapping_mul(ONES) >> 56) as usize
-}
-
-/// The bytes of `x` that are not printable ASCII (under 0x20, or 0x7f and over).
-fn unprintable(x: u64) -> u64 {
+/// The bytes of `x` a name does not hold, as their high bit: not printable ASCII (under 0x20,
+/// or 0x7f and over), a space or a colon.
+fn stops(x: u64) -> u64 {
     let under = !((x & !HIGH) + ONES * 0x60) & HIGH;
-    (x & HIGH) | under | equal(x, 0x7f)
+    (x & HIGH) | under | equal(x, 0x7f) | equal(x, b' ') | equal(x, b':')
 }
 
-impl Shape {
-    /// The first line of `lines`: `None` when it holds a byte that is not printable ASCII, is
-    /// longer than [`SHAPE_MAX`], or has no end.
-    fn of(lines: &[u8]) -> Option<Shape> {
-        let mut shape = Shape {
-            len: 0,
-            colons: 0,
-            spaces: 0,
-            last_space: 0,
+/// Where the name that starts at `from` in `lines` ends: the first byte it does not hold
+/// ([`stops`]), within [`SKIM_NAME_MAX`] bytes and before the end of `lines`.
+fn name_end(lines: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    while at <= from + SKIM_NAME_MAX {
+        let x = match lines.get(at..at + 8) {
+            Some(w) => u64::from_le_bytes(w.try_into().ok()?),
+            None => {
+                // Past the end, zeros: they stop the name.
+                let mut word = [0u8; 8];
+                let rest = lines.get(at..)?;
+                word[..rest.len()].copy_from_slice(rest);
+                u64::from_le_bytes(word)
+            }
         };
-        let (mut colons, mut spaces) = (0u64, 0u64);
-        let mut at = 0;
-        while at < SHAPE_MAX {
-            let x = match lines.get(at..at + 8) {
-                Some(w) => u64::from_le_bytes(w.try_into().ok()?),
-                None => {
-                    let mut word = [0u8; 8];
-                    let rest = lines.get(at..)?;
-                    word[..rest.len()].copy_from_slice(rest);
-                    u64::from_le_bytes(word)
-                }
-            };
-            let newline = equal(x, b'\n');
-            // The bytes before the newline (the bytes past the end are zero: unprintable).
-            let mine = if newline == 0 {
-                u64::MAX
-            } else {
-                (newline & newline.wrapping_neg()) - 1
-            };
-            if unprintable(x) & mine & HIGH != 0 {
-                return None;
-            }
-            // Counted per byte lane, summed once: a line is at most [`SHAPE_MAX`] bytes, so
-            // neither a lane nor the sum overflows a byte.
-            colons += (equal(x, b':') & mine) >> 7;
-            let space = equal(x, b' ') & mine;
-            if space != 0 {
-                spaces += space >> 7;
-                shape.last_space = at + 7 - space.leading_zeros() as usize / 8;
-            }
-            if newline != 0 {
-                shape.len = at + newline.trailing_zeros() as usize / 8;
-                shape.colons = lanes(colons);
-                shape.spaces = lanes(spaces);
-                return Some(shape);
-            }
-            at += 8;
+        let stop = stops(x);
+        if stop != 0 {
+            let end = at + stop.trailing_zeros() as usize / 8;
+            return (end < lines.len() && end <= from + SKIM_NAME_MAX).then_some(end);
         }
-        None
+        at += 8;
     }
+    None
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -751,53 +715,41 @@ fn common_prefix(a: &str, b: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The shape read 8 bytes at a time is the one read a byte at a time: every length around
-    /// the words' edges, a colon, a space or an odd byte at every place, what follows the line.
+    /// A name's end found 8 bytes at a time is the one found a byte at a time: every length
+    /// around the words' edges, a colon, a space or an odd byte at every place, and what
+    /// follows.
     #[test]
-    fn a_lines_shape_is_read_exactly() {
-        let naive = |lines: &[u8]| -> Option<(usize, usize, usize, Option<usize>)> {
-            let len = lines.iter().position(|&b| b == b'\n')?;
-            let line = &lines[..len];
-            if len > SHAPE_MAX || line.iter().any(|b| !(0x20..0x7f).contains(b)) {
-                return None;
-            }
-            let count = |c| line.iter().filter(|&&b| b == c).count();
-            Some((
-                len,
-                count(b':'),
-                count(b' '),
-                line.iter().rposition(|&b| b == b' '),
-            ))
+    fn a_names_end_is_found_exactly() {
+        let naive = |lines: &[u8], from: usize| -> Option<usize> {
+            let end = from
+                + lines[from..]
+                    .iter()
+                    .position(|&b| !(0x21..0x7f).contains(&b) || b == b':')?;
+            (end <= from + SKIM_NAME_MAX).then_some(end)
         };
-        for len in (0..40).chain(SHAPE_MAX - 9..SHAPE_MAX + 9) {
+        for len in (0..40).chain(SKIM_NAME_MAX - 9..SKIM_NAME_MAX + 9) {
             for at in 0..len.max(1) {
-                for put in [b':', b' ', b'\t', 0x7f, 0xc3, 0x1b, b'a'] {
-                    for after in [&b""[..], b"\n", b" : x\n", b"\x00\xff\n"] {
-                        let mut lines = vec![b'a'; len];
-                        if at < len {
-                            lines[at] = put;
+                for put in [b':', b' ', b'\t', 0x7f, 0xc3, 0x1b, 0x00, b'a'] {
+                    for after in [&b""[..], b"\n", b" : x\n"] {
+                        for from in [0, 3] {
+                            let mut lines = vec![b'a'; len];
+                            if at < len {
+                                lines[at] = put;
+                            }
+                            lines.extend_from_slice(after);
+                            if from > lines.len() {
+                                continue;
+                            }
+                            assert_eq!(
+                                name_end(&lines, from),
+                                naive(&lines, from),
+                                "{lines:?} from {from}"
+                            );
                         }
-                        lines.push(b'\n');
-                        lines.extend_from_slice(after);
-                        let got = Shape::of(&lines).map(|s| {
-                            (
-                                s.len,
-                                s.colons,
-                                s.spaces,
-                                (s.spaces > 0).then_some(s.last_space),
-                            )
-                        });
-                        assert_eq!(got, naive(&lines), "{lines:?}");
                     }
                 }
             }
         }
-        // No end, or longer than a line of go's.
-        assert!(Shape::of(b"=== RUN   TestA").is_none());
-        let long = [vec![b':'; SHAPE_MAX + 1], vec![b'\n']].concat();
-        assert!(Shape::of(&long).is_none());
-        let longest = [vec![b' '; SHAPE_MAX], vec![b'\n']].concat();
-        assert_eq!(Shape::of(&longest).map(|s| s.spaces), Some(SHAPE_MAX));
     }
 
     #[test]
