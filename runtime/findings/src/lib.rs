@@ -70,6 +70,15 @@ impl Line<'_> {
         clean_line(self.previous, &mut out);
         out
     }
+
+    /// Whether [`Line::previous`] starts with `prefix`, without cleaning the line when it needs
+    /// none (no escape, no carriage return).
+    pub fn previous_starts_with(&self, prefix: &str) -> bool {
+        if memchr::memchr2(0x1b, b'\r', self.previous).is_none() {
+            return self.previous.starts_with(prefix.as_bytes());
+        }
+        self.previous().starts_with(prefix)
+    }
 }
 
 /// A reader of one tool's reports in a stream.
@@ -998,6 +1007,31 @@ mod tests {
             skimmed_any += skimmed;
         }
         assert!(skimmed_any > 10_000, "{skimmed_any} lines taken in runs");
+    }
+
+    /// Whether the line before starts so is read as [`Line::previous`] reads it: coloured,
+    /// overwritten by a carriage return, or plain.
+    #[test]
+    fn the_line_before_is_asked_as_it_reads() {
+        let ask = |previous: &[u8]| {
+            let l = Line {
+                text: "",
+                number: 2,
+                previous,
+            };
+            (l.previous_starts_with("# "), l.previous().starts_with("# "))
+        };
+        for (raw, starts) in [
+            (&b"# example.com/m"[..], true),
+            (b"\x1b[1m# example.com/m\x1b[0m", true),
+            (b"progress 50%\r# example.com/m\r", true),
+            (b"#example.com/m", false),
+            (b" # example.com/m", false),
+            (b"\xff# x", false),
+            (b"", false),
+        ] {
+            assert_eq!(ask(raw), (starts, starts), "{raw:?}");
+        }
     }
 
     /// A test's name that holds another tool's anchor is not that tool's report: every other

@@ -160,11 +160,8 @@ impl Reader for GoTest {
         }
         // `# pkg` holds no anchor (two bytes that would slow the search of every log): it is
         // the line before the first error of a package that does not build.
-        if self.build_lines == 0 && t.contains(".go:") {
-            let before = line.previous();
-            if before.starts_with("# ") {
-                self.text(&before, None, None, sink);
-            }
+        if self.build_lines == 0 && t.contains(".go:") && line.previous_starts_with("# ") {
+            self.text(&line.previous(), None, None, sink);
         }
         self.text(t, None, None, sink);
     }
@@ -332,8 +329,10 @@ impl GoTest {
                 return;
             }
         }
-        let test = test.map(str::to_string).or_else(|| self.current.clone());
-        self.output(test.as_deref(), pkg, t, sink);
+        // The current test's name is lent to `output`, which does not change it.
+        let current = self.current.take();
+        self.output(test.or(current.as_deref()), pkg, t, sink);
+        self.current = current;
     }
 
     /// An output line of a test (`-json`).
@@ -578,10 +577,10 @@ enum Skimmed<'a> {
 /// which is read as any other. On bytes, 8 at a time: a line of a passed test is 30 bytes, and
 /// a search per line cost more than the line.
 fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
-    let head = lines.get(..8)?;
-    let from = if head.starts_with(b"=== RUN") {
+    let head = word(lines, 0)?;
+    let from = if head << 8 == u64::from_le_bytes(*b"\0=== RUN") {
         Some(7)
-    } else if head == b"=== CONT" || head == b"=== NAME" {
+    } else if head == u64::from_le_bytes(*b"=== CONT") || head == u64::from_le_bytes(*b"=== NAME") {
         Some(8)
     } else {
         None
@@ -593,9 +592,9 @@ fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
         return (lines[end] == b'\n').then(|| (end, Skimmed::Run(&lines[from..end])));
     }
     let lead = lines.iter().take_while(|&&b| b == b' ').count();
-    let status = match lines.get(lead..lead + 10)? {
-        b"--- PASS: " => Status::Pass,
-        b"--- SKIP: " => Status::Skip,
+    let status = match (word(lines, lead)?, lines.get(lead + 8..lead + 10)?) {
+        (w, b": ") if w == u64::from_le_bytes(*b"--- PASS") => Status::Pass,
+        (w, b": ") if w == u64::from_le_bytes(*b"--- SKIP") => Status::Skip,
         _ => return None,
     };
     let from = lead + 10;
@@ -614,36 +613,38 @@ fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
         .then(|| (close + 2, Skimmed::Status(&lines[from..end], status)))
 }
 
+/// The 8 bytes of `lines` at `at`, the first in the lowest byte.
+fn word(lines: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(lines.get(at..at + 8)?.try_into().ok()?))
+}
+
 /// The longest name [`skimmed`] takes (a line with a longer one is read as any other).
 const SKIM_NAME_MAX: usize = 256;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;
 
-/// The bytes of `x` that are zero, as their high bit (exact: no borrow crosses bytes).
-fn zeros(x: u64) -> u64 {
-    !(((x & !HIGH).wrapping_add(!HIGH)) | x | !HIGH)
-}
-
-/// The bytes of `x` equal to `c`, as their high bit.
-fn equal(x: u64, c: u8) -> u64 {
-    zeros(x ^ (ONES * u64::from(c)))
-}
-
 /// The bytes of `x` a name does not hold, as their high bit: not printable ASCII (under 0x20,
-/// or 0x7f and over), a space or a colon.
+/// or 0x7f and over), a space or a colon. Only the lowest is exact: a byte under 0x21 or a
+/// colon borrows from the bytes above it, which may then be marked too (the first stop is all
+/// [`name_end`] asks).
 fn stops(x: u64) -> u64 {
-    let under = !((x & !HIGH) + ONES * 0x60) & HIGH;
-    (x & HIGH) | under | equal(x, 0x7f) | equal(x, b' ') | equal(x, b':')
+    // Under 0x21 (the high bit clear): the subtraction borrows.
+    let under = x.wrapping_sub(ONES * 0x21) & !x;
+    // 0x7f and over.
+    let over = ((x & !HIGH) + ONES) | x;
+    let colon = x ^ (ONES * u64::from(b':'));
+    (under | over | (colon.wrapping_sub(ONES) & !colon)) & HIGH
 }
 
 /// Where the name that starts at `from` in `lines` ends: the first byte it does not hold
 /// ([`stops`]), within [`SKIM_NAME_MAX`] bytes and before the end of `lines`.
+#[inline]
 fn name_end(lines: &[u8], from: usize) -> Option<usize> {
     let mut at = from;
     while at <= from + SKIM_NAME_MAX {
-        let x = match lines.get(at..at + 8) {
-            Some(w) => u64::from_le_bytes(w.try_into().ok()?),
+        let x = match word(lines, at) {
+            Some(w) => w,
             None => {
                 // Past the end, zeros: they stop the name.
                 let mut word = [0u8; 8];
