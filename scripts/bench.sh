@@ -73,7 +73,8 @@
 #            under python3. Not part of `all`.
 #   findings what reading findings costs and what it saves the model. Cost: a 100 MB test log
 #            (BENCH_FINDINGS_MB) with one failing test in its middle, written by a generator
-#            (scripts/findings_log.py) and by `cat`,
+#            (scripts/findings_log.py) and by `cat`, and a 100 MB `go test -v` log (every line
+#            holding an anchor; `findings_log.py --format go`) by `cat`,
 #            through two supervisors of this build, one started with TASKBOX_FINDINGS=off, in
 #            BENCH_FINDINGS_ROUNDS (101) alternating rounds: the exec's time through the API with
 #            findings over without (target: under 1.05; the ratio of the medians, and the median
@@ -1505,12 +1506,14 @@ bench_findings() {
   cp "$repo/scripts/findings_log.py" "$ws/"
   python3 "$ws/findings_log.py" --mb "$mb" >"$ws/test.log"
   python3 "$ws/findings_log.py" --mb 1 >"$ws/short.log"
+  python3 "$ws/findings_log.py" --mb "$mb" --format go >"$ws/go.log"
   serve_start findings-on
   on_sock=$SERVE_SOCK on_pid=$SERVE_PID
   TASKBOX_FINDINGS=off serve_start findings-off
   log "findings: the cost of reading them on a ${mb} MB test log (${BENCH_FINDINGS_ROUNDS:-101} alternating rounds)"
   "$BENCH_CLIENT" findings-cost --socket "$on_sock" --socket-off "$SERVE_SOCK" --workspace "$ws" \
     --command "generator=python3 findings_log.py --mb $mb" --command "cat=cat test.log" \
+    --command "go test -v log=cat go.log" \
     --expect adds_two --rounds "${BENCH_FINDINGS_ROUNDS:-101}" >"$SCRATCH/findings-cost.json"
   serve_stop
   log "findings: what the model reads, findings first against head and tail alone"

@@ -4,13 +4,17 @@ prints it: many test binaries of passing tests, one of which has a failing `asse
 suite's long-log test.
 
     python3 scripts/findings_log.py --mb 100 > log      # about 100 MB on stdout
+    python3 scripts/findings_log.py --mb 100 --format go > log
 
-The failing test is `calc::tests::adds_two` at `src/calc.rs:12:9`.
+The failing test is `calc::tests::adds_two` at `src/calc.rs:12:9`. With `--format go`, the log
+is `go test -v ./...` of many packages: tests of varied names, some with subtests, one in twenty
+logging a line, and `TestCalc/adds_two` failing at `calc_test.go:12` (the same each run).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 
 FAILURE = """running 3 tests
@@ -45,12 +49,65 @@ def binary(k: int, tests: int) -> str:
     return "".join(lines)
 
 
+WORDS = (
+    "Parse Format URL Host Port Empty Nil Error Handler Request Response Body Header Cookie Cache "
+    "Encode Decode JSON Config Load Save Read Write Close Open Timeout Retry Backoff Context "
+    "Cancel Deadline Server Client Conn Dial Listen Accept Route Match Path Query Escape Token "
+    "Auth Session Store Get Set Delete List Update Create Merge Split Join Trim Compare Equal "
+    "Hash Sum Count Limit Offset Page Sort Filter Map Batch Stream Buffer Pool Worker Queue Job "
+    "Task Event Signal Lock Mutex Atomic Race Recover Flush Sync"
+).split()
+CASES = (
+    "empty_input valid_host missing_port bad_scheme nil_body large_payload unicode_name "
+    "zero_value negative_count max_int trailing_slash with_query no_query ascii_only long_name"
+).split()
+
+GO_FAILURE = """=== RUN   TestCalc
+=== RUN   TestCalc/adds_one
+=== RUN   TestCalc/adds_two
+    calc_test.go:12: Add(1, 1) = 3, want 2
+--- FAIL: TestCalc (0.00s)
+    --- PASS: TestCalc/adds_one (0.00s)
+    --- FAIL: TestCalc/adds_two (0.00s)
+FAIL
+FAIL	example.com/project/calc	0.004s
+"""
+
+
+def go_package(rng: random.Random, k: int) -> str:
+    """One package's `go test -v` output, every test passing."""
+    lines = []
+    for _ in range(rng.randint(20, 400)):
+        name = "Test" + "".join(rng.sample(WORDS, rng.randint(1, 3)))
+        lines.append(f"=== RUN   {name}\n")
+        subs = rng.sample(CASES, rng.randint(1, 4)) if rng.random() < 0.3 else []
+        lines += [f"=== RUN   {name}/{c}\n" for c in subs]
+        if rng.random() < 0.05:
+            lines.append(f"    {name[4:12].lower()}_test.go:{rng.randint(10, 400)}: checked {rng.choice(CASES)}\n")
+        lines.append(f"--- PASS: {name} ({rng.random() * 0.05:.2f}s)\n")
+        lines += [f"    --- PASS: {name}/{c} (0.00s)\n" for c in subs]
+    lines.append(f"PASS\nok  \texample.com/project/pkg{k}\t{rng.random() * 3:.3f}s\n")
+    return "".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=100)
+    ap.add_argument("--format", choices=["cargo", "go"], default="cargo")
     a = ap.parse_args()
     want = int(a.mb * 1_000_000)
     out = sys.stdout
+    if a.format == "go":
+        rng = random.Random(16)
+        written, k, failed = 0, 0, False
+        while written < want:
+            chunk = GO_FAILURE if not failed and written >= want // 2 else go_package(rng, k)
+            failed = failed or chunk is GO_FAILURE
+            out.write(chunk)
+            written += len(chunk)
+            k += 1
+        out.flush()
+        return
     written, k, failed = 0, 0, False
     while written < want:
         if not failed and written >= want // 2:
