@@ -110,7 +110,8 @@ pub trait Reader: Send {
     /// The lines at the start of `lines` (whole lines, each ending in a newline) that this
     /// reader takes as a run, each with the effect [`Reader::line`] would have had: it stops at
     /// the first it does not take, and gives the bytes and lines it took. Asked only when no
-    /// reader is inside a block and the first line starts with one of [`Reader::skims`].
+    /// other reader is inside a block and the first line starts with one of [`Reader::skims`];
+    /// this one may be inside one of its own, whose lines it does not take.
     ///
     /// The lines a reader takes are its own: no other reader is given them, though a test's
     /// name may hold another's anchor (a test named `TestFAILED`), which is not that tool's
@@ -719,12 +720,12 @@ impl Scanner {
                 let start = memchr::memrchr(b'\n', &chunk[pos..at]).map_or(pos, |i| pos + i + 1);
                 self.number += memchr::memchr_iter(b'\n', &chunk[pos..start]).count() as u64;
                 pos = start;
-                if self.skimming {
-                    let taken = self.skim(&chunk[start..]);
-                    if taken > 0 {
-                        pos += taken;
-                        continue;
-                    }
+            }
+            if self.skimming {
+                let taken = self.skim(&chunk[pos..]);
+                if taken > 0 {
+                    pos += taken;
+                    continue;
                 }
             }
             let end = memchr::memchr(b'\n', &chunk[pos..]).map_or(chunk.len(), |i| pos + i);
@@ -761,7 +762,8 @@ impl Scanner {
     }
 
     /// The line at the start of `lines` and those after it that a reader takes as a run
-    /// ([`Reader::skim`]), when one does: the bytes taken. No reader is inside a block.
+    /// ([`Reader::skim`]), when one does and no other reader is inside a block: the bytes
+    /// taken.
     fn skim(&mut self, lines: &[u8]) -> usize {
         let spaces = lines.iter().take_while(|&&b| b == b' ').count();
         let body = &lines[spaces..];
@@ -773,6 +775,9 @@ impl Scanner {
         else {
             return 0;
         };
+        if self.wants.iter().enumerate().any(|(j, &w)| w && j != i) {
+            return 0;
+        }
         let r = &mut self.readers[i];
         let (bytes, n) = r.skim(lines);
         self.wants[i] = r.wants_all();
@@ -962,6 +967,11 @@ mod tests {
         b"# example.com/m/b\n--- PASS: X (a.go:s)",
         b"# example.com/m/b\n    --- PASS: X/y (a.go:s)",
         b"--- PASS: TestOdd (x)",
+        // A panic's trace, whose frames a test's line interrupts.
+        b"--- FAIL: TestP (0.00s)\npanic: boom [recovered]\n\tpanic: boom\n\ngoroutine 7 [running]:\n\
+          example.com/m/sub.TestP(0x0?)\n=== RUN   TestQ\n\t/w/sub/p_test.go:9 +0x1",
+        // Another reader's block, which a test's lines interrupt.
+        b"error[E0308]: mismatched types\n=== RUN   TestA\n--- PASS: TestA (0.00s)\n --> src/lib.rs:3:5",
         b"--- PASS: TestNoTime",
         // A test named by a line that is not printable ASCII, whose output then comes.
         b"=== RUN   TestCR\r\n    x_test.go:3: boom\n--- FAIL: TestCR (0.00s)",

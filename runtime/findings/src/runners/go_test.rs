@@ -124,6 +124,12 @@ impl Reader for GoTest {
     }
 
     fn skim(&mut self, lines: &[u8]) -> (usize, u64) {
+        // A package's errors take the lines after `# pkg` first. A log line's continuation ends
+        // at a test's `=== RUN` or result, as `text` ends it, and a panic's trace does not see
+        // them (`text` reads them before it).
+        if self.build_lines > 0 {
+            return (0, 0);
+        }
         let (mut pos, mut n) = (0, 0);
         // Only the last `=== RUN` of a run names the test whose output may come next.
         let mut run: Option<&[u8]> = None;
@@ -139,6 +145,9 @@ impl Reader for GoTest {
             }
             pos += len + 1;
             n += 1;
+        }
+        if n > 0 {
+            self.cont = None;
         }
         if let Some(name) = run {
             self.counted = true;
