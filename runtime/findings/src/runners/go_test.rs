@@ -571,7 +571,7 @@ impl GoTest {
     }
 }
 
-/// A line [`GoTest::skim`] takes: one it would read as `line` does when no block is open.
+/// A line [`GoTest::skim`] takes: one it reads as `line` would, but for its own block.
 enum Skimmed<'a> {
     /// `=== RUN`, `=== CONT` or `=== NAME`, and the name after the padding.
     Run(&'a [u8]),
