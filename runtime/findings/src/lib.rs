@@ -13,8 +13,8 @@
 //! leaves it. So a 200 MB log costs one pass of that search and memory of a chunk, whatever its
 //! contents. A log whose every line holds an anchor (`go test -v`: two lines a test) would cost
 //! a search and a reading per line: the lines a runner prints for each test that passes are
-//! taken as runs by their reader ([`Reader::skim`]), without either. Output no reader recognises gives no findings, and a reader never fails: what it
-//! cannot parse it leaves out.
+//! taken as runs by their reader ([`Reader::skim`]), without either. Output no reader
+//! recognises gives no findings, and a reader never fails: what it cannot parse it leaves out.
 //!
 //! What a reader reports goes through a [`Sink`], which bounds every field (a finding's
 //! message to one line of [`MAX_MESSAGE`] bytes, its excerpt to [`MAX_EXCERPT`] bytes of at most
@@ -100,18 +100,20 @@ pub trait Reader: Send {
     /// One line: one that holds an anchor, or any while [`Reader::wants_all`].
     fn line(&mut self, line: Line<'_>, sink: &mut Sink);
 
-    /// Starts of lines (after spaces) that this reader can take many at a time
-    /// ([`Reader::skim`]): the lines a runner prints for every test that passes, each holding
-    /// an anchor of its own, which would otherwise each be searched and read.
-    fn skims(&self) -> &'static [&'static str] {
-        &[]
+    /// This reader takes runs of lines ([`Reader::skim`]): the lines a runner prints for every
+    /// test that passes, each holding an anchor of its own, which would otherwise each be
+    /// searched and read.
+    fn skims(&self) -> bool {
+        false
     }
 
     /// The lines at the start of `lines` (whole lines, each ending in a newline) that this
     /// reader takes as a run, each with the effect [`Reader::line`] would have had: it stops at
-    /// the first it does not take, and gives the bytes and lines it took. Asked only when no
-    /// other reader is inside a block and the first line starts with one of [`Reader::skims`];
-    /// this one may be inside one of its own, whose lines it does not take.
+    /// the first it does not take (at once, for a line of another shape), and gives the bytes
+    /// and lines it took. Asked, of a reader that [`Reader::skims`], at a line holding an anchor
+    /// and at every line of a block, when no other reader is inside a block; this one may be
+    /// inside one of its own, whose lines it does not take. It is asked often: a line of
+    /// another shape must be turned down in a few comparisons.
     ///
     /// The lines a reader takes are its own: no other reader is given them, though a test's
     /// name may hold another's anchor (a test named `TestFAILED`), which is not that tool's
@@ -483,8 +485,8 @@ struct Anchors {
     /// cargo test log, docs/findings.md). The groups are of one size ([`jump_groups`]), and the
     /// patterns under [`TEDDY_MASK`] bytes are a group of their own.
     jump: Vec<AhoCorasick>,
-    /// The readers that take runs of lines, and the starts of those lines ([`Reader::skims`]).
-    skims: Vec<(usize, &'static [&'static str])>,
+    /// The readers that take runs of lines ([`Reader::skims`]).
+    skims: Vec<usize>,
 }
 
 impl Anchors {
@@ -517,12 +519,7 @@ impl Anchors {
                     .ok()
             })
             .collect();
-        let skims = readers
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (i, r.skims()))
-            .filter(|(_, s)| !s.is_empty())
-            .collect();
+        let skims = (0..readers.len()).filter(|&i| readers[i].skims()).collect();
         Anchors {
             owners,
             search,
@@ -765,25 +762,21 @@ impl Scanner {
     /// ([`Reader::skim`]), when one does and no other reader is inside a block: the bytes
     /// taken.
     fn skim(&mut self, lines: &[u8]) -> usize {
-        let spaces = lines.iter().take_while(|&&b| b == b' ').count();
-        let body = &lines[spaces..];
-        let Some(&(i, _)) = self
-            .anchors
-            .skims
-            .iter()
-            .find(|(_, starts)| starts.iter().any(|p| body.starts_with(p.as_bytes())))
-        else {
-            return 0;
-        };
-        if self.wants.iter().enumerate().any(|(j, &w)| w && j != i) {
-            return 0;
+        for k in 0..self.anchors.skims.len() {
+            let i = self.anchors.skims[k];
+            if self.wants.iter().enumerate().any(|(j, &w)| w && j != i) {
+                continue;
+            }
+            let r = &mut self.readers[i];
+            let (bytes, n) = r.skim(lines);
+            if n > 0 {
+                self.wants[i] = r.wants_all();
+                self.number += n;
+                self.skimmed += n;
+                return bytes.min(lines.len());
+            }
         }
-        let r = &mut self.readers[i];
-        let (bytes, n) = r.skim(lines);
-        self.wants[i] = r.wants_all();
-        self.number += n;
-        self.skimmed += n;
-        bytes.min(lines.len())
+        0
     }
 
     /// One line (already cut to [`MAX_LINE`]): to the readers whose anchors it holds, and to
