@@ -74,7 +74,7 @@ impl Line<'_> {
     /// Whether [`Line::previous`] starts with `prefix`, without cleaning the line when it needs
     /// none (no escape, no carriage return).
     pub fn previous_starts_with(&self, prefix: &str) -> bool {
-        if memchr::memchr2(0x1b, b'\r', self.previous).is_none() {
+        if plain(self.previous) {
             return self.previous.starts_with(prefix.as_bytes());
         }
         self.previous().starts_with(prefix)
@@ -810,10 +810,19 @@ impl Scanner {
     }
 }
 
+/// `raw` holds neither an escape nor a carriage return: [`clean_line`] leaves it as it is.
+fn plain(raw: &[u8]) -> bool {
+    memchr::memchr2(0x1b, b'\r', raw).is_none()
+}
+
 /// `raw` as a terminal would show it: CSI and OSC escapes removed, what a carriage return
 /// overwrote dropped, a trailing `\r` removed, invalid UTF-8 replaced.
 fn clean_line(raw: &[u8], out: &mut String) {
     out.clear();
+    if plain(raw) {
+        out.push_str(&String::from_utf8_lossy(raw));
+        return;
+    }
     let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
     // What a carriage return in the middle of the line overwrote (progress bars).
     let raw = match memchr::memrchr(b'\r', raw) {
