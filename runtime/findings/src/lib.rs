@@ -29,6 +29,7 @@ use aho_corasick::AhoCorasick;
 
 pub use taskbox_contract::result::{Finding, FindingKind, Location, TestCounts};
 
+mod bytes;
 pub mod diagnostics;
 pub mod junit;
 pub mod paths;

@@ -13,6 +13,7 @@
 use serde::Deserialize;
 
 use super::{Excerpt, file_line, indent};
+use crate::bytes::{Classes, classes};
 use crate::{
     Finding, FindingKind, Line, MAX_FINDINGS, MAX_NAME, Reader, Sink, TestCounts, one_line,
 };
@@ -127,17 +128,15 @@ impl Reader for GoTest {
         let (mut pos, mut n) = (0, 0);
         // Only the last `=== RUN` of a run names the test whose output may come next.
         let mut run: Option<&[u8]> = None;
-        while let Some((len, line)) = skimmed(&lines[pos..]) {
+        while let Some((end, line)) = skimmed(lines, pos) {
             match line {
                 Skimmed::Run(name) => run = Some(name),
-                // No test is kept (one with output, or a failed one): only counted.
-                Skimmed::Status(_, status) if self.tests.is_empty() => self.count(status),
-                Skimmed::Status(name, status) => match std::str::from_utf8(name) {
-                    Ok(name) => self.status(name, None, status),
-                    Err(_) => break,
-                },
+                Skimmed::Status(name, status) => {
+                    self.count(status);
+                    self.passed(name, None);
+                }
             }
-            pos += len + 1;
+            pos = end + 1;
             n += 1;
         }
         if n > 0 {
@@ -497,8 +496,16 @@ impl GoTest {
             if let Some(t) = self.test(name, pkg) {
                 t.failed = true;
             }
-        } else if let Some(i) = self.tests.iter().rposition(|t| {
-            t.name == name && !t.failed && (pkg.is_none() || t.pkg.as_deref() == pkg)
+        } else {
+            self.passed(name.as_bytes(), pkg);
+        }
+    }
+
+    /// A test passed or was skipped: its output is kept no longer (a failed one of the same
+    /// name, in a package run before, stays).
+    fn passed(&mut self, name: &[u8], pkg: Option<&str>) {
+        if let Some(i) = self.tests.iter().rposition(|t| {
+            t.name.as_bytes() == name && !t.failed && (pkg.is_none() || t.pkg.as_deref() == pkg)
         }) {
             self.tests.remove(i);
         }
@@ -573,14 +580,15 @@ enum Skimmed<'a> {
     Status(&'a [u8], Status),
 }
 
-/// The first line of `lines` and its length when it is one [`Skimmed`] stands for, in the
-/// shape go prints: `=== RUN` and the name, or `--- PASS: `, the name and ` (0.01s)`, the name
-/// of printable ASCII (what [`Line::text`] gives unchanged) but a space or a colon (so no
-/// `.go:` file line, whose line before [`GoTest::line`] reads). `None` for every other line,
-/// which is read as any other. On bytes, 8 at a time: a line of a passed test is 30 bytes, and
-/// a search per line cost more than the line.
-fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
-    let head = word(lines, 0)?;
+/// The line of `lines` at `at` and where it ends (its newline) when it is one [`Skimmed`]
+/// stands for, in the shape go prints: `=== RUN` and the name, or `--- PASS: `, the name and
+/// ` (0.01s)`, the name of printable ASCII (what [`Line::text`] gives unchanged) but a space or
+/// a colon (so no `.go:` file line, whose line before [`GoTest::line`] reads). `None` for every
+/// other line, which is read as any other. On the classes of 64 bytes at a time ([`classes`]): a
+/// line of a passed test is 30 bytes, and a search per line cost more than the line.
+fn skimmed(lines: &[u8], at: usize) -> Option<(usize, Skimmed<'_>)> {
+    let head = word(lines, at)?;
+    let c = classes(lines, at);
     let from = if head << 8 == u64::from_le_bytes(*b"\0=== RUN") {
         Some(7)
     } else if head == u64::from_le_bytes(*b"=== CONT") || head == u64::from_le_bytes(*b"=== NAME") {
@@ -589,19 +597,19 @@ fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
         None
     };
     if let Some(p) = from {
-        // The name, after the padding, up to the line's end.
-        let from = p + lines[p..].iter().take_while(|&&b| b == b' ').count();
-        let end = name_end(lines, from)?;
+        // The name, after the padding (at most to the 64th byte), up to the line's end.
+        let from = at + p + (!(c.space >> p)).trailing_zeros() as usize;
+        let end = name_end(lines, from, c, at)?;
         return (lines[end] == b'\n').then(|| (end, Skimmed::Run(&lines[from..end])));
     }
-    let lead = lines.iter().take_while(|&&b| b == b' ').count();
+    let lead = at + (!c.space).trailing_zeros() as usize;
     let status = match (word(lines, lead)?, lines.get(lead + 8..lead + 10)?) {
         (w, b": ") if w == u64::from_le_bytes(*b"--- PASS") => Status::Pass,
         (w, b": ") if w == u64::from_le_bytes(*b"--- SKIP") => Status::Skip,
         _ => return None,
     };
     let from = lead + 10;
-    let end = name_end(lines, from)?;
+    let end = name_end(lines, from, c, at)?;
     if end == from || lines.get(end..end + 2)? != b" (" {
         return None;
     }
@@ -618,52 +626,33 @@ fn skimmed(lines: &[u8]) -> Option<(usize, Skimmed<'_>)> {
 
 /// The 8 bytes of `lines` at `at`, the first in the lowest byte.
 fn word(lines: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(lines.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(*lines.get(at..)?.first_chunk()?))
 }
 
 /// The longest name [`skimmed`] takes (a line with a longer one is read as any other).
 const SKIM_NAME_MAX: usize = 256;
 
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-/// The bytes of `x` a name does not hold, as their high bit: not printable ASCII (under 0x20,
-/// or 0x7f and over), a space or a colon. Only the lowest is exact: a byte under 0x21 or a
-/// colon borrows from the bytes above it, which may then be marked too (the first stop is all
-/// [`name_end`] asks).
-fn stops(x: u64) -> u64 {
-    // Under 0x21 (the high bit clear): the subtraction borrows.
-    let under = x.wrapping_sub(ONES * 0x21) & !x;
-    // 0x7f and over.
-    let over = ((x & !HIGH) + ONES) | x;
-    let colon = x ^ (ONES * u64::from(b':'));
-    (under | over | (colon.wrapping_sub(ONES) & !colon)) & HIGH
-}
-
 /// Where the name that starts at `from` in `lines` ends: the first byte it does not hold
-/// ([`stops`]), within [`SKIM_NAME_MAX`] bytes and before the end of `lines`.
+/// ([`Classes::stop`]), within [`SKIM_NAME_MAX`] bytes and before the end of `lines`. `c` are
+/// the classes of the 64 bytes from `at`, at or before `from`.
 #[inline]
-fn name_end(lines: &[u8], from: usize) -> Option<usize> {
-    let mut at = from;
-    while at <= from + SKIM_NAME_MAX {
-        let x = match word(lines, at) {
-            Some(w) => w,
-            None => {
-                // Past the end, zeros: they stop the name.
-                let mut word = [0u8; 8];
-                let rest = lines.get(at..)?;
-                word[..rest.len()].copy_from_slice(rest);
-                u64::from_le_bytes(word)
-            }
-        };
-        let stop = stops(x);
+fn name_end(lines: &[u8], from: usize, c: Classes, at: usize) -> Option<usize> {
+    let (mut at, mut stop) = match from - at {
+        skip @ 0..64 => (at, c.stop & u64::MAX << skip),
+        _ => (from, classes(lines, from).stop),
+    };
+    loop {
         if stop != 0 {
-            let end = at + stop.trailing_zeros() as usize / 8;
+            let end = at + stop.trailing_zeros() as usize;
             return (end < lines.len() && end <= from + SKIM_NAME_MAX).then_some(end);
         }
-        at += 8;
+        // Past the end, zeros: they stop the name.
+        at += 64;
+        if at > from + SKIM_NAME_MAX {
+            return None;
+        }
+        stop = classes(lines, at).stop;
     }
-    None
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -745,7 +734,7 @@ mod tests {
                                 continue;
                             }
                             assert_eq!(
-                                name_end(&lines, from),
+                                name_end(&lines, from, classes(&lines, 0), 0),
                                 naive(&lines, from),
                                 "{lines:?} from {from}"
                             );
