@@ -708,8 +708,11 @@ impl Scanner {
     fn lines_of(&mut self, chunk: &[u8], before: &[u8]) {
         self.jump_cache.fill((usize::MAX, None));
         let mut pos = 0;
+        // A run was just taken: it stopped at the line at `pos`, which is read as it is (the
+        // jump would stop there or pass a line that no reader wants).
+        let mut after_run = false;
         while pos < chunk.len() {
-            if !self.in_block() {
+            if !after_run && !self.in_block() {
                 let next = self.next_anchor(chunk, pos);
                 let Some(at) = next else {
                     self.number += memchr::memchr_iter(b'\n', &chunk[pos..]).count() as u64;
@@ -719,13 +722,15 @@ impl Scanner {
                 self.number += memchr::memchr_iter(b'\n', &chunk[pos..start]).count() as u64;
                 pos = start;
             }
-            if self.skimming {
+            if self.skimming && !after_run {
                 let taken = self.skim(&chunk[pos..]);
                 if taken > 0 {
                     pos += taken;
+                    after_run = true;
                     continue;
                 }
             }
+            after_run = false;
             let end = memchr::memchr(b'\n', &chunk[pos..]).map_or(chunk.len(), |i| pos + i);
             self.number += 1;
             // The chunk starts at a line's start.
