@@ -125,6 +125,10 @@ impl Reader for GoTest {
         if self.build_lines > 0 {
             return (0, 0);
         }
+        // Neither a test's start nor a result, nor indented: nothing to classify.
+        if !matches!(lines.first_chunk(), Some(b"=== " | b"--- " | b"    ")) {
+            return (0, 0);
+        }
         let (mut pos, mut n) = (0, 0);
         // Only the last `=== RUN` of a run names the test whose output may come next.
         let mut run: Option<&[u8]> = None;
@@ -741,6 +745,134 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The shapes [`skimmed`] takes, a byte at a time: where the line ends, the name, and `R`
+    /// (a test's start), `P` or `S`.
+    fn bytewise(lines: &[u8]) -> Option<(usize, Vec<u8>, u8)> {
+        let name_end = |from: usize| {
+            let n = lines[from..]
+                .iter()
+                .position(|&b| !(0x21..0x7f).contains(&b) || b == b':')?;
+            (n <= SKIM_NAME_MAX).then_some(from + n)
+        };
+        if lines.len() < 8 {
+            return None;
+        }
+        for (p, start) in [(7, &b"=== RUN"[..]), (8, b"=== CONT"), (8, b"=== NAME")] {
+            if lines.starts_with(start) {
+                let from = p + lines[p..].iter().take_while(|&&b| b == b' ').count();
+                let end = name_end(from)?;
+                return (lines[end] == b'\n').then(|| (end, lines[from..end].to_vec(), b'R'));
+            }
+        }
+        let lead = lines.iter().take_while(|&&b| b == b' ').count();
+        let kind = match &lines[lead..] {
+            l if l.starts_with(b"--- PASS: ") => b'P',
+            l if l.starts_with(b"--- SKIP: ") => b'S',
+            _ => return None,
+        };
+        let from = lead + 10;
+        let end = name_end(from)?;
+        if end == from || !lines[end..].starts_with(b" (") {
+            return None;
+        }
+        let time = end + 2;
+        let digits = lines[time..]
+            .iter()
+            .take(SKIM_NAME_MAX)
+            .take_while(|&&b| b.is_ascii_digit() || b == b'.')
+            .count();
+        let close = time + digits;
+        lines[close..]
+            .starts_with(b"s)\n")
+            .then(|| (close + 2, lines[from..end].to_vec(), kind))
+    }
+
+    /// Lines of go's shapes and near them, long and short, odd bytes in their names, after
+    /// another line and before one: [`skimmed`] reads each as it is read a byte at a time. A
+    /// lead or padding of more than 48 spaces may be left to the line-by-line reading.
+    #[test]
+    fn every_shape_is_skimmed_as_bytewise() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let starts: [&[u8]; 10] = [
+            b"=== RUN",
+            b"=== CONT",
+            b"=== NAME",
+            b"--- PASS: ",
+            b"--- SKIP: ",
+            b"--- FAIL: ",
+            b"--- PASS:",
+            b"=== RU",
+            b"ok  \t",
+            b"",
+        ];
+        let times: [&[u8]; 11] = [
+            b" (0.00s)",
+            b" (12.345s)",
+            b" ()",
+            b" (s)",
+            b" (0.0x0s)",
+            b"",
+            b" (0.00s) ",
+            b"s)",
+            b" (0.00s",
+            b" (0.01s)s)",
+            b" (/.5s)",
+        ];
+        let odd = [
+            b' ', b':', b'\t', 0x7f, 0xc3, 0x1b, 0x00, b'\n', b'\r', b'(',
+        ];
+        let name_bytes = b"abcXYZ019_/-.()=";
+        for _ in 0..300_000 {
+            let mut buf = Vec::new();
+            if rand(3) == 0 {
+                buf.extend_from_slice(b"    x_test.go:3: before\n");
+            }
+            let at = buf.len();
+            let lead = [0, 0, 0, 4, 8, rand(70)][rand(6)];
+            buf.resize(at + lead, b' ');
+            let start = starts[rand(starts.len())];
+            buf.extend_from_slice(start);
+            let pad = if start.starts_with(b"===") {
+                [3, 2, 1, 0, rand(70)][rand(5)]
+            } else {
+                0
+            };
+            buf.resize(buf.len() + pad, b' ');
+            let len = [rand(20), rand(90), 50 + rand(10)][rand(3)];
+            for _ in 0..len {
+                buf.push(name_bytes[rand(name_bytes.len())]);
+            }
+            if len > 0 && rand(6) == 0 {
+                let i = buf.len() - 1 - rand(len);
+                buf[i] = odd[rand(odd.len())];
+            }
+            buf.extend_from_slice(times[rand(times.len())]);
+            buf.extend_from_slice([&b"\n"[..], b"", b"\r\n", b"\n"][rand(4)]);
+            buf.extend_from_slice([&b""[..], b"=== RUN   TestNext\n", b"s)\n"][rand(3)]);
+            let got = skimmed(&buf, at).map(|(end, line)| match line {
+                Skimmed::Run(name) => (end - at, name.to_vec(), b'R'),
+                Skimmed::Status(name, Status::Pass) => (end - at, name.to_vec(), b'P'),
+                Skimmed::Status(name, _) => (end - at, name.to_vec(), b'S'),
+            });
+            let want = bytewise(&buf[at..]);
+            if lead > 48 || pad > 48 {
+                assert!(
+                    got.is_none() || got == want,
+                    "{:?}",
+                    String::from_utf8_lossy(&buf)
+                );
+            } else {
+                assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&buf));
             }
         }
     }
