@@ -362,14 +362,22 @@ pub fn one_line(s: &str) -> &str {
 
 /// `s` cut to at most `max` bytes on a character boundary, with an ellipsis when cut.
 pub fn bound(s: &str, max: usize) -> String {
+    match cut(s, max) {
+        (kept, false) => kept.to_string(),
+        (kept, true) => format!("{kept}..."),
+    }
+}
+
+/// What [`bound`] keeps of `s`, and whether it cut it (and adds an ellipsis).
+pub(crate) fn cut(s: &str, max: usize) -> (&str, bool) {
     if s.len() <= max {
-        return s.to_string();
+        return (s, false);
     }
     let mut end = max.saturating_sub(3);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}...", &s[..end])
+    (&s[..end], true)
 }
 
 /// An excerpt cut to [`MAX_EXCERPT_LINES`] lines of [`MAX_EXCERPT`] bytes in all, each line to

@@ -26,6 +26,8 @@ const MAX_TESTS: usize = 2 * MAX_FINDINGS;
 const PANIC_LINES: usize = 120;
 /// Most continuation lines of one log line.
 const CONTINUATION: usize = 8;
+/// Most strings kept for reuse ([`GoTest::pool`]).
+const POOL: usize = 16;
 
 #[derive(Default)]
 pub struct GoTest {
@@ -47,6 +49,9 @@ pub struct GoTest {
     counts: TestCounts,
     /// The output says what passed (`-v`, `-json`): the counts are whole.
     counted: bool,
+    /// The strings of tests that passed, for the next tests' records (with `-v`, a test that
+    /// logs a line and passes made and dropped six).
+    pool: Vec<String>,
 }
 
 #[derive(Default)]
@@ -143,15 +148,23 @@ impl Reader for GoTest {
             pos = end + 1;
             n += 1;
         }
-        if n > 0 {
-            self.cont = None;
+        if n > 0
+            && let Some((owner, ..)) = self.cont.take()
+        {
+            self.recycle(owner);
         }
         if let Some(name) = run {
             self.counted = true;
-            self.current = std::str::from_utf8(name)
+            let name = std::str::from_utf8(name)
                 .ok()
-                .filter(|n| !n.is_empty() && n.len() <= MAX_NAME)
-                .map(str::to_string);
+                .filter(|n| !n.is_empty() && n.len() <= MAX_NAME);
+            match (name, &mut self.current) {
+                (Some(name), Some(current)) => {
+                    current.clear();
+                    current.push_str(name);
+                }
+                (name, current) => *current = name.map(str::to_string),
+            }
         }
         (pos, n)
     }
@@ -401,12 +414,16 @@ impl GoTest {
             && t.starts_with(' ')
         {
             let ind = indent(t);
+            let (msg, file) = (self.string(msg), self.string(file));
             if let Some(x) = self.test(test, pkg) {
-                x.message = Some(msg.to_string());
-                x.place = Some((file.to_string(), n, false));
+                x.message = Some(msg);
+                x.place = Some((file, n, false));
                 x.excerpt.push(s);
             }
-            self.cont = Some((test.to_string(), ind, CONTINUATION));
+            let owner = self.string(test);
+            if let Some((was, ..)) = self.cont.replace((owner, ind, CONTINUATION)) {
+                self.recycle(was);
+            }
             return;
         }
         if let Some((owner, ind, left)) = self.cont.take()
@@ -474,11 +491,13 @@ impl GoTest {
         let at = match at {
             Some(i) => i,
             None if self.tests.len() < MAX_TESTS => {
-                self.tests.push(Test {
-                    name: name.to_string(),
+                let test = Test {
+                    name: self.string(name),
                     pkg: pkg.map(str::to_string),
+                    excerpt: Excerpt::with(self.string("")),
                     ..Test::default()
-                });
+                };
+                self.tests.push(test);
                 self.tests.len() - 1
             }
             None => return None,
@@ -511,7 +530,26 @@ impl GoTest {
         if let Some(i) = self.tests.iter().rposition(|t| {
             t.name.as_bytes() == name && !t.failed && (pkg.is_none() || t.pkg.as_deref() == pkg)
         }) {
-            self.tests.remove(i);
+            let t = self.tests.remove(i);
+            for s in [Some(t.name), t.message, t.place.map(|p| p.0)] {
+                s.into_iter().for_each(|s| self.recycle(s));
+            }
+            self.recycle(t.excerpt.into_text());
+        }
+    }
+
+    /// `s` in a string of the pool's, or a new one.
+    fn string(&mut self, s: &str) -> String {
+        let mut out = self.pool.pop().unwrap_or_default();
+        out.push_str(s);
+        out
+    }
+
+    /// `s` emptied, for [`GoTest::string`].
+    fn recycle(&mut self, mut s: String) {
+        if self.pool.len() < POOL {
+            s.clear();
+            self.pool.push(s);
         }
     }
 

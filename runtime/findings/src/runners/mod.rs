@@ -5,7 +5,7 @@
 //! failure once it knows its test, file and line. Lines a reader does not recognise are left
 //! alone, so another tool's output gives nothing.
 
-use crate::{MAX_EXCERPT, MAX_EXCERPT_LINES, MAX_MESSAGE, Reader, Sink, bound};
+use crate::{MAX_EXCERPT, MAX_EXCERPT_LINES, MAX_MESSAGE, Reader, Sink, cut};
 
 mod cargo_test;
 mod go_test;
@@ -50,18 +50,35 @@ pub(crate) struct Excerpt {
 }
 
 impl Excerpt {
+    /// An empty excerpt written into `text` (emptied).
+    pub(crate) fn with(mut text: String) -> Excerpt {
+        text.clear();
+        Excerpt { text, lines: 0 }
+    }
+
+    /// The string it was written into, whatever it holds.
+    pub(crate) fn into_text(self) -> String {
+        self.text
+    }
+
     /// Appends one line while there is room; a line beyond the bounds is dropped.
     pub(crate) fn push(&mut self, line: &str) {
         let line = line.trim_end();
         if self.lines > MAX_EXCERPT_LINES || self.text.len() >= MAX_EXCERPT {
             return;
         }
-        let line = bound(line, MAX_MESSAGE);
-        if self.text.len() + line.len() + 1 > MAX_EXCERPT + 4 {
+        // As `bound` cuts it, without a string of its own.
+        let (kept, cut) = cut(line, MAX_MESSAGE);
+        let len = kept.len() + if cut { 3 } else { 0 };
+        if self.text.len() + len + 1 > MAX_EXCERPT + 4 {
             self.lines = MAX_EXCERPT_LINES + 1;
             return;
         }
-        self.text.push_str(&line);
+        self.text.reserve(len + 1);
+        self.text.push_str(kept);
+        if cut {
+            self.text.push_str("...");
+        }
         self.text.push('\n');
         self.lines += 1;
     }
