@@ -142,7 +142,10 @@ impl Reader for GoTest {
                 Skimmed::Run(name) => run = Some(name),
                 Skimmed::Status(name, status) => {
                     self.count(status);
-                    self.passed(name, None);
+                    // Most often no test is kept (one with output, or a failed one).
+                    if !self.tests.is_empty() {
+                        self.passed(name, None);
+                    }
                 }
             }
             pos = end + 1;
@@ -528,7 +531,7 @@ impl GoTest {
     /// name, in a package run before, stays).
     fn passed(&mut self, name: &[u8], pkg: Option<&str>) {
         if let Some(i) = self.tests.iter().rposition(|t| {
-            t.name.as_bytes() == name && !t.failed && (pkg.is_none() || t.pkg.as_deref() == pkg)
+            !t.failed && t.name.as_bytes() == name && (pkg.is_none() || t.pkg.as_deref() == pkg)
         }) {
             let t = self.tests.remove(i);
             for s in [Some(t.name), t.message, t.place.map(|p| p.0)] {
