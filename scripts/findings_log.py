@@ -90,36 +90,30 @@ def go_package(rng: random.Random, k: int) -> str:
     return "".join(lines)
 
 
+def write(out, want: int, failure: str, package) -> None:
+    """Packages (`package(k)`, k counting them) until `want` bytes, `failure` once half are."""
+    written, k, failed = 0, 0, False
+    while written < want:
+        if not failed and written >= want // 2:
+            chunk, failed = failure, True
+        else:
+            chunk, k = package(k), k + 1
+        out.write(chunk)
+        written += len(chunk)
+    out.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=100)
     ap.add_argument("--format", choices=["cargo", "go"], default="cargo")
     a = ap.parse_args()
     want = int(a.mb * 1_000_000)
-    out = sys.stdout
     if a.format == "go":
         rng = random.Random(16)
-        written, k, failed = 0, 0, False
-        while written < want:
-            chunk = GO_FAILURE if not failed and written >= want // 2 else go_package(rng, k)
-            failed = failed or chunk is GO_FAILURE
-            out.write(chunk)
-            written += len(chunk)
-            k += 1
-        out.flush()
-        return
-    written, k, failed = 0, 0, False
-    while written < want:
-        if not failed and written >= want // 2:
-            out.write(FAILURE)
-            written += len(FAILURE)
-            failed = True
-            continue
-        chunk = binary(k, 2000)
-        out.write(chunk)
-        written += len(chunk)
-        k += 1
-    out.flush()
+        write(sys.stdout, want, GO_FAILURE, lambda k: go_package(rng, k))
+    else:
+        write(sys.stdout, want, FAILURE, lambda k: binary(k, 2000))
 
 
 if __name__ == "__main__":

@@ -720,25 +720,27 @@ impl Scanner {
         // jump would stop there or pass a line that no reader wants).
         let mut after_run = false;
         while pos < chunk.len() {
-            if !after_run && !self.in_block() {
-                let next = self.next_anchor(chunk, pos);
-                let Some(at) = next else {
-                    self.number += memchr::memchr_iter(b'\n', &chunk[pos..]).count() as u64;
-                    return;
-                };
-                let start = memchr::memrchr(b'\n', &chunk[pos..at]).map_or(pos, |i| pos + i + 1);
-                self.number += memchr::memchr_iter(b'\n', &chunk[pos..start]).count() as u64;
-                pos = start;
-            }
-            if self.skimming && !after_run {
-                let taken = self.skim(&chunk[pos..]);
-                if taken > 0 {
-                    pos += taken;
-                    after_run = true;
-                    continue;
+            if !std::mem::take(&mut after_run) {
+                if !self.in_block() {
+                    let next = self.next_anchor(chunk, pos);
+                    let Some(at) = next else {
+                        self.number += memchr::memchr_iter(b'\n', &chunk[pos..]).count() as u64;
+                        return;
+                    };
+                    let start =
+                        memchr::memrchr(b'\n', &chunk[pos..at]).map_or(pos, |i| pos + i + 1);
+                    self.number += memchr::memchr_iter(b'\n', &chunk[pos..start]).count() as u64;
+                    pos = start;
+                }
+                if self.skimming {
+                    let taken = self.skim(&chunk[pos..]);
+                    if taken > 0 {
+                        pos += taken;
+                        after_run = true;
+                        continue;
+                    }
                 }
             }
-            after_run = false;
             let end = memchr::memchr(b'\n', &chunk[pos..]).map_or(chunk.len(), |i| pos + i);
             self.number += 1;
             // The chunk starts at a line's start.

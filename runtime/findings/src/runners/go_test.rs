@@ -130,10 +130,6 @@ impl Reader for GoTest {
         if self.build_lines > 0 {
             return (0, 0);
         }
-        // Neither a test's start nor a result, nor indented: nothing to classify.
-        if !matches!(lines.first_chunk(), Some(b"=== " | b"--- " | b"    ")) {
-            return (0, 0);
-        }
         let (mut pos, mut n) = (0, 0);
         // Only the last `=== RUN` of a run names the test whose output may come next.
         let mut run: Option<&[u8]> = None;
@@ -160,13 +156,10 @@ impl Reader for GoTest {
             self.counted = true;
             let name = std::str::from_utf8(name)
                 .ok()
-                .filter(|n| !n.is_empty() && n.len() <= MAX_NAME);
-            match (name, &mut self.current) {
-                (Some(name), Some(current)) => {
-                    current.clear();
-                    current.push_str(name);
-                }
-                (name, current) => *current = name.map(str::to_string),
+                .filter(|n| !n.is_empty() && n.len() <= MAX_NAME)
+                .map(|n| self.string(n));
+            if let Some(was) = std::mem::replace(&mut self.current, name) {
+                self.recycle(was);
             }
         }
         (pos, n)
@@ -534,10 +527,10 @@ impl GoTest {
             !t.failed && t.name.as_bytes() == name && (pkg.is_none() || t.pkg.as_deref() == pkg)
         }) {
             let t = self.tests.remove(i);
-            for s in [Some(t.name), t.message, t.place.map(|p| p.0)] {
-                s.into_iter().for_each(|s| self.recycle(s));
+            let strings = [Some(t.name), t.message, t.place.map(|p| p.0)];
+            for s in strings.into_iter().flatten().chain([t.excerpt.into_text()]) {
+                self.recycle(s);
             }
-            self.recycle(t.excerpt.into_text());
         }
     }
 
@@ -633,6 +626,10 @@ enum Skimmed<'a> {
 /// line of a passed test is 30 bytes, and a search per line cost more than the line.
 fn skimmed(lines: &[u8], at: usize) -> Option<(usize, Skimmed<'_>)> {
     let head = word(lines, at)?;
+    // Neither `=== `, `--- ` nor a lead: turned down before its bytes are classed.
+    if !matches!(head as u8, b'=' | b'-' | b' ') {
+        return None;
+    }
     let c = classes(lines, at);
     let from = if head << 8 == u64::from_le_bytes(*b"\0=== RUN") {
         Some(7)
@@ -758,13 +755,6 @@ mod tests {
     /// follows.
     #[test]
     fn a_names_end_is_found_exactly() {
-        let naive = |lines: &[u8], from: usize| -> Option<usize> {
-            let end = from
-                + lines[from..]
-                    .iter()
-                    .position(|&b| !(0x21..0x7f).contains(&b) || b == b':')?;
-            (end <= from + SKIM_NAME_MAX).then_some(end)
-        };
         for len in (0..40).chain(SKIM_NAME_MAX - 9..SKIM_NAME_MAX + 9) {
             for at in 0..len.max(1) {
                 for put in [b':', b' ', b'\t', 0x7f, 0xc3, 0x1b, 0x00, b'a'] {
@@ -780,7 +770,7 @@ mod tests {
                             }
                             assert_eq!(
                                 name_end(&lines, from, classes(&lines, 0), 0),
-                                naive(&lines, from),
+                                naive_name_end(&lines, from),
                                 "{lines:?} from {from}"
                             );
                         }
@@ -790,15 +780,18 @@ mod tests {
         }
     }
 
+    /// Where the name that starts at `from` ends, a byte at a time ([`name_end`]).
+    fn naive_name_end(lines: &[u8], from: usize) -> Option<usize> {
+        let n = lines[from..]
+            .iter()
+            .position(|&b| !(0x21..0x7f).contains(&b) || b == b':')?;
+        (n <= SKIM_NAME_MAX).then_some(from + n)
+    }
+
     /// The shapes [`skimmed`] takes, a byte at a time: where the line ends, the name, and `R`
     /// (a test's start), `P` or `S`.
     fn bytewise(lines: &[u8]) -> Option<(usize, Vec<u8>, u8)> {
-        let name_end = |from: usize| {
-            let n = lines[from..]
-                .iter()
-                .position(|&b| !(0x21..0x7f).contains(&b) || b == b':')?;
-            (n <= SKIM_NAME_MAX).then_some(from + n)
-        };
+        let name_end = |from| naive_name_end(lines, from);
         if lines.len() < 8 {
             return None;
         }
@@ -820,16 +813,16 @@ mod tests {
         if end == from || !lines[end..].starts_with(b" (") {
             return None;
         }
-        let time = end + 2;
-        let digits = lines[time..]
+        // The time: digits and dots (at most as many as a name's bytes), then `s)`.
+        let time = &lines[end + 2..];
+        let digits = time
             .iter()
-            .take(SKIM_NAME_MAX)
-            .take_while(|&&b| b.is_ascii_digit() || b == b'.')
-            .count();
-        let close = time + digits;
-        lines[close..]
+            .position(|b| !b"0123456789.".contains(b))
+            .unwrap_or(time.len())
+            .min(SKIM_NAME_MAX);
+        time[digits..]
             .starts_with(b"s)\n")
-            .then(|| (close + 2, lines[from..end].to_vec(), kind))
+            .then(|| (end + 2 + digits + 2, lines[from..end].to_vec(), kind))
     }
 
     /// Lines of go's shapes and near them, long and short, odd bytes in their names, after
