@@ -74,7 +74,7 @@
 #   findings what reading findings costs and what it saves the model. Cost: a 100 MB test log
 #            (BENCH_FINDINGS_MB) with one failing test in its middle, written by a generator
 #            (scripts/findings_log.py) and by `cat`, and a 100 MB `go test -v` log (every line
-#            holding an anchor; `findings_log.py --format go`) by `cat`,
+#            holding an anchor; `findings_log.py --format go`) by `cat` and by its generator,
 #            through two supervisors of this build, one started with TASKBOX_FINDINGS=off, in
 #            BENCH_FINDINGS_ROUNDS (101) alternating rounds: the exec's time through the API with
 #            findings over without (target: under 1.05; the ratio of the medians, and the median
@@ -1514,6 +1514,7 @@ bench_findings() {
   "$BENCH_CLIENT" findings-cost --socket "$on_sock" --socket-off "$SERVE_SOCK" --workspace "$ws" \
     --command "generator=python3 findings_log.py --mb $mb" --command "cat=cat test.log" \
     --command "go test -v log=cat go.log" \
+    --command "go test -v generator=python3 findings_log.py --mb $mb --format go" \
     --expect adds_two --rounds "${BENCH_FINDINGS_ROUNDS:-101}" >"$SCRATCH/findings-cost.json"
   serve_stop
   log "findings: what the model reads, findings first against head and tail alone"

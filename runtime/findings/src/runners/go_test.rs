@@ -133,14 +133,16 @@ impl Reader for GoTest {
         let (mut pos, mut n) = (0, 0);
         // Only the last `=== RUN` of a run names the test whose output may come next.
         let mut run: Option<&[u8]> = None;
+        // Most often no test is kept but a failed one, which a result of its name leaves kept
+        // ([`GoTest::passed`]); a run keeps no new one.
+        let mut unfailed = self.unfailed();
         while let Some((end, line)) = skimmed(lines, pos) {
             match line {
                 Skimmed::Run(name) => run = Some(name),
                 Skimmed::Status(name, status) => {
                     self.count(status);
-                    // Most often no test is kept (one with output, or a failed one).
-                    if !self.tests.is_empty() {
-                        self.passed(name, None);
+                    if unfailed && self.passed(name, None) {
+                        unfailed = self.unfailed();
                     }
                 }
             }
@@ -521,17 +523,24 @@ impl GoTest {
     }
 
     /// A test passed or was skipped: its output is kept no longer (a failed one of the same
-    /// name, in a package run before, stays).
-    fn passed(&mut self, name: &[u8], pkg: Option<&str>) {
-        if let Some(i) = self.tests.iter().rposition(|t| {
+    /// name, in a package run before, stays). Whether a test's was.
+    fn passed(&mut self, name: &[u8], pkg: Option<&str>) -> bool {
+        let Some(i) = self.tests.iter().rposition(|t| {
             !t.failed && t.name.as_bytes() == name && (pkg.is_none() || t.pkg.as_deref() == pkg)
-        }) {
-            let t = self.tests.remove(i);
-            let strings = [Some(t.name), t.message, t.place.map(|p| p.0)];
-            for s in strings.into_iter().flatten().chain([t.excerpt.into_text()]) {
-                self.recycle(s);
-            }
+        }) else {
+            return false;
+        };
+        let t = self.tests.remove(i);
+        let strings = [Some(t.name), t.message, t.place.map(|p| p.0)];
+        for s in strings.into_iter().flatten().chain([t.excerpt.into_text()]) {
+            self.recycle(s);
         }
+        true
+    }
+
+    /// Some test is kept that has not failed: a result may end its keeping.
+    fn unfailed(&self) -> bool {
+        self.tests.iter().any(|t| !t.failed)
     }
 
     /// `s` in a string of the pool's, or a new one.
