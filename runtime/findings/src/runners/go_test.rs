@@ -13,7 +13,7 @@
 use serde::Deserialize;
 
 use super::{Excerpt, file_line, indent};
-use crate::bytes::{Classes, classes};
+use crate::bytes::stops;
 use crate::{
     Finding, FindingKind, Line, MAX_FINDINGS, MAX_NAME, Reader, Sink, TestCounts, one_line,
 };
@@ -628,39 +628,39 @@ enum Skimmed<'a> {
 }
 
 /// The line of `lines` at `at` and where it ends (its newline) when it is one [`Skimmed`]
-/// stands for, in the shape go prints: `=== RUN` and the name, or `--- PASS: `, the name and
-/// ` (0.01s)`, the name of printable ASCII (what [`Line::text`] gives unchanged) but a space or
-/// a colon (so no `.go:` file line, whose line before [`GoTest::line`] reads). `None` for every
-/// other line, which is read as any other. On the classes of 64 bytes at a time ([`classes`]): a
-/// line of a passed test is 30 bytes, and a search per line cost more than the line.
+/// stands for, in the shape go prints: `=== RUN   `, `=== CONT  ` or `=== NAME  ` (padded to
+/// ten bytes) and the name, or a lead of spaces, `--- PASS: `, the name and ` (0.01s)`; the
+/// name of printable ASCII (what [`Line::text`] gives unchanged) but a space or a colon (so no
+/// `.go:` file line, whose line before [`GoTest::line`] reads). `None` for every other line,
+/// which is read as any other. On the bytes' classes 64 at a time ([`stops`]): a line of a
+/// passed test is 30 bytes, and a search per line cost more than the line.
 fn skimmed(lines: &[u8], at: usize) -> Option<(usize, Skimmed<'_>)> {
     let head = word(lines, at)?;
     // Neither `=== `, `--- ` nor a lead: turned down before its bytes are classed.
     if !matches!(head as u8, b'=' | b'-' | b' ') {
         return None;
     }
-    let c = classes(lines, at);
-    let from = if head << 8 == u64::from_le_bytes(*b"\0=== RUN") {
-        Some(7)
-    } else if head == u64::from_le_bytes(*b"=== CONT") || head == u64::from_le_bytes(*b"=== NAME") {
-        Some(8)
-    } else {
-        None
-    };
-    if let Some(p) = from {
-        // The name, after the padding (at most to the 64th byte), up to the line's end.
-        let from = at + p + (!(c.space >> p)).trailing_zeros() as usize;
-        let end = name_end(lines, from, c, at)?;
+    let stop = stops(lines, at);
+    if head == u64::from_le_bytes(*b"=== RUN ")
+        || head == u64::from_le_bytes(*b"=== CONT")
+        || head == u64::from_le_bytes(*b"=== NAME")
+    {
+        if lines.get(at + 8..at + 10)? != b"  " {
+            return None;
+        }
+        // The name, up to the line's end.
+        let from = at + 10;
+        let end = name_end(lines, from, stop, at)?;
         return (lines[end] == b'\n').then(|| (end, Skimmed::Run(&lines[from..end])));
     }
-    let lead = at + (!c.space).trailing_zeros() as usize;
+    let lead = at + lead(lines, at, head)?;
     let status = match (word(lines, lead)?, lines.get(lead + 8..lead + 10)?) {
         (w, b": ") if w == u64::from_le_bytes(*b"--- PASS") => Status::Pass,
         (w, b": ") if w == u64::from_le_bytes(*b"--- SKIP") => Status::Skip,
         _ => return None,
     };
     let from = lead + 10;
-    let end = name_end(lines, from, c, at)?;
+    let end = name_end(lines, from, stop, at)?;
     if end == from || lines.get(end..end + 2)? != b" (" {
         return None;
     }
@@ -680,17 +680,35 @@ fn word(lines: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(*lines.get(at..)?.first_chunk()?))
 }
 
+/// The spaces that start the line at `at` (whose first word is `head`), a word at a time; more
+/// than [`SKIM_LEAD_MAX`] are left to the line-by-line reading.
+fn lead(lines: &[u8], at: usize, mut head: u64) -> Option<usize> {
+    const SPACES: u64 = u64::from_le_bytes(*b"        ");
+    let mut n = 0;
+    while head == SPACES {
+        n += 8;
+        if n > SKIM_LEAD_MAX {
+            return None;
+        }
+        head = word(lines, at + n)?;
+    }
+    Some(n + ((head ^ SPACES).trailing_zeros() / 8) as usize)
+}
+
 /// The longest name [`skimmed`] takes (a line with a longer one is read as any other).
 const SKIM_NAME_MAX: usize = 256;
 
+/// The longest lead [`skimmed`] takes: a subtest's result is indented by four spaces a level.
+const SKIM_LEAD_MAX: usize = 48;
+
 /// Where the name that starts at `from` in `lines` ends: the first byte it does not hold
-/// ([`Classes::stop`]), within [`SKIM_NAME_MAX`] bytes and before the end of `lines`. `c` are
-/// the classes of the 64 bytes from `at`, at or before `from`.
+/// ([`stops`]), within [`SKIM_NAME_MAX`] bytes and before the end of `lines`. `stop` is the
+/// mask of the 64 bytes from `at`, at or before `from`.
 #[inline]
-fn name_end(lines: &[u8], from: usize, c: Classes, at: usize) -> Option<usize> {
+fn name_end(lines: &[u8], from: usize, stop: u64, at: usize) -> Option<usize> {
     let (mut at, mut stop) = match from - at {
-        skip @ 0..64 => (at, c.stop & u64::MAX << skip),
-        _ => (from, classes(lines, from).stop),
+        skip @ 0..64 => (at, stop & u64::MAX << skip),
+        _ => (from, stops(lines, from)),
     };
     loop {
         if stop != 0 {
@@ -702,7 +720,7 @@ fn name_end(lines: &[u8], from: usize, c: Classes, at: usize) -> Option<usize> {
         if at > from + SKIM_NAME_MAX {
             return None;
         }
-        stop = classes(lines, at).stop;
+        stop = stops(lines, at);
     }
 }
 
@@ -778,7 +796,7 @@ mod tests {
                                 continue;
                             }
                             assert_eq!(
-                                name_end(&lines, from, classes(&lines, 0), 0),
+                                name_end(&lines, from, stops(&lines, 0), 0),
                                 naive_name_end(&lines, from),
                                 "{lines:?} from {from}"
                             );
@@ -804,11 +822,10 @@ mod tests {
         if lines.len() < 8 {
             return None;
         }
-        for (p, start) in [(7, &b"=== RUN"[..]), (8, b"=== CONT"), (8, b"=== NAME")] {
+        for start in [b"=== RUN   ", b"=== CONT  ", b"=== NAME  "] {
             if lines.starts_with(start) {
-                let from = p + lines[p..].iter().take_while(|&&b| b == b' ').count();
-                let end = name_end(from)?;
-                return (lines[end] == b'\n').then(|| (end, lines[from..end].to_vec(), b'R'));
+                let end = name_end(10)?;
+                return (lines[end] == b'\n').then(|| (end, lines[10..end].to_vec(), b'R'));
             }
         }
         let lead = lines.iter().take_while(|&&b| b == b' ').count();
@@ -836,7 +853,7 @@ mod tests {
 
     /// Lines of go's shapes and near them, long and short, odd bytes in their names, after
     /// another line and before one: [`skimmed`] reads each as it is read a byte at a time. A
-    /// lead or padding of more than 48 spaces may be left to the line-by-line reading.
+    /// lead of more than [`SKIM_LEAD_MAX`] spaces may be left to the line-by-line reading.
     #[test]
     fn every_shape_is_skimmed_as_bytewise() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -908,7 +925,7 @@ mod tests {
                 Skimmed::Status(name, _) => (end - at, name.to_vec(), b'S'),
             });
             let want = bytewise(&buf[at..]);
-            if lead > 48 || pad > 48 {
+            if lead > SKIM_LEAD_MAX {
                 assert!(
                     got.is_none() || got == want,
                     "{:?}",
