@@ -831,12 +831,21 @@ fn plain(raw: &[u8]) -> bool {
     memchr::memchr2(0x1b, b'\r', raw).is_none()
 }
 
+/// `raw` appended to `out`, invalid UTF-8 replaced. Most lines are valid: `from_utf8` checks
+/// them a word at a time where ASCII, which the lossy decoding does not.
+fn push_lossy(raw: &[u8], out: &mut String) {
+    match std::str::from_utf8(raw) {
+        Ok(s) => out.push_str(s),
+        Err(_) => out.push_str(&String::from_utf8_lossy(raw)),
+    }
+}
+
 /// `raw` as a terminal would show it: CSI and OSC escapes removed, what a carriage return
 /// overwrote dropped, a trailing `\r` removed, invalid UTF-8 replaced.
 fn clean_line(raw: &[u8], out: &mut String) {
     out.clear();
     if plain(raw) {
-        out.push_str(&String::from_utf8_lossy(raw));
+        push_lossy(raw, out);
         return;
     }
     let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
@@ -846,7 +855,7 @@ fn clean_line(raw: &[u8], out: &mut String) {
         _ => raw,
     };
     if memchr::memchr(0x1b, raw).is_none() {
-        out.push_str(&String::from_utf8_lossy(raw));
+        push_lossy(raw, out);
         return;
     }
     let mut bytes = Vec::with_capacity(raw.len());
