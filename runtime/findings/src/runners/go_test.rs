@@ -653,7 +653,7 @@ fn skimmed(lines: &[u8], at: usize) -> Option<(usize, Skimmed<'_>)> {
         let end = name_end(lines, from, stop, at)?;
         return (lines[end] == b'\n').then(|| (end, Skimmed::Run(&lines[from..end])));
     }
-    let lead = at + lead(lines, at, head)?;
+    let lead = at + lead(lines, at)?;
     let status = match (word(lines, lead)?, lines.get(lead + 8..lead + 10)?) {
         (w, b": ") if w == u64::from_le_bytes(*b"--- PASS") => Status::Pass,
         (w, b": ") if w == u64::from_le_bytes(*b"--- SKIP") => Status::Skip,
@@ -680,19 +680,14 @@ fn word(lines: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(*lines.get(at..)?.first_chunk()?))
 }
 
-/// The spaces that start the line at `at` (whose first word is `head`), a word at a time; more
-/// than [`SKIM_LEAD_MAX`] are left to the line-by-line reading.
-fn lead(lines: &[u8], at: usize, mut head: u64) -> Option<usize> {
-    const SPACES: u64 = u64::from_le_bytes(*b"        ");
-    let mut n = 0;
-    while head == SPACES {
-        n += 8;
-        if n > SKIM_LEAD_MAX {
-            return None;
-        }
-        head = word(lines, at + n)?;
-    }
-    let n = n + ((head ^ SPACES).trailing_zeros() / 8) as usize;
+/// The spaces that start the line at `at`; more than [`SKIM_LEAD_MAX`] are left to the
+/// line-by-line reading.
+fn lead(lines: &[u8], at: usize) -> Option<usize> {
+    let n = lines[at..]
+        .iter()
+        .take(SKIM_LEAD_MAX + 1)
+        .take_while(|&&b| b == b' ')
+        .count();
     (n <= SKIM_LEAD_MAX).then_some(n)
 }
 
