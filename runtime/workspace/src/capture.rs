@@ -8,7 +8,9 @@
 //! while the command still runs. The first [`INLINE_READ`] bytes are read in the capture's own
 //! thread; a longer stream is read in a thread of its own, so a long log is read beside the
 //! command's run, not in the way of its output. That thread reads what the spill file already
-//! holds (the capture copies nothing for it); past the file's cap, or without a file, the
+//! holds (the capture copies nothing for it, and tells it of the file's growth every 4 MiB;
+//! a thread that has caught up also looks again on its own, soon after, so little is left to
+//! read when the stream ends); past the file's cap, or without a file, the
 //! capture hands it copies of the chunks. A stream that reaches the thread before its spill file
 //! is made (an output limit of [`INLINE_READ`] or more) is handed copies until the file is made,
 //! then read from the file.
@@ -18,7 +20,9 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use taskbox_findings::{Findings, Paths, Scanner};
 
@@ -90,8 +94,19 @@ const HANDOFF_CHUNK: usize = 256 * 1024;
 /// capture, telling every 256 KiB made the exec 1.07x as long with findings as without, every
 /// 4 MiB 0.99x to 1.04x (0.955x of the exec told every 256 KiB, the two alternating; telling
 /// every sixteenth of the stream so far, up to 4 MiB, 1.07x: BENCHMARKS.md, findings). What
-/// the thread has not been told of is read once the stream has ended, at its own priority.
+/// the thread has not been told of, it finds when it looks again ([`POLL_FIRST`]).
 const TELL_STEP: u64 = 4 << 20;
+/// How soon a thread that has read all it was told of looks again at how far the capture has
+/// written the spill file ([`Feed::grown`], which costs the capture no wake-up); doubled while
+/// the file has not grown, up to [`POLL_LAST`]. Waiting for the next tell instead left up to
+/// 4 MiB to read once a `cat` of a 100 MB `go test -v` log had ended (about 3 ms of its 90):
+/// the exec took 1.05x to 1.12x as long with findings as without, and 0.99x to 1.03x looking
+/// again every 250 us (0.95x to 0.97x of the exec that waited, the two alternating;
+/// BENCHMARKS.md, findings).
+const POLL_FIRST: Duration = Duration::from_micros(250);
+/// The longest a thread that has caught up waits before it looks again (while a command writes
+/// nothing for a while): 50 wake-ups a second.
+const POLL_LAST: Duration = Duration::from_millis(20);
 /// Chunks handed over and not yet read: when the thread falls behind, the capture waits (the
 /// memory a stream's reading holds is bounded by these; what it reads from the spill file
 /// costs none).
@@ -171,6 +186,10 @@ impl Drop for ReadingThread {
 struct Feed {
     state: Mutex<FeedState>,
     cond: Condvar,
+    /// How far the spill file holds the stream, as the capture last wrote it (while its
+    /// readers read the file): the last part, a stretch of the file, reaches at least this far.
+    /// The thread looks at it whenever it has caught up, without being told.
+    grown: AtomicU64,
 }
 
 /// A stretch of the stream for the reading thread.
@@ -202,6 +221,9 @@ struct FeedState {
     gone: bool,
     /// The reading thread's id, once it runs.
     tid: Option<libc::pid_t>,
+    /// How far the thread has read the stream (for a test).
+    #[cfg(test)]
+    reached: u64,
 }
 
 impl Feed {
@@ -350,9 +372,14 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
     }
     let mut buf = vec![0u8; HANDOFF_CHUNK];
     let mut lowered = lower_priority();
+    let mut poll = POLL_FIRST;
     loop {
         let next = {
             let mut st = feed.lock();
+            #[cfg(test)]
+            {
+                st.reached = pos;
+            }
             loop {
                 if st.dropped {
                     return Findings::default();
@@ -362,8 +389,17 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
                 {
                     restore_priority(was);
                 }
+                let last = st.parts.len() == 1;
                 match st.parts.front() {
                     Some(Part::File(end)) if *end > pos => break Next::File(*end, st.file.clone()),
+                    // The file grew since the thread was last told.
+                    Some(Part::File(_)) if last && feed.grown.load(Ordering::Acquire) > pos => {
+                        let grown = feed.grown.load(Ordering::Acquire);
+                        if let Some(Part::File(end)) = st.parts.front_mut() {
+                            *end = grown;
+                        }
+                        break Next::File(grown, st.file.clone());
+                    }
                     // A stretch read to its end, with more after it.
                     Some(Part::File(_)) if st.parts.len() > 1 => {
                         st.parts.pop_front();
@@ -378,9 +414,15 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
                     _ if st.ended => break Next::End,
                     _ => {}
                 }
-                st = feed.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+                st = feed
+                    .cond
+                    .wait_timeout(st, poll)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                poll = (poll * 2).min(POLL_LAST);
             }
         };
+        poll = POLL_FIRST;
         match next {
             Next::File(end, file) => {
                 let want = (end - pos).min(HANDOFF_CHUNK as u64) as usize;
@@ -626,6 +668,7 @@ impl Capture {
                 Reading::hand(t, &rest);
             }
             (Some(told), None, _) => {
+                t.feed.grown.store(self.in_file, Ordering::Release);
                 if self.in_file >= told + TELL_STEP {
                     t.tells += 1;
                     t.feed.file_holds(self.in_file);
@@ -968,6 +1011,39 @@ mod tests {
             failed_lines(&found.unwrap()),
             [Some(1), Some(2), Some(3), Some(4)]
         );
+    }
+
+    /// A thread that has caught up finds what the file gained though it was not told of it
+    /// (less than [`TELL_STEP`]), before the stream ends.
+    #[test]
+    fn the_readers_follow_the_file_between_tells() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, feed) = read_in_their_thread(dir.path());
+        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
+            unreachable!("read_in_their_thread moved them")
+        };
+        let tells = t.tells;
+        let line = b"test m::ok ... ok\n".repeat(4096);
+        for _ in 0..8 {
+            c.push(&line);
+        }
+        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
+            unreachable!("the readers stay in their thread")
+        };
+        assert_eq!(t.tells, tells, "told of less than a step");
+        let end = c.bytes();
+        let t0 = std::time::Instant::now();
+        while feed.lock().reached < end {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the thread read to {} of {end} bytes and waits to be told",
+                feed.lock().reached
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        c.push(b"test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured\n");
+        let (_, found) = c.finish_with_findings();
+        assert_eq!(found.unwrap().tests.map(|t| t.failed), Some(1));
     }
 
     /// A spill file whose writes fail (its disk full) on the way: the bytes it was given and
