@@ -391,19 +391,21 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
                 }
                 let last = st.parts.len() == 1;
                 match st.parts.front() {
-                    Some(Part::File(end)) if *end > pos => break Next::File(*end, st.file.clone()),
-                    // The file grew since the thread was last told.
-                    Some(Part::File(_)) if last && feed.grown.load(Ordering::Acquire) > pos => {
-                        let grown = feed.grown.load(Ordering::Acquire);
-                        if let Some(Part::File(end)) = st.parts.front_mut() {
-                            *end = grown;
+                    Some(Part::File(told)) => {
+                        // The last part reaches as far as the file has grown, told or not.
+                        let end = if last {
+                            (*told).max(feed.grown.load(Ordering::Acquire))
+                        } else {
+                            *told
+                        };
+                        if end > pos {
+                            break Next::File(end, st.file.clone());
                         }
-                        break Next::File(grown, st.file.clone());
-                    }
-                    // A stretch read to its end, with more after it.
-                    Some(Part::File(_)) if st.parts.len() > 1 => {
-                        st.parts.pop_front();
-                        continue;
+                        // A stretch read to its end, with more after it.
+                        if !last {
+                            st.parts.pop_front();
+                            continue;
+                        }
                     }
                     Some(Part::Chunk(_)) => {
                         if let Some(Part::Chunk(c)) = st.parts.pop_front() {
@@ -411,8 +413,10 @@ fn read_feed(mut s: Box<Scanner>, feed: &Feed, mut pos: u64) -> Findings {
                             break Next::Chunk(c);
                         }
                     }
-                    _ if st.ended => break Next::End,
-                    _ => {}
+                    None => {}
+                }
+                if st.ended {
+                    break Next::End;
                 }
                 st = feed
                     .cond
@@ -959,9 +963,7 @@ mod tests {
             for part in log.as_bytes().chunks(chunk) {
                 c.push(part);
             }
-            let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
-                panic!("the readers did not move to their thread");
-            };
+            let t = their_thread(&c);
             assert!(
                 t.told.is_some(),
                 "limit {limit}, chunks of {chunk}: the readers do not read the file"
@@ -996,9 +998,7 @@ mod tests {
         for part in log.as_bytes().chunks(65536) {
             c.push(part);
         }
-        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
-            panic!("the readers did not move to their thread");
-        };
+        let t = their_thread(&c);
         let most = (log.len() as u64).div_ceil(TELL_STEP);
         assert!(
             t.tells <= most && t.tells >= most / 2,
@@ -1019,17 +1019,13 @@ mod tests {
     fn the_readers_follow_the_file_between_tells() {
         let dir = tempfile::tempdir().unwrap();
         let (mut c, feed) = read_in_their_thread(dir.path());
-        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
-            unreachable!("read_in_their_thread moved them")
-        };
+        let t = their_thread(&c);
         let tells = t.tells;
         let line = b"test m::ok ... ok\n".repeat(4096);
         for _ in 0..8 {
             c.push(&line);
         }
-        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
-            unreachable!("the readers stay in their thread")
-        };
+        let t = their_thread(&c);
         assert_eq!(t.tells, tells, "told of less than a step");
         let end = c.bytes();
         let t0 = std::time::Instant::now();
@@ -1116,6 +1112,14 @@ mod tests {
         assert_eq!(failed_lines(&found.unwrap()).first(), Some(&Some(1)));
     }
 
+    /// The readers' thread of `c`, which they must have moved to.
+    fn their_thread(c: &Capture) -> &ReadingThread {
+        match c.scanner.as_ref() {
+            Some(Reading::Thread(t)) => t,
+            _ => panic!("the readers did not move to their thread"),
+        }
+    }
+
     /// A capture in `dir` whose readers have moved to their thread (2 MiB of passing tests
     /// pushed), and the thread's feed.
     fn read_in_their_thread(dir: &std::path::Path) -> (Capture, Arc<Feed>) {
@@ -1124,9 +1128,7 @@ mod tests {
         while c.bytes() < 2 * INLINE_READ {
             c.push(&line);
         }
-        let Some(Reading::Thread(t)) = c.scanner.as_ref() else {
-            panic!("the readers did not move to their thread");
-        };
+        let t = their_thread(&c);
         let feed = t.feed.clone();
         (c, feed)
     }
